@@ -1,0 +1,68 @@
+# Every target the README names. Set-up steps are idempotent: a fresh clone
+# needs only python3.11, Java 17 and mvn (plus the package registries).
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: setup demo test lint typecheck unit ui bench soak clean
+
+setup: $(VENV)/.installed jvm/lib/.pom.sha $(VENV)/.smoke $(VENV)/.chromium
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+jvm/lib/.pom.sha: jvm/pom.xml jvm/fetch-jars $(VENV)/.installed
+	PYTHON=$(BIN)/python jvm/fetch-jars
+
+$(VENV)/.smoke: jvm/lib/.pom.sha
+	$(BIN)/python -m state.smoke
+	touch $@
+
+# The UI test drives Debian's chromium (Playwright's own browser download is not used).
+$(VENV)/.chromium:
+	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+	touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+# The Dagster UI on http://127.0.0.1:3000 with the project's instance (SQLite in .dagster_home).
+ui: setup $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $${LOWMARK_UI_PORT:-3000}
+
+demo: setup
+	$(BIN)/lowmark demo
+	$(BIN)/lowmark status user_revenue
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+# Random crash schedules with real SIGKILLs of `lowmark run` (tests/faults/soak.py);
+# prints `cases: N, differences: D` and fails if D > 0.
+SOAK_SCHEDULES ?= 12
+SOAK_SEED ?= 0
+soak: setup
+	$(BIN)/python -m tests.faults.soak --schedules $(SOAK_SCHEDULES) --seed $(SOAK_SEED)
+
+# Small-batch time with 10 k vs 1 M open windows, lowmark vs Structured Streaming
+# (bench/state_scaling.py; BENCH_ARGS=--quick for a smoke run).
+BENCH_ARGS ?=
+bench: setup
+	$(BIN)/python -m bench.state_scaling $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) jvm/lib data .dagster_home

@@ -1,0 +1,152 @@
+"""Backfill one event-time partition of a windowed pipeline's sink.
+
+A partition is a UTC interval ``[start, end)`` (a day or an hour, see
+``EventTimePartitions``). Backfilling it recomputes every window that STARTS
+in it from the source's committed history — every file the checkpoint's
+batches took, late records included — and replaces exactly that slice of the
+sink in one Delta transaction (``replaceWhere``). Windows outside the slice
+are never touched.
+
+It is idempotent the way batches are: the write carries ``txnAppId =
+<pipeline_id>:backfill:<start ms>`` and ``txnVersion`` = the last committed
+batch, so repeating a backfill over the same committed history is skipped by
+Delta, and a backfill after more batches committed recomputes.
+
+A partition whose windows may still change (the watermark has not passed
+``end + window span + allowed_lateness``; the span is the window size, or
+the gap for sessions) is refused unless forced: the stream would otherwise
+later emit or update windows of the slice again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from batches.errors import PartitionNotClosed, PipelineConfigInvalid
+from batches.event_time import WindowedStage
+from batches.pipeline import Pipeline, resolve
+from batches.sources import build_source
+from batches.windows import Session
+from state.checkpoint import Checkpoint
+from state.delta import latest_version, table_exists
+from state.window_state import WindowState
+
+
+@dataclass(frozen=True)
+class BackfillResult:
+    """What a backfill of one partition did."""
+
+    start: datetime
+    end: datetime
+    based_on_batch: int
+    """The last committed batch: the history the windows were computed from."""
+    windows: int
+    skipped: bool
+    """True when this exact backfill (same partition, same history) had already landed."""
+    sink_version: int
+
+
+def backfill_partition(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    data_root: Path,
+    start: datetime,
+    end: datetime,
+    force: bool = False,
+) -> BackfillResult:
+    """Recompute the windows starting in ``[start, end)`` and replace that slice of the sink.
+
+    Step 1. Read the checkpoint: last committed batch, its end offsets and watermark.
+    Step 2. Refuse a partition the watermark has not closed (unless ``force``).
+    Step 3. Read the committed history from the source and transform it.
+    Step 4. Aggregate it as one batch; keep the windows that start in the partition.
+    Step 5. Replace the slice of the sink, idempotently.
+    """
+    event_time, aggregation = pipeline.event_time, pipeline.aggregation
+    if event_time is None or aggregation is None:
+        raise PipelineConfigInvalid(
+            f"pipeline {pipeline.name} has no windowed aggregation: only windowed "
+            "pipelines can be backfilled by event-time partition"
+        )
+    start_ms, end_ms = _ms(start), _ms(end)
+
+    # Step 1. Checkpoint.
+    location = pipeline.checkpoint_location(data_root)
+    ckpt = (
+        Checkpoint(spark, location, pipeline.name) if Checkpoint.exists(spark, location) else None
+    )
+    done = ckpt.commits.get_latest() if ckpt else None
+    if ckpt is None or done is None:
+        raise PartitionNotClosed(
+            f"pipeline {pipeline.name} has committed no batch yet: run it first "
+            f"(`lowmark run {pipeline.name}`), then backfill"
+        )
+    committed = ckpt.offsets.get(done.batch_id)
+    assert committed is not None, "a committed batch always has its offsets"
+
+    # Step 2. Only closed partitions.
+    window = aggregation.window
+    span = window.gap if isinstance(window, Session) else window.size
+    closes_at = end_ms + span + event_time.allowed_lateness
+    watermark = done.next_watermark_ms
+    if not force and (watermark is None or watermark < closes_at):
+        raise PartitionNotClosed(
+            f"partition {_iso(start)}..{_iso(end)} of {pipeline.name} is still open: its "
+            f"windows are final once the watermark reaches {_iso_ms(closes_at)}, it is at "
+            f"{_iso_ms(watermark) if watermark is not None else 'none'}; wait, or force it "
+            "(the stream may then write windows of this slice again)"
+        )
+
+    # Step 3. Committed history.
+    source = build_source(spark, pipeline, data_root, location, ckpt.pipeline_id)
+    read = source.read(source.initial_offsets(), committed.end_offsets, done.batch_id)
+    records = pipeline.transform(read.records) if pipeline.transform else read.records
+
+    # Step 4. One batch aggregation, sliced.
+    state = WindowState(
+        spark, ckpt.table("state_windows"), ckpt.txn_app_id("state"), aggregation.keys
+    )
+    stage = WindowedStage(event_time, aggregation, state)  # state is not read here
+    start_col = F.unix_millis("window_start")
+    windows = stage.windows_of(records).where(
+        (start_col >= F.lit(start_ms)) & (start_col < F.lit(end_ms))
+    )
+    windows = windows.cache()
+    count = windows.count()
+
+    # Step 5. Replace the slice.
+    sink = resolve(pipeline.sink.path, data_root)
+    before = latest_version(spark, sink) if table_exists(spark, sink) else None
+    (
+        windows.write.format("delta")
+        .mode("overwrite")
+        .option(
+            "replaceWhere",
+            f"window_start >= timestamp_millis({start_ms}) "
+            f"AND window_start < timestamp_millis({end_ms})",
+        )
+        .option("txnAppId", ckpt.txn_app_id(f"backfill:{start_ms}"))
+        .option("txnVersion", done.batch_id)
+        .save(sink)
+    )
+    windows.unpersist()
+    read.unpersist()
+    after = latest_version(spark, sink)
+    return BackfillResult(start, end, done.batch_id, count, after == before, after)
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _iso_ms(ms: int) -> str:
+    return _iso(datetime.fromtimestamp(ms / 1000, UTC))

@@ -1,0 +1,235 @@
+"""The ``lowmark`` command line.
+
+User errors (LowmarkError) print one red line and exit 2, never a stack
+trace; everything committed before the error stays committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+from rich.console import Console
+from rich.table import Table
+
+from batches.demo import INCOMING, orders, user_revenue, write_sample_files
+from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.pipeline import resolve
+from batches.registry import get_pipeline, load_pipelines
+from batches.status import pipeline_history, pipeline_status
+from state.errors import LowmarkError
+from state.session import SparkSettings, get_spark
+
+app = typer.Typer(
+    help="lowmark: exactly-once micro-batch streaming on Spark + Delta.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+class Context:
+    """Options shared by every command."""
+
+    def __init__(self, pipelines: str | None, data_root: Path, master: str | None) -> None:
+        self.pipelines = pipelines
+        self.data_root = data_root.resolve()
+        self.settings = SparkSettings(master=master) if master else SparkSettings()
+
+    def spark(self) -> SparkSession:
+        with err.status("starting Spark…"):
+            return get_spark(self.settings)
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    pipelines: Annotated[
+        str | None,
+        typer.Option(
+            help="Where pipelines are defined: a module (pkg.mod), a .py file or a .yaml file. "
+            "Env: LOWMARK_PIPELINES; default: the demo pipelines (batches.demo).",
+        ),
+    ] = None,
+    data_root: Annotated[
+        Path,
+        typer.Option(
+            help="Folder relative pipeline paths live under. Env: LOWMARK_DATA_ROOT.",
+            envvar="LOWMARK_DATA_ROOT",
+        ),
+    ] = Path("data"),
+    master: Annotated[
+        str | None,
+        typer.Option(help="Spark master URL. Env: LOWMARK_SPARK_MASTER; default local[*]."),
+    ] = None,
+) -> None:
+    ctx.obj = Context(pipelines, data_root, master)
+
+
+@app.command("list")
+def list_pipelines(ctx: typer.Context) -> None:
+    """List the registered pipelines."""
+    table = Table()
+    for name in ("pipeline", "source", "sink"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("description")
+    for p in load_pipelines(ctx.obj.pipelines).values():
+        table.add_row(
+            p.name,
+            f"{p.source.kind}:{p.source.path}",
+            f"{p.sink.kind}:{p.sink.path} ({p.sink.mode})",
+            p.description,
+        )
+    out.print(table)
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name (see `lowmark list`).")],
+    max_batches: Annotated[
+        int | None, typer.Option(min=1, help="Run at most this many batches.")
+    ] = None,
+    until_caught_up: Annotated[
+        bool, typer.Option(help="Run batches until no new data is left (capped by --max-batches).")
+    ] = False,
+) -> None:
+    """Run micro-batches of PIPELINE: one by default, N, or until caught up.
+
+    An uncommitted batch left by a crash is replayed first, with exactly the
+    offsets it had. The checkpoint defaults to <data root>/_lowmark/PIPELINE;
+    to start over, move it away (or set the pipeline's `checkpoint`).
+    """
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    runner = MicroBatchRunner(c.spark(), p, c.data_root)
+    limit = max_batches or (None if until_caught_up else 1)
+    with err.status(f"running {pipeline}…"):
+        results = runner.run(max_batches=limit, on_batch=_print_batch)
+    if not results:
+        out.print(f"{pipeline}: caught up, no new data")
+
+
+def _print_batch(r: BatchResult) -> None:
+    what = "replayed" if r.replay else "committed"
+    out.print(
+        f"batch {r.batch_id} {what}: {r.rows_in} rows in, {r.rows_out} out, "
+        f"{r.rows_bad} bad, {r.rows_late} late, offsets {r.start} → {r.end}, "
+        f"{r.durations_ms['total']} ms",
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in README).")] = False,
+) -> None:
+    """Show PIPELINE's last committed batch, pending batch, offsets and backlog."""
+    c: Context = ctx.obj
+    s = pipeline_status(c.spark(), get_pipeline(pipeline, c.pipelines), c.data_root)
+    if as_json:
+        print(json.dumps(s, indent=2))
+        return
+    table = Table(show_header=False)
+    for key, value in s.items():
+        table.add_row(key, _show(value))
+    out.print(table)
+
+
+@app.command()
+def history(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    last: Annotated[int | None, typer.Option(min=1, help="Only the newest N batches.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in README).")] = False,
+) -> None:
+    """Show PIPELINE's per-batch progress (the checkpoint's progress table)."""
+    c: Context = ctx.obj
+    rows = pipeline_history(c.spark(), get_pipeline(pipeline, c.pipelines), c.data_root, last)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("batch", "at", "replayed", "rows in", "out", "bad", "total ms")
+    for r in rows:
+        table.add_row(
+            str(r["batch_id"]),
+            r["created_at"][:19],
+            "yes" if r["replayed"] else "",
+            str(r["rows_in"]),
+            str(r["rows_out"]),
+            str(r["rows_bad"]),
+            str(r["durations_ms"].get("total", "")),
+        )
+    out.print(table)
+
+
+@app.command()
+def demo(ctx: typer.Context) -> None:
+    """Write sample orders, run both demo pipelines until caught up, show what landed.
+
+    `orders` cleans each order into a Delta table; `user_revenue` counts
+    orders and sums revenue per user per minute (event-time windows), sending
+    the straggler file's orders to its late table.
+    """
+    c: Context = ctx.obj
+    written = write_sample_files(c.data_root)
+    out.print(f"sample data: {len(written)} new files in {c.data_root / INCOMING}")
+    spark = c.spark()
+    for pipeline in (orders, user_revenue):
+        out.print(f"[bold]{pipeline.name}[/]: {pipeline.description}")
+        with err.status(f"running {pipeline.name}…"):
+            MicroBatchRunner(spark, pipeline, c.data_root).run(
+                max_batches=None, on_batch=_print_batch
+            )
+        s = pipeline_status(spark, pipeline, c.data_root)
+        sink = spark.read.format("delta").load(resolve(pipeline.sink.path, c.data_root))
+        out.print(
+            f"  sink {resolve(pipeline.sink.path, c.data_root)}: {sink.count()} rows; "
+            f"{s['totals']['rows_bad']} bad records, {s['totals']['rows_late']} late records; "
+            f"last committed batch {s['last_committed_batch']}"
+        )
+    table = Table("user", "minute", "orders", "revenue", title="user_revenue (first minutes)")
+    windows = spark.read.format("delta").load(resolve(user_revenue.sink.path, c.data_root))
+    for row in windows.orderBy("window_start", "user").limit(10).collect():
+        table.add_row(
+            row["user"],
+            row["window_start"].strftime("%H:%M"),
+            str(row["orders"]),
+            f"{row['revenue']:.2f}",
+        )
+    out.print(table)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list):
+        return "\n".join(_show(v) for v in value) or "-"
+    if value is None:
+        return "-"
+    return str(value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the app, turning user errors into one line."""
+    logging.basicConfig(level=os.environ.get("LOWMARK_LOG_LEVEL", "WARNING"))
+    try:
+        app(args=argv, prog_name="lowmark")
+    except LowmarkError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except AnalysisException as exc:
+        first = str(exc).strip().splitlines()[0]
+        err.print(f"[red]error:[/] Spark rejected the pipeline: {first}", soft_wrap=True)
+        sys.exit(2)

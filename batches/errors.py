@@ -1,0 +1,37 @@
+"""Errors a user can cause in pipeline definitions, input or sinks.
+
+One line each, naming the thing and the fix. ``LowmarkError`` (from
+``state.errors``) is the common base the CLI turns into a clean message.
+"""
+
+from __future__ import annotations
+
+from state.errors import LowmarkError
+
+
+class PipelineNotFound(LowmarkError):
+    """No registered pipeline has the asked-for name."""
+
+
+class PipelineConfigInvalid(LowmarkError):
+    """A pipeline definition (Python or YAML) fails validation."""
+
+
+class SourceFileMissing(LowmarkError):
+    """A file the manifest assigned to a batch is gone before the batch finished."""
+
+
+class SinkWriteFailed(LowmarkError):
+    """The sink refused the batch (schema mismatch, duplicate merge keys, ...)."""
+
+
+class PartitionNotClosed(LowmarkError):
+    """A backfill asked for an event-time partition the watermark has not closed yet."""
+
+
+class FaultSpecInvalid(LowmarkError):
+    """``LOWMARK_KILL_AT`` (crash tests only) does not name a step and a batch."""
+
+
+class SourceFileUnreadable(LowmarkError):
+    """A file a batch takes cannot be read with the source schema (drift, corruption)."""

@@ -1,0 +1,108 @@
+"""Fault injection: die at a named step of a batch, to prove recovery.
+
+``MicroBatchRunner.run_batch`` calls ``reached(step, batch_id)`` once at each
+step below. With ``LOWMARK_KILL_AT=<step>@<batch_id>`` (e.g. ``after_sink@3``)
+in the environment, reaching that step of that batch sends SIGKILL to the
+Spark JVM and to the process itself: no cleanup, no ``finally``, as if the
+machine died there. Unset (always, outside crash tests), a call costs one
+environment lookup. A replay reaches the same steps, so it can be killed too.
+
+Steps, in the order a batch reaches them:
+
+- ``after_plan``: planned (discovery may have recorded new files); no offsets yet
+- ``after_offset_log``: ``offsets[N]`` written, nothing processed
+- ``after_read``: input read and counted, nothing written
+- ``after_state``: bad records and window state written
+- ``after_sink``: the sink written
+- ``after_late``: late records written
+- ``before_commit``: watermarks written, the commit log not yet
+- ``after_commit``: committed; the source commit and progress row not yet
+
+In-process tests may use ``crash_at`` instead, which raises ``InjectedCrash``
+at the step. That is cheaper than a process per crash but kinder than a kill:
+``finally`` blocks run and the Spark session lives on, so the real-kill tests
+stay the proof and the raising mode only multiplies the schedules tried.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+from pyspark import SparkContext
+
+from batches.errors import FaultSpecInvalid
+
+KILL_AT_ENV = "LOWMARK_KILL_AT"
+
+STEPS = (
+    "after_plan",
+    "after_offset_log",
+    "after_read",
+    "after_state",
+    "after_sink",
+    "after_late",
+    "before_commit",
+    "after_commit",
+)
+
+
+class KillPoint(NamedTuple):
+    """A step of one batch."""
+
+    step: str
+    batch_id: int
+
+    def __str__(self) -> str:
+        return f"{self.step}@{self.batch_id}"
+
+    @classmethod
+    def parse(cls, spec: str) -> KillPoint:
+        """``"after_sink@3"`` → KillPoint("after_sink", 3)."""
+        step, _, batch = spec.strip().partition("@")
+        if step not in STEPS or not batch.isdigit():
+            raise FaultSpecInvalid(
+                f"{KILL_AT_ENV}={spec!r} is not <step>@<batch id>: steps are {', '.join(STEPS)}"
+            )
+        return cls(step, int(batch))
+
+
+class InjectedCrash(BaseException):
+    """Raised by ``crash_at`` at its step; a BaseException so no ``except Exception`` eats it."""
+
+
+_crash_at: KillPoint | None = None
+
+
+def reached(step: str, batch_id: int) -> None:
+    """Called by the batch loop at ``step`` of ``batch_id``; dies there if told to."""
+    here = KillPoint(step, batch_id)
+    if here == _crash_at:
+        raise InjectedCrash(f"injected crash at {here}")
+    spec = os.environ.get(KILL_AT_ENV)
+    if spec and KillPoint.parse(spec) == here:
+        _kill()
+
+
+@contextmanager
+def crash_at(point: KillPoint) -> Iterator[None]:
+    """Within this block, reaching ``point`` raises InjectedCrash (in-process tests)."""
+    global _crash_at
+    _crash_at = point
+    try:
+        yield
+    finally:
+        _crash_at = None
+
+
+def _kill() -> None:
+    # The JVM first: left alone it would notice its parent's death and shut
+    # down politely, which is more than a crashed machine gets.
+    gateway = SparkContext._gateway
+    jvm = getattr(gateway, "proc", None) if gateway is not None else None
+    if jvm is not None:
+        os.kill(jvm.pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

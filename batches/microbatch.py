@@ -1,0 +1,452 @@
+"""The micro-batch loop: plan, write ahead, read, transform, sink, commit.
+
+``MicroBatchRunner.run_batch`` is one micro-batch, top to bottom, in numbered
+steps; ``plan_next_batch`` holds the recovery rule (seed 001, made exact).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
+
+from batches import faults
+from batches.clock import Clock, SystemClock
+from batches.event_time import WindowedStage, partition_max_event_ms
+from batches.pipeline import Pipeline, resolve
+from batches.sinks.delta import DeltaTableSink
+from batches.sources import build_source
+from batches.sources.base import PARTITION_COLUMN
+from batches.watermarks import PartitionTime, observe, pipeline_watermark
+from state import late_records, quarantine
+from state.checkpoint import Checkpoint
+from state.commit_log import CommitEntry
+from state.delta import BatchAppendTable, table_exists
+from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
+from state.offset_log import OffsetEntry, Offsets
+from state.progress import ProgressEntry
+from state.watermarks import WatermarkTable
+from state.window_state import WindowState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """The next batch to run: its id, input range, watermark and what it builds on."""
+
+    batch_id: int
+    start: Offsets
+    end: Offsets
+    watermark_ms: int | None
+    replay: bool
+    planned_at_ms: int
+    """Processing time the batch was planned (recorded as the offsets' created_at)."""
+    previous: CommitEntry | None
+    """The commit of batch_id - 1 (its state version and partition times are this batch's input)."""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one committed batch did."""
+
+    batch_id: int
+    replay: bool
+    start: Offsets
+    end: Offsets
+    rows_in: int
+    rows_out: int
+    rows_bad: int
+    rows_late: int
+    watermark_ms: int | None
+    """The watermark after the batch (the next batch runs with it)."""
+    lag_ms: int | None
+    """Planning time minus ``watermark_ms``: how far event time trails processing time."""
+    durations_ms: dict[str, int] = field(default_factory=dict)
+
+
+class MicroBatchRunner:
+    """Runs the micro-batches of one pipeline against its checkpoint.
+
+    One runner per pipeline at a time; a second one is detected when it
+    writes the offset log and stops with ConcurrentRunner.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        data_root: Path,
+        clock: Clock | None = None,
+    ) -> None:
+        self.spark = spark
+        self.pipeline = pipeline
+        self.clock = clock or SystemClock()
+        self.runner_id = str(uuid.uuid4())
+        self.fingerprint = pipeline.fingerprint()
+        self.checkpoint = Checkpoint(spark, pipeline.checkpoint_location(data_root), pipeline.name)
+        ckpt = self.checkpoint
+        self.source = build_source(spark, pipeline, data_root, ckpt.location, ckpt.pipeline_id)
+        sink = pipeline.sink_config()
+        self.sink = DeltaTableSink(
+            spark, sink, resolve(sink.path, data_root), ckpt.txn_app_id("sink")
+        )
+        self.bad_records = BatchAppendTable(
+            ckpt.table("bad_records"), ckpt.txn_app_id("bad_records"), quarantine.SCHEMA
+        )
+        self.late_records = BatchAppendTable(
+            ckpt.table("late"), ckpt.txn_app_id("late"), late_records.SCHEMA
+        )
+        self.watermarks = WatermarkTable(
+            spark, ckpt.table("watermarks"), ckpt.txn_app_id("watermarks")
+        )
+        self.stage = (
+            WindowedStage(
+                pipeline.event_time,
+                pipeline.aggregation,
+                WindowState(
+                    spark,
+                    ckpt.table("state_windows"),
+                    ckpt.txn_app_id("state"),
+                    pipeline.aggregation.keys,
+                ),
+            )
+            if pipeline.aggregation and pipeline.event_time
+            else None
+        )
+        self._committed: tuple[OffsetEntry, CommitEntry] | None = None
+        self._partitions: dict[str, PartitionTime] | None = None
+
+    def plan_next_batch(self) -> PlannedBatch | None:
+        """Decide which batch runs next, or None when there is nothing to do.
+
+        The recovery rule, over the latest offset-log entry and the latest
+        commit-log entry::
+
+            latest = offsets.latest()          # may be None
+            done   = commits.latest()          # may be None
+            if latest is None:       plan batch 0 from the source's initial offsets
+            elif done == latest:     plan batch latest+1 starting at offsets[latest].end
+            elif done == latest - 1 or (done is None and latest == 0):
+                                     REPLAY batch latest with exactly offsets[latest]
+                                     and offsets[latest].batch_watermark_ms
+            else:                    raise CheckpointCorrupt naming both ids
+
+        A new batch is planned only if the source has data past the committed
+        end, or if the watermark (re-evaluated now, so idle partitions stop
+        holding it back) would close windows: an empty batch that emits. The
+        pipeline fingerprint of the latest entry must match. The logs are read
+        once per runner; after its own commit a runner knows where it stands
+        (a runner that raced it is still caught by the offset log).
+        """
+        latest: OffsetEntry | None
+        done: CommitEntry | None
+        if self._committed is not None:
+            latest, done = self._committed
+        else:
+            latest = self.checkpoint.offsets.get_latest()
+            done = self.checkpoint.commits.get_latest()
+            self._check_tables_of(done)
+        done_id = done.batch_id if done else None
+        if latest is None:
+            if done is not None:
+                raise CheckpointCorrupt(
+                    f"commit log of {self.checkpoint.location} has batch {done_id} but the "
+                    "offset log is empty: restore offsets/ or move the checkpoint away"
+                )
+            return self._plan_new(0, self.source.initial_offsets(), None, None)
+        if latest.pipeline_fingerprint != self.fingerprint:
+            raise FingerprintMismatch(
+                f"pipeline {self.pipeline.name} changed since its checkpoint "
+                f"{self.checkpoint.location} was written (fingerprint "
+                f"{latest.pipeline_fingerprint} -> {self.fingerprint}): restore the old "
+                "definition, or set a new `checkpoint` folder to start over"
+            )
+        if done is not None and done.batch_id == latest.batch_id:
+            return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done)
+        if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
+            previous = done if done_id == latest.batch_id - 1 else None
+            return PlannedBatch(
+                latest.batch_id,
+                latest.start_offsets,
+                latest.end_offsets,
+                latest.batch_watermark_ms,
+                replay=True,
+                planned_at_ms=_ms(latest.created_at),
+                previous=previous,
+            )
+        raise CheckpointCorrupt(
+            f"checkpoint {self.checkpoint.location} is inconsistent: latest offsets batch "
+            f"{latest.batch_id}, latest commit batch {done_id}; expected the commit to be "
+            f"{latest.batch_id} or {latest.batch_id - 1}. Restore both logs from one backup, "
+            "or move the checkpoint away to start over"
+        )
+
+    def _plan_new(
+        self,
+        batch_id: int,
+        start: Offsets,
+        latest: OffsetEntry | None,
+        done: CommitEntry | None,
+    ) -> PlannedBatch | None:
+        now = self.clock.now_ms()
+        watermark = done.next_watermark_ms if done else None
+        if self.pipeline.event_time is not None and done is not None:
+            parts = self._partition_times(done)
+            watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark)
+        end = self.source.plan(start, batch_id)
+        if end == start:
+            previous_watermark = latest.batch_watermark_ms if latest else None
+            if watermark is None or watermark == previous_watermark or self.stage is None:
+                return None
+            state_version = done.table_versions.get("state") if done else None
+            if not self.stage.would_emit(state_version, watermark):
+                return None
+        return PlannedBatch(batch_id, start, end, watermark, False, now, done)
+
+    def _partition_times(self, committed: CommitEntry) -> dict[str, PartitionTime]:
+        """Per-partition times as of ``committed``, which wrote them to the watermarks table."""
+        if self._partitions is None:
+            self._partitions = {
+                p: PartitionTime(p, max_ms, seen)
+                for p, max_ms, _, seen in self.watermarks.as_of(committed.batch_id)
+            }
+        return self._partitions
+
+    def _check_tables_of(self, done: CommitEntry | None) -> None:
+        """The tables the last commit wrote and the next batch reads must still be there.
+
+        Without them the next batch would start from empty state or watermarks:
+        a silent restart from zero of what they hold.
+        """
+        if done is None:
+            return
+        written = {
+            "watermarks": bool(done.max_event_time_ms),
+            "state_windows": "state" in done.table_versions,
+        }
+        for name in (n for n, wrote in written.items() if wrote):
+            path = self.checkpoint.table(name)
+            if not table_exists(self.spark, path):
+                raise CheckpointMissing(
+                    f"checkpoint table {path} is missing, but commit {done.batch_id} wrote it: "
+                    "restore it from backup, or move the checkpoint away to start over"
+                )
+
+    def run_batch(self) -> BatchResult | None:
+        """Run (or replay) one micro-batch; None when there was nothing to run.
+
+        Step 1. Plan: the recovery rule picks the batch, its offsets and watermark.
+        Step 2. Offset log: write batch N's offsets BEFORE processing (new batches only).
+        Step 3. Read exactly [start, end) from the source.
+        Step 4. Transform.
+        Step 5. Event-time stage: lateness, windows merged with state as of commit N-1.
+        Step 6. Sinks, each an idempotent Delta write: bad records, state, sink, late.
+        Step 7. Commit log (with the next watermark and per-partition times).
+        Step 8. Source commit (upstream may discard), then the progress row.
+        """
+        timer = _StepTimer(self.clock)
+        event_time = self.pipeline.event_time
+
+        # Step 1. Plan.
+        planned = self.plan_next_batch()
+        if planned is None:
+            return None
+        batch_id = planned.batch_id
+        timer.lap("plan")
+        faults.reached("after_plan", batch_id)
+
+        # Step 2. Offset log (write-ahead). A replay reuses the entry already there.
+        offsets = OffsetEntry(
+            batch_id=batch_id,
+            runner_id=self.runner_id,
+            created_at=datetime.fromtimestamp(planned.planned_at_ms / 1000, UTC),
+            start_offsets=planned.start,
+            end_offsets=planned.end,
+            batch_watermark_ms=planned.watermark_ms,
+            pipeline_fingerprint=self.fingerprint,
+        )
+        if not planned.replay:
+            self.checkpoint.offsets.claim(offsets)
+        timer.lap("offset_log")
+        faults.reached("after_offset_log", batch_id)
+
+        # Step 3. Read.
+        read = self.source.read(planned.start, planned.end, batch_id)
+        rows_in = read.records.count()
+        rows_bad = read.bad.count() if read.bad is not None else 0
+        timer.lap("read")
+        faults.reached("after_read", batch_id)
+
+        # Step 4. Transform.
+        records = read.records
+        out = self.pipeline.transform(records) if self.pipeline.transform else records
+        if PARTITION_COLUMN not in out.columns and len(planned.end) == 1:
+            # A transform that selected its columns dropped the partition; with one
+            # partition there is nothing to lose by putting it back.
+            out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(planned.end))))
+        timer.lap("transform")
+
+        # Step 5. Event-time stage (nothing is written here).
+        previous_state = planned.previous.table_versions.get("state") if planned.previous else None
+        batch_max: dict[str, int] = {}
+        late = retract = None
+        if self.stage is not None:
+            stage = self.stage.process(out, planned.watermark_ms, previous_state, batch_id)
+            sink_rows, late, batch_max = stage.output, stage.late, stage.batch_max_event_ms
+            if self.pipeline.sink_config().mode == "merge":
+                retract = stage.retract
+        else:
+            if event_time is not None:
+                batch_max = partition_max_event_ms(out, event_time.column)
+            sink_rows = out.drop(PARTITION_COLUMN)
+        sink_rows = sink_rows.persist(StorageLevel.MEMORY_AND_DISK)
+        rows_out = sink_rows.count()
+        timer.lap("event_time")
+
+        # Step 6. Sinks: bad records, state, sink, late records.
+        if rows_bad and read.bad is not None:
+            self.bad_records.write(read.bad, batch_id)
+        versions: dict[str, int] = {}
+        if self.stage is not None:
+            state_version = self.stage.state.apply(stage.upserts, stage.deletes, batch_id)
+            if state_version is not None:
+                versions["state"] = state_version
+        timer.lap("state")
+        faults.reached("after_state", batch_id)
+        versions["sink"] = self.sink.write(sink_rows, batch_id, retract)
+        timer.lap("sink")
+        faults.reached("after_sink", batch_id)
+        rows_late = 0
+        if late is not None:
+            late = late.persist(StorageLevel.MEMORY_AND_DISK)
+            rows_late = late.count()
+            if rows_late:
+                self.late_records.write(late, batch_id)
+            late.unpersist()
+        sink_rows.unpersist()
+        read.unpersist()
+        timer.lap("late")
+        faults.reached("after_late", batch_id)
+
+        # Step 7. Commit log, with the watermark the next batch starts from.
+        next_watermark = planned.watermark_ms
+        partitions: dict[str, PartitionTime] = {}
+        if event_time is not None:
+            known = self._partition_times(planned.previous) if planned.previous else {}
+            partitions = observe(known, batch_max, planned.planned_at_ms)
+            next_watermark = pipeline_watermark(
+                partitions, event_time, planned.planned_at_ms, planned.watermark_ms
+            )
+            self.watermarks.write(
+                batch_id,
+                [
+                    (
+                        p,
+                        t.max_event_time_ms,
+                        t.max_event_time_ms - event_time.max_out_of_orderness,
+                        t.last_seen_ms,
+                    )
+                    for p, t in sorted(partitions.items())
+                ],
+            )
+        commit = CommitEntry(
+            batch_id=batch_id,
+            runner_id=self.runner_id,
+            next_watermark_ms=next_watermark,
+            max_event_time_ms={p: t.max_event_time_ms for p, t in partitions.items()},
+            table_versions=versions,
+            rows_in=rows_in + rows_bad,
+            rows_out=rows_out,
+            rows_bad=rows_bad,
+            rows_late=rows_late,
+        )
+        faults.reached("before_commit", batch_id)
+        self.checkpoint.commits.claim(commit)
+        self._committed = (offsets, commit)
+        self._partitions = partitions if event_time is not None else None
+        timer.lap("commit")
+        faults.reached("after_commit", batch_id)
+
+        # Step 8. Source commit, then progress (descriptive only: never read by recovery).
+        lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
+        self.source.commit(planned.end)
+        timer.lap("source_commit")
+        self.checkpoint.progress.add(
+            ProgressEntry(
+                batch_id=batch_id,
+                runner_id=self.runner_id,
+                replayed=planned.replay,
+                durations_ms=timer.durations,
+                rows_in=rows_in + rows_bad,
+                rows_out=rows_out,
+                rows_bad=rows_bad,
+                rows_late=rows_late,
+                watermark_ms=planned.watermark_ms,
+                lag_ms=lag_ms,
+            )
+        )
+        log.info("pipeline %s committed batch %d", self.pipeline.name, batch_id)
+        return BatchResult(
+            batch_id,
+            planned.replay,
+            planned.start,
+            planned.end,
+            rows_in + rows_bad,
+            rows_out,
+            rows_bad,
+            rows_late,
+            next_watermark,
+            lag_ms,
+            timer.durations,
+        )
+
+    def run(
+        self,
+        max_batches: int | None = 1,
+        max_seconds: float | None = None,
+        on_batch: Callable[[BatchResult], None] | None = None,
+    ) -> list[BatchResult]:
+        """Run batches until caught up, ``max_batches`` ran, or ``max_seconds`` passed.
+
+        ``max_batches=None`` means no limit (drain until caught up).
+        """
+        started = self.clock.now_ms()
+        results: list[BatchResult] = []
+        while max_batches is None or len(results) < max_batches:
+            if max_seconds is not None and self.clock.now_ms() - started >= max_seconds * 1000:
+                break
+            result = self.run_batch()
+            if result is None:
+                break
+            results.append(result)
+            if on_batch:
+                on_batch(result)
+        return results
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+class _StepTimer:
+    """Milliseconds spent in each named step, measured with the injected clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.last = clock.now_ms()
+        self.started = self.last
+        self.durations: dict[str, int] = {}
+
+    def lap(self, step: str) -> None:
+        now = self.clock.now_ms()
+        self.durations[step] = now - self.last
+        self.durations["total"] = now - self.started
+        self.last = now

@@ -1,0 +1,194 @@
+"""Pipeline definitions: what users write, in Python or YAML.
+
+These are plain, frozen pydantic models; the runtime pieces they describe
+(sources, sinks, the batch loop) are built from them elsewhere. Relative paths
+are resolved against the data root (``LOWMARK_DATA_ROOT``, default ``./data``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ImportString, model_validator
+from pyspark.sql import DataFrame
+
+from batches.durations import DurationMs
+from batches.windows import EventTime, WindowedAggregation
+
+Transform = Callable[[DataFrame], DataFrame]
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FileSource(_Config):
+    """A folder that new files keep landing in (like Spark's file stream source).
+
+    New files are taken in (modification time, path) order. Files must not
+    change after they land; hidden files (``.x``, ``_x``) are ignored.
+    """
+
+    kind: Literal["files"] = "files"
+    path: str = Field(description="Folder to watch, relative to the data root or absolute.")
+    format: Literal["json", "csv", "parquet"] = Field(description="File format.")
+    schema_ddl: str | None = Field(
+        default=None,
+        description="Schema as Spark DDL ('id LONG, ts STRING'); inferred once if absent.",
+    )
+    options: dict[str, str] = Field(
+        default_factory=dict, description="Spark reader options, e.g. {'header': 'true'}."
+    )
+    partition_by_folder: bool = Field(
+        default=False,
+        description="Each subfolder of `path` is a source partition with its own watermark.",
+    )
+    max_files_per_batch: int = Field(default=1000, ge=1, description="Admission limit: files.")
+    max_bytes_per_batch: int | None = Field(
+        default=None, ge=1, description="Admission limit: bytes (a batch takes at least one file)."
+    )
+
+
+class DeltaSink(_Config):
+    """A Delta table written exactly once per batch."""
+
+    kind: Literal["delta"] = "delta"
+    path: str = Field(description="Table folder, relative to the data root or absolute.")
+    mode: Literal["append", "merge"] = Field(
+        default="append", description="append rows, or MERGE (upsert) on `keys`."
+    )
+    keys: tuple[str, ...] = Field(default=(), description="Merge keys (mode=merge only).")
+
+    @model_validator(mode="after")
+    def _keys_match_mode(self) -> DeltaSink:
+        if self.mode == "merge" and not self.keys:
+            raise ValueError("mode 'merge' needs `keys`: the columns that identify a row")
+        if self.mode == "append" and self.keys:
+            raise ValueError("`keys` only apply to mode 'merge'")
+        return self
+
+
+class HealthChecks(_Config):
+    """Bounds the Dagster asset checks hold a pipeline to (they warn, never stop a run).
+
+    ``max_watermark_lag``: processing time of the newest committed batch minus
+    its next watermark. ``max_late_fraction``: late rows / input rows over the
+    newest ``window_batches`` committed batches.
+    """
+
+    max_watermark_lag: DurationMs = Field(
+        default=15 * 60_000, gt=0, description="Largest acceptable watermark lag."
+    )
+    max_late_fraction: float = Field(
+        default=0.05, ge=0, le=1, description="Largest acceptable share of late rows."
+    )
+    window_batches: int = Field(default=10, ge=1, description="Batches the late share is over.")
+
+
+class EventTimePartitions(_Config):
+    """Event-time partitions a windowed pipeline can be backfilled by (one per day or hour).
+
+    A backfill of partition P recomputes every window that STARTS in P from the
+    source's committed history and replaces exactly that slice of the sink.
+    """
+
+    granularity: Literal["daily", "hourly"] = Field(default="daily", description="Partition size.")
+    start: str = Field(
+        pattern=r"^\d{4}-\d{2}-\d{2}( \d{2}:\d{2})?$",
+        description="First partition, UTC: 'YYYY-MM-DD' (hourly: 'YYYY-MM-DD HH:MM' allowed).",
+    )
+
+
+class Pipeline(_Config):
+    """One streaming pipeline: source → transform → sink, with its checkpoint.
+
+    ``transform`` is a function DataFrame → DataFrame, or in YAML its import
+    path (``package.module:function``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", description="Unique name.")
+    description: str = Field(default="", description="Shown by `lowmark list` and in Dagster.")
+    source: FileSource
+    transform: ImportString[Transform] | None = Field(
+        default=None, description="DataFrame → DataFrame applied to each batch."
+    )
+    sink: DeltaSink
+    event_time: EventTime | None = Field(
+        default=None, description="Event-time column, out-of-orderness, idleness, lateness."
+    )
+    aggregation: WindowedAggregation | None = Field(
+        default=None, description="Windowed aggregation per key (needs event_time)."
+    )
+    checkpoint: str | None = Field(
+        default=None, description="Checkpoint folder; default <data root>/_lowmark/<name>."
+    )
+    checks: HealthChecks = Field(
+        default_factory=HealthChecks, description="Bounds of the Dagster asset checks."
+    )
+    backfill: EventTimePartitions | None = Field(
+        default=None, description="Event-time partitions for backfills (windowed pipelines)."
+    )
+
+    @model_validator(mode="after")
+    def _aggregation_needs_event_time(self) -> Pipeline:
+        if self.aggregation is not None:
+            if self.event_time is None:
+                raise ValueError("`aggregation` needs `event_time` (which column holds event time)")
+            if self.sink.mode != "append":
+                raise ValueError(
+                    "a windowed pipeline sets how the sink is written through "
+                    "`aggregation.output_mode`; leave `sink.mode` at append"
+                )
+        elif self.backfill is not None:
+            raise ValueError(
+                "`backfill` recomputes event-time windows: it needs `aggregation`; remove it"
+            )
+        return self
+
+    def sink_config(self) -> DeltaSink:
+        """The sink as written: update-mode aggregations MERGE on keys + window."""
+        if self.aggregation is not None and self.aggregation.output_mode == "update":
+            keys = (*self.aggregation.keys, "window_start", "window_end")
+            return self.sink.model_copy(update={"mode": "merge", "keys": keys})
+        return self.sink
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes what a batch computes.
+
+        Admission limits, descriptions, health-check bounds and backfill
+        partitions are left out: changing them on a running checkpoint is safe.
+        The transform counts by its import path, so editing its body is allowed
+        (as in Spark), renaming it is not.
+        """
+        semantics = {
+            "source": self.source.model_dump(
+                exclude={"max_files_per_batch", "max_bytes_per_batch"}
+            ),
+            "transform": self.transform,
+            "sink": self.sink.model_dump(),
+            "event_time": self.event_time.model_dump() if self.event_time else None,
+            "aggregation": self.aggregation.model_dump() if self.aggregation else None,
+        }
+        blob = json.dumps(semantics, sort_keys=True, default=_import_path).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def checkpoint_location(self, data_root: Path) -> str:
+        return resolve(self.checkpoint or f"_lowmark/{self.name}", data_root)
+
+
+def _import_path(value: object) -> str:
+    """Functions count by where they live (``module:qualname``), not by their code."""
+    return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
+
+
+def resolve(path: str, data_root: Path) -> str:
+    """``path`` if it is absolute or a URL (s3a://...), else under ``data_root``."""
+    if "://" in path or Path(path).is_absolute():
+        return path
+    return str((data_root / path).resolve())

@@ -1,0 +1,98 @@
+"""Finding pipelines: a Python module (or .py file) or a YAML file.
+
+A module contributes every module-level ``Pipeline`` object. A YAML file has
+a ``pipelines:`` list of pipeline mappings, transforms given by import path.
+The location comes from ``--pipelines`` or ``LOWMARK_PIPELINES``; the demo
+pipelines (``batches.demo``) are the default.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from batches.errors import PipelineConfigInvalid, PipelineNotFound
+from batches.pipeline import Pipeline
+
+DEFAULT_LOCATION = "batches.demo"
+
+
+def default_location() -> str:
+    return os.environ.get("LOWMARK_PIPELINES", DEFAULT_LOCATION)
+
+
+def load_pipelines(location: str | None = None) -> dict[str, Pipeline]:
+    """All pipelines at ``location``, by name; names must be unique."""
+    location = location or default_location()
+    if location.endswith((".yaml", ".yml")):
+        pipelines = _from_yaml(Path(location))
+    else:
+        pipelines = _from_module(location)
+    by_name: dict[str, Pipeline] = {}
+    for p in pipelines:
+        if p.name in by_name:
+            raise PipelineConfigInvalid(f"{location}: two pipelines are named {p.name!r}")
+        by_name[p.name] = p
+    return by_name
+
+
+def get_pipeline(name: str, location: str | None = None) -> Pipeline:
+    pipelines = load_pipelines(location)
+    if name not in pipelines:
+        known = ", ".join(sorted(pipelines)) or "none"
+        raise PipelineNotFound(
+            f"no pipeline {name!r} in {location or default_location()} (known: {known}); "
+            "see `lowmark list`"
+        )
+    return pipelines[name]
+
+
+def _from_module(location: str) -> list[Pipeline]:
+    try:
+        if location.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(Path(location).stem, location)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {location}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(location)
+    except (ImportError, FileNotFoundError) as exc:
+        raise PipelineConfigInvalid(
+            f"cannot import pipelines from {location!r}: {exc}; pass a module, .py or .yaml path"
+        ) from exc
+    except ValidationError as exc:
+        raise PipelineConfigInvalid(f"{location}: {_first_error(exc)}") from exc
+    return [value for value in vars(module).values() if isinstance(value, Pipeline)]
+
+
+def _from_yaml(path: Path) -> list[Pipeline]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise PipelineConfigInvalid(f"pipeline file {path} does not exist") from exc
+    except yaml.YAMLError as exc:
+        raise PipelineConfigInvalid(
+            f"{path} is not valid YAML: {str(exc).splitlines()[0]}"
+        ) from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("pipelines"), list):
+        raise PipelineConfigInvalid(f"{path}: expected a top-level `pipelines:` list")
+    pipelines = []
+    for i, item in enumerate(doc["pipelines"]):
+        try:
+            pipelines.append(Pipeline.model_validate(item))
+        except ValidationError as exc:
+            raise PipelineConfigInvalid(f"{path}: pipelines[{i}].{_first_error(exc)}") from exc
+    return pipelines
+
+
+def _first_error(exc: ValidationError) -> str:
+    """``field.path: message`` of the first validation error, on one line."""
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"]) or "(root)"
+    return f"{loc}: {err['msg']}"

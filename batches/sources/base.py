@@ -1,0 +1,70 @@
+"""The source contract.
+
+Offsets are ``{source partition: position}`` with an EXCLUSIVE position: a
+batch with start ``{"0": 5}`` and end ``{"0": 9}`` takes positions 5, 6, 7, 8
+of partition "0". The start of batch N is the end of batch N-1; batch 0
+starts at ``initial_offsets()``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+
+from state.offset_log import Offsets
+
+PARTITION_COLUMN = "_lowmark_partition"
+"""Every record a source returns names its source partition here (a string)."""
+
+
+@dataclass(frozen=True)
+class SourceRead:
+    """What ``read`` returns: parsed records and the rows that would not parse.
+
+    ``bad`` has the columns of ``state.quarantine.SCHEMA`` (or is None when the
+    format cannot hold malformed rows). ``cached`` are frames the source
+    persisted; the caller unpersists them when the batch is done.
+    """
+
+    records: DataFrame
+    bad: DataFrame | None
+    cached: tuple[DataFrame, ...] = ()
+
+    def unpersist(self) -> None:
+        """Drop whatever ``read`` cached for this batch."""
+        for df in self.cached:
+            df.unpersist()
+
+
+class Source(ABC):
+    """A replayable source of records.
+
+    Contract:
+    - ``plan(start, batch_id)`` returns the end offsets of the next batch,
+      honouring the per-batch admission limit; ``end == start`` means no new
+      data. It may record what it discovered (idempotently per ``batch_id``).
+    - ``read(start, end, batch_id)`` is deterministic: the same range gives the
+      same records every time, which is what makes a replay exact. Records
+      carry their source partition in ``PARTITION_COLUMN`` (per-partition
+      watermarks need it); lowmark drops it before the sink.
+    - ``commit(end)`` tells upstream everything before ``end`` is durably
+      processed and may be discarded (seed 004). Optional; a no-op by default.
+    """
+
+    @abstractmethod
+    def initial_offsets(self) -> Offsets: ...
+
+    @abstractmethod
+    def plan(self, start: Offsets, batch_id: int) -> Offsets: ...
+
+    @abstractmethod
+    def read(self, start: Offsets, end: Offsets, batch_id: int) -> SourceRead: ...
+
+    @abstractmethod
+    def backlog(self, committed_end: Offsets) -> dict[str, int]:
+        """What is waiting past ``committed_end``, without recording anything."""
+
+    def commit(self, end: Offsets) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Upstream may discard everything before ``end``."""

@@ -1,0 +1,305 @@
+"""The file source: a folder of JSON, CSV or Parquet files.
+
+Discovery assigns each new file the next sequence number of its partition in
+the manifest (``state.manifest``); offsets are ``{partition: next seq}``. One
+partition ("0") by default; with ``partition_by_folder`` every subfolder is a
+source partition (with its own watermark), like a Kafka partition. Malformed JSON/CSV rows
+become bad records with the raw text and the file, and the batch goes on.
+
+Schema drift, against the schema fixed for the checkpoint: JSON fields are
+matched by name, so a new field is ignored, a missing one is null and a
+value that does not parse as its field's type makes its row a bad record.
+CSV columns are matched by position, so a file whose header names other
+columns (added, reordered, renamed) is refused with SourceFileUnreadable,
+and a row with more values than columns is a bad record. Parquet columns are
+matched by name: a new column is ignored, a type Spark cannot read as the
+schema's (STRING for LONG) is refused with SourceFileUnreadable.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import replace
+from typing import Any
+
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.storagelevel import StorageLevel
+
+from batches.errors import SourceFileMissing, SourceFileUnreadable
+from batches.pipeline import FileSource
+from batches.sources.base import PARTITION_COLUMN, Source, SourceRead
+from state.errors import CheckpointMissing
+from state.manifest import FileManifest, ManifestFile
+from state.offset_log import Offsets
+from state.source_schema import SourceSchema
+
+PARTITION = "0"
+CORRUPT = "_corrupt_record"
+_DEFAULT_OPTIONS = {"csv": {"header": "true"}}
+
+
+class FileStreamSource(Source):
+    """Reads new files of ``folder`` batch by batch; see FileSource for the config."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: FileSource,
+        folder: str,
+        manifest: FileManifest,
+        schema_store: SourceSchema,
+    ) -> None:
+        self.spark = spark
+        self.config = config
+        self.folder = folder
+        self.manifest = manifest
+        self.schema_store = schema_store
+        self.options = {**_DEFAULT_OPTIONS.get(config.format, {}), **config.options}
+        self._fixed_schema: StructType | None = None
+
+    def initial_offsets(self) -> Offsets:
+        # Folder partitions appear as they are discovered; a missing one is at 0.
+        return {} if self.config.partition_by_folder else {PARTITION: 0}
+
+    def plan(self, start: Offsets, batch_id: int) -> Offsets:
+        known = self.manifest.files()
+        if not known and any(start.values()):
+            raise CheckpointMissing(
+                f"file manifest {self.manifest.path} is missing or empty, but the checkpoint "
+                f"has read up to {start}: restore it from backup, or move the checkpoint away "
+                "to start over"
+            )
+        new = self._number(self._unseen(known), known)
+        if new:
+            self.manifest.record(new, batch_id)
+            # Delta skips the append if discovery for this batch id landed before (a
+            # crash after planning, a racing runner): admit only what the table holds.
+            known = self.manifest.files()
+        pending = [f for f in known if f.seq >= start.get(f.partition, 0)]
+        end = dict(start)
+        for f in self._admit(pending):
+            end[f.partition] = f.seq + 1
+        return end
+
+    def read(self, start: Offsets, end: Offsets, batch_id: int) -> SourceRead:
+        files = [
+            f
+            for f in self.manifest.files()
+            if start.get(f.partition, 0) <= f.seq < end[f.partition]
+        ]
+        expected = sum(n - start.get(p, 0) for p, n in end.items())
+        if len(files) != expected:
+            raise CheckpointMissing(
+                f"manifest {self.manifest.path} lacks files of batch {batch_id} "
+                f"(offsets {start} -> {end}): restore it from backup"
+            )
+        paths = [f.path for f in files]
+        for path in paths:
+            if not self._exists(path):
+                raise SourceFileMissing(
+                    f"{path} (taken by batch {batch_id}) is gone: put it back, or move the "
+                    "checkpoint away to start over without it"
+                )
+        schema = self._schema(paths)
+        if self.config.format == "parquet":
+            records = (
+                self.spark.read.schema(schema)
+                .parquet(*paths)
+                .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_metadata.file_path")))
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            self._load(records, batch_id)
+            return SourceRead(records, None, cached=(records,))
+        if self.config.format == "csv" and self.options.get("header") == "true":
+            self._check_headers(paths, schema, batch_id)
+        with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
+        parsed = (
+            self.spark.read.format(self.config.format)
+            .options(**self.options)
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", CORRUPT)
+            .schema(with_corrupt)
+            .load(paths)
+            .withColumn("_source_file", F.col("_metadata.file_path"))
+            # Spark refuses queries on the corrupt-record column alone unless the
+            # full parse is cached; caching also lets records and bad share one parse.
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        self._load(parsed, batch_id)
+        bad = parsed.where(F.col(CORRUPT).isNotNull()).select(
+            F.lit(batch_id).cast("long").alias("batch_id"),
+            F.col("_source_file").alias("source_file"),
+            F.col(CORRUPT).alias("raw"),
+            F.lit(f"malformed {self.config.format} or not matching the source schema").alias(
+                "reason"
+            ),
+        )
+        records = (
+            parsed.where(F.col(CORRUPT).isNull())
+            .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_source_file")))
+            .drop(CORRUPT, "_source_file")
+        )
+        return SourceRead(records, bad, cached=(parsed,))
+
+    def _load(self, cached: DataFrame, batch_id: int) -> None:
+        """Fill the cache of this batch's input, naming the file Spark could not read."""
+        try:
+            cached.count()
+        except (Py4JJavaError, PySparkException) as exc:
+            cached.unpersist()
+            java = getattr(exc, "java_exception", None)
+            error = java if java is not None else exc
+            condition = str(error.getCondition() or "")
+            if not condition.startswith("FAILED_READ_FILE"):
+                raise
+            parameters: Any = error.getMessageParameters() or {}
+            path = dict(parameters).get("path", "a file")
+            reason = str(error.getMessage()).strip().splitlines()[0]
+            raise SourceFileUnreadable(
+                f"{path} (taken by batch {batch_id}) cannot be read with the source schema "
+                f"({reason}): rewrite it in place in the source's schema, or move the "
+                "checkpoint away to start over without it"
+            ) from exc
+
+    def _check_headers(self, paths: list[str], schema: StructType, batch_id: int) -> None:
+        """CSV columns are read by position: a header naming other columns is refused.
+
+        Spark would otherwise put a reordered or renamed column's values into
+        whichever field sits at its position, silently.
+        """
+        sep = self.options.get("sep", self.options.get("delimiter", ","))
+        wanted = [name.lower() for name in schema.fieldNames()]
+        for path in paths:
+            fs, hpath = self._hadoop_path(path)
+            jvm: Any = self.spark.sparkContext._jvm
+            stream = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(fs.open(hpath)))
+            try:
+                line = stream.readLine() or ""
+            finally:
+                stream.close()
+            header = [name.strip().strip('"').lower() for name in line.split(sep)]
+            if header != wanted:
+                raise SourceFileUnreadable(
+                    f"{path} (taken by batch {batch_id}) has the CSV header {line.strip()!r} "
+                    f"but the source schema is {', '.join(schema.fieldNames())}: CSV columns "
+                    "are read by position; rewrite the file in place with the source's "
+                    "columns, or move the checkpoint away to start over without it"
+                )
+
+    def backlog(self, committed_end: Offsets) -> dict[str, int]:
+        known = self.manifest.files()
+        waiting = [f for f in known if f.seq >= committed_end.get(f.partition, 0)]
+        waiting += self._unseen(known)
+        return {"files": len(waiting), "bytes": sum(f.size for f in waiting)}
+
+    def _admit(self, pending: list[ManifestFile]) -> list[ManifestFile]:
+        """Oldest pending files within the limits (at least one file).
+
+        Partitions are interleaved by (modification time, path) of their next
+        file, and each partition is taken in ``seq`` order, so a batch's files
+        are a ``seq`` prefix of every partition: exactly what offsets express.
+        """
+        queues: dict[str, list[ManifestFile]] = {}
+        for f in sorted(pending, key=lambda f: f.seq, reverse=True):
+            queues.setdefault(f.partition, []).append(f)
+        heads = [(q[-1].modified_ms, q[-1].path, p) for p, q in queues.items()]
+        heapq.heapify(heads)
+        taken: list[ManifestFile] = []
+        total = 0
+        limit = self.config.max_bytes_per_batch
+        while heads and len(taken) < self.config.max_files_per_batch:
+            _, _, partition = heapq.heappop(heads)
+            f = queues[partition].pop()
+            if taken and limit is not None and total + f.size > limit:
+                break
+            taken.append(f)
+            total += f.size
+            if queues[partition]:
+                nxt = queues[partition][-1]
+                heapq.heappush(heads, (nxt.modified_ms, nxt.path, partition))
+        return taken
+
+    def _number(self, new: list[ManifestFile], known: list[ManifestFile]) -> list[ManifestFile]:
+        """Give ``new`` files the next sequence numbers of their partitions."""
+        next_seq: dict[str, int] = {}
+        for f in known:
+            next_seq[f.partition] = max(next_seq.get(f.partition, 0), f.seq + 1)
+        numbered = []
+        for f in new:
+            seq = next_seq.get(f.partition, 0)
+            next_seq[f.partition] = seq + 1
+            numbered.append(replace(f, seq=seq))
+        return numbered
+
+    def _unseen(self, known: list[ManifestFile]) -> list[ManifestFile]:
+        """Files in the folder not in the manifest (seq unset: -1), oldest first."""
+        seen = {f.path for f in known}
+        fresh = [f for f in self._list() if f.path not in seen]
+        return sorted(fresh, key=lambda f: (f.modified_ms, f.path))
+
+    def _list(self) -> list[ManifestFile]:
+        """The visible files of the folder (or of its subfolders, one partition each)."""
+        if not self.config.partition_by_folder:
+            return self._list_files(self.folder, PARTITION)
+        fs, hpath = self._hadoop_path(self.folder)
+        if not fs.exists(hpath):
+            return []
+        files = []
+        for status in fs.listStatus(hpath):
+            name = status.getPath().getName()
+            if status.isDirectory() and not name.startswith((".", "_")):
+                files += self._list_files(status.getPath().toString(), name)
+        return files
+
+    def _list_files(self, folder: str, partition: str) -> list[ManifestFile]:
+        fs, hpath = self._hadoop_path(folder)
+        if not fs.exists(hpath):
+            return []
+        return [
+            ManifestFile(
+                partition,
+                -1,
+                status.getPath().toString(),
+                status.getLen(),
+                status.getModificationTime(),
+            )
+            for status in fs.listStatus(hpath)
+            if status.isFile() and not status.getPath().getName().startswith((".", "_"))
+        ]
+
+    def _partition_of(self, file_path: Column) -> Column:
+        """The source partition of a record from its file: the folder, or the one partition."""
+        if not self.config.partition_by_folder:
+            return F.lit(PARTITION)
+        return F.element_at(F.split(file_path, "/"), -2)
+
+    def _exists(self, path: str) -> bool:
+        fs, hpath = self._hadoop_path(path)
+        return bool(fs.exists(hpath))
+
+    def _hadoop_path(self, path: str) -> tuple[Any, Any]:
+        """(FileSystem, Path) of ``path``: works for local folders and object stores alike."""
+        sc = self.spark.sparkContext
+        jvm: Any = sc._jvm
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
+        return hpath.getFileSystem(sc._jsc.hadoopConfiguration()), hpath
+
+    def _schema(self, paths: list[str]) -> StructType:
+        """The configured schema, else the stored one, else inferred from ``paths`` and stored."""
+        if self._fixed_schema is None:
+            if self.config.schema_ddl:
+                ddl = StructType.fromDDL(self.config.schema_ddl)
+                assert isinstance(ddl, StructType)
+                self._fixed_schema = ddl
+            else:
+                self._fixed_schema = self.schema_store.get() or self._infer(paths)
+        return self._fixed_schema
+
+    def _infer(self, paths: list[str]) -> StructType:
+        inferred = self.spark.read.format(self.config.format).options(**self.options).load(paths)
+        fields = [f for f in inferred.schema.fields if f.name != CORRUPT]
+        return self.schema_store.fix(StructType(fields))

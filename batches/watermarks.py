@@ -1,0 +1,57 @@
+"""Watermark arithmetic (seeds 000, 002, 003): per-partition watermarks, the
+pipeline watermark as their minimum, idle partitions left out.
+
+Pure functions over plain values, so a replay that feeds the same inputs
+(the batch's recorded offsets and planning time) gets the same watermark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batches.windows import EventTime
+
+
+@dataclass(frozen=True)
+class PartitionTime:
+    """What one source partition has shown so far."""
+
+    partition: str
+    max_event_time_ms: int
+    last_seen_ms: int
+    """Processing time (planning time of the batch) it last had data."""
+
+
+def observe(
+    known: dict[str, PartitionTime], batch_max: dict[str, int], now_ms: int
+) -> dict[str, PartitionTime]:
+    """Fold one batch's per-partition max event time into ``known``."""
+    merged = dict(known)
+    for partition, event_ms in batch_max.items():
+        before = known.get(partition)
+        merged[partition] = PartitionTime(
+            partition,
+            max(event_ms, before.max_event_time_ms) if before else event_ms,
+            now_ms,
+        )
+    return merged
+
+
+def pipeline_watermark(
+    parts: dict[str, PartitionTime], config: EventTime, now_ms: int, previous: int | None
+) -> int | None:
+    """min over active partitions of (max event time - max out-of-orderness).
+
+    A partition idle for ``idle_timeout`` is left out; if all are idle, the
+    max is used. Never below ``previous``; None before any event was seen.
+    """
+    if not parts:
+        return previous
+    marks = {p: t.max_event_time_ms - config.max_out_of_orderness for p, t in parts.items()}
+    active = [
+        marks[p]
+        for p, t in parts.items()
+        if config.idle_timeout is None or now_ms - t.last_seen_ms < config.idle_timeout
+    ]
+    candidate = min(active) if active else max(marks.values())
+    return candidate if previous is None else max(previous, candidate)

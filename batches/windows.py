@@ -1,0 +1,162 @@
+"""Event-time windows and windowed aggregations: the user-facing config, and
+how records are assigned to windows.
+
+All windows are ``[start, end)`` and per key. Tumbling and sliding windows
+follow Spark's ``window()`` exactly (so a plain Spark batch aggregation is the
+reference); session windows are per-key runs of events less than ``gap``
+apart, and merge across batches when a new event bridges two sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from batches.durations import DurationMs
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EventTime(_Config):
+    """Where event time is and how far it may lag (seeds 000, 003).
+
+    ``column`` is a timestamp column of the transformed records. A source
+    partition's watermark is its max event time minus ``max_out_of_orderness``;
+    the pipeline watermark is the min over partitions that saw data within
+    ``idle_timeout`` (all idle: the max), and never goes back.
+    """
+
+    column: str = Field(description="Timestamp column holding event time.")
+    max_out_of_orderness: DurationMs = Field(
+        default=0, ge=0, description="How far behind the newest event a record may arrive."
+    )
+    idle_timeout: DurationMs | None = Field(
+        default=None, gt=0, description="A partition silent this long stops holding time back."
+    )
+    allowed_lateness: DurationMs = Field(
+        default=0, ge=0, description="How long past the watermark a window still takes records."
+    )
+
+
+class Tumbling(_Config):
+    kind: Literal["tumbling"] = "tumbling"
+    size: DurationMs = Field(gt=0)
+    offset: DurationMs = Field(
+        default=0, ge=0, description="Shift of window starts from the epoch."
+    )
+
+    @model_validator(mode="after")
+    def _offset_below_size(self) -> Tumbling:
+        if self.offset >= self.size:
+            raise ValueError("offset must be smaller than size")
+        return self
+
+
+class Sliding(_Config):
+    kind: Literal["sliding"] = "sliding"
+    size: DurationMs = Field(gt=0)
+    slide: DurationMs = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _slide_divides_size(self) -> Sliding:
+        if self.slide > self.size or self.size % self.slide:
+            raise ValueError("slide must divide size (e.g. size 10 minutes, slide 5 minutes)")
+        return self
+
+
+class Session(_Config):
+    kind: Literal["session"] = "session"
+    gap: DurationMs = Field(gt=0, description="Events closer than this belong to one session.")
+
+
+Window = Annotated[Tumbling | Sliding | Session, Field(discriminator="kind")]
+
+
+class Aggregate(_Config):
+    """A built-in mergeable aggregate over ``column`` (``count`` may omit it: rows)."""
+
+    fn: Literal["count", "sum", "min", "max", "avg", "approx_count_distinct"]
+    column: str | None = None
+    name: str | None = Field(default=None, description="Output column; default fn_column.")
+
+    @model_validator(mode="after")
+    def _column_given(self) -> Aggregate:
+        if self.column is None and self.fn != "count":
+            raise ValueError(f"aggregate {self.fn!r} needs a `column`")
+        return self
+
+    @property
+    def output(self) -> str:
+        return self.name or (f"{self.fn}_{self.column}" if self.column else self.fn)
+
+
+class UserAggregate(_Config):
+    """A user aggregate as three Spark expressions (Python only).
+
+    ``partial(col)`` aggregates input rows into a partial value,
+    ``merge(col)`` aggregates partial values into one, ``finish(col)`` turns
+    a partial value into the output. Example, distinct users as an array::
+
+        UserAggregate(name="users", column="user",
+                      partial=lambda c: F.collect_set(c),
+                      merge=lambda c: F.array_distinct(F.flatten(F.collect_list(c))),
+                      finish=lambda c: F.array_sort(c))
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    name: str
+    column: str
+    partial: Callable[[Column], Column]
+    merge: Callable[[Column], Column]
+    finish: Callable[[Column], Column]
+
+
+class WindowedAggregation(_Config):
+    """Aggregate per key and event-time window; emit in ``append`` or ``update`` mode.
+
+    ``append``: each window is written once, when the watermark passes
+    ``window_end + allowed_lateness``. ``update``: every window a batch
+    changes is upserted into the sink (MERGE on keys + window).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    keys: tuple[str, ...] = Field(description="Grouping columns.")
+    window: Window
+    aggregates: tuple[Aggregate | UserAggregate, ...] = Field(min_length=1)
+    output_mode: Literal["append", "update"] = "append"
+
+    @model_validator(mode="after")
+    def _unique_outputs(self) -> WindowedAggregation:
+        names = [a.output if isinstance(a, Aggregate) else a.name for a in self.aggregates]
+        clash = {n for n in names if names.count(n) > 1} | (set(names) & set(self.keys))
+        if clash:
+            raise ValueError(f"output column names clash: {sorted(clash)}; set `name`")
+        return self
+
+
+def last_window_end_ms(window: Tumbling | Sliding, event_ms: Column) -> Column:
+    """End (epoch ms) of the LAST window that contains ``event_ms``.
+
+    A record is too late for every one of its windows iff this end plus the
+    allowed lateness is not past the watermark.
+    """
+    slide = window.size if isinstance(window, Tumbling) else window.slide
+    offset = window.offset if isinstance(window, Tumbling) else 0
+    last_start = F.floor((event_ms - F.lit(offset)) / F.lit(slide)) * F.lit(slide) + F.lit(offset)
+    return last_start + F.lit(window.size)
+
+
+def assign_windows(window: Tumbling | Sliding, event_time: Column) -> Column:
+    """Spark's ``window()`` struct (start, end) for ``event_time``; sliding windows explode."""
+    size = f"{window.size} milliseconds"
+    if isinstance(window, Tumbling):
+        return F.window(event_time, size, startTime=f"{window.offset} milliseconds")
+    return F.window(event_time, size, f"{window.slide} milliseconds")

@@ -1,0 +1,1 @@
+"""Benchmarks: runnable scripts that print timings and ratios (never assertions)."""

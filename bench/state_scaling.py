@@ -1,0 +1,268 @@
+"""Does a batch's cost follow the windows it touches, or total state? (issue 3, item 7)
+
+For each state size N, a windowed pipeline (tumbling one-minute windows per
+user, count + sum) is filled with N open windows through the engine, in
+``--populate-batches`` batches of Parquet files that advance in event time
+as a stream would; ``allowed_lateness`` is ten years, so every window stays
+open. Then ``--repeat`` small batches each update ``--touch`` windows of the
+newest minute, and their wall time is what is measured.
+
+Spark Structured Streaming runs the same aggregation over the same files in
+the same Spark session, as the peer: a file source with
+``maxFilesPerTrigger=1``, ``withWatermark`` of ten years, append mode, the
+``noop`` sink, the RocksDB state store with changelog checkpointing, kept
+running (``processAllAvailable``) so its time is the small batch's
+``triggerExecution``, not query start-up.
+
+Printed: per size the median small-batch time of each engine, then the
+ratios N_max / N_min per engine and lowmark / SSS per size. Timings are
+wall-clock on whatever else the machine is doing; run it on a quiet box.
+
+    .venv/bin/python -m bench.state_scaling            # 10 000 and 1 000 000 windows (make bench)
+    .venv/bin/python -m bench.state_scaling --quick    # 2 000 and 50 000
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from state.session import SparkSettings, get_spark
+
+SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
+T0_S = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp())
+LATENESS = "3650 days"
+SSS_CONFS = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How N open windows are laid out: ``users`` keys x ``minutes`` one-minute windows."""
+
+    windows: int
+    users: int
+
+    @property
+    def minutes(self) -> int:
+        return max(1, self.windows // self.users)
+
+
+def main() -> None:
+    args = _parse_args()
+    sizes = [2_000, 50_000] if args.quick else args.sizes
+    spark = get_spark(SparkSettings(app_name="lowmark-bench", confs=SSS_CONFS))
+    spark.sparkContext.setLogLevel("ERROR")
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="lowmark-bench-"))
+    results: dict[int, tuple[float, float | None]] = {}
+    try:
+        for n in sizes:
+            shape = Shape(n, min(args.users, n))
+            results[n] = _run_size(spark, work / f"n{n}", shape, args)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    _report(results, args.touch)
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Prints median small-batch times and the ratios; no assertions.",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[10_000, 1_000_000],
+        help="open windows per run, comma-separated (default: 10000,1000000)",
+    )
+    parser.add_argument("--quick", action="store_true", help="sizes 2000,50000 (a smoke run)")
+    parser.add_argument("--users", type=int, default=1_000, help="keys (default: 1000)")
+    parser.add_argument(
+        "--populate-batches", type=int, default=10, help="batches that fill state (default: 10)"
+    )
+    parser.add_argument(
+        "--touch", type=int, default=100, help="windows each small batch updates (default: 100)"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="small batches timed (default: 3)")
+    parser.add_argument("--skip-sss", action="store_true", help="lowmark only")
+    parser.add_argument("--work-dir", help="where data goes (default: a temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    return parser.parse_args()
+
+
+def _run_size(
+    spark: SparkSession, root: Path, shape: Shape, args: argparse.Namespace
+) -> tuple[float, float | None]:
+    """Median small-batch seconds of (lowmark, SSS) with ``shape.windows`` open windows."""
+    _say(f"[{shape.windows:,} windows] {shape.users} users x {shape.minutes} minutes")
+    incoming = root / "in"
+    slices = _split(shape.minutes, args.populate_batches)
+    for i, (first, last) in enumerate(slices):
+        _write_file(spark, root, incoming, f"fill{i:04d}", _fill(spark, shape, first, last))
+    runner = MicroBatchRunner(spark, _pipeline(), root)
+    started = time.monotonic()
+    runner.run(
+        max_batches=None,
+        on_batch=lambda b: _say(
+            f"  lowmark fill batch {b.batch_id}: {b.rows_in:,} rows, "
+            f"{b.durations_ms['total'] / 1000:.1f} s"
+        ),
+    )
+    _say(f"  lowmark state filled in {time.monotonic() - started:.0f} s")
+    query = None if args.skip_sss else _start_sss(spark, root, incoming)
+    lowmark_s: list[float] = []
+    sss_s: list[float] = []
+    try:
+        if query is not None:
+            started = time.monotonic()
+            query.processAllAvailable()
+            _say(f"  SSS state filled in {time.monotonic() - started:.0f} s")
+        for r in range(args.repeat):
+            minute = shape.minutes - 1 - r % shape.minutes
+            name = f"touch{r:04d}"
+            _write_file(spark, root, incoming, name, _touch(spark, shape, minute, args.touch))
+            started = time.monotonic()
+            result = runner.run_batch()
+            lowmark_s.append(time.monotonic() - started)
+            if result is None or result.rows_in != args.touch:
+                raise RuntimeError(f"small batch {r} did not read {args.touch} rows: {result}")
+            line = f"  small batch {r}: lowmark {lowmark_s[-1]:.2f} s {result.durations_ms}"
+            if query is not None:
+                sss_s.append(_sss_batch_seconds(query, args.touch))
+                line += f"; SSS {sss_s[-1]:.2f} s"
+            _say(line)
+    finally:
+        if query is not None:
+            query.stop()
+    return statistics.median(lowmark_s), statistics.median(sss_s) if sss_s else None
+
+
+def _pipeline() -> Pipeline:
+    return Pipeline(
+        name="state_scaling",
+        source=FileSource(path="in", format="parquet", schema_ddl=SCHEMA, max_files_per_batch=1),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts", allowed_lateness=LATENESS),
+        aggregation=WindowedAggregation(
+            keys=("user",),
+            window=Tumbling(size="1 minute"),
+            aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="amount")),
+            output_mode="append",
+        ),
+    )
+
+
+def _split(minutes: int, batches: int) -> list[tuple[int, int]]:
+    """``batches`` consecutive [first, last) minute ranges covering ``minutes``."""
+    batches = max(1, min(batches, minutes))
+    bounds = [minutes * i // batches for i in range(batches + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def _fill(spark: SparkSession, shape: Shape, first: int, last: int) -> DataFrame:
+    """One event per (user, minute) for minutes [first, last): one new window each."""
+    cells = spark.range(first * shape.users, last * shape.users)
+    return _events(cells, shape, F.col("id") % shape.users, F.col("id") / shape.users)
+
+
+def _touch(spark: SparkSession, shape: Shape, minute: int, touch: int) -> DataFrame:
+    """One event for each of ``touch`` users in ``minute``: updates that many open windows."""
+    users = spark.range(min(touch, shape.users))
+    return _events(users, shape, F.col("id"), F.lit(minute))
+
+
+def _events(ids: DataFrame, shape: Shape, user: Column, minute: Column) -> DataFrame:
+    seconds = F.lit(T0_S) + F.floor(minute) * 60 + F.lit(30)
+    return ids.select(
+        F.format_string("u%05d", user).alias("user"),
+        F.timestamp_seconds(seconds).alias("ts"),
+        F.lit(1).cast("long").alias("amount"),
+    )
+
+
+def _write_file(spark: SparkSession, root: Path, folder: Path, name: str, df: DataFrame) -> None:
+    """Write ``df`` as one Parquet file ``folder/name.parquet`` (sources list files, not dirs)."""
+    staging = root / "staging" / name
+    df.coalesce(1).write.mode("overwrite").parquet(str(staging))
+    part = next(staging.glob("part-*.parquet"))
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{name}.parquet"
+    shutil.move(str(part), target)
+    # Both engines take files in modification-time order; make it the write order.
+    stamp = time.time()
+    os.utime(target, (stamp, stamp))
+    shutil.rmtree(staging)
+
+
+def _start_sss(spark: SparkSession, root: Path, incoming: Path) -> StreamingQuery:
+    events = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(incoming))
+        .withWatermark("ts", LATENESS)
+    )
+    counts = events.groupBy("user", F.window("ts", "1 minute")).agg(
+        F.count(F.lit(1)).alias("count"), F.sum("amount").alias("sum_amount")
+    )
+    return (
+        counts.writeStream.format("noop")
+        .outputMode("append")
+        .option("checkpointLocation", str(root / "sss_checkpoint"))
+        .start()
+    )
+
+
+def _sss_batch_seconds(query: StreamingQuery, rows: int) -> float:
+    """Process the new file; seconds of the batch that read it (not the no-data one after)."""
+    query.processAllAvailable()
+    for progress in reversed(query.recentProgress):
+        if progress["numInputRows"] == rows:
+            return float(progress["durationMs"]["triggerExecution"]) / 1000
+    raise RuntimeError(f"no SSS batch read {rows} rows: {query.recentProgress[-3:]}")
+
+
+def _report(results: dict[int, tuple[float, float | None]], touch: int) -> None:
+    sizes = sorted(results)
+    _say(f"\nsmall batch ({touch} windows touched), median seconds:")
+    _say(f"{'open windows':>14} {'lowmark':>9} {'SSS':>9} {'lowmark/SSS':>12}")
+    for n in sizes:
+        lowmark, sss = results[n]
+        ratio = f"{lowmark / sss:.2f}" if sss else "-"
+        sss_text = f"{sss:.2f}" if sss else "-"
+        _say(f"{n:>14,} {lowmark:>9.2f} {sss_text:>9} {ratio:>12}")
+    if len(sizes) > 1:
+        small, large = sizes[0], sizes[-1]
+        label = f"{large:,}/{small:,}"
+        _say(f"lowmark {label}: {results[large][0] / results[small][0]:.2f}x")
+        sss_small, sss_large = results[small][1], results[large][1]
+        if sss_small and sss_large:
+            _say(f"SSS     {label}: {sss_large / sss_small:.2f}x")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Small helpers over Delta tables addressed by path.
+
+Idempotent writes are the core of exactly-once: every write a batch makes
+carries ``txnAppId = "<pipeline_id>:<role>"`` and ``txnVersion = batch_id``,
+so Delta skips a write of the same batch that already landed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from state.conflicts import retry_conflicts
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+
+
+def table_exists(spark: SparkSession, path: str) -> bool:
+    """True when ``path`` holds a Delta table."""
+    return bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def create_if_absent(spark: SparkSession, path: str, schema: StructType) -> None:
+    """Create an empty Delta table at ``path`` unless one is there already.
+
+    Two processes racing here both end up with the same table: Delta lets one
+    create commit win and the other's ``IF NOT EXISTS`` is a no-op.
+    """
+    if table_exists(spark, path):
+        return
+    (DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute())
+
+
+def append_once(df: DataFrame, path: str, app_id: str, version: int) -> None:
+    """Append ``df`` to the Delta table at ``path`` unless (app_id, version) landed."""
+
+    def append() -> None:
+        (
+            df.write.format("delta")
+            .mode("append")
+            .option("txnAppId", app_id)
+            .option("txnVersion", version)
+            .save(path)
+        )
+
+    retry_conflicts(append, path, version)
+
+
+@contextmanager
+def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
+    """Make the MERGE/DELETE/UPDATE inside this block idempotent for (app_id, version).
+
+    Delta reads the txn session confs for DML; they are unset afterwards so no
+    later write inherits them.
+    """
+    spark.conf.set(TXN_APP_ID_CONF, app_id)
+    spark.conf.set(TXN_VERSION_CONF, str(version))
+    try:
+        yield
+    finally:
+        spark.conf.unset(TXN_APP_ID_CONF)
+        spark.conf.unset(TXN_VERSION_CONF)
+
+
+def upsert_once(
+    spark: SparkSession,
+    path: str,
+    upserts: DataFrame,
+    deletes: DataFrame | None,
+    identity: tuple[str, ...],
+    app_id: str,
+    version: int,
+    target_filter: Column | None = None,
+    properties: dict[str, str] | None = None,
+) -> None:
+    """One idempotent MERGE on ``identity``: upsert ``upserts``, delete rows matching ``deletes``.
+
+    ``deletes`` holds identity columns only and must not share an identity
+    with ``upserts``. The table is created empty from ``upserts``' schema
+    (with table ``properties``) if absent. ``target_filter``, over target
+    columns aliased ``t``, must hold for every row a change can match: it
+    joins the MERGE condition, where Delta uses it to skip target files by
+    their statistics. Skipped by Delta when (app_id, version) already landed.
+    """
+    if not table_exists(spark, path):
+        # An empty first commit gives MERGE a target; racing creators are harmless.
+        create = upserts.limit(0).write.format("delta").mode("append")
+        create.options(**(properties or {})).save(path)
+    changes = upserts.withColumn("_op", F.lit("upsert"))
+    if deletes is not None:
+        changes = changes.unionByName(
+            deletes.withColumn("_op", F.lit("delete")), allowMissingColumns=True
+        )
+    on = F.expr(" AND ".join(f"t.`{c}` <=> s.`{c}`" for c in identity))
+    if target_filter is not None:
+        on = target_filter & on
+    columns: dict[str, str | Column] = {c: f"s.`{c}`" for c in upserts.columns}
+
+    def merge() -> None:
+        with idempotent_dml(spark, app_id, version):
+            (
+                DeltaTable.forPath(spark, path)
+                .alias("t")
+                .merge(changes.alias("s"), on)
+                .whenMatchedDelete(condition="s._op = 'delete'")
+                .whenMatchedUpdate(set=columns)
+                .whenNotMatchedInsert(condition="s._op = 'upsert'", values=columns)
+                .execute()
+            )
+
+    retry_conflicts(merge, path, version)
+
+
+def latest_version(spark: SparkSession, path: str) -> int:
+    """The newest version of the Delta table at ``path``."""
+    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
+    assert row is not None, f"Delta table {path} has no history"
+    return int(row["version"])
+
+
+class BatchAppendTable:
+    """A table each batch appends its rows to at most once (bad records, late records)."""
+
+    def __init__(self, path: str, txn_app_id: str, schema: StructType) -> None:
+        self.path = path
+        self.txn_app_id = txn_app_id
+        self.schema = schema
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        """Append batch ``batch_id``'s rows (the schema's columns) exactly once."""
+        append_once(df.select(*self.schema.fieldNames()), self.path, self.txn_app_id, batch_id)

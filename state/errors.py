@@ -1,0 +1,38 @@
+"""Errors raised by the durable state layer.
+
+Every message is one line that names the thing at fault and the way out.
+"""
+
+from __future__ import annotations
+
+
+class LowmarkError(Exception):
+    """Base of every error lowmark raises on purpose (a user can act on it)."""
+
+
+class CheckpointError(LowmarkError):
+    """A checkpoint cannot be used as it is."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """The offset log and commit log break the recovery invariant."""
+
+
+class CheckpointMissing(CheckpointError):
+    """A checkpoint table that must exist is gone."""
+
+
+class UnsupportedLogFormat(CheckpointError):
+    """A log entry was written by a newer lowmark than this one."""
+
+
+class FingerprintMismatch(CheckpointError):
+    """The pipeline's semantics changed since its checkpoint was written."""
+
+
+class ConcurrentRunner(LowmarkError):
+    """Another runner wrote the same batch of the same pipeline."""
+
+
+class WriteConflict(LowmarkError):
+    """A Delta write kept losing to another writer of the same table."""

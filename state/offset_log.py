@@ -1,0 +1,42 @@
+"""The offset log: the write-ahead record of what each batch reads.
+
+Entry N is written BEFORE batch N processes anything, so a replay of N reads
+exactly the same input with exactly the same watermark.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pyspark.sql.types import LongType, StringType, StructField
+
+from state.log import LogEntry, MetadataLog
+
+Offsets = dict[str, int]
+"""Source position per source partition, exclusive: ``{"0": 42}`` = records 0..41 taken."""
+
+
+class OffsetEntry(LogEntry):
+    """Batch N's input range and the watermark it runs with."""
+
+    COLUMNS: ClassVar[list[StructField]] = [
+        StructField("start_offsets", StringType(), False),
+        StructField("end_offsets", StringType(), False),
+        StructField("batch_watermark_ms", LongType(), True),
+        StructField("pipeline_fingerprint", StringType(), False),
+    ]
+    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"start_offsets", "end_offsets"})
+
+    start_offsets: Offsets
+    end_offsets: Offsets
+    batch_watermark_ms: int | None = None
+    pipeline_fingerprint: str
+
+
+class OffsetLog(MetadataLog[OffsetEntry]):
+    """The ``offsets`` table of a checkpoint.
+
+    Claiming a batch id here (``claim``) is what makes a runner the
+    pipeline's runner: two runners can never process different offsets
+    under one batch id.
+    """

@@ -1,0 +1,105 @@
+"""The one place a SparkSession is built.
+
+Local by default (``local[*]``) with Delta configured from the jars that
+``make jars`` copies into ``jvm/lib``; the master and any Spark conf can be
+overridden, so a cluster master or another deployment needs no code change.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from pyspark.sql import SparkSession
+
+from state.errors import LowmarkError
+
+JVM_DIR = Path(__file__).resolve().parent.parent / "jvm"
+DEFAULT_JARS_DIR = JVM_DIR / "lib"
+LOG4J_CONFIG = JVM_DIR / "log4j2.properties"
+
+# Confs that keep small local batches fast; every one can be overridden.
+#
+# A batch makes about eight idempotent Delta writes, and in Delta 4.4 each one
+# costs a full snapshot state reconstruction (a Spark job of three stages):
+# ``txnVersion`` reads ``Snapshot.setTransactions`` from the reconstructed
+# state. The .crc files do carry ``setTransactions``, but only later Delta
+# releases read them (``setTransactionsIfKnown``); 4.4 has no conf for it. So
+# the per-batch overhead is mostly Spark job overhead, and these confs cut it:
+# - snapshotPartitions=1: the reconstruction shuffles a checkpoint's log (at
+#   most ten commits plus one checkpoint) into one task instead of several.
+# - adaptive.enabled=false: AQE runs every shuffle stage as its own job and
+#   re-plans between them; on batch-sized data (and Delta's log) that costs
+#   more than it saves (about 20% of a batch). Re-enable it for large batches.
+_LOCAL_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.databricks.delta.snapshotPartitions": "1",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.databricks.delta.retentionDurationCheck.enabled": "true",
+}
+
+
+class SparkSettings(BaseModel):
+    """How to reach Spark. Environment: ``LOWMARK_SPARK_MASTER``, ``LOWMARK_JARS_DIR``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    master: str = Field(
+        default_factory=lambda: os.environ.get("LOWMARK_SPARK_MASTER", "local[*]"),
+        description="Spark master URL: local[*], spark://host:port, ...",
+    )
+    app_name: str = Field(default="lowmark", description="Spark application name.")
+    ui: bool = Field(default=False, description="Start the Spark web UI.")
+    jars_dir: Path = Field(
+        default_factory=lambda: Path(os.environ.get("LOWMARK_JARS_DIR", DEFAULT_JARS_DIR)),
+        description="Folder with the Delta jars (filled by `make jars`).",
+    )
+    confs: dict[str, str] = Field(
+        default_factory=dict, description="Extra Spark confs; they win over lowmark's defaults."
+    )
+
+
+class JarsMissing(LowmarkError):
+    """The Delta jars have not been fetched."""
+
+
+def delta_jars(jars_dir: Path) -> list[str]:
+    """The jar paths to hand Spark; raises JarsMissing when Delta's jar is absent."""
+    jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
+    if not any("delta-spark" in Path(j).name for j in jars):
+        raise JarsMissing(f"no Delta jars in {jars_dir}: run `make jars` (needs mvn)")
+    return jars
+
+
+def get_spark(settings: SparkSettings | None = None) -> SparkSession:
+    """Return the process's SparkSession, creating it with Delta on first use.
+
+    Later calls return the same session (Spark allows one per JVM); their
+    settings are then ignored.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    settings = settings or SparkSettings()
+    if settings.master.startswith("local"):
+        # Bind to loopback: no other host is ever involved in local mode.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    confs = {
+        **_LOCAL_DEFAULTS,
+        "spark.ui.enabled": str(settings.ui).lower(),
+        "spark.jars": ",".join(delta_jars(settings.jars_dir)),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J_CONFIG}",
+        **settings.confs,
+    }
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

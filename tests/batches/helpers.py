@@ -1,0 +1,37 @@
+"""Builders shared by the engine tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from batches.pipeline import DeltaSink, FileSource, Pipeline
+from tests.conftest import write_json_lines
+
+
+def double_amount(df: DataFrame) -> DataFrame:
+    return df.withColumn("amount", F.col("amount") * 2)
+
+
+def pipeline(**overrides: Any) -> Pipeline:
+    fields: dict[str, Any] = {
+        "name": "t",
+        "source": FileSource(path="in", format="json", schema_ddl="id LONG, amount LONG"),
+        "sink": DeltaSink(path="out"),
+    }
+    fields.update(overrides)
+    return Pipeline(**fields)
+
+
+def drop_file(root: Path, index: int, rows: int = 3) -> Path:
+    """File ``index`` holds ids index*100 .. index*100+rows-1; mtimes follow ``index``."""
+    records = [{"id": index * 100 + i, "amount": i} for i in range(rows)]
+    return write_json_lines(root / "in", f"f{index:03d}.json", records, 1_700_000_000 + index)
+
+
+def sink_ids(spark: SparkSession, root: Path, table: str = "out") -> list[int]:
+    df = spark.read.format("delta").load(str(root / table))
+    return sorted(r["id"] for r in df.select("id").collect())

@@ -1,0 +1,73 @@
+"""Finding pipelines in Python modules and YAML files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from batches.demo import clean_orders
+from batches.errors import PipelineConfigInvalid, PipelineNotFound
+from batches.registry import get_pipeline, load_pipelines
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_demo_module_is_the_default_location(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOWMARK_PIPELINES", raising=False)
+    assert "orders" in load_pipelines()
+
+
+def test_the_example_yaml_resolves_its_transform_by_import_path() -> None:
+    p = get_pipeline("latest_orders", str(REPO / "examples/pipelines.yaml"))
+    assert p.transform is clean_orders
+    assert p.sink.mode == "merge" and p.sink.keys == ("order_id",)
+
+
+def test_a_python_file_contributes_its_module_level_pipelines(tmp_path: Path) -> None:
+    module = tmp_path / "mine.py"
+    module.write_text(
+        "from batches.pipeline import Pipeline, FileSource, DeltaSink\n"
+        "a = Pipeline(name='a', source=FileSource(path='i', format='csv'), "
+        "sink=DeltaSink(path='o'))\n"
+    )
+    assert list(load_pipelines(str(module))) == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "pipelines:\n  - name: x\n    source: {path: i, format: xml}\n    sink: {path: o}\n",
+            r"pipelines\[0\]\.source\.format: Input should be 'json', 'csv' or 'parquet'",
+        ),
+        (
+            "pipelines:\n  - name: x\n    source: {path: i, format: csv}\n"
+            "    sink: {path: o, mode: merge}\n",
+            r"pipelines\[0\]\.sink.*mode 'merge' needs `keys`",
+        ),
+        (
+            "pipelines:\n  - name: x\n    source: {path: i, format: csv}\n    sink: {path: o}\n"
+            "    transform: no.such.module:f\n",
+            r"pipelines\[0\]\.transform",
+        ),
+        (
+            "pipelines:\n  - name: x\n    source: {path: i, format: csv}\n    sink: {path: o}\n"
+            "    sinc: {}\n",
+            r"pipelines\[0\]\.sinc: Extra inputs are not permitted",
+        ),
+        ("pipeline: []\n", "expected a top-level `pipelines:` list"),
+        ("pipelines: [\n", "is not valid YAML"),
+    ],
+)
+def test_bad_yaml_names_the_field_and_the_problem(tmp_path: Path, body: str, message: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(body)
+    with pytest.raises(PipelineConfigInvalid, match=message) as info:
+        load_pipelines(str(path))
+    assert "\n" not in str(info.value)
+
+
+def test_an_unknown_pipeline_lists_the_known_ones() -> None:
+    with pytest.raises(PipelineNotFound, match=r"known: .*orders"):
+        get_pipeline("nope", "batches.demo")

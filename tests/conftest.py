@@ -1,0 +1,62 @@
+"""Shared fixtures: one SparkSession for the whole run, a temp data root per test."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from state.session import SparkSettings, get_spark
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = get_spark(
+        SparkSettings(
+            master="local[2]",
+            confs={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        )
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def data_root(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    root.mkdir()
+    return root
+
+
+class FakeClock:
+    """A clock tests move by hand; ``step_ms`` > 0 makes every reading advance it."""
+
+    def __init__(self, now_ms: int = 1_767_225_600_000, step_ms: int = 0) -> None:
+        self.now = now_ms
+        self.step_ms = step_ms
+
+    def now_ms(self) -> int:
+        self.now += self.step_ms
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def write_json_lines(folder: Path, name: str, rows: list[dict[str, Any]], mtime_s: int) -> Path:
+    """Write ``rows`` as JSON lines to ``folder/name`` with a fixed modification time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.utime(path, (mtime_s, mtime_s))
+    return path

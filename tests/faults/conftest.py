@@ -1,0 +1,122 @@
+"""Fault-free reference runs shared by the crash tests, and the kill matrix's subprocesses.
+
+One reference run per pipeline of ``MATRIX`` over ``FIXED_INPUT``. Its data
+root after ``KILL_BATCH`` batches is kept as a template: a kill case copies
+it and lets a `lowmark run` subprocess die in batch ``KILL_BATCH``, so no
+subprocess pays for the batches before. The subprocesses run two at a time
+in the background while the test process replays the cases already killed.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from batches.faults import STEPS, KillPoint
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import Pipeline
+from tests.faults.harness import Snapshot, kill_run, snapshot
+from tests.faults.scenarios import FIXED_INPUT, session_update, tumbling_append, write_input
+
+MATRIX = (tumbling_append, session_update)
+KILL_BATCH = 3
+"""The last batch: windows and sessions from batches 0-2 are open across the kill."""
+
+
+@pytest.fixture(autouse=True)
+def _release_memory(spark: SparkSession) -> Iterator[None]:
+    """Free what a crash test leaves in the session the whole suite shares.
+
+    These tests run hundreds of batches over hundreds of Delta tables: Python
+    proxies caught in reference cycles keep their JVM frames alive until a
+    collection, and Delta caches every table's log. Left to accumulate, the
+    suite's later tests ran out of the driver's 1 GB heap.
+    """
+    yield
+    gc.collect()
+    jvm: Any = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A fault-free run: where its input and template live, what it wrote."""
+
+    pipeline: Pipeline
+    folder: Path
+    """Holds ``input/``, ``reference/``, ``template/``; crash runs go beside them."""
+    tables: Snapshot
+    batches: int
+
+
+@dataclass(frozen=True)
+class KillCase:
+    root: Path
+    process: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="session")
+def references(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Reference]:
+    refs = {}
+    for pipeline in MATRIX:
+        folder = tmp_path_factory.mktemp(pipeline.name)
+        write_input(folder / "input", FIXED_INPUT)
+        root = folder / "reference"
+        runner = MicroBatchRunner(spark, pipeline, root)
+        runner.run(max_batches=KILL_BATCH)
+        shutil.copytree(root, folder / "template")
+        rest = runner.run(max_batches=None)
+        # What the kill matrix relies on: the killed batch is the last, it has late
+        # records and output, and it leaves windows open.
+        assert [(r.batch_id, r.rows_late > 0, r.rows_out > 0) for r in rest] == [
+            (KILL_BATCH, True, True)
+        ]
+        batches = KILL_BATCH + len(rest)
+        refs[pipeline.name] = Reference(pipeline, folder, snapshot(spark, pipeline, root), batches)
+    return refs
+
+
+class KillCases:
+    """Kill cases run in the background, two at a time, in the order tests ask for them.
+
+    Asking for one case also starts the next, so a subprocess starts up while
+    the test process replays the case before it.
+    """
+
+    def __init__(self, references: dict[str, Reference], pool: ThreadPoolExecutor) -> None:
+        self.references = references
+        self.pool = pool
+        self.order = [(p.name, step) for step in STEPS for p in MATRIX]
+        self.started: dict[tuple[str, str], Future[KillCase]] = {}
+
+    def get(self, name: str, step: str) -> KillCase:
+        at = self.order.index((name, step))
+        for key in self.order[at : at + 2]:
+            if key not in self.started:
+                self.started[key] = self.pool.submit(_kill, self.references[key[0]], key[1])
+        return self.started[(name, step)].result()
+
+
+@pytest.fixture(scope="session")
+def kill_cases(references: dict[str, Reference]) -> Iterator[KillCases]:
+    pool = ThreadPoolExecutor(max_workers=2)
+    yield KillCases(references, pool)
+    pool.shutdown(cancel_futures=True)
+
+
+def _kill(ref: Reference, step: str) -> KillCase:
+    """A copy of the template after `lowmark run` was killed at ``step`` of KILL_BATCH."""
+    root = ref.folder / f"killed_{step}"
+    shutil.copytree(ref.folder / "template", root)
+    return KillCase(root, kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH)))

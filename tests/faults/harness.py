@@ -1,0 +1,209 @@
+"""The crash harness: runs killed at a step, runs to completion, and their comparison.
+
+A crash run is compared with a fault-free run of the same pipeline and
+input, table by table, as multisets of rows: ``differences`` names every
+row a crash run lost or has in excess. Only what a run may legitimately
+change is left out: runner ids, wall-clock times (``created_at``, the
+watermarks' ``last_seen_ms``), the random ``pipeline_id`` and the progress
+table (descriptive; a kill right after the commit loses its row).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from functools import reduce
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from batches.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
+from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.pipeline import Pipeline, resolve
+from state.delta import table_exists
+from tests.faults.scenarios import SINK
+
+REPO = Path(__file__).resolve().parents[2]
+LOWMARK = str(Path(sys.executable).parent / "lowmark")
+KILLED = -signal.SIGKILL
+
+Snapshot = dict[str, Counter[str]]
+"""Table name → multiset of its rows as JSON."""
+
+Crash = Callable[[Path, KillPoint], bool]
+"""Run until ``point`` and die there; True if it was reached (else the run just finished)."""
+
+_UNSTABLE = {
+    "commits": ("runner_id", "created_at"),
+    "offsets": ("runner_id", "created_at"),
+    "watermarks": ("last_seen_ms",),
+}
+_CHECKPOINT_TABLES = (
+    "offsets",
+    "commits",
+    "files",
+    "bad_records",
+    "watermarks",
+    "state_windows",
+    "late",
+)
+_HISTORY_METRICS = (
+    "numOutputRows",
+    "numSourceRows",
+    "numTargetRowsInserted",
+    "numTargetRowsUpdated",
+    "numTargetRowsDeleted",
+)
+
+
+def run_to_completion(spark: SparkSession, pipeline: Pipeline, root: Path) -> list[BatchResult]:
+    """What a restarted `lowmark run --until-caught-up` does, in this process."""
+    return MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+
+
+def lowmark_env(**extra: str) -> dict[str, str]:
+    """Environment for a `lowmark` subprocess that finds ``tests.faults.scenarios``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        # A process that lives one batch gains more from a fast JVM start than from C2.
+        "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        **extra,
+    }
+
+
+def lowmark_run_args(root: Path, pipeline: Pipeline, *options: str) -> list[str]:
+    return [
+        LOWMARK,
+        "--pipelines",
+        "tests.faults.scenarios",
+        "--data-root",
+        str(root),
+        "run",
+        pipeline.name,
+        *options,
+    ]
+
+
+def kill_run(
+    root: Path, pipeline: Pipeline, point: KillPoint, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """`lowmark run` in a subprocess with ``LOWMARK_KILL_AT=point``."""
+    return subprocess.run(
+        lowmark_run_args(root, pipeline, *options),
+        env=lowmark_env(**{KILL_AT_ENV: str(point)}),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def subprocess_crash(pipeline: Pipeline) -> Crash:
+    """Crashes by SIGKILL: `lowmark run --until-caught-up` with ``LOWMARK_KILL_AT``."""
+
+    def crash(root: Path, point: KillPoint) -> bool:
+        proc = kill_run(root, pipeline, point, "--until-caught-up")
+        if proc.returncode not in (0, KILLED):
+            raise AssertionError(f"lowmark run failed at {point}: {proc.stderr[-3000:]}")
+        return proc.returncode == KILLED
+
+    return crash
+
+
+def in_process_crash(spark: SparkSession, pipeline: Pipeline) -> Crash:
+    """Crashes by InjectedCrash (see ``batches.faults``), each time in a new runner."""
+
+    def crash(root: Path, point: KillPoint) -> bool:
+        with crash_at(point):
+            try:
+                run_to_completion(spark, pipeline, root)
+            except InjectedCrash:
+                return True
+        return False
+
+    return crash
+
+
+def random_schedule(rng: random.Random, batches: int, crashes: int) -> list[KillPoint]:
+    """``crashes`` kill points over batches ``0 .. batches-1``, in the order they can happen.
+
+    Several may hit one batch (its replays die again); ``after_commit`` only
+    as the last of its batch, since the batch is done after it.
+    """
+    ids = sorted(rng.randrange(batches) for _ in range(crashes))
+    last_of_batch = [i + 1 == len(ids) or ids[i + 1] != b for i, b in enumerate(ids)]
+    return [
+        KillPoint(rng.choice(STEPS if last else STEPS[:-1]), b)
+        for b, last in zip(ids, last_of_batch, strict=True)
+    ]
+
+
+def run_with_crashes(
+    spark: SparkSession, pipeline: Pipeline, root: Path, schedule: list[KillPoint], crash: Crash
+) -> int:
+    """Crash at each point of ``schedule`` in turn, then run to completion; count the crashes."""
+    crashes = sum(crash(root, point) for point in schedule)
+    run_to_completion(spark, pipeline, root)
+    return crashes
+
+
+def snapshot(spark: SparkSession, pipeline: Pipeline, root: Path) -> Snapshot:
+    """Every table a batch writes, plus the sink's and state's Delta history, in one Spark job."""
+    checkpoint = pipeline.checkpoint_location(root)
+    tables = {"sink": resolve(SINK, root)} | {
+        name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES
+    }
+    frames: list[DataFrame] = []
+    for name, path in tables.items():
+        if not table_exists(spark, path):
+            continue
+        df = spark.read.format("delta").load(path).drop(*_UNSTABLE.get(name, ()))
+        frames.append(_as_json(name, df))
+        if name in ("sink", "state_windows"):
+            frames.append(_as_json(f"{name} history", _history(spark, path)))
+    result: Snapshot = {name: Counter() for name in tables}
+    for row in reduce(DataFrame.unionByName, frames).collect():
+        result.setdefault(row["table"], Counter())[row["row"]] += 1
+    return result
+
+
+def differences(expected: Snapshot, actual: Snapshot) -> list[str]:
+    """Per table, the rows ``actual`` lost and the rows it has in excess (empty: identical)."""
+    found = []
+    for table in sorted(expected.keys() | actual.keys()):
+        want, got = expected.get(table, Counter()), actual.get(table, Counter())
+        lost, extra = want - got, got - want
+        if lost or extra:
+            example = next(iter(lost or extra))
+            found.append(
+                f"{table}: {sum(lost.values())} lost, {sum(extra.values())} extra, e.g. {example}"
+            )
+    return found
+
+
+def _as_json(table: str, df: DataFrame) -> DataFrame:
+    return df.select(
+        F.lit(table).alias("table"), F.to_json(F.struct(*sorted(df.columns))).alias("row")
+    )
+
+
+def _history(spark: SparkSession, path: str) -> DataFrame:
+    """Each version's operation and row counts: a write replayed twice shows up here."""
+    history = DeltaTable.forPath(spark, path).history()
+    return history.select(
+        "version",
+        "operation",
+        F.map_filter(
+            "operationMetrics",
+            lambda k, _: k.isin(*_HISTORY_METRICS)
+            & ((F.col("operation") == "WRITE") | (k != "numOutputRows")),
+        ).alias("metrics"),
+    )

@@ -1,0 +1,121 @@
+"""Bad input: files that vanish before their batch, and schema drift in each format."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow
+import pytest
+from pyarrow import parquet
+from pyspark.sql import SparkSession
+
+from batches import faults
+from batches.cli import main
+from batches.errors import SourceFileUnreadable
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import FileSource
+from tests.batches.helpers import pipeline, sink_ids
+from tests.faults.scenarios import FIXED_INPUT, plain_append, write_input
+
+SCHEMA = "id LONG, amount LONG"
+
+
+def land(root: Path, name: str, text: str, second: int) -> Path:
+    path = root / "in" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.utime(path, (1_700_000_000 + second, 1_700_000_000 + second))
+    return path
+
+
+def sink_rows(spark: SparkSession, root: Path) -> list[tuple[int, int | None]]:
+    rows = spark.read.format("delta").load(str(root / "out")).collect()
+    return sorted((r.id, r.amount) for r in rows)
+
+
+def bad_raws(spark: SparkSession, runner: MicroBatchRunner) -> list[str]:
+    bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records"))
+    return sorted(r.raw for r in bad.collect())
+
+
+def test_a_file_removed_before_its_batch_is_replayed_is_one_line_naming_it(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_input(tmp_path / "input", FIXED_INPUT[:1])
+    root = tmp_path / "run"
+    crash = faults.crash_at(faults.KillPoint("after_offset_log", 0))
+    with crash, pytest.raises(faults.InjectedCrash):
+        MicroBatchRunner(spark, plain_append, root).run_batch()
+    (tmp_path / "input" / "f000.json").unlink()
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "--pipelines",
+                "tests.faults.scenarios",
+                "--data-root",
+                str(root),
+                "run",
+                "plain_append",
+            ]
+        )
+
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: file:") and "f000.json (taken by batch 0) is gone" in err
+    assert "put it back" in err and len(err.strip().splitlines()) == 1
+
+
+def test_json_fields_are_matched_by_name_and_a_value_of_another_type_is_a_bad_record(
+    spark: SparkSession, data_root: Path
+) -> None:
+    land(
+        data_root,
+        "a.json",
+        '{"id": 1, "amount": 2, "new": "x"}\n{"id": 2}\n{"id": 3, "amount": "3"}\n'
+        '{"id": 4, "amount": 4.5}\n',
+        0,
+    )
+    runner = MicroBatchRunner(spark, pipeline(), data_root)
+    runner.run_batch()
+    assert sink_rows(spark, data_root) == [(1, 2), (2, None)]
+    assert bad_raws(spark, runner) == ['{"id": 3, "amount": "3"}', '{"id": 4, "amount": 4.5}']
+
+
+def test_a_csv_file_whose_header_names_other_columns_is_refused_until_rewritten(
+    spark: SparkSession, data_root: Path
+) -> None:
+    land(data_root, "a.csv", "id,amount\n1,2\n3,4,5\n", 0)
+    swapped = land(data_root, "b.csv", "amount,id\n20,10\n", 1)
+    source = FileSource(path="in", format="csv", schema_ddl=SCHEMA, max_files_per_batch=1)
+    runner = MicroBatchRunner(spark, pipeline(source=source), data_root)
+    runner.run_batch()
+    with pytest.raises(
+        SourceFileUnreadable, match=r"b.csv \(taken by batch 1\) has the CSV header"
+    ):
+        runner.run_batch()
+
+    swapped.write_text("id,amount\n10,20\n")
+    result = MicroBatchRunner(spark, pipeline(source=source), data_root).run_batch()
+
+    assert result is not None and (result.batch_id, result.replay) == (1, True)
+    assert sink_rows(spark, data_root) == [(1, 2), (10, 20)]
+    assert bad_raws(spark, runner) == ["3,4,5"]
+
+
+def test_a_parquet_column_of_an_unreadable_type_is_refused_naming_file_and_column(
+    spark: SparkSession, data_root: Path
+) -> None:
+    folder = data_root / "in"
+    folder.mkdir()
+    parquet.write_table(pyarrow.table({"id": [1], "amount": [2]}), folder / "a.parquet")
+    changed = pyarrow.table({"id": [3], "amount": ["4"], "new": ["x"]})
+    parquet.write_table(changed, folder / "b.parquet")
+    os.utime(folder / "b.parquet", (2_000_000_000, 2_000_000_000))
+    source = FileSource(path="in", format="parquet", schema_ddl=SCHEMA, max_files_per_batch=1)
+    runner = MicroBatchRunner(spark, pipeline(source=source), data_root)
+    runner.run_batch()
+    with pytest.raises(SourceFileUnreadable, match=r"b.parquet \(taken by batch 1\).*\[amount\]"):
+        runner.run_batch()
+    assert sink_ids(spark, data_root) == [1]

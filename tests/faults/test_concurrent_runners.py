@@ -1,0 +1,91 @@
+"""Two runners of one pipeline: one goes on, the other stops with ConcurrentRunner, and
+nothing is lost or written twice."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from batches import faults
+from batches.microbatch import MicroBatchRunner
+from state.errors import ConcurrentRunner
+from tests.faults.harness import (
+    REPO,
+    Snapshot,
+    differences,
+    lowmark_env,
+    lowmark_run_args,
+    run_to_completion,
+    snapshot,
+)
+from tests.faults.scenarios import FIXED_INPUT, plain_append, write_input
+
+
+@pytest.fixture(scope="module")
+def plain(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Snapshot]:
+    """A folder with ``input/``, and what a fault-free run of ``plain_append`` writes."""
+    folder = tmp_path_factory.mktemp("plain")
+    write_input(folder / "input", FIXED_INPUT[:2])
+    run_to_completion(spark, plain_append, folder / "reference")
+    return folder, snapshot(spark, plain_append, folder / "reference")
+
+
+def test_a_runner_whose_batch_another_runner_finished_first_stops_at_its_commit(
+    spark: SparkSession, plain: tuple[Path, Snapshot], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, reference = plain
+    root = folder / "stalled_owner"
+    owner = MicroBatchRunner(spark, plain_append, root)
+    reached = faults.reached
+
+    def a_second_runner_replays_the_batch(step: str, batch_id: int) -> None:
+        # The owner stalls just before its commit (a long GC pause, a slow
+        # disk); a second runner sees batch 0 uncommitted, replays it and commits.
+        if (step, batch_id) == ("before_commit", 0):
+            monkeypatch.setattr(faults, "reached", reached)
+            MicroBatchRunner(spark, plain_append, root).run_batch()
+
+    monkeypatch.setattr(faults, "reached", a_second_runner_replays_the_batch)
+    with pytest.raises(ConcurrentRunner, match=r"batch 0 in .*commits belongs to runner"):
+        owner.run_batch()
+
+    run_to_completion(spark, plain_append, root)
+    assert differences(reference, snapshot(spark, plain_append, root)) == []
+
+
+@pytest.mark.slow
+def test_of_two_lowmark_runs_at_once_one_finishes_and_the_other_stops_with_a_clear_message(
+    spark: SparkSession, plain: tuple[Path, Snapshot]
+) -> None:
+    folder, reference = plain
+    root = folder / "two_runs"
+    args = lowmark_run_args(root, plain_append, "--until-caught-up")
+    first = subprocess.Popen(args, env=lowmark_env(), cwd=REPO, stderr=subprocess.PIPE, text=True)
+    # Freeze the first runner as soon as it has claimed batch 0 (a runner stalled
+    # mid-batch), let a second one run everything, then let the first go on.
+    claimed = root / "_lowmark" / "plain_append" / "offsets" / "_delta_log" / f"{1:020d}.json"
+    deadline = time.monotonic() + 600
+    while not claimed.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(
+            args, env=lowmark_env(), cwd=REPO, capture_output=True, text=True, timeout=900
+        )
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, first_err = first.communicate(timeout=900)
+
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "batch 0 replayed" in second.stdout and "batch 1 committed" in second.stdout
+    assert first.returncode == 2, first_err[-3000:]
+    # The JVM writes its own start-up lines to stderr; lowmark's is the one error line.
+    [error] = [line for line in first_err.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: batch 0 in ") and "another `lowmark run`" in error
+    assert "Traceback" not in first_err
+    assert differences(reference, snapshot(spark, plain_append, root)) == []

@@ -1,0 +1,97 @@
+"""Sensor ticks: new data, no data, an uncommitted batch, a run in flight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster._core.test_utils import create_run_for_test
+from pyspark.sql import SparkSession
+
+from batches.microbatch import MicroBatchRunner
+from tests.conftest import write_json_lines
+from tests.orchestration.pipelines import slow
+
+
+def tick(defs: dg.Definitions, instance: dg.DagsterInstance, resources: dict[str, Any]) -> Any:
+    context = dg.build_sensor_context(instance=instance, resources=resources)
+    return defs.resolve_sensor_def("slow_sensor").evaluate_tick(context)
+
+
+def drop(root: Path, index: int) -> None:
+    write_json_lines(root / "slow/in", f"f{index}.json", [{"id": index}], 1_700_000_000 + index)
+
+
+def test_no_data_skips_with_a_reason(
+    defs: dg.Definitions, instance: dg.DagsterInstance, resources: dict[str, Any]
+) -> None:
+    data = tick(defs, instance, resources)
+    assert not data.run_requests
+    assert "caught up" in (data.skip_message or "")
+
+
+def test_new_files_request_a_run_keyed_by_the_next_batch_id(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
+    drop(data_root, 0)
+    first = tick(defs, instance, resources)
+    assert [r.run_key for r in first.run_requests] == ["slow:batch-0"]
+    assert first.run_requests[0].tags["lowmark/pipeline"] == "slow"
+
+    MicroBatchRunner(spark, slow, data_root).run(max_batches=None)
+    assert not tick(defs, instance, resources).run_requests
+    drop(data_root, 1)
+    assert [r.run_key for r in tick(defs, instance, resources).run_requests] == ["slow:batch-1"]
+
+
+def test_an_uncommitted_batch_requests_a_replay_run(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
+    drop(data_root, 0)
+    runner = MicroBatchRunner(spark, slow, data_root)
+
+    def die(*_: Any) -> int:
+        raise RuntimeError("killed before the sink write")
+
+    monkeypatch.setattr(runner.sink, "write", die)
+    with pytest.raises(RuntimeError):
+        runner.run_batch()
+    failed = create_run_for_test(
+        instance,
+        job_name="slow_microbatches",
+        tags={"lowmark/pipeline": "slow"},
+        status=dg.DagsterRunStatus.FAILURE,
+    )
+    data = tick(defs, instance, resources)
+    assert [r.run_key for r in data.run_requests] == [f"slow:batch-0:replay-after-{failed.run_id}"]
+
+
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED])
+def test_a_run_in_flight_blocks_new_requests(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+    status: dg.DagsterRunStatus,
+) -> None:
+    drop(data_root, 0)
+    run = create_run_for_test(
+        instance, job_name="slow_microbatches", tags={"lowmark/pipeline": "slow"}, status=status
+    )
+    data = tick(defs, instance, resources)
+    assert not data.run_requests
+    assert data.skip_message == f"run {run.run_id} of slow is {status.value}"
