@@ -33,6 +33,9 @@ LOG4J_CONFIG = JVM_DIR / "log4j2.properties"
 #   re-plans between them; on batch-sized data (and Delta's log) that costs
 #   more than it saves (about 20% of a batch). Re-enable it for large batches.
 _LOCAL_DEFAULTS = {
+    # Local mode runs every task in the driver; Spark's 1 GB default heap ran
+    # out in long-lived processes (a Dagster code server, the test suite).
+    "spark.driver.memory": "4g",
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "4",
     "spark.databricks.delta.snapshotPartitions": "1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import Iterator
@@ -24,6 +25,22 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _release_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Free what a test leaves in the session the whole suite shares.
+
+    The suite runs hundreds of batches over hundreds of Delta tables: Python
+    proxies caught in reference cycles keep their JVM objects alive until a
+    collection, and Delta caches every table's log. Left to accumulate, they
+    filled the driver's heap late in the suite.
+    """
+    yield
+    if "spark" in request.fixturenames:
+        gc.collect()
+        jvm: Any = request.getfixturevalue("spark").sparkContext._jvm
+        jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
 @pytest.fixture

@@ -9,14 +9,12 @@ in the background while the test process replays the cases already killed.
 
 from __future__ import annotations
 
-import gc
 import shutil
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -30,21 +28,6 @@ from tests.faults.scenarios import FIXED_INPUT, session_update, tumbling_append,
 MATRIX = (tumbling_append, session_update)
 KILL_BATCH = 3
 """The last batch: windows and sessions from batches 0-2 are open across the kill."""
-
-
-@pytest.fixture(autouse=True)
-def _release_memory(spark: SparkSession) -> Iterator[None]:
-    """Free what a crash test leaves in the session the whole suite shares.
-
-    These tests run hundreds of batches over hundreds of Delta tables: Python
-    proxies caught in reference cycles keep their JVM frames alive until a
-    collection, and Delta caches every table's log. Left to accumulate, the
-    suite's later tests ran out of the driver's 1 GB heap.
-    """
-    yield
-    gc.collect()
-    jvm: Any = spark.sparkContext._jvm
-    jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
 @dataclass(frozen=True)
