@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
+from batches.durations import parse_duration_ms
+from batches.follow import follow
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import resolve
 from batches.registry import get_pipeline, load_pipelines
@@ -102,21 +104,91 @@ def run(
     until_caught_up: Annotated[
         bool, typer.Option(help="Run batches until no new data is left (capped by --max-batches).")
     ] = False,
+    follow_source: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            help="Keep running: batches back to back while files wait, then poll every "
+            "--poll-interval. Ctrl-C or SIGTERM stops after the current batch commits (exit 0).",
+        ),
+    ] = False,
+    poll_interval: Annotated[
+        str | None,
+        typer.Option(
+            help="With --follow: wait this long between polls once caught up, e.g. '1s', "
+            "'500 ms', '2 seconds' (a bare number is seconds). Default 1s.",
+        ),
+    ] = None,
+    max_seconds: Annotated[
+        str | None,
+        typer.Option(
+            help="With --follow: start no batch after this long, e.g. 600 or '10 minutes'. "
+            "Default: follow until stopped.",
+        ),
+    ] = None,
 ) -> None:
-    """Run micro-batches of PIPELINE: one by default, N, or until caught up.
+    """Run micro-batches of PIPELINE: one by default, N, until caught up, or --follow.
 
     An uncommitted batch left by a crash is replayed first, with exactly the
     offsets it had. The checkpoint defaults to <data root>/_lowmark/PIPELINE;
     to start over, move it away (or set the pipeline's `checkpoint`).
+
+    --follow keeps one Spark session and takes new files as they land (like
+    Structured Streaming's processing-time trigger); on stop it prints how many
+    batches ran and why it stopped.
     """
     c: Context = ctx.obj
+    if follow_source and (max_batches is not None or until_caught_up):
+        raise typer.BadParameter(
+            "--follow runs until stopped: drop --max-batches and "
+            "--until-caught-up (use --max-seconds to bound it)"
+        )
+    if not follow_source and (poll_interval is not None or max_seconds is not None):
+        raise typer.BadParameter("--poll-interval and --max-seconds apply to --follow only")
+    poll_s = _seconds("--poll-interval", poll_interval or "1s")
+    limit_s = None if max_seconds is None else _seconds("--max-seconds", max_seconds)
+    if poll_s <= 0:
+        raise typer.BadParameter("--poll-interval must be more than 0")
     p = get_pipeline(pipeline, c.pipelines)
     runner = MicroBatchRunner(c.spark(), p, c.data_root)
+    if follow_source:
+        _follow(runner, pipeline, poll_s, limit_s)
+        return
     limit = max_batches or (None if until_caught_up else 1)
     with err.status(f"running {pipeline}…"):
         results = runner.run(max_batches=limit, on_batch=_print_batch)
     if not results:
         out.print(f"{pipeline}: caught up, no new data")
+
+
+def _follow(
+    runner: MicroBatchRunner, pipeline: str, poll_s: float, max_seconds: float | None
+) -> None:
+    limit = "until stopped" if max_seconds is None else f"for at most {max_seconds:g} s"
+    err.print(
+        f"following {pipeline} {limit}, polling every {poll_s:g} s once caught up; "
+        "Ctrl-C or SIGTERM stops after the current batch",
+        soft_wrap=True,
+    )
+    with err.status(f"following {pipeline}…"):
+        result = follow(runner, poll_s, max_seconds, on_batch=_print_batch)
+    out.print(f"{pipeline}: {result.describe()}", soft_wrap=True)
+
+
+def _seconds(option: str, value: str) -> float:
+    """A duration as batches/durations.py reads it; a bare number is seconds."""
+    try:
+        return parse_duration_ms(float(value) if _is_number(value) else value) / 1000
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from exc
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _print_batch(r: BatchResult) -> None:

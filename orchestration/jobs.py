@@ -8,6 +8,7 @@ run per tag value, so a pipeline's runs and backfills never overlap.
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
 # parameter annotations (config, resources) at definition time.
 
+import time
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -15,6 +16,7 @@ from pydantic import Field
 
 from batches.backfill import backfill_partition
 from batches.errors import PartitionNotClosed
+from batches.follow import follow
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import EventTimePartitions, Pipeline
 from orchestration.assets import batch_materialization, evaluate_checks
@@ -29,6 +31,16 @@ class MicroBatchConfig(dg.Config):
     max_batches: int = Field(default=10, ge=1, description="Stop after this many batches.")
     max_seconds: float = Field(
         default=600, gt=0, description="Start no new batch after this many seconds."
+    )
+    follow_seconds: float = Field(
+        default=0,
+        ge=0,
+        description="Once caught up, keep following the source this many more seconds (new "
+        "files are taken as they land, in the same Spark session, so a run does not pay Spark's "
+        "start-up per batch). 0: end the run when caught up.",
+    )
+    poll_interval_seconds: float = Field(
+        default=1, gt=0, description="While following: seconds between polls once caught up."
     )
 
 
@@ -49,7 +61,12 @@ def backfill_job_name(pipeline: Pipeline) -> str:
 
 
 def microbatch_job(pipeline: Pipeline) -> dg.JobDefinition:
-    """Runs batches of ``pipeline`` until caught up or a limit; replays a pending batch first."""
+    """Runs batches of ``pipeline`` until caught up or a limit; replays a pending batch first.
+
+    With ``follow_seconds`` > 0, a run that drained to caught up then follows
+    the source (``batches.follow``) that long, taking files as they land. A
+    SIGINT or SIGTERM meanwhile (a terminate) ends it after the current batch.
+    """
 
     @dg.op(
         name=f"{pipeline.name}_run_batches",
@@ -71,9 +88,23 @@ def microbatch_job(pipeline: Pipeline) -> dg.JobDefinition:
             )
             context.log_event(batch_materialization(pipeline, r))
 
+        started = time.monotonic()
         results = runner.run(config.max_batches, config.max_seconds, on_batch=record)
         if not results:
             context.log.info(f"{pipeline.name}: caught up, no new data")
+        # Follow only after a drain that ended caught up: a run stopped by a limit ends
+        # as before, and the sensor asks for the next one.
+        caught_up = (
+            len(results) < config.max_batches and time.monotonic() - started < config.max_seconds
+        )
+        if config.follow_seconds > 0 and caught_up:
+            followed = follow(
+                runner,
+                config.poll_interval_seconds,
+                config.follow_seconds,
+                on_batch=record,
+            )
+            context.log.info(f"{pipeline.name} followed the source: {followed.describe()}")
         for evaluation in evaluate_checks(session, pipeline, lowmark.root()):
             # log_event records check evaluations too; its annotation predates them.
             context.log_event(evaluation)  # type: ignore[arg-type]
