@@ -7,9 +7,11 @@ batches took, late records included — and replaces exactly that slice of the
 sink in one Delta transaction (``replaceWhere``). Windows outside the slice
 are never touched.
 
-It is idempotent the way batches are: the write carries ``txnAppId =
-<pipeline_id>:backfill:<start ms>`` and ``txnVersion`` = the last committed
-batch, so repeating a backfill over the same committed history is skipped by
+The sink of a windowed pipeline is written on the driver with delta-rs (its
+one writer engine, see ``batches.sinks.delta``), and so is the backfill. It
+is idempotent the way batches are: the write carries the application
+transaction ``<pipeline_id>:backfill:<start ms>`` with version = the last
+committed batch, so repeating a backfill over the same committed history is skipped by
 Delta, and a backfill after more batches committed recomputes.
 
 A partition whose windows may still change (the watermark has not passed
@@ -33,7 +35,7 @@ from batches.pipeline import Pipeline, resolve
 from batches.sources import build_source
 from batches.windows import Session
 from state.checkpoint import Checkpoint
-from state.delta import latest_version, table_exists
+from state.table import DriverTable, micros_literal
 from state.window_state import WindowState
 
 
@@ -77,9 +79,7 @@ def backfill_partition(
 
     # Step 1. Checkpoint.
     location = pipeline.checkpoint_location(data_root)
-    ckpt = (
-        Checkpoint(spark, location, pipeline.name) if Checkpoint.exists(spark, location) else None
-    )
+    ckpt = Checkpoint(location, pipeline.name) if Checkpoint.exists(location) else None
     done = ckpt.commits.get_latest() if ckpt else None
     if ckpt is None or done is None:
         raise PartitionNotClosed(
@@ -103,41 +103,32 @@ def backfill_partition(
         )
 
     # Step 3. Committed history.
-    source = build_source(spark, pipeline, data_root, location, ckpt.pipeline_id)
+    source = build_source(spark, pipeline, data_root, ckpt)
     read = source.read(source.initial_offsets(), committed.end_offsets, done.batch_id)
     records = pipeline.transform(read.records) if pipeline.transform else read.records
 
-    # Step 4. One batch aggregation, sliced.
-    state = WindowState(
-        spark, ckpt.table("state_windows"), ckpt.txn_app_id("state"), aggregation.keys
-    )
-    stage = WindowedStage(event_time, aggregation, state)  # state is not read here
+    # Step 4. One batch aggregation, sliced (the state table is not read).
+    state = WindowState(ckpt.table("state_windows"), ckpt.txn_app_id("state"), aggregation.keys)
+    stage = WindowedStage(event_time, aggregation, state)
     start_col = F.unix_millis("window_start")
     windows = stage.windows_of(records).where(
         (start_col >= F.lit(start_ms)) & (start_col < F.lit(end_ms))
     )
-    windows = windows.cache()
-    count = windows.count()
+    rows = windows.toArrow()
+    read.unpersist()
 
     # Step 5. Replace the slice.
-    sink = resolve(pipeline.sink.path, data_root)
-    before = latest_version(spark, sink) if table_exists(spark, sink) else None
-    (
-        windows.write.format("delta")
-        .mode("overwrite")
-        .option(
-            "replaceWhere",
-            f"window_start >= timestamp_millis({start_ms}) "
-            f"AND window_start < timestamp_millis({end_ms})",
-        )
-        .option("txnAppId", ckpt.txn_app_id(f"backfill:{start_ms}"))
-        .option("txnVersion", done.batch_id)
-        .save(sink)
+    sink = DriverTable(resolve(pipeline.sink.path, data_root), None, "sink")
+    slice_sql = (
+        f'"window_start" >= {micros_literal(start_ms * 1000)} '
+        f'AND "window_start" < {micros_literal(end_ms * 1000)}'
     )
-    windows.unpersist()
-    read.unpersist()
-    after = latest_version(spark, sink)
-    return BackfillResult(start, end, done.batch_id, count, after == before, after)
+    wrote = sink.replace_once(
+        rows, slice_sql, ckpt.txn_app_id(f"backfill:{start_ms}"), done.batch_id
+    )
+    return BackfillResult(
+        start, end, done.batch_id, rows.num_rows, skipped=not wrote, sink_version=sink.version()
+    )
 
 
 def _ms(moment: datetime) -> int:

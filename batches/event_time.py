@@ -16,7 +16,10 @@ recorded, it computes — without writing anything — what the batch must write
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
@@ -33,37 +36,55 @@ from batches.windows import (
     assign_windows,
 )
 from batches.windows import last_window_end_ms as last_end
-from state.window_state import WINDOW_COLUMNS, WindowState, null_safe_match, timestamp_at
+from state.window_state import WINDOW_COLUMNS, WindowState
 
 _ET_MS = "_lowmark_event_ms"
 
 
 @dataclass(frozen=True)
+class BatchFrames:
+    """What the batch's records alone give, as lazy frames (no state, nothing written).
+
+    ``partials``: state-shaped rows (identity + partial columns) of the
+    accepted records, one per (key, window) — for sessions, per session the
+    batch's own events form. ``late``: rows of the late table.
+    """
+
+    partials: DataFrame
+    late: DataFrame
+
+
+@dataclass(frozen=True)
 class StageOutput:
-    """What the batch must write, as lazy frames."""
+    """What the batch must write, as lazy frames over local data."""
 
     output: DataFrame
     retract: DataFrame
     """Windows the sink must drop (update mode: sessions merged into a longer one)."""
-    late: DataFrame
     upserts: DataFrame
     deletes: DataFrame
-    batch_max_event_ms: dict[str, int]
 
 
-def partition_max_event_ms(records: DataFrame, column: str) -> dict[str, int]:
-    """Max event time (epoch ms) per source partition in ``records``."""
+def partition_max_event_ms(records: DataFrame, column: str) -> DataFrame:
+    """Per source partition: rows and max event time (epoch ms), as a lazy frame."""
     if PARTITION_COLUMN not in records.columns or column not in records.columns:
         raise PipelineConfigInvalid(
             f"the records lack {column!r} or {PARTITION_COLUMN}: the transform must keep "
             "the event-time column and the source partition column"
         )
-    rows = records.groupBy(PARTITION_COLUMN).agg(F.max(F.unix_millis(F.col(column)))).collect()
-    return {r[0]: r[1] for r in rows if r[1] is not None}
+    return records.groupBy(PARTITION_COLUMN).agg(
+        F.count(F.lit(1)).alias("rows"), F.max(F.unix_millis(F.col(column))).alias("max_ms")
+    )
 
 
 class WindowedStage:
-    """Windowed aggregation per key over tumbling, sliding or session windows."""
+    """Windowed aggregation per key over tumbling, sliding or session windows.
+
+    A batch runs in two Spark jobs: ``batch_frames`` over the records (with
+    the batch's other results, collected at once), then ``merge`` over local
+    data: the collected partials and the few state rows they touch, which
+    ``state_rows`` reads from the state table on the driver.
+    """
 
     def __init__(self, event_time: EventTime, aggregation: WindowedAggregation, state: WindowState):
         self.event_time = event_time
@@ -74,9 +95,10 @@ class WindowedStage:
         self.keys = aggregation.keys
         self.identity = (*aggregation.keys, *WINDOW_COLUMNS)
 
-    def process(
-        self, records: DataFrame, watermark_ms: int | None, state_version: int | None, batch_id: int
-    ) -> StageOutput:
+    def batch_frames(
+        self, records: DataFrame, watermark_ms: int | None, batch_id: int
+    ) -> BatchFrames:
+        """Late rows and the partials of the accepted records of one batch."""
         column = self.event_time.column
         missing = {column, PARTITION_COLUMN, *self.keys} - set(records.columns)
         if missing:
@@ -102,33 +124,64 @@ class WindowedStage:
             F.lit("all windows closed: window_end + allowed_lateness <= watermark").alias("reason"),
             F.to_json(F.struct(*payload)).alias("record"),
         )
-        state = self.state.read(state_version)
         if isinstance(self.window, Session):
-            merged, replaced = self._merge_sessions(accepted, state, self.window)
+            partials = self._batch_sessions(accepted, self.window)
         else:
-            merged, replaced = self._merge_windows(accepted, state, self.window, watermark_ms)
+            partials = self._batch_windows(accepted, self.window, watermark_ms)
+        return BatchFrames(partials, late_rows)
+
+    def state_rows(
+        self, partials: pa.Table, state_version: int | None, watermark_ms: int | None
+    ) -> tuple[pa.Table | None, pa.Table | None]:
+        """(state rows the ``partials`` may merge with, state rows ``watermark_ms`` makes final).
+
+        Read on the driver, bounded by the partials' time span and the
+        watermark, so their cost follows the windows the batch touches.
+        """
+        nearby = None
+        if partials.num_rows:
+            starts = pc.min_max(partials.column("window_start").cast(pa.int64()))
+            ends = pc.max(partials.column("window_end").cast(pa.int64()))
+            lo, hi = starts["min"].as_py(), starts["max"].as_py()
+            if isinstance(self.window, Session):
+                nearby = self.state.overlapping(state_version, lo, ends.as_py())
+            else:
+                nearby = self.state.touched(state_version, lo, hi)
+        final = None
+        if watermark_ms is not None:
+            final = self.state.ending_before(state_version, self._final_limit_us(watermark_ms))
+        return nearby, final
+
+    def merge(
+        self,
+        partials: DataFrame,
+        nearby: DataFrame | None,
+        final: DataFrame | None,
+        batch_id: int,
+    ) -> StageOutput:
+        """The batch's changes: ``partials`` merged with ``nearby`` state; ``final`` emitted.
+
+        ``nearby`` holds at least every stored window a partial can merge with;
+        ``final`` every stored window the batch watermark makes final.
+        """
+        if isinstance(self.window, Session):
+            merged, replaced = self._merge_sessions(partials, nearby)
+        else:
+            merged, replaced = self._merge_windows(partials, nearby)
         upserts = merged.withColumn("updated_batch", F.lit(batch_id).cast("long"))
-        if state is None or watermark_ms is None:
+        if final is None:
             final = merged.limit(0)
         else:
             # A merged window is never final (it holds an accepted record), but a
             # final stored session that an accepted record bridged into a longer
             # one is replaced, not emitted.
-            final = state.where(self._final(F.col("window_end"), watermark_ms))
-            final = final.join(
+            final = final.drop("updated_batch").join(
                 replaced, null_safe_match(final, replaced, self.identity), "left_anti"
             )
         emitted = final if self.aggregation.output_mode == "append" else merged
         output = self._finish(emitted)
         deletes = final.select(*self.identity).unionByName(replaced)
-        return StageOutput(
-            output,
-            replaced,
-            late_rows,
-            upserts,
-            deletes,
-            partition_max_event_ms(records, column),
-        )
+        return StageOutput(output, replaced, upserts, deletes)
 
     def windows_of(self, records: DataFrame) -> DataFrame:
         """Every window of ``records``, finished, as one plain batch aggregation.
@@ -138,9 +191,9 @@ class WindowedStage:
         """
         events = records.withColumn(_ET_MS, F.unix_millis(F.col(self.event_time.column)))
         if isinstance(self.window, Session):
-            merged, _ = self._merge_sessions(events, None, self.window)
+            merged = self._batch_sessions(events, self.window)
         else:
-            merged, _ = self._merge_windows(events, None, self.window, None)
+            merged = self._batch_windows(events, self.window, None)
         return self._finish(merged)
 
     def _finish(self, windows: DataFrame) -> DataFrame:
@@ -156,43 +209,39 @@ class WindowedStage:
             return event_ms + F.lit(self.window.gap)
         return last_end(self.window, event_ms)
 
-    def _merge_windows(
-        self,
-        accepted: DataFrame,
-        state: DataFrame | None,
-        window: Tumbling | Sliding,
-        watermark_ms: int | None,
-    ) -> tuple[DataFrame, DataFrame]:
-        """Tumbling/sliding: batch partials per window, merged with those windows' state.
-
-        Returns (merged state rows, replaced identities: none, windows keep their identity).
-        """
+    def _batch_windows(
+        self, accepted: DataFrame, window: Tumbling | Sliding, watermark_ms: int | None
+    ) -> DataFrame:
+        """Tumbling/sliding: the batch's partials per (key, window)."""
         assigned = accepted.withColumn("_w", assign_windows(window, F.col(self.event_time.column)))
         if watermark_ms is not None:  # a sliding record may still feed its open windows only
             assigned = assigned.where(~self._final(F.col("_w.end"), watermark_ms))
-        partials = assigned.groupBy(
+        return assigned.groupBy(
             *self.keys,
             F.col("_w.start").alias("window_start"),
             F.col("_w.end").alias("window_end"),
         ).agg(*self._partials())
-        if state is None:
-            return partials, partials.select(*self.identity).limit(0)
-        touched = self.state.touched(state, partials).drop("updated_batch")
-        merged = partials.unionByName(touched).groupBy(*self.identity).agg(*self._merges())
-        return merged, partials.select(*self.identity).limit(0)
 
-    def _merge_sessions(
-        self, accepted: DataFrame, state: DataFrame | None, window: Session
+    def _merge_windows(
+        self, partials: DataFrame, nearby: DataFrame | None
     ) -> tuple[DataFrame, DataFrame]:
-        """Sessions: the batch's sessions merged with the open sessions they overlap.
+        """Tumbling/sliding: batch partials merged with those windows' state.
 
-        Every event is the interval [t, t + gap); intervals of a key that
-        overlap form one session (gaps-and-islands), so a new event that
-        bridges two stored sessions merges them. Only islands holding a new
-        session are returned: a stored session no new event reaches stays as
-        it is (it may be final and purged by this very batch). Returns
-        (merged sessions, identities of stored sessions replaced by a merged one).
+        Returns (merged state rows, replaced identities: none, windows keep their identity).
         """
+        none = partials.select(*self.identity).limit(0)
+        if nearby is None:
+            return partials, none
+        keys = partials.select(*self.identity)
+        touched = nearby.drop("updated_batch").join(
+            keys, null_safe_match(nearby, keys, self.identity), "left_semi"
+        )
+        merged = partials.unionByName(touched).groupBy(*self.identity).agg(*self._merges())
+        return merged, none
+
+    def _batch_sessions(self, accepted: DataFrame, window: Session) -> DataFrame:
+        """Sessions the batch's own events form: every event is the interval
+        [t, t + gap), and intervals of a key that overlap form one session."""
         events = accepted.withColumn("_s", F.col(_ET_MS)).withColumn(
             "_e", F.col(_ET_MS) + F.lit(window.gap)
         )
@@ -202,20 +251,36 @@ class WindowedStage:
             .agg(F.min("_s").alias("_s"), F.max("_e").alias("_e"), *self._partials())
             .drop("_island")
         )
-        if state is None:
-            merged = self._as_windows(sessions)
-            return merged, merged.select(*self.identity).limit(0)
-        stored = (
-            self.state.overlapping(state, self._as_windows(sessions), self.keys)
-            .drop("updated_batch")
-            .withColumn("_s", F.unix_millis("window_start"))
-            .withColumn("_e", F.unix_millis("window_end"))
+        return self._as_windows(sessions)
+
+    def _merge_sessions(
+        self, partials: DataFrame, nearby: DataFrame | None
+    ) -> tuple[DataFrame, DataFrame]:
+        """The batch's sessions merged with the stored sessions they overlap.
+
+        A new session that bridges two stored sessions merges them. Only
+        islands holding a new session are returned: a stored session no new
+        event reaches stays as it is (it may be final and purged by this very
+        batch). Returns (merged sessions, identities of stored sessions
+        replaced by a merged one).
+        """
+        if nearby is None:
+            return partials, partials.select(*self.identity).limit(0)
+        keys = partials.select(*self.keys).distinct()
+        stored = nearby.drop("updated_batch").join(
+            keys, null_safe_match(nearby, keys, self.keys), "left_semi"
         )
+
+        def as_intervals(windows: DataFrame, fresh: int) -> DataFrame:
+            return (
+                windows.withColumn("_s", F.unix_millis("window_start"))
+                .withColumn("_e", F.unix_millis("window_end"))
+                .drop("window_start", "window_end")
+                .withColumn("_fresh", F.lit(fresh))
+            )
+
         islands = _islands(
-            sessions.withColumn("_fresh", F.lit(1)).unionByName(
-                stored.drop("window_start", "window_end").withColumn("_fresh", F.lit(0))
-            ),
-            self.keys,
+            as_intervals(partials, 1).unionByName(as_intervals(stored, 0)), self.keys
         )
         changed = islands.withColumn(
             "_changed", F.max("_fresh").over(SparkWindow.partitionBy(*self.keys, "_island"))
@@ -246,10 +311,12 @@ class WindowedStage:
 
     def would_emit(self, state_version: int | None, watermark_ms: int) -> bool:
         """True when state holds windows that ``watermark_ms`` makes final."""
-        state = self.state.read(state_version)
-        return state is not None and bool(
-            state.where(self._final(F.col("window_end"), watermark_ms)).take(1)
-        )
+        final = self.state.ending_before(state_version, self._final_limit_us(watermark_ms))
+        return final is not None and final.num_rows > 0
+
+    def _final_limit_us(self, watermark_ms: int) -> int:
+        """Windows ending before this (epoch µs) are final under ``watermark_ms``."""
+        return (watermark_ms - self.event_time.allowed_lateness + 1) * 1000
 
     def _final(self, window_end: Column, watermark_ms: int) -> Column:
         """``window_end + allowed_lateness <= watermark`` (ms), as a bound on the column.
@@ -257,8 +324,7 @@ class WindowedStage:
         The column stays bare so Delta can skip files by their window_end
         statistics; ``< limit + 1 ms`` keeps sub-millisecond ends exact.
         """
-        limit_ms = watermark_ms - self.event_time.allowed_lateness
-        return window_end < timestamp_at((limit_ms + 1) * 1000)
+        return window_end < timestamp_at(self._final_limit_us(watermark_ms))
 
     def _finishes(self) -> list[tuple[str, Column]]:
         return [p.finish for p in self.plans]
@@ -272,3 +338,23 @@ def _islands(intervals: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     return intervals.withColumn("_new", starts).withColumn(
         "_island", F.sum("_new").over(ordered.rowsBetween(SparkWindow.unboundedPreceding, 0))
     )
+
+
+def null_safe_match(left: DataFrame, right: DataFrame, columns: tuple[str, ...]) -> Column:
+    """Join condition: ``left`` and ``right`` agree on ``columns`` (nulls equal nulls)."""
+    cond = F.lit(True)
+    for c in columns:
+        cond = cond & left[c].eqNullSafe(right[c])
+    return cond
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def timestamp_at(micros: int) -> Column:
+    """The timestamp ``micros`` after the epoch as a literal.
+
+    Built from a UTC-aware datetime, so neither the session nor the Python
+    time zone (nor a DST fold) can shift it.
+    """
+    return F.lit(_EPOCH + timedelta(microseconds=micros))

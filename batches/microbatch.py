@@ -12,30 +12,32 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.storagelevel import StorageLevel
 
 from batches import faults
 from batches.clock import Clock, SystemClock
+from batches.collect import collect, to_frame
 from batches.event_time import WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
-from batches.sinks.delta import DeltaTableSink
+from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
-from batches.sources.base import PARTITION_COLUMN
+from batches.sources.base import PARTITION_COLUMN, SourceRead
 from batches.watermarks import PartitionTime, observe, pipeline_watermark
-from state import late_records, quarantine
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
-from state.delta import BatchAppendTable, table_exists
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
 from state.offset_log import OffsetEntry, Offsets
 from state.progress import ProgressEntry
-from state.watermarks import WatermarkTable
 from state.window_state import WindowState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,41 +93,38 @@ class MicroBatchRunner:
         self.clock = clock or SystemClock()
         self.runner_id = str(uuid.uuid4())
         self.fingerprint = pipeline.fingerprint()
-        self.checkpoint = Checkpoint(spark, pipeline.checkpoint_location(data_root), pipeline.name)
+        self.checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
         ckpt = self.checkpoint
-        self.source = build_source(spark, pipeline, data_root, ckpt.location, ckpt.pipeline_id)
+        self.source = build_source(spark, pipeline, data_root, ckpt)
         sink = pipeline.sink_config()
-        self.sink = DeltaTableSink(
-            spark, sink, resolve(sink.path, data_root), ckpt.txn_app_id("sink")
-        )
-        self.bad_records = BatchAppendTable(
-            ckpt.table("bad_records"), ckpt.txn_app_id("bad_records"), quarantine.SCHEMA
-        )
-        self.late_records = BatchAppendTable(
-            ckpt.table("late"), ckpt.txn_app_id("late"), late_records.SCHEMA
-        )
-        self.watermarks = WatermarkTable(
-            spark, ckpt.table("watermarks"), ckpt.txn_app_id("watermarks")
-        )
+        sink_path = resolve(sink.path, data_root)
         self.stage = (
             WindowedStage(
                 pipeline.event_time,
                 pipeline.aggregation,
                 WindowState(
-                    spark,
-                    ckpt.table("state_windows"),
-                    ckpt.txn_app_id("state"),
-                    pipeline.aggregation.keys,
+                    ckpt.table("state_windows"), ckpt.txn_app_id("state"), pipeline.aggregation.keys
                 ),
             )
             if pipeline.aggregation and pipeline.event_time
             else None
         )
+        # One writer engine per sink table: a windowed pipeline's few windows are
+        # written from the driver, a stateless pipeline's records by Spark.
+        self.sink: WindowSink | DeltaTableSink = (
+            WindowSink(sink, sink_path, ckpt.txn_app_id("sink"))
+            if self.stage is not None
+            else DeltaTableSink(spark, sink, sink_path, ckpt.txn_app_id("sink"))
+        )
         self._committed: tuple[OffsetEntry, CommitEntry] | None = None
         self._partitions: dict[str, PartitionTime] | None = None
 
-    def plan_next_batch(self) -> PlannedBatch | None:
+    def plan_next_batch(self, dry_run: bool = False) -> PlannedBatch | None:
         """Decide which batch runs next, or None when there is nothing to do.
+
+        ``dry_run`` writes nothing (the source records no discovery): what
+        ``lowmark status`` and the Dagster sensor ask, so they follow this one
+        rule instead of a copy of it.
 
         The recovery rule, over the latest offset-log entry and the latest
         commit-log entry::
@@ -161,7 +160,7 @@ class MicroBatchRunner:
                     f"commit log of {self.checkpoint.location} has batch {done_id} but the "
                     "offset log is empty: restore offsets/ or move the checkpoint away"
                 )
-            return self._plan_new(0, self.source.initial_offsets(), None, None)
+            return self._plan_new(0, self.source.initial_offsets(), None, None, dry_run)
         if latest.pipeline_fingerprint != self.fingerprint:
             raise FingerprintMismatch(
                 f"pipeline {self.pipeline.name} changed since its checkpoint "
@@ -170,7 +169,7 @@ class MicroBatchRunner:
                 "definition, or set a new `checkpoint` folder to start over"
             )
         if done is not None and done.batch_id == latest.batch_id:
-            return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done)
+            return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
             previous = done if done_id == latest.batch_id - 1 else None
             return PlannedBatch(
@@ -195,13 +194,14 @@ class MicroBatchRunner:
         start: Offsets,
         latest: OffsetEntry | None,
         done: CommitEntry | None,
+        dry_run: bool,
     ) -> PlannedBatch | None:
         now = self.clock.now_ms()
         watermark = done.next_watermark_ms if done else None
         if self.pipeline.event_time is not None and done is not None:
             parts = self._partition_times(done)
             watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark)
-        end = self.source.plan(start, batch_id)
+        end = self.source.plan(start, batch_id, record=not dry_run)
         if end == start:
             previous_watermark = latest.batch_watermark_ms if latest else None
             if watermark is None or watermark == previous_watermark or self.stage is None:
@@ -214,46 +214,49 @@ class MicroBatchRunner:
     def _partition_times(self, committed: CommitEntry) -> dict[str, PartitionTime]:
         """Per-partition times as of ``committed``, which wrote them to the watermarks table."""
         if self._partitions is None:
-            self._partitions = {
-                p: PartitionTime(p, max_ms, seen)
-                for p, max_ms, _, seen in self.watermarks.as_of(committed.batch_id)
-            }
+            rows = (
+                self.checkpoint.watermarks.at(committed.batch_id)
+                if "watermarks" in committed.table_versions
+                else []
+            )
+            self._partitions = {p: PartitionTime(p, max_ms, seen) for p, max_ms, _, seen in rows}
         return self._partitions
 
     def _check_tables_of(self, done: CommitEntry | None) -> None:
-        """The tables the last commit wrote and the next batch reads must still be there.
+        """The state table the last commit wrote and the next batch reads must still be there.
 
-        Without them the next batch would start from empty state or watermarks:
-        a silent restart from zero of what they hold.
+        Without it the next batch would start from empty state: a silent
+        restart from zero of what it holds.
         """
-        if done is None:
+        if done is None or "state" not in done.table_versions or self.stage is None:
             return
-        written = {
-            "watermarks": bool(done.max_event_time_ms),
-            "state_windows": "state" in done.table_versions,
-        }
-        for name in (n for n, wrote in written.items() if wrote):
-            path = self.checkpoint.table(name)
-            if not table_exists(self.spark, path):
-                raise CheckpointMissing(
-                    f"checkpoint table {path} is missing, but commit {done.batch_id} wrote it: "
-                    "restore it from backup, or move the checkpoint away to start over"
-                )
+        if not self.stage.state.table.exists():
+            raise CheckpointMissing(
+                f"window state table {self.stage.state.path} is missing, but commit "
+                f"{done.batch_id} wrote it: restore it from backup, or move the checkpoint "
+                "away to start over"
+            )
 
     def run_batch(self) -> BatchResult | None:
         """Run (or replay) one micro-batch; None when there was nothing to run.
 
         Step 1. Plan: the recovery rule picks the batch, its offsets and watermark.
         Step 2. Offset log: write batch N's offsets BEFORE processing (new batches only).
-        Step 3. Read exactly [start, end) from the source.
-        Step 4. Transform.
-        Step 5. Event-time stage: lateness, windows merged with state as of commit N-1.
-        Step 6. Sinks, each an idempotent Delta write: bad records, state, sink, late.
-        Step 7. Commit log (with the next watermark and per-partition times).
+        Step 3. Read exactly [start, end) from the source and transform it (lazily).
+        Step 4. Look at the batch in ONE Spark job: counts and max event time per
+                partition, bad rows and, for windows, late rows and partials.
+        Step 5. Event-time stage: the partials merged with the state rows they touch,
+                read as of commit N-1 on the driver (one Spark job over local data).
+        Step 6. Writes, each idempotent per batch: bad records, state, sink, late.
+        Step 7. Commit log (with the next watermark), after the per-partition times.
         Step 8. Source commit (upstream may discard), then the progress row.
+
+        Only step 4, step 5 and a stateless sink's write run Spark jobs; every
+        other read and write is a driver-side Delta operation (``state.table``).
         """
         timer = _StepTimer(self.clock)
         event_time = self.pipeline.event_time
+        ckpt = self.checkpoint
 
         # Step 1. Plan.
         planned = self.plan_next_batch()
@@ -274,64 +277,79 @@ class MicroBatchRunner:
             pipeline_fingerprint=self.fingerprint,
         )
         if not planned.replay:
-            self.checkpoint.offsets.claim(offsets)
+            ckpt.offsets.claim(offsets)
         timer.lap("offset_log")
         faults.reached("after_offset_log", batch_id)
 
-        # Step 3. Read.
+        # Step 3. Read and transform (lazy: nothing runs yet).
         read = self.source.read(planned.start, planned.end, batch_id)
-        rows_in = read.records.count()
-        rows_bad = read.bad.count() if read.bad is not None else 0
-        timer.lap("read")
-        faults.reached("after_read", batch_id)
-
-        # Step 4. Transform.
         records = read.records
         out = self.pipeline.transform(records) if self.pipeline.transform else records
         if PARTITION_COLUMN not in out.columns and len(planned.end) == 1:
             # A transform that selected its columns dropped the partition; with one
             # partition there is nothing to lose by putting it back.
             out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(planned.end))))
-        timer.lap("transform")
 
-        # Step 5. Event-time stage (nothing is written here).
-        previous_state = planned.previous.table_versions.get("state") if planned.previous else None
-        batch_max: dict[str, int] = {}
-        late = retract = None
+        # Step 4. The batch's one job over its records.
+        parts: dict[str, DataFrame] = {
+            "input": records.agg(F.count(F.lit(1)).alias("rows")),
+            "output": (
+                partition_max_event_ms(out, event_time.column)
+                if event_time is not None
+                else out.agg(F.count(F.lit(1)).alias("rows"))
+            ),
+        }
+        if read.bad is not None:
+            parts["bad"] = read.bad
         if self.stage is not None:
-            stage = self.stage.process(out, planned.watermark_ms, previous_state, batch_id)
-            sink_rows, late, batch_max = stage.output, stage.late, stage.batch_max_event_ms
-            if self.pipeline.sink_config().mode == "merge":
-                retract = stage.retract
+            frames = self.stage.batch_frames(out, planned.watermark_ms, batch_id)
+            parts |= {"late": frames.late, "partials": frames.partials}
+        seen = _explained(read, lambda: collect(parts))
+        rows_in = _total(seen["input"], "rows")
+        bad = seen.get("bad")
+        rows_bad = bad.num_rows if bad is not None else 0
+        batch_max: dict[str, int] = {}
+        if event_time is not None:
+            stats = seen["output"].to_pylist()
+            batch_max = {r[PARTITION_COLUMN]: r["max_ms"] for r in stats if r["max_ms"] is not None}
+        timer.lap("read")
+        faults.reached("after_read", batch_id)
+
+        # Step 5. Event-time stage: merge with the state the batch touches (nothing written).
+        previous_state = planned.previous.table_versions.get("state") if planned.previous else None
+        changes: dict[str, pa.Table] = {}
+        if self.stage is not None:
+            changes = self._windows(seen["partials"], frames.partials, planned, previous_state)
+            rows_out = changes["output"].num_rows
         else:
-            if event_time is not None:
-                batch_max = partition_max_event_ms(out, event_time.column)
-            sink_rows = out.drop(PARTITION_COLUMN)
-        sink_rows = sink_rows.persist(StorageLevel.MEMORY_AND_DISK)
-        rows_out = sink_rows.count()
+            rows_out = _total(seen["output"], "rows")
         timer.lap("event_time")
 
-        # Step 6. Sinks: bad records, state, sink, late records.
-        if rows_bad and read.bad is not None:
-            self.bad_records.write(read.bad, batch_id)
+        # Step 6. Writes: bad records, state, sink, late records.
+        if bad is not None and bad.num_rows:
+            ckpt.bad_records.append_once(bad, ckpt.txn_app_id("bad_records"), batch_id)
         versions: dict[str, int] = {}
         if self.stage is not None:
-            state_version = self.stage.state.apply(stage.upserts, stage.deletes, batch_id)
+            state_version = self.stage.state.apply(changes["upserts"], changes["deletes"], batch_id)
             if state_version is not None:
                 versions["state"] = state_version
         timer.lap("state")
         faults.reached("after_state", batch_id)
-        versions["sink"] = self.sink.write(sink_rows, batch_id, retract)
+        sink = self.sink
+        if isinstance(sink, WindowSink):
+            retract = changes["retract"] if self.pipeline.sink_config().mode == "merge" else None
+            sink_version = sink.write(changes["output"], batch_id, retract)
+        else:
+            sink_rows = out.drop(PARTITION_COLUMN)
+            sink_version = _explained(read, lambda: sink.write(sink_rows, batch_id))
+        if sink_version is not None:
+            versions["sink"] = sink_version
         timer.lap("sink")
         faults.reached("after_sink", batch_id)
-        rows_late = 0
-        if late is not None:
-            late = late.persist(StorageLevel.MEMORY_AND_DISK)
-            rows_late = late.count()
-            if rows_late:
-                self.late_records.write(late, batch_id)
-            late.unpersist()
-        sink_rows.unpersist()
+        late = seen.get("late")
+        rows_late = late.num_rows if late is not None else 0
+        if late is not None and rows_late:
+            ckpt.late.append_once(late, ckpt.txn_app_id("late"), batch_id)
         read.unpersist()
         timer.lap("late")
         faults.reached("after_late", batch_id)
@@ -345,7 +363,7 @@ class MicroBatchRunner:
             next_watermark = pipeline_watermark(
                 partitions, event_time, planned.planned_at_ms, planned.watermark_ms
             )
-            self.watermarks.write(
+            versions["watermarks"] = ckpt.watermarks.write(
                 batch_id,
                 [
                     (
@@ -361,15 +379,14 @@ class MicroBatchRunner:
             batch_id=batch_id,
             runner_id=self.runner_id,
             next_watermark_ms=next_watermark,
-            max_event_time_ms={p: t.max_event_time_ms for p, t in partitions.items()},
             table_versions=versions,
             rows_in=rows_in + rows_bad,
             rows_out=rows_out,
             rows_bad=rows_bad,
             rows_late=rows_late,
-        )
+        ).plus_totals(planned.previous)
         faults.reached("before_commit", batch_id)
-        self.checkpoint.commits.claim(commit)
+        ckpt.commits.claim(commit)
         self._committed = (offsets, commit)
         self._partitions = partitions if event_time is not None else None
         timer.lap("commit")
@@ -379,7 +396,7 @@ class MicroBatchRunner:
         lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
         self.source.commit(planned.end)
         timer.lap("source_commit")
-        self.checkpoint.progress.add(
+        ckpt.progress.add(
             ProgressEntry(
                 batch_id=batch_id,
                 runner_id=self.runner_id,
@@ -408,6 +425,38 @@ class MicroBatchRunner:
             timer.durations,
         )
 
+    def _windows(
+        self,
+        partials: pa.Table,
+        partials_frame: DataFrame,
+        planned: PlannedBatch,
+        state_version: int | None,
+    ) -> dict[str, pa.Table]:
+        """The batch's window changes (upserts, deletes, output, retract) as Arrow tables.
+
+        The state rows the partials touch and those the watermark makes final
+        are read on the driver as of ``state_version``; the merge runs as one
+        Spark job over that local data.
+        """
+        assert self.stage is not None
+        nearby, final = self.stage.state_rows(partials, state_version, planned.watermark_ms)
+        schema = partials_frame.schema
+        local = to_frame(self.spark, partials, schema)
+        merged = self.stage.merge(
+            local,
+            to_frame(self.spark, nearby, schema) if nearby is not None else None,
+            to_frame(self.spark, final, schema) if final is not None else None,
+            planned.batch_id,
+        )
+        return collect(
+            {
+                "upserts": merged.upserts,
+                "deletes": merged.deletes,
+                "output": merged.output,
+                "retract": merged.retract,
+            }
+        )
+
     def run(
         self,
         max_batches: int | None = 1,
@@ -430,6 +479,22 @@ class MicroBatchRunner:
             if on_batch:
                 on_batch(result)
         return results
+
+
+def _explained(read: SourceRead, job: Callable[[], T]) -> T:
+    """Run a Spark ``job`` over the batch's input, naming the input file it could not read."""
+    try:
+        return job()
+    except (Py4JJavaError, PySparkException) as exc:
+        error = read.explain(exc)
+        if error is None:
+            raise
+        read.unpersist()
+        raise error from exc
+
+
+def _total(table: pa.Table, column: str) -> int:
+    return int(sum(v for v in table.column(column).to_pylist() if v is not None))
 
 
 def _ms(moment: datetime) -> int:

@@ -12,20 +12,28 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from batches.clock import Clock
+from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.sources import build_source
 from state.checkpoint import Checkpoint
-from state.watermarks import WatermarkTable
 
 
-def pipeline_status(spark: SparkSession, pipeline: Pipeline, data_root: Path) -> dict[str, Any]:
-    """The pipeline's position: committed batch, pending batch, offsets, backlog.
+def pipeline_status(
+    spark: SparkSession, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
+) -> dict[str, Any]:
+    """The pipeline's position: committed batch, pending batch, next batch, offsets, backlog.
 
     Keys (stable, documented in the README): pipeline, checkpoint,
     checkpoint_exists, pipeline_id, last_committed_batch, pending_batch,
-    end_offsets, watermark_ms, partitions [{partition, max_event_time_ms,
-    watermark_ms, last_seen_ms}], backlog {files, bytes}, totals {rows_in,
-    rows_out, rows_bad, rows_late}.
+    next_batch {batch_id, replay, emit_only, reason} (what a run would do
+    now, by the runner's own planning rule; None when there is nothing to
+    do), end_offsets, watermark_ms, partitions [{partition,
+    max_event_time_ms, watermark_ms, last_seen_ms}], backlog {files, bytes},
+    totals {rows_in, rows_out, rows_bad, rows_late}.
+
+    Reads the checkpoint on the driver only, a few rows of each log: the
+    commit entry carries the running totals.
     """
     location = pipeline.checkpoint_location(data_root)
     status: dict[str, Any] = {
@@ -35,23 +43,42 @@ def pipeline_status(spark: SparkSession, pipeline: Pipeline, data_root: Path) ->
         "pipeline_id": None,
         "last_committed_batch": None,
         "pending_batch": None,
+        "next_batch": None,
         "end_offsets": None,
         "watermark_ms": None,
         "partitions": [],
         "backlog": None,
         "totals": {"rows_in": 0, "rows_out": 0, "rows_bad": 0, "rows_late": 0},
     }
-    if not Checkpoint.exists(spark, location):
-        source = build_source(spark, pipeline, data_root, location, "")
-        status["backlog"] = source.backlog(source.initial_offsets())
+    if not Checkpoint.exists(location):
+        source = build_source(spark, pipeline, data_root, location)
+        backlog = source.backlog(source.initial_offsets())
+        status["backlog"] = backlog
+        if backlog["files"]:
+            status["next_batch"] = _next(0, False, False, _waiting(backlog))
         return status
-    ckpt = Checkpoint(spark, location, pipeline.name)
+    runner = MicroBatchRunner(spark, pipeline, data_root, clock)
+    ckpt = runner.checkpoint
     latest = ckpt.offsets.get_latest()
-    commits = ckpt.commits.get_range()
-    done = commits[-1] if commits else None
-    source = build_source(spark, pipeline, data_root, location, ckpt.pipeline_id)
+    done = ckpt.commits.get_latest()
     committed_entry = ckpt.offsets.get(done.batch_id) if done else None
-    committed_end = committed_entry.end_offsets if committed_entry else source.initial_offsets()
+    committed_end = (
+        committed_entry.end_offsets if committed_entry else runner.source.initial_offsets()
+    )
+    backlog = runner.source.backlog(committed_end)
+    planned = runner.plan_next_batch(dry_run=True)
+    if planned is None:
+        next_batch = None
+    elif planned.replay:
+        next_batch = _next(
+            planned.batch_id, True, False, f"batch {planned.batch_id} is uncommitted: replay it"
+        )
+    elif planned.end == planned.start:
+        next_batch = _next(
+            planned.batch_id, False, True, "the watermark moved: windows close without new data"
+        )
+    else:
+        next_batch = _next(planned.batch_id, False, False, _waiting(backlog))
     status.update(
         checkpoint_exists=True,
         pipeline_id=ckpt.pipeline_id,
@@ -61,6 +88,7 @@ def pipeline_status(spark: SparkSession, pipeline: Pipeline, data_root: Path) ->
             if latest and (done is None or latest.batch_id > done.batch_id)
             else None
         ),
+        next_batch=next_batch,
         end_offsets=committed_end if done else None,
         watermark_ms=done.next_watermark_ms if done else None,
         partitions=[
@@ -72,18 +100,23 @@ def pipeline_status(spark: SparkSession, pipeline: Pipeline, data_root: Path) ->
                 )
             )
             for row in (
-                WatermarkTable(spark, ckpt.table("watermarks"), "").as_of(done.batch_id)
-                if done
+                ckpt.watermarks.at(done.batch_id)
+                if done and "watermarks" in done.table_versions
                 else []
             )
         ],
-        backlog=source.backlog(committed_end),
-        totals={
-            key: sum(getattr(c, key) for c in commits)
-            for key in ("rows_in", "rows_out", "rows_bad", "rows_late")
-        },
+        backlog=backlog,
+        totals=done.totals if done else status["totals"],
     )
     return status
+
+
+def _next(batch_id: int, replay: bool, emit_only: bool, reason: str) -> dict[str, Any]:
+    return {"batch_id": batch_id, "replay": replay, "emit_only": emit_only, "reason": reason}
+
+
+def _waiting(backlog: dict[str, int]) -> str:
+    return f"{backlog['files']} new files ({backlog['bytes']} bytes) waiting"
 
 
 def pipeline_history(
@@ -91,9 +124,12 @@ def pipeline_history(
 ) -> list[dict[str, Any]]:
     """Progress rows, oldest first (the newest ``last`` if given), as plain dicts."""
     location = pipeline.checkpoint_location(data_root)
-    if not Checkpoint.exists(spark, location):
+    if not Checkpoint.exists(location):
         return []
-    entries = Checkpoint(spark, location, pipeline.name).progress.get_range()
+    progress = Checkpoint(location, pipeline.name).progress
+    newest = progress.latest_batch_id()
+    start = None if last is None or newest is None else newest - last + 1
+    entries = progress.get_range(start=start)
     if last is not None:
         entries = entries[-last:]
     return [e.model_dump(mode="json") for e in entries]
@@ -109,19 +145,8 @@ class PendingWork:
 
 
 def pending_work(status: dict[str, Any]) -> PendingWork | None:
-    """The next batch ``status`` (from ``pipeline_status``) calls for, or None when idle.
-
-    An uncommitted batch is replayed first; otherwise a batch is due when files
-    wait past the committed end.
-    """
-    pending = status["pending_batch"]
-    if pending is not None:
-        return PendingWork(pending, True, f"batch {pending} is uncommitted: replay it")
-    backlog = status["backlog"] or {"files": 0, "bytes": 0}
-    if backlog["files"]:
-        last = status["last_committed_batch"]
-        batch_id = 0 if last is None else last + 1
-        return PendingWork(
-            batch_id, False, f"{backlog['files']} new files ({backlog['bytes']} bytes) waiting"
-        )
-    return None
+    """The next batch ``status`` (from ``pipeline_status``) calls for, or None when idle."""
+    nxt = status["next_batch"]
+    if nxt is None:
+        return None
+    return PendingWork(nxt["batch_id"], nxt["replay"], nxt["reason"])

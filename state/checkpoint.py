@@ -1,38 +1,47 @@
 """A checkpoint: the folder of Delta tables that holds a pipeline's progress.
 
-Layout under the checkpoint location::
+Layout under the checkpoint location (every table a ``DriverTable``,
+written by delta-rs from the driver)::
 
-    checkpoint/   one row: pipeline_id, pipeline name, created_at (written last)
-    offsets/      write-ahead offset log        (state.offset_log)
-    commits/      commit log                    (state.commit_log)
-    progress/     per-batch progress            (state.progress)
-    files/        file-source manifest          (state.manifest)
-    bad_records/  malformed input rows          (state.quarantine)
-    schema/       the source schema, fixed once (state.source_schema)
+    checkpoint/     one row: pipeline_id, pipeline name, created_at (written last)
+    offsets/        write-ahead offset log        (state.offset_log)
+    commits/        commit log                    (state.commit_log)
+    progress/       per-batch progress            (state.progress)
+    files/          file-source manifest          (state.manifest)
+    schema/         the source schema, fixed once (state.source_schema)
+    watermarks/     per-partition event times     (state.watermarks)
+    bad_records/    malformed input rows          (state.quarantine)
+    late/           records too late for windows  (state.late_records)
+    state_windows/  open windows (windowed pipelines; created by the first batch)
 
 ``pipeline_id`` is random per checkpoint (Spark's query id) and is part of
 every idempotency key, so a new checkpoint never collides with an old one.
+The checkpoint owns every table handle; all of them but ``state_windows``
+are created with the checkpoint, so a missing one is always an error.
 """
 
 from __future__ import annotations
 
 import uuid
 
-from pyspark.sql import SparkSession
-from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+import pyarrow as pa
 
+from state import late_records, quarantine
 from state.commit_log import CommitEntry, CommitLog
-from state.delta import append_once, create_if_absent, table_exists
 from state.errors import CheckpointMissing
 from state.log import utc_now
+from state.manifest import FileManifest
 from state.offset_log import OffsetEntry, OffsetLog
 from state.progress import ProgressEntry, ProgressLog
+from state.source_schema import SourceSchema
+from state.table import UTC_MICROS, DriverTable
+from state.watermarks import WatermarkTable
 
-_METADATA_SCHEMA = StructType(
+_METADATA_SCHEMA = pa.schema(
     [
-        StructField("pipeline_id", StringType(), False),
-        StructField("pipeline_name", StringType(), False),
-        StructField("created_at", TimestampType(), False),
+        pa.field("pipeline_id", pa.string(), nullable=False),
+        pa.field("pipeline_name", pa.string(), nullable=False),
+        pa.field("created_at", UTC_MICROS, nullable=False),
     ]
 )
 
@@ -40,20 +49,29 @@ _METADATA_SCHEMA = StructType(
 class Checkpoint:
     """Opens (or creates) the checkpoint of one pipeline at ``location``."""
 
-    def __init__(self, spark: SparkSession, location: str, pipeline_name: str) -> None:
-        self.spark = spark
+    def __init__(self, location: str, pipeline_name: str) -> None:
         self.location = location.rstrip("/")
         self.pipeline_name = pipeline_name
+        self.metadata = DriverTable(self.table("checkpoint"), _METADATA_SCHEMA)
+        self.pipeline_id = ""
+        self._handles("")
         self.pipeline_id = self._open_or_create()
-        self.offsets = OffsetLog(
-            spark, self.table("offsets"), OffsetEntry, self.txn_app_id("offsets")
-        )
-        self.commits = CommitLog(
-            spark, self.table("commits"), CommitEntry, self.txn_app_id("commits")
-        )
-        self.progress = ProgressLog(
-            spark, self.table("progress"), ProgressEntry, self.txn_app_id("progress")
-        )
+        self._handles(self.pipeline_id)
+
+    def _handles(self, pipeline_id: str) -> None:
+        """Every table handle, with idempotency keys of ``pipeline_id``."""
+
+        def app(role: str) -> str:
+            return f"{pipeline_id}:{role}"
+
+        self.offsets = OffsetLog(self.table("offsets"), OffsetEntry, app("offsets"))
+        self.commits = CommitLog(self.table("commits"), CommitEntry, app("commits"))
+        self.progress = ProgressLog(self.table("progress"), ProgressEntry, app("progress"))
+        self.files = FileManifest(self.table("files"), app("files"))
+        self.schema = SourceSchema(self.table("schema"), app("schema"))
+        self.watermarks = WatermarkTable(self.table("watermarks"), app("watermarks"))
+        self.bad_records = DriverTable(self.table("bad_records"), quarantine.SCHEMA)
+        self.late = DriverTable(self.table("late"), late_records.SCHEMA)
 
     def table(self, name: str) -> str:
         """Path of the checkpoint table ``name``."""
@@ -63,54 +81,58 @@ class Checkpoint:
         """The Delta ``txnAppId`` for writes of ``role`` (a table's role in the pipeline)."""
         return f"{self.pipeline_id}:{role}"
 
+    def _tables(self) -> list[DriverTable]:
+        """The tables created with the checkpoint, the metadata table excluded."""
+        return [
+            self.offsets.table,
+            self.commits.table,
+            self.progress.table,
+            self.files.table,
+            self.schema.table,
+            self.watermarks.table,
+            self.bad_records,
+            self.late,
+        ]
+
     @staticmethod
-    def exists(spark: SparkSession, location: str) -> bool:
-        return table_exists(spark, f"{location.rstrip('/')}/checkpoint")
+    def exists(location: str) -> bool:
+        return DriverTable(f"{location.rstrip('/')}/checkpoint", _METADATA_SCHEMA).exists()
 
     def _open_or_create(self) -> str:
         """Return the pipeline id, creating the checkpoint if there is none.
 
-        The log tables are created first and the metadata row last, so a crash
+        The tables are created first and the metadata row last, so a crash
         during creation leaves a checkpoint that is simply created again. A
-        metadata table next to missing logs (or logs without metadata that
+        metadata table next to missing tables (or logs without metadata that
         already hold batches) is refused: never a silent restart from zero.
         """
-        metadata = self.table("checkpoint")
-        logs = [self.table(name) for name in ("offsets", "commits", "progress")]
-        if table_exists(self.spark, metadata):
-            for path in logs:
-                if not table_exists(self.spark, path):
-                    raise CheckpointMissing(
-                        f"checkpoint table {path} is missing: restore it, or move "
-                        f"{self.location} away to start the pipeline over"
-                    )
-            return self._read_pipeline_id(metadata)
-        offsets = self.table("offsets")
-        if table_exists(self.spark, offsets) and self.spark.read.format("delta").load(offsets).take(
-            1
-        ):
+        if self.metadata.exists():
+            for table in self._tables():
+                if not table.exists():
+                    raise table.missing()
+            return self._read_pipeline_id()
+        if self.offsets.exists() and self.offsets.table.read().num_rows:
             raise CheckpointMissing(
-                f"checkpoint table {metadata} is missing but {offsets} holds batches: "
-                f"restore it, or move {self.location} away to start the pipeline over"
+                f"checkpoint table {self.metadata.path} is missing but {self.offsets.path} holds "
+                f"batches: restore it, or move {self.location} away to start the pipeline over"
             )
-        schemas = [
-            OffsetEntry.spark_schema(),
-            CommitEntry.spark_schema(),
-            ProgressEntry.spark_schema(),
-        ]
-        for path, schema in zip(logs, schemas, strict=True):
-            create_if_absent(self.spark, path, schema)
-        row = (str(uuid.uuid4()), self.pipeline_name, utc_now())
-        df = self.spark.createDataFrame([row], _METADATA_SCHEMA)
-        # Two runners creating at once: txn version 0 lets only the first row land.
-        append_once(df, metadata, "lowmark:checkpoint", 0)
-        return self._read_pipeline_id(metadata)
+        for table in self._tables():
+            table.create()
+        row = {
+            "pipeline_id": str(uuid.uuid4()),
+            "pipeline_name": self.pipeline_name,
+            "created_at": utc_now(),
+        }
+        # Two runners creating at once: transaction version 0 lets only the first row land.
+        rows = pa.Table.from_pylist([row], schema=_METADATA_SCHEMA)
+        self.metadata.append_once(rows, "lowmark:checkpoint", 0)
+        return self._read_pipeline_id()
 
-    def _read_pipeline_id(self, metadata: str) -> str:
-        rows = self.spark.read.format("delta").load(metadata).collect()
+    def _read_pipeline_id(self) -> str:
+        rows = self.metadata.read().to_pylist()
         if len(rows) != 1:
             raise CheckpointMissing(
-                f"checkpoint table {metadata} holds {len(rows)} rows, expected 1: "
+                f"checkpoint table {self.metadata.path} holds {len(rows)} rows, expected 1: "
                 f"restore it, or move {self.location} away to start over"
             )
         return str(rows[0]["pipeline_id"])

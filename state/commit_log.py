@@ -7,33 +7,48 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import pyarrow as pa
 from pydantic import Field
-from pyspark.sql.types import LongType, StringType, StructField
 
 from state.log import LogEntry, MetadataLog
 
 
 class CommitEntry(LogEntry):
-    """What batch N left behind: counts, the next watermark, versions it wrote."""
+    """What batch N left behind: counts, the next watermark, versions it wrote.
 
-    COLUMNS: ClassVar[list[StructField]] = [
-        StructField("next_watermark_ms", LongType(), True),
-        StructField("max_event_time_ms", StringType(), False),
-        StructField("table_versions", StringType(), False),
-        StructField("rows_in", LongType(), False),
-        StructField("rows_out", LongType(), False),
-        StructField("rows_bad", LongType(), False),
-        StructField("rows_late", LongType(), False),
+    ``table_versions`` maps each table the batch wrote (``state``, ``sink``,
+    ``watermarks``) to its Delta version after the batch. The per-partition
+    event times live once, in the watermarks table.
+    """
+
+    COLUMNS: ClassVar[list[pa.Field]] = [
+        pa.field("next_watermark_ms", pa.int64()),
+        pa.field("table_versions", pa.string(), nullable=False),
+        pa.field("rows_in", pa.int64(), nullable=False),
+        pa.field("rows_out", pa.int64(), nullable=False),
+        pa.field("rows_bad", pa.int64(), nullable=False),
+        pa.field("rows_late", pa.int64(), nullable=False),
+        pa.field("totals", pa.string(), nullable=False),
     ]
-    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"max_event_time_ms", "table_versions"})
+    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"table_versions", "totals"})
 
     next_watermark_ms: int | None = None
-    max_event_time_ms: dict[str, int] = Field(default_factory=dict)
     table_versions: dict[str, int] = Field(default_factory=dict)
     rows_in: int = 0
     rows_out: int = 0
     rows_bad: int = 0
     rows_late: int = 0
+    totals: dict[str, int] = Field(default_factory=dict)
+    """``rows_in``, ``rows_out``, ``rows_bad``, ``rows_late`` summed over batches 0..N, so
+    the totals cost one row to read at any batch."""
+
+    def plus_totals(self, previous: CommitEntry | None) -> CommitEntry:
+        """This entry with ``totals`` = ``previous``'s totals + this batch's counts."""
+        counts = {k: getattr(self, k) for k in ("rows_in", "rows_out", "rows_bad", "rows_late")}
+        before = previous.totals if previous is not None else {}
+        return self.model_copy(
+            update={"totals": {k: before.get(k, 0) + n for k, n in counts.items()}}
+        )
 
 
 class CommitLog(MetadataLog[CommitEntry]):

@@ -1,8 +1,9 @@
-"""Small helpers over Delta tables addressed by path.
+"""Spark's idempotent writes, for the one table Spark writes: a stateless pipeline's sink.
 
-Idempotent writes are the core of exactly-once: every write a batch makes
-carries ``txnAppId = "<pipeline_id>:<role>"`` and ``txnVersion = batch_id``,
-so Delta skips a write of the same batch that already landed.
+Its rows are the batch's records (any size), so Spark's executors write them.
+Every write carries ``txnAppId = "<pipeline_id>:sink"`` and ``txnVersion =
+batch_id``, so Delta skips a write of the same batch that already landed.
+Everything else a batch writes is small and goes through ``state.table``.
 """
 
 from __future__ import annotations
@@ -10,31 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from delta.tables import DeltaTable
+from delta.tables import DeltaTable as SparkDeltaTable
+from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from state.conflicts import retry_conflicts
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-
-
-def table_exists(spark: SparkSession, path: str) -> bool:
-    """True when ``path`` holds a Delta table."""
-    return bool(DeltaTable.isDeltaTable(spark, path))
-
-
-def create_if_absent(spark: SparkSession, path: str, schema: StructType) -> None:
-    """Create an empty Delta table at ``path`` unless one is there already.
-
-    Two processes racing here both end up with the same table: Delta lets one
-    create commit win and the other's ``IF NOT EXISTS`` is a no-op.
-    """
-    if table_exists(spark, path):
-        return
-    (DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute())
 
 
 def append_once(df: DataFrame, path: str, app_id: str, version: int) -> None:
@@ -88,7 +73,7 @@ def upsert_once(
     joins the MERGE condition, where Delta uses it to skip target files by
     their statistics. Skipped by Delta when (app_id, version) already landed.
     """
-    if not table_exists(spark, path):
+    if not SparkDeltaTable.isDeltaTable(spark, path):
         # An empty first commit gives MERGE a target; racing creators are harmless.
         create = upserts.limit(0).write.format("delta").mode("append")
         create.options(**(properties or {})).save(path)
@@ -105,7 +90,7 @@ def upsert_once(
     def merge() -> None:
         with idempotent_dml(spark, app_id, version):
             (
-                DeltaTable.forPath(spark, path)
+                SparkDeltaTable.forPath(spark, path)
                 .alias("t")
                 .merge(changes.alias("s"), on)
                 .whenMatchedDelete(condition="s._op = 'delete'")
@@ -117,21 +102,6 @@ def upsert_once(
     retry_conflicts(merge, path, version)
 
 
-def latest_version(spark: SparkSession, path: str) -> int:
-    """The newest version of the Delta table at ``path``."""
-    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
-    assert row is not None, f"Delta table {path} has no history"
-    return int(row["version"])
-
-
-class BatchAppendTable:
-    """A table each batch appends its rows to at most once (bad records, late records)."""
-
-    def __init__(self, path: str, txn_app_id: str, schema: StructType) -> None:
-        self.path = path
-        self.txn_app_id = txn_app_id
-        self.schema = schema
-
-    def write(self, df: DataFrame, batch_id: int) -> None:
-        """Append batch ``batch_id``'s rows (the schema's columns) exactly once."""
-        append_once(df.select(*self.schema.fieldNames()), self.path, self.txn_app_id, batch_id)
+def latest_version(path: str) -> int:
+    """The newest version of the Delta table at ``path``, read from its log (no Spark job)."""
+    return int(DeltaTable(path).version())

@@ -1,20 +1,21 @@
 """The late table (default dead-letter): records that came after their windows closed.
 
 Nothing is dropped silently: each late record lands here with its event
-time, the watermark that rejected it, the reason and the batch. Written
-through ``state.delta.BatchAppendTable`` (once per batch).
+time, the watermark that rejected it, the reason and the batch.
 """
 
 from __future__ import annotations
 
-from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+import pyarrow as pa
 
-SCHEMA = StructType(
+from state.table import UTC_MICROS
+
+SCHEMA = pa.schema(
     [
-        StructField("batch_id", LongType(), False),
-        StructField("event_time", TimestampType(), True),
-        StructField("watermark_ms", LongType(), False),
-        StructField("reason", StringType(), False),
-        StructField("record", StringType(), False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("event_time", UTC_MICROS),
+        pa.field("watermark_ms", pa.int64(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("record", pa.string(), nullable=False),
     ]
 )

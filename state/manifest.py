@@ -10,19 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import SparkSession
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+import pyarrow as pa
 
-from state.delta import append_once, table_exists
+from state.table import DriverTable
 
-SCHEMA = StructType(
+SCHEMA = pa.schema(
     [
-        StructField("partition", StringType(), False),
-        StructField("seq", LongType(), False),
-        StructField("path", StringType(), False),
-        StructField("size", LongType(), False),
-        StructField("modified_ms", LongType(), False),
-        StructField("discovered_for_batch", LongType(), False),
+        pa.field("partition", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("modified_ms", pa.int64(), nullable=False),
+        pa.field("discovered_for_batch", pa.int64(), nullable=False),
     ]
 )
 
@@ -39,29 +38,42 @@ class ManifestFile:
 class FileManifest:
     """The ``files`` table of a checkpoint."""
 
-    def __init__(self, spark: SparkSession, path: str, txn_app_id: str) -> None:
-        self.spark = spark
-        self.path = path
+    def __init__(self, path: str, txn_app_id: str) -> None:
+        self.table = DriverTable(path, SCHEMA, "file manifest")
+        self.path = self.table.path
         self.txn_app_id = txn_app_id
 
     def files(self) -> list[ManifestFile]:
         """Every recorded file, by (partition, seq); empty before the first ``record``."""
-        if not table_exists(self.spark, self.path):
+        if not self.table.exists():
             return []
-        df = self.spark.read.format("delta").load(self.path)
-        return [
+        rows = self.table.read().to_pylist()
+        found = [
             ManifestFile(r["partition"], r["seq"], r["path"], r["size"], r["modified_ms"])
-            for r in df.orderBy("partition", "seq").collect()
+            for r in rows
         ]
+        return sorted(found, key=lambda f: (f.partition, f.seq))
 
-    def record(self, new: list[ManifestFile], batch_id: int) -> None:
+    def record(self, new: list[ManifestFile], batch_id: int) -> bool:
         """Append newly discovered files (numbered by the caller) while planning ``batch_id``.
 
         Idempotent per planned batch: if discovery for ``batch_id`` already
         landed (a crash before its offsets were written, or a racing runner),
-        Delta skips this append and the files are recorded when a later batch
-        is planned. Planning and reading therefore go by the table, never by
-        the caller's list: offsets only ever cover recorded files.
+        this append is skipped and False returned; the caller must then take
+        the table's files, never its own list: offsets only ever cover
+        recorded files.
         """
-        rows = [(f.partition, f.seq, f.path, f.size, f.modified_ms, batch_id) for f in new]
-        append_once(self.spark.createDataFrame(rows, SCHEMA), self.path, self.txn_app_id, batch_id)
+        rows = [
+            {
+                "partition": f.partition,
+                "seq": f.seq,
+                "path": f.path,
+                "size": f.size,
+                "modified_ms": f.modified_ms,
+                "discovered_for_batch": batch_id,
+            }
+            for f in new
+        ]
+        return self.table.append_once(
+            pa.Table.from_pylist(rows, schema=SCHEMA), self.txn_app_id, batch_id
+        )

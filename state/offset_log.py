@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pyspark.sql.types import LongType, StringType, StructField
+import pyarrow as pa
 
 from state.log import LogEntry, MetadataLog
 
@@ -19,11 +19,11 @@ Offsets = dict[str, int]
 class OffsetEntry(LogEntry):
     """Batch N's input range and the watermark it runs with."""
 
-    COLUMNS: ClassVar[list[StructField]] = [
-        StructField("start_offsets", StringType(), False),
-        StructField("end_offsets", StringType(), False),
-        StructField("batch_watermark_ms", LongType(), True),
-        StructField("pipeline_fingerprint", StringType(), False),
+    COLUMNS: ClassVar[list[pa.Field]] = [
+        pa.field("start_offsets", pa.string(), nullable=False),
+        pa.field("end_offsets", pa.string(), nullable=False),
+        pa.field("batch_watermark_ms", pa.int64()),
+        pa.field("pipeline_fingerprint", pa.string(), nullable=False),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"start_offsets", "end_offsets"})
 

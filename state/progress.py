@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pyspark.sql.types import BooleanType, LongType, StringType, StructField
+import pyarrow as pa
 
 from state.log import LogEntry, MetadataLog
 
@@ -16,15 +16,15 @@ from state.log import LogEntry, MetadataLog
 class ProgressEntry(LogEntry):
     """Timings and counts of one committed batch."""
 
-    COLUMNS: ClassVar[list[StructField]] = [
-        StructField("replayed", BooleanType(), False),
-        StructField("durations_ms", StringType(), False),
-        StructField("rows_in", LongType(), False),
-        StructField("rows_out", LongType(), False),
-        StructField("rows_bad", LongType(), False),
-        StructField("rows_late", LongType(), False),
-        StructField("watermark_ms", LongType(), True),
-        StructField("lag_ms", LongType(), True),
+    COLUMNS: ClassVar[list[pa.Field]] = [
+        pa.field("replayed", pa.bool_(), nullable=False),
+        pa.field("durations_ms", pa.string(), nullable=False),
+        pa.field("rows_in", pa.int64(), nullable=False),
+        pa.field("rows_out", pa.int64(), nullable=False),
+        pa.field("rows_bad", pa.int64(), nullable=False),
+        pa.field("rows_late", pa.int64(), nullable=False),
+        pa.field("watermark_ms", pa.int64()),
+        pa.field("lag_ms", pa.int64()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"durations_ms"})
 

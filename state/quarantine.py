@@ -1,19 +1,18 @@
 """The bad-records table: input rows that could not be parsed, kept verbatim.
 
 A malformed row never stops a batch and is never dropped silently: it lands
-here with the raw text, the file it came from and the reason. Written through
-``state.delta.BatchAppendTable`` (once per batch).
+here with the raw text, the file it came from and the reason.
 """
 
 from __future__ import annotations
 
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+import pyarrow as pa
 
-SCHEMA = StructType(
+SCHEMA = pa.schema(
     [
-        StructField("batch_id", LongType(), False),
-        StructField("source_file", StringType(), True),
-        StructField("raw", StringType(), True),
-        StructField("reason", StringType(), False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("source_file", pa.string()),
+        pa.field("raw", pa.string()),
+        pa.field("reason", pa.string(), nullable=False),
     ]
 )

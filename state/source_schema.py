@@ -1,39 +1,37 @@
 """The source schema, fixed when the checkpoint first reads data.
 
 Inferring a schema anew each batch would let two batches disagree; like
-Spark's file stream source, lowmark infers once and keeps the result here.
+Spark's file stream source, lowmark infers once and keeps the result here
+(as Spark's JSON schema text).
 """
 
 from __future__ import annotations
 
-import json
+import pyarrow as pa
 
-from pyspark.sql import SparkSession
-from pyspark.sql.types import StringType, StructField, StructType
+from state.table import DriverTable
 
-from state.delta import append_once, table_exists
-
-SCHEMA = StructType([StructField("schema_json", StringType(), False)])
+SCHEMA = pa.schema([pa.field("schema_json", pa.string(), nullable=False)])
 
 
 class SourceSchema:
     """The ``schema`` table of a checkpoint: at most one row."""
 
-    def __init__(self, spark: SparkSession, path: str, txn_app_id: str) -> None:
-        self.spark = spark
-        self.path = path
+    def __init__(self, path: str, txn_app_id: str) -> None:
+        self.table = DriverTable(path, SCHEMA, "source schema table")
         self.txn_app_id = txn_app_id
 
-    def get(self) -> StructType | None:
-        if not table_exists(self.spark, self.path):
+    def get(self) -> str | None:
+        """The recorded schema as JSON text, or None."""
+        if not self.table.exists():
             return None
-        row = self.spark.read.format("delta").load(self.path).first()
-        return StructType.fromJson(json.loads(row["schema_json"])) if row else None
+        rows = self.table.read().column("schema_json").to_pylist()
+        return str(rows[0]) if rows else None
 
-    def fix(self, schema: StructType) -> StructType:
-        """Record ``schema`` unless one is recorded; return the recorded one."""
-        df = self.spark.createDataFrame([(schema.json(),)], SCHEMA)
-        append_once(df, self.path, self.txn_app_id, 0)
+    def fix(self, schema_json: str) -> str:
+        """Record ``schema_json`` unless one is recorded; return the recorded one."""
+        rows = pa.Table.from_pylist([{"schema_json": schema_json}], schema=SCHEMA)
+        self.table.append_once(rows, self.txn_app_id, 0)
         fixed = self.get()
         assert fixed is not None
         return fixed

@@ -1,25 +1,25 @@
 """The watermarks table: per source partition, its max event time, watermark
 and the last time it saw data, as of each committed batch.
 
-Appended with every commit (idempotently per batch); the current values are
-the rows of the newest batch written.
+Appended with every commit of a pipeline with event time (idempotently per
+batch), one row per partition known so far: the rows of batch N are the
+whole picture after batch N. This is the one place per-partition event
+times are stored.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+import pyarrow as pa
 
-from state.delta import append_once, table_exists
+from state.table import DriverTable
 
-SCHEMA = StructType(
+SCHEMA = pa.schema(
     [
-        StructField("batch_id", LongType(), False),
-        StructField("partition", StringType(), False),
-        StructField("max_event_time_ms", LongType(), False),
-        StructField("watermark_ms", LongType(), False),
-        StructField("last_seen_ms", LongType(), False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("partition", pa.string(), nullable=False),
+        pa.field("max_event_time_ms", pa.int64(), nullable=False),
+        pa.field("watermark_ms", pa.int64(), nullable=False),
+        pa.field("last_seen_ms", pa.int64(), nullable=False),
     ]
 )
 
@@ -30,25 +30,22 @@ Row = tuple[str, int, int, int]
 class WatermarkTable:
     """The ``watermarks`` table of a checkpoint."""
 
-    def __init__(self, spark: SparkSession, path: str, txn_app_id: str) -> None:
-        self.spark = spark
-        self.path = path
+    def __init__(self, path: str, txn_app_id: str) -> None:
+        self.table = DriverTable(path, SCHEMA, "checkpoint table")
+        self.path = self.table.path
         self.txn_app_id = txn_app_id
 
-    def write(self, batch_id: int, rows: list[Row]) -> None:
-        data = [(batch_id, *row) for row in rows]
-        append_once(self.spark.createDataFrame(data, SCHEMA), self.path, self.txn_app_id, batch_id)
+    def write(self, batch_id: int, rows: list[Row]) -> int:
+        """Record batch ``batch_id``'s rows once; the table's version after it."""
+        names = SCHEMA.names[1:]
+        data = [{"batch_id": batch_id, **dict(zip(names, row, strict=True))} for row in rows]
+        self.table.append_once(pa.Table.from_pylist(data, schema=SCHEMA), self.txn_app_id, batch_id)
+        return self.table.version()
 
-    def as_of(self, batch_id: int) -> list[Row]:
-        """The rows written by the newest batch ``<= batch_id`` (empty if none)."""
-        if not table_exists(self.spark, self.path):
-            return []
-        df = self.spark.read.format("delta").load(self.path).where(F.col("batch_id") <= batch_id)
-        newest = df.agg(F.max("batch_id")).first()
-        if newest is None or newest[0] is None:
-            return []
-        rows = df.where(F.col("batch_id") == newest[0]).orderBy("partition").collect()
-        return [
+    def at(self, batch_id: int) -> list[Row]:
+        """The rows batch ``batch_id`` wrote, by partition."""
+        rows = self.table.read(f'"batch_id" = {int(batch_id)}').to_pylist()
+        return sorted(
             (r["partition"], r["max_event_time_ms"], r["watermark_ms"], r["last_seen_ms"])
             for r in rows
-        ]
+        )

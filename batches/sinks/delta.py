@@ -1,11 +1,19 @@
-"""The Delta sink: append or MERGE, exactly once per batch.
+"""The Delta sinks: append or MERGE, exactly once per batch.
 
-Both modes are Delta idempotent writes keyed on ``(<pipeline_id>:sink,
-batch_id)``: a replayed batch whose write already landed is skipped by Delta.
+Every sink write is a Delta idempotent write keyed on ``(<pipeline_id>:sink,
+batch_id)``: a replayed batch whose write already landed is skipped. Each
+sink table has one writer engine, fixed by the pipeline's kind:
+
+- ``DeltaTableSink``: a stateless pipeline's records, any number of them,
+  written by Spark's executors;
+- ``WindowSink``: a windowed pipeline's emitted windows, a few per batch,
+  already on the driver, written there with delta-rs (no Spark job). Its
+  backfills write with delta-rs too.
 """
 
 from __future__ import annotations
 
+import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
@@ -13,6 +21,7 @@ from batches.errors import SinkWriteFailed
 from batches.pipeline import DeltaSink
 from batches.sinks.base import Sink
 from state.delta import append_once, latest_version, upsert_once
+from state.table import DriverTable
 
 
 class DeltaTableSink(Sink):
@@ -35,4 +44,46 @@ class DeltaTableSink(Sink):
                 f"sink {self.path} refused batch {batch_id}: {first}; fix the transform "
                 "or point the sink at a new table"
             ) from exc
-        return latest_version(self.spark, self.path)
+        return latest_version(self.path)
+
+
+class WindowSink:
+    """The sink of a windowed pipeline: emitted windows appended, or MERGEd on keys + window.
+
+    Contract as ``Sink``, over Arrow tables: ``write(rows, batch_id, retract)``
+    may be called again for the same batch after a crash with the same rows
+    and leaves the table as if called once; ``retract`` holds the identities
+    of windows the batch supersedes (update mode: sessions merged into a
+    longer one).
+    """
+
+    def __init__(self, config: DeltaSink, path: str, txn_app_id: str) -> None:
+        self.config = config
+        self.table = DriverTable(path, None, "sink")
+        self.path = self.table.path
+        self.txn_app_id = txn_app_id
+
+    def write(self, rows: pa.Table, batch_id: int, retract: pa.Table | None = None) -> int | None:
+        """Write batch ``batch_id``'s windows once; the sink's version after it.
+
+        Nothing is written for a batch without changes, but the first batch
+        creates the table (empty), so readers find it from the start.
+        """
+        changed = rows.num_rows or (retract is not None and retract.num_rows)
+        if not changed and self.table.exists():
+            return self.table.version()
+        try:
+            if self.config.mode == "append" or not self.table.exists():
+                self.table.append_once(rows, self.txn_app_id, batch_id)
+            else:
+                deletes = retract if retract is not None else rows.select(self.config.keys)[:0]
+                self.table.merge_once(rows, deletes, self.config.keys, self.txn_app_id, batch_id)
+        except Exception as exc:
+            if "Schema" not in type(exc).__name__ and "schema" not in str(exc).lower():
+                raise
+            first = str(exc).strip().splitlines()[0]
+            raise SinkWriteFailed(
+                f"sink {self.path} refused batch {batch_id}: {first}; point the sink at a new "
+                "table or restore its schema"
+            ) from exc
+        return self.table.version()

@@ -9,6 +9,7 @@ from pyspark.sql import SparkSession
 from batches.pipeline import Pipeline, resolve
 from batches.sources.base import Source, SourceRead
 from batches.sources.files import FileStreamSource
+from state.checkpoint import Checkpoint
 from state.manifest import FileManifest
 from state.source_schema import SourceSchema
 
@@ -16,14 +17,17 @@ __all__ = ["Source", "SourceRead", "build_source"]
 
 
 def build_source(
-    spark: SparkSession, pipeline: Pipeline, data_root: Path, checkpoint: str, pipeline_id: str
+    spark: SparkSession, pipeline: Pipeline, data_root: Path, checkpoint: Checkpoint | str
 ) -> Source:
-    """The runtime source for ``pipeline`` whose checkpoint is at ``checkpoint``."""
+    """The runtime source for ``pipeline``, keeping its tables in ``checkpoint``.
+
+    A location instead of an open checkpoint (a pipeline that never ran)
+    gives a source for read-only questions (its backlog).
+    """
     config = pipeline.source
-    return FileStreamSource(
-        spark,
-        config,
-        resolve(config.path, data_root),
-        FileManifest(spark, f"{checkpoint}/files", f"{pipeline_id}:files"),
-        SourceSchema(spark, f"{checkpoint}/schema", f"{pipeline_id}:schema"),
-    )
+    if isinstance(checkpoint, str):
+        manifest = FileManifest(f"{checkpoint}/files", ":files")
+        schema = SourceSchema(f"{checkpoint}/schema", ":schema")
+    else:
+        manifest, schema = checkpoint.files, checkpoint.schema
+    return FileStreamSource(spark, config, resolve(config.path, data_root), manifest, schema)

@@ -9,10 +9,12 @@ starts at ``initial_offsets()``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
 
+from state.errors import LowmarkError
 from state.offset_log import Offsets
 
 PARTITION_COLUMN = "_lowmark_partition"
@@ -23,6 +25,7 @@ PARTITION_COLUMN = "_lowmark_partition"
 class SourceRead:
     """What ``read`` returns: parsed records and the rows that would not parse.
 
+    Both are lazy: the batch computes them in its one job over the input.
     ``bad`` has the columns of ``state.quarantine.SCHEMA`` (or is None when the
     format cannot hold malformed rows). ``cached`` are frames the source
     persisted; the caller unpersists them when the batch is done.
@@ -31,6 +34,9 @@ class SourceRead:
     records: DataFrame
     bad: DataFrame | None
     cached: tuple[DataFrame, ...] = ()
+    explain: Callable[[Exception], LowmarkError | None] = lambda _: None
+    """Turns a Spark failure of a job over these frames into the user's error, if it is one
+    (a file that cannot be read with the source schema)."""
 
     def unpersist(self) -> None:
         """Drop whatever ``read`` cached for this batch."""
@@ -44,7 +50,8 @@ class Source(ABC):
     Contract:
     - ``plan(start, batch_id)`` returns the end offsets of the next batch,
       honouring the per-batch admission limit; ``end == start`` means no new
-      data. It may record what it discovered (idempotently per ``batch_id``).
+      data. It may record what it discovered (idempotently per ``batch_id``),
+      unless ``record`` is False (a dry run: the same answer, nothing written).
     - ``read(start, end, batch_id)`` is deterministic: the same range gives the
       same records every time, which is what makes a replay exact. Records
       carry their source partition in ``PARTITION_COLUMN`` (per-partition
@@ -57,7 +64,7 @@ class Source(ABC):
     def initial_offsets(self) -> Offsets: ...
 
     @abstractmethod
-    def plan(self, start: Offsets, batch_id: int) -> Offsets: ...
+    def plan(self, start: Offsets, batch_id: int, record: bool = True) -> Offsets: ...
 
     @abstractmethod
     def read(self, start: Offsets, end: Offsets, batch_id: int) -> SourceRead: ...

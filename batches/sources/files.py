@@ -19,12 +19,16 @@ schema's (STRING for LONG) is refused with SourceFileUnreadable.
 from __future__ import annotations
 
 import heapq
+import json
+import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlparse
 
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame, SparkSession
+from py4j.java_gateway import is_instance_of
+from pyspark import SparkContext
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
@@ -32,7 +36,7 @@ from pyspark.storagelevel import StorageLevel
 from batches.errors import SourceFileMissing, SourceFileUnreadable
 from batches.pipeline import FileSource
 from batches.sources.base import PARTITION_COLUMN, Source, SourceRead
-from state.errors import CheckpointMissing
+from state.errors import CheckpointMissing, LowmarkError
 from state.manifest import FileManifest, ManifestFile
 from state.offset_log import Offsets
 from state.source_schema import SourceSchema
@@ -60,13 +64,20 @@ class FileStreamSource(Source):
         self.schema_store = schema_store
         self.options = {**_DEFAULT_OPTIONS.get(config.format, {}), **config.options}
         self._fixed_schema: StructType | None = None
+        self._known: list[ManifestFile] | None = None
+        """The manifest as this source last read or wrote it: one read per runner."""
+
+    def _manifest(self, refresh: bool = False) -> list[ManifestFile]:
+        if self._known is None or refresh:
+            self._known = self.manifest.files()
+        return self._known
 
     def initial_offsets(self) -> Offsets:
         # Folder partitions appear as they are discovered; a missing one is at 0.
         return {} if self.config.partition_by_folder else {PARTITION: 0}
 
-    def plan(self, start: Offsets, batch_id: int) -> Offsets:
-        known = self.manifest.files()
+    def plan(self, start: Offsets, batch_id: int, record: bool = True) -> Offsets:
+        known = self._manifest()
         if not known and any(start.values()):
             raise CheckpointMissing(
                 f"file manifest {self.manifest.path} is missing or empty, but the checkpoint "
@@ -74,11 +85,15 @@ class FileStreamSource(Source):
                 "to start over"
             )
         new = self._number(self._unseen(known), known)
-        if new:
-            self.manifest.record(new, batch_id)
-            # Delta skips the append if discovery for this batch id landed before (a
-            # crash after planning, a racing runner): admit only what the table holds.
-            known = self.manifest.files()
+        if new and not record:
+            known = known + new
+        elif new:
+            if self.manifest.record(new, batch_id):
+                known = self._known = known + new
+            else:
+                # Discovery for this batch id landed before (a crash after planning, a
+                # racing runner) and this append was skipped: admit only what the table holds.
+                known = self._manifest(refresh=True)
         pending = [f for f in known if f.seq >= start.get(f.partition, 0)]
         end = dict(start)
         for f in self._admit(pending):
@@ -86,12 +101,20 @@ class FileStreamSource(Source):
         return end
 
     def read(self, start: Offsets, end: Offsets, batch_id: int) -> SourceRead:
-        files = [
-            f
-            for f in self.manifest.files()
-            if start.get(f.partition, 0) <= f.seq < end[f.partition]
-        ]
+        """The files of [start, end) as lazy frames over one cached parse.
+
+        The manifest is the one the batch was planned with (re-read only when
+        it lacks the range: a replay in a new process, or files recorded by
+        another runner).
+        """
         expected = sum(n - start.get(p, 0) for p, n in end.items())
+
+        def in_range(known: list[ManifestFile]) -> list[ManifestFile]:
+            return [f for f in known if start.get(f.partition, 0) <= f.seq < end[f.partition]]
+
+        files = in_range(self._manifest())
+        if len(files) != expected:
+            files = in_range(self._manifest(refresh=True))
         if len(files) != expected:
             raise CheckpointMissing(
                 f"manifest {self.manifest.path} lacks files of batch {batch_id} "
@@ -112,8 +135,7 @@ class FileStreamSource(Source):
                 .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_metadata.file_path")))
                 .persist(StorageLevel.MEMORY_AND_DISK)
             )
-            self._load(records, batch_id)
-            return SourceRead(records, None, cached=(records,))
+            return SourceRead(records, None, cached=(records,), explain=self._unreadable(batch_id))
         if self.config.format == "csv" and self.options.get("header") == "true":
             self._check_headers(paths, schema, batch_id)
         with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
@@ -129,7 +151,6 @@ class FileStreamSource(Source):
             # full parse is cached; caching also lets records and bad share one parse.
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
-        self._load(parsed, batch_id)
         bad = parsed.where(F.col(CORRUPT).isNotNull()).select(
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.col("_source_file").alias("source_file"),
@@ -143,27 +164,26 @@ class FileStreamSource(Source):
             .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_source_file")))
             .drop(CORRUPT, "_source_file")
         )
-        return SourceRead(records, bad, cached=(parsed,))
+        return SourceRead(records, bad, cached=(parsed,), explain=self._unreadable(batch_id))
 
-    def _load(self, cached: DataFrame, batch_id: int) -> None:
-        """Fill the cache of this batch's input, naming the file Spark could not read."""
-        try:
-            cached.count()
-        except (Py4JJavaError, PySparkException) as exc:
-            cached.unpersist()
-            java = getattr(exc, "java_exception", None)
-            error = java if java is not None else exc
-            condition = str(error.getCondition() or "")
-            if not condition.startswith("FAILED_READ_FILE"):
-                raise
-            parameters: Any = error.getMessageParameters() or {}
+    @staticmethod
+    def _unreadable(batch_id: int) -> Callable[[Exception], LowmarkError | None]:
+        """Names the file Spark could not read when a job over this batch's input failed."""
+
+        def explain(exc: Exception) -> LowmarkError | None:
+            failed = _failed_read(exc)
+            if failed is None:
+                return None
+            parameters: Any = failed.getMessageParameters() or {}
             path = dict(parameters).get("path", "a file")
-            reason = str(error.getMessage()).strip().splitlines()[0]
-            raise SourceFileUnreadable(
+            reason = str(failed.getMessage()).strip().splitlines()[0]
+            return SourceFileUnreadable(
                 f"{path} (taken by batch {batch_id}) cannot be read with the source schema "
                 f"({reason}): rewrite it in place in the source's schema, or move the "
                 "checkpoint away to start over without it"
-            ) from exc
+            )
+
+        return explain
 
     def _check_headers(self, paths: list[str], schema: StructType, batch_id: int) -> None:
         """CSV columns are read by position: a header naming other columns is refused.
@@ -174,13 +194,7 @@ class FileStreamSource(Source):
         sep = self.options.get("sep", self.options.get("delimiter", ","))
         wanted = [name.lower() for name in schema.fieldNames()]
         for path in paths:
-            fs, hpath = self._hadoop_path(path)
-            jvm: Any = self.spark.sparkContext._jvm
-            stream = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(fs.open(hpath)))
-            try:
-                line = stream.readLine() or ""
-            finally:
-                stream.close()
+            line = self._first_line(path)
             header = [name.strip().strip('"').lower() for name in line.split(sep)]
             if header != wanted:
                 raise SourceFileUnreadable(
@@ -190,8 +204,21 @@ class FileStreamSource(Source):
                     "columns, or move the checkpoint away to start over without it"
                 )
 
+    def _first_line(self, path: str) -> str:
+        local = _local_path(path)
+        if local is not None:
+            with open(local, encoding="utf-8", errors="replace") as f:
+                return f.readline()
+        fs, hpath = self._hadoop_path(path)
+        jvm: Any = self.spark.sparkContext._jvm
+        stream = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(fs.open(hpath)))
+        try:
+            return str(stream.readLine() or "")
+        finally:
+            stream.close()
+
     def backlog(self, committed_end: Offsets) -> dict[str, int]:
-        known = self.manifest.files()
+        known = self._manifest(refresh=True)
         waiting = [f for f in known if f.seq >= committed_end.get(f.partition, 0)]
         waiting += self._unseen(known)
         return {"files": len(waiting), "bytes": sum(f.size for f in waiting)}
@@ -245,6 +272,15 @@ class FileStreamSource(Source):
         """The visible files of the folder (or of its subfolders, one partition each)."""
         if not self.config.partition_by_folder:
             return self._list_files(self.folder, PARTITION)
+        local = _local_path(self.folder)
+        if local is not None:
+            if not os.path.isdir(local):
+                return []
+            files = []
+            for entry in os.scandir(local):
+                if entry.is_dir() and not entry.name.startswith((".", "_")):
+                    files += self._list_files(entry.path, entry.name)
+            return files
         fs, hpath = self._hadoop_path(self.folder)
         if not fs.exists(hpath):
             return []
@@ -256,6 +292,22 @@ class FileStreamSource(Source):
         return files
 
     def _list_files(self, folder: str, partition: str) -> list[ManifestFile]:
+        local = _local_path(folder)
+        if local is not None:  # a plain directory listing: no JVM round trip per file
+            if not os.path.isdir(local):
+                return []
+            return [
+                ManifestFile(
+                    partition,
+                    -1,
+                    f"file:{os.path.abspath(entry.path)}",
+                    stat.st_size,
+                    stat.st_mtime_ns // 1_000_000,
+                )
+                for entry in os.scandir(local)
+                if entry.is_file() and not entry.name.startswith((".", "_"))
+                for stat in [entry.stat()]
+            ]
         fs, hpath = self._hadoop_path(folder)
         if not fs.exists(hpath):
             return []
@@ -278,6 +330,9 @@ class FileStreamSource(Source):
         return F.element_at(F.split(file_path, "/"), -2)
 
     def _exists(self, path: str) -> bool:
+        local = _local_path(path)
+        if local is not None:
+            return os.path.exists(local)
         fs, hpath = self._hadoop_path(path)
         return bool(fs.exists(hpath))
 
@@ -296,10 +351,37 @@ class FileStreamSource(Source):
                 assert isinstance(ddl, StructType)
                 self._fixed_schema = ddl
             else:
-                self._fixed_schema = self.schema_store.get() or self._infer(paths)
+                stored = self.schema_store.get() or self._infer(paths)
+                self._fixed_schema = StructType.fromJson(json.loads(stored))
         return self._fixed_schema
 
-    def _infer(self, paths: list[str]) -> StructType:
+    def _infer(self, paths: list[str]) -> str:
         inferred = self.spark.read.format(self.config.format).options(**self.options).load(paths)
         fields = [f for f in inferred.schema.fields if f.name != CORRUPT]
-        return self.schema_store.fix(StructType(fields))
+        return self.schema_store.fix(StructType(fields).json())
+
+
+def _local_path(path: str) -> str | None:
+    """The local file system path of ``path`` (a plain path or a file: URL), else None."""
+    parsed = urlparse(path)
+    if parsed.scheme == "file":
+        return parsed.path
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):
+        return path
+    return None
+
+
+def _failed_read(exc: Exception) -> Any:
+    """The JVM error of condition FAILED_READ_FILE.* behind ``exc`` (its cause chain), or None.
+
+    Arrow collects wrap the job's failure in their own exception, so the
+    condition may be some causes down.
+    """
+    gateway = SparkContext._gateway
+    cause: Any = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    while cause is not None and gateway is not None:
+        throwable = is_instance_of(gateway, cause, "org.apache.spark.SparkThrowable")
+        if throwable and str(cause.getCondition() or "").startswith("FAILED_READ_FILE"):
+            return cause
+        cause = cause.getCause()
+    return None

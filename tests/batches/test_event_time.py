@@ -12,6 +12,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from tests.batches.test_windows import event
 from tests.conftest import FakeClock, write_json_lines
@@ -75,7 +76,15 @@ def test_an_idle_partition_lets_time_close_windows_without_new_data(
     drop(data_root, "p1", "a.json", [event("b", 3, 1)], 1)
     runner.run_batch()  # watermark min(40, 3) = 3: nothing closes
     assert runner.run_batch() is None
+    assert pipeline_status(spark, runner.pipeline, data_root, clock)["next_batch"] is None
     clock.advance(60_000)  # both idle: the max (40 s) is used
+    # `lowmark status` and the Dagster sensor ask the runner's rule: they see the batch too.
+    assert pipeline_status(spark, runner.pipeline, data_root, clock)["next_batch"] == {
+        "batch_id": 1,
+        "replay": False,
+        "emit_only": True,
+        "reason": "the watermark moved: windows close without new data",
+    }
     emitting = runner.run_batch()
     assert emitting is not None and emitting.rows_in == 0 and emitting.rows_out == 2
     sink = spark.read.format("delta").load(str(data_root / "out")).collect()

@@ -203,7 +203,7 @@ def test_progress_records_each_committed_batch_with_step_durations(
         3,
         False,
     )
-    assert {"plan", "offset_log", "read", "transform", "sink", "commit"} <= set(
+    assert {"plan", "offset_log", "read", "event_time", "sink", "commit"} <= set(
         progress.durations_ms
     )
 

@@ -21,13 +21,13 @@ from functools import reduce
 from pathlib import Path
 
 from delta.tables import DeltaTable
+from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline, resolve
-from state.delta import table_exists
 from tests.faults.scenarios import SINK
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def snapshot(spark: SparkSession, pipeline: Pipeline, root: Path) -> Snapshot:
     }
     frames: list[DataFrame] = []
     for name, path in tables.items():
-        if not table_exists(spark, path):
+        if not RsDeltaTable.is_deltatable(path):
             continue
         df = spark.read.format("delta").load(path).drop(*_UNSTABLE.get(name, ()))
         frames.append(_as_json(name, df))

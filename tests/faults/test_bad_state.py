@@ -27,8 +27,8 @@ def damaged_copy(ref: Reference, name: str) -> Path:
         ("offsets", r"offsets is missing"),
         ("commits", r"commits is missing"),
         ("checkpoint", r"checkpoint is missing but .*offsets holds batches"),
-        ("files", r"file manifest .*files is missing or empty"),
-        ("watermarks", r"watermarks is missing, but commit 2 wrote it"),
+        ("files", r"file manifest .*files is missing: restore it"),
+        ("watermarks", r"checkpoint table .*watermarks is missing: restore it"),
         ("state_windows", r"state_windows is missing, but commit 2 wrote it"),
     ],
 )

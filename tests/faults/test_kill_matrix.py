@@ -1,7 +1,8 @@
 """The kill matrix: `lowmark run` SIGKILLed at every step, then run to completion.
 
 For each step of ``batches.faults.STEPS`` and each pipeline of ``MATRIX``
-(append mode with tumbling windows, update mode with sessions), a
+(append mode with tumbling windows, update mode with sessions, a stateless
+append whose sink Spark writes), a
 subprocess dies at that step of batch 3 (late records, final windows, and
 windows and sessions open since earlier batches); a restart in this process
 runs to completion. Every table must equal the fault-free run's: nothing

@@ -25,7 +25,7 @@ from tests.faults.harness import (
 )
 
 CRASHES = 16
-"""Per pipeline; with the two of MATRIX, 32 crash-and-recover cases."""
+"""Per pipeline; with the three of MATRIX, 48 crash-and-recover cases."""
 
 
 @pytest.mark.parametrize("name", [p.name for p in MATRIX])

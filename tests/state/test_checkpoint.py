@@ -14,15 +14,15 @@ from tests.state.test_log import entry
 def test_a_new_checkpoint_gets_a_random_pipeline_id_that_survives_reopening(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    first = Checkpoint(spark, str(tmp_path / "a"), "p")
-    other = Checkpoint(spark, str(tmp_path / "b"), "p")
+    first = Checkpoint(str(tmp_path / "a"), "p")
+    other = Checkpoint(str(tmp_path / "b"), "p")
     assert first.pipeline_id != other.pipeline_id
-    assert Checkpoint(spark, str(tmp_path / "a"), "p").pipeline_id == first.pipeline_id
+    assert Checkpoint(str(tmp_path / "a"), "p").pipeline_id == first.pipeline_id
     assert first.txn_app_id("sink") == f"{first.pipeline_id}:sink"
 
 
 def test_checkpoint_holds_its_tables_as_delta_tables(spark: SparkSession, tmp_path: Path) -> None:
-    Checkpoint(spark, str(tmp_path / "c"), "p")
+    Checkpoint(str(tmp_path / "c"), "p")
     for name in ("checkpoint", "offsets", "commits", "progress"):
         assert (tmp_path / "c" / name / "_delta_log").is_dir(), name
 
@@ -30,16 +30,16 @@ def test_checkpoint_holds_its_tables_as_delta_tables(spark: SparkSession, tmp_pa
 def test_a_missing_log_table_is_refused_never_a_silent_restart(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    ckpt = Checkpoint(spark, str(tmp_path / "c"), "p")
+    ckpt = Checkpoint(str(tmp_path / "c"), "p")
     ckpt.offsets.add(entry(0))
     shutil.rmtree(tmp_path / "c" / "commits")
     with pytest.raises(CheckpointMissing, match="commits is missing"):
-        Checkpoint(spark, str(tmp_path / "c"), "p")
+        Checkpoint(str(tmp_path / "c"), "p")
 
 
 def test_logs_without_their_metadata_table_are_refused(spark: SparkSession, tmp_path: Path) -> None:
-    ckpt = Checkpoint(spark, str(tmp_path / "c"), "p")
+    ckpt = Checkpoint(str(tmp_path / "c"), "p")
     ckpt.offsets.add(entry(0))
     shutil.rmtree(tmp_path / "c" / "checkpoint")
     with pytest.raises(CheckpointMissing, match="holds batches"):
-        Checkpoint(spark, str(tmp_path / "c"), "p")
+        Checkpoint(str(tmp_path / "c"), "p")

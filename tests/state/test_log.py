@@ -25,7 +25,7 @@ def entry(batch_id: int, runner: str = "r1", end: int = 0) -> OffsetEntry:
 def test_offset_log_roundtrips_entries_and_answers_latest_and_ranges(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    ckpt = Checkpoint(spark, str(tmp_path / "ckpt"), "p")
+    ckpt = Checkpoint(str(tmp_path / "ckpt"), "p")
     log = ckpt.offsets
     assert log.get_latest() is None
     for n in range(3):
@@ -42,7 +42,7 @@ def test_offset_log_roundtrips_entries_and_answers_latest_and_ranges(
 def test_adding_the_same_batch_again_from_the_same_runner_is_a_no_op(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    log = Checkpoint(spark, str(tmp_path / "ckpt"), "p").offsets
+    log = Checkpoint(str(tmp_path / "ckpt"), "p").offsets
     log.add(entry(0))
     log.add(entry(0))
     assert len(log.get_range()) == 1
@@ -51,7 +51,7 @@ def test_adding_the_same_batch_again_from_the_same_runner_is_a_no_op(
 def test_another_runners_entry_for_the_same_batch_raises_concurrent_runner(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    log = Checkpoint(spark, str(tmp_path / "ckpt"), "p").offsets
+    log = Checkpoint(str(tmp_path / "ckpt"), "p").offsets
     log.claim(entry(0, runner="first"))
     with pytest.raises(ConcurrentRunner, match="belongs to runner first"):
         log.claim(entry(0, runner="second", end=99))
@@ -67,22 +67,21 @@ def test_entries_from_a_newer_format_are_refused_not_misread(
     class FutureEntry(OffsetEntry):
         FORMAT_VERSION = 99
 
-    future = OffsetLog(spark, path, FutureEntry, "app:offsets")
+    future = OffsetLog(path, FutureEntry, "app:offsets")
     future.create()
     future.add(FutureEntry(**entry(0).model_dump()))
     with pytest.raises(UnsupportedLogFormat, match="format 99"):
-        OffsetLog(spark, path, OffsetEntry, "app:offsets").get_latest()
+        OffsetLog(path, OffsetEntry, "app:offsets").get_latest()
 
 
 def test_commit_entries_keep_their_json_maps(spark: SparkSession, tmp_path: Path) -> None:
-    log = Checkpoint(spark, str(tmp_path / "ckpt"), "p").commits
+    log = Checkpoint(str(tmp_path / "ckpt"), "p").commits
     log.add(
         CommitEntry(
             batch_id=0,
             runner_id="r",
             next_watermark_ms=5,
-            max_event_time_ms={"0": 7, "1": 9},
-            table_versions={"sink": 3},
+            table_versions={"sink": 3, "state": 4},
             rows_in=10,
             rows_out=8,
             rows_bad=2,
@@ -90,8 +89,7 @@ def test_commit_entries_keep_their_json_maps(spark: SparkSession, tmp_path: Path
     )
     got = log.get(0)
     assert got is not None
-    assert got.max_event_time_ms == {"0": 7, "1": 9}
-    assert got.table_versions == {"sink": 3}
+    assert got.table_versions == {"sink": 3, "state": 4}
     assert (got.rows_in, got.rows_out, got.rows_bad) == (10, 8, 2)
     assert got.created_at.tzinfo is not None
 
@@ -99,6 +97,6 @@ def test_commit_entries_keep_their_json_maps(spark: SparkSession, tmp_path: Path
 def test_reading_a_log_whose_table_was_deleted_is_a_clear_error(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    log = OffsetLog(spark, str(tmp_path / "gone"), OffsetEntry, "a:offsets")
+    log = OffsetLog(str(tmp_path / "gone"), OffsetEntry, "a:offsets")
     with pytest.raises(CheckpointMissing, match="gone is missing"):
         log.get_latest()

@@ -170,7 +170,7 @@ def test_a_lost_file_manifest_is_a_clear_error_not_a_restart_from_zero(
     runner.run_batch()
     shutil.rmtree(runner.checkpoint.table("files"))
     drop_file(data_root, 1)
-    with pytest.raises(CheckpointMissing, match=r"manifest .*files is missing or empty"):
+    with pytest.raises(CheckpointMissing, match=r"file manifest .*files is missing: restore it"):
         MicroBatchRunner(spark, pipeline(), data_root).run_batch()
 
 

@@ -1,0 +1,62 @@
+"""Several small results of one batch, computed by ONE Spark job and brought to the driver.
+
+A batch needs a handful of small things from its records at once: counts and
+max event time per source partition, the bad and the late rows, the window
+partials. Each as its own action would cost a job and re-run the plan;
+``collect`` unions them into one frame (each part's columns renamed to
+positional names, so parts of any shapes fit), runs it once as Arrow, and
+splits the result back into one Arrow table per part.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+KIND = "_lowmark_part"
+
+
+def collect(parts: dict[str, DataFrame]) -> dict[str, pa.Table]:
+    """Every frame of ``parts`` as an Arrow table (same names and columns), in one Spark job.
+
+    The result is only as large as the parts: give it aggregates, bad and
+    late rows and partial windows, never a batch's raw records.
+    """
+    if not parts:
+        return {}
+    tagged = [
+        df.select(
+            F.lit(name).alias(KIND),
+            *[F.col(f"`{c}`").alias(_column(name, i)) for i, c in enumerate(df.columns)],
+        )
+        for name, df in parts.items()
+    ]
+    union = tagged[0]
+    for df in tagged[1:]:
+        union = union.unionByName(df, allowMissingColumns=True)
+    result = union.toArrow()
+    tables = {}
+    for name, df in parts.items():
+        rows = result.filter(pc.equal(result.column(KIND), name))
+        columns = [rows.column(_column(name, i)) for i in range(len(df.columns))]
+        tables[name] = pa.table(columns, names=df.columns)
+    return tables
+
+
+def to_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
+    """``table`` (from ``collect`` or a driver-side read) as a local Spark frame of ``schema``.
+
+    Columns are taken by ``schema``'s names, so a state table read back with
+    its columns in another order fits the frame it merges with.
+    """
+    loose = StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
+    if not table.num_rows:  # Spark cannot take an Arrow column of no chunks
+        return spark.createDataFrame([], schema=loose)
+    return spark.createDataFrame(table.select(schema.fieldNames()), schema=loose)
+
+
+def _column(part: str, index: int) -> str:
+    return f"_lowmark_{part}_{index}"

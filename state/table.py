@@ -1,0 +1,289 @@
+"""Driver tables: Delta tables the driver reads and writes with delta-rs.
+
+Bookkeeping never costs a Spark job: every table of a checkpoint (the logs,
+the file manifest, the source schema, watermarks, window state, the bad and
+late records) and the sink of a windowed pipeline (its rows are the few
+windows a batch emits) are read and written here, on the driver, with the
+``deltalake`` package. They stay plain Delta tables that Spark SQL queries and
+time-travels. Each table has exactly one writer engine, delta-rs: Spark never
+writes them (mixed writers break Spark's checksum path, and delta-spark's
+local log store only locks within one JVM, where delta-rs commits with an
+atomic put-if-absent across processes).
+
+One behaviour for every table:
+
+- missing (its folder or ``_delta_log`` gone): ``CheckpointMissing`` naming it;
+- unreadable (a damaged log or data file): ``CheckpointCorrupt`` naming it;
+- every write is idempotent per (app id, batch id) with a Delta application
+  transaction. delta-rs records the transaction but does not skip a repeated
+  version by itself, so ``write_once`` checks ``transaction_version`` first.
+  Two writers of one (app id, version) racing: delta-rs fails the loser's
+  commit; it re-reads, finds the version landed, and skips.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict
+
+log = logging.getLogger(__name__)
+
+UTC_MICROS = pa.timestamp("us", tz="UTC")
+"""Every timestamp column: timezone-aware UTC (a naive one would become timestampNtz)."""
+
+TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
+"""Checkpoint the Delta log every 10 commits (as Spark does): opening stays flat."""
+
+ATTEMPTS = 5
+PAUSE_S = 0.2
+"""Pause before the first retry of a lost commit; doubled before each next one."""
+
+OP = "_lowmark_op"
+"""Column of a MERGE's changes: 'upsert' or 'delete'."""
+
+Write = Callable[[DeltaTable | None, CommitProperties], None]
+"""Writes to the table (None: it does not exist yet) committing with the properties given."""
+
+
+class DriverTable:
+    """One Delta table at ``path``, driven by delta-rs.
+
+    ``schema`` fixes its columns; None lets the first write decide (window
+    state, whose columns follow the pipeline's aggregates).
+    """
+
+    def __init__(
+        self, path: str, schema: pa.Schema | None = None, what: str = "checkpoint table"
+    ) -> None:
+        self.path = path.rstrip("/")
+        self.schema = schema
+        self.what = what
+        self._handle: DeltaTable | None = None
+
+    def exists(self) -> bool:
+        return bool(DeltaTable.is_deltatable(self.path))
+
+    def create(self) -> None:
+        """Create the table empty unless it exists (racing creators: one wins, none fails)."""
+        if self.exists():
+            return
+        assert self.schema is not None, f"{self.path}: a table without a schema cannot be empty"
+        try:
+            write_deltalake(
+                self.path,
+                self.schema.empty_table(),
+                mode="ignore",
+                configuration=TABLE_CONFIGURATION,
+            )
+        except (CommitFailedError, DeltaError):
+            if not self.exists():
+                raise
+
+    def open(self, version: int | None = None) -> DeltaTable:
+        """The table at its newest ``version`` (or the one given); raises if missing or damaged."""
+        try:
+            if version is not None:
+                return DeltaTable(self.path, version=version)
+            if self._handle is None:
+                self._handle = DeltaTable(self.path)
+            else:
+                self._handle.update_incremental()
+            return self._handle
+        except TableNotFoundError as exc:
+            self._handle = None
+            raise self.missing() from exc
+        except Exception as exc:  # delta-rs raises plain exceptions for damaged logs
+            self._handle = None
+            if not self.exists():
+                raise self.missing() from exc
+            at = f" as of version {version}" if version is not None else ""
+            raise CheckpointCorrupt(
+                f"{self.what} {self.path} cannot be read{at} ({_first_line(exc)}): restore it "
+                "from backup, or move the checkpoint away to start over"
+            ) from exc
+
+    def missing(self) -> CheckpointMissing:
+        return CheckpointMissing(
+            f"{self.what} {self.path} is missing: restore it from backup, or move the "
+            "checkpoint away to start over"
+        )
+
+    def read(self, where: str | None = None, version: int | None = None) -> pa.Table:
+        """Rows matching the SQL predicate ``where`` (all rows if None), as plain Arrow.
+
+        Files whose statistics exclude ``where`` are not opened, so a read of a
+        few batches' rows costs the same at batch 10 and at batch 100,000.
+        Columns are quoted with double quotes in ``where`` (``"batch_id" = 3``).
+        """
+        table = self.open(version)
+        sql = "SELECT * FROM t" + (f" WHERE {where}" if where else "")
+        try:
+            result = pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
+            return plain(result)
+        except Exception as exc:
+            raise CheckpointCorrupt(
+                f"{self.what} {self.path} cannot be read ({_first_line(exc)}): restore it "
+                "from backup, or move the checkpoint away to start over"
+            ) from exc
+
+    def version(self) -> int:
+        return int(self.open().version())
+
+    def txn_version(self, app_id: str) -> int | None:
+        """The newest batch id written under ``app_id`` (None: none yet, or no table)."""
+        if not self.exists():
+            return None
+        found = self.open().transaction_version(app_id)
+        return None if found is None else int(found)
+
+    def append_once(self, rows: pa.Table, app_id: str, version: int) -> bool:
+        """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote."""
+        data = rows if self.schema is None else rows.select(self.schema.names).cast(self.schema)
+
+        def append(table: DeltaTable | None, commit: CommitProperties) -> None:
+            write_deltalake(
+                table if table is not None else self.path,
+                data,
+                mode="append",
+                configuration=TABLE_CONFIGURATION,
+                commit_properties=commit,
+            )
+
+        return self.write_once(append, app_id, version)
+
+    def replace_once(self, rows: pa.Table, where: str, app_id: str, version: int) -> bool:
+        """Replace the rows matching the SQL predicate ``where`` with ``rows``, atomically and
+        unless (``app_id``, ``version``) landed; True if this call wrote."""
+
+        def overwrite(table: DeltaTable | None, commit: CommitProperties) -> None:
+            write_deltalake(
+                table if table is not None else self.path,
+                rows,
+                mode="overwrite",
+                predicate=where,
+                configuration=TABLE_CONFIGURATION,
+                commit_properties=commit,
+            )
+
+        return self.write_once(overwrite, app_id, version)
+
+    def merge_once(
+        self,
+        upserts: pa.Table,
+        deletes: pa.Table,
+        identity: tuple[str, ...],
+        app_id: str,
+        version: int,
+        target_where: str | None = None,
+    ) -> bool:
+        """One idempotent MERGE on ``identity``: upsert ``upserts``, delete ``deletes``' rows.
+
+        ``deletes`` holds identity columns only and shares no identity with
+        ``upserts``. Nulls in ``identity`` match nulls. ``target_where``, an
+        SQL predicate over target columns (``t."window_start" >= ...``), must
+        hold for every row a change can match: it lets delta-rs skip the
+        target's other files by their statistics. A table that does not exist
+        yet is created from ``upserts``.
+        """
+        columns = upserts.column_names
+        changes = pa.concat_tables(
+            [
+                upserts.append_column(OP, pa.array(["upsert"] * upserts.num_rows)),
+                deletes.append_column(OP, pa.array(["delete"] * deletes.num_rows)),
+            ],
+            promote_options="permissive",
+        )
+        on = " AND ".join(f'(t."{c}" IS NOT DISTINCT FROM s."{c}")' for c in identity)
+        if target_where:
+            on = f"({target_where}) AND {on}"
+        values = {c: f's."{c}"' for c in columns}
+
+        def merge(table: DeltaTable | None, commit: CommitProperties) -> None:
+            if table is None:
+                write_deltalake(
+                    self.path,
+                    upserts,
+                    mode="append",
+                    configuration=TABLE_CONFIGURATION,
+                    commit_properties=commit,
+                )
+                return
+            (
+                table.merge(
+                    changes,
+                    predicate=on,
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=commit,
+                )
+                .when_matched_delete(predicate=f"s.{OP} = 'delete'")
+                .when_matched_update(updates=values, predicate=f"s.{OP} = 'upsert'")
+                .when_not_matched_insert(updates=values, predicate=f"s.{OP} = 'upsert'")
+                .execute()
+            )
+
+        return self.write_once(merge, app_id, version)
+
+    def write_once(self, write: Write, app_id: str, version: int) -> bool:
+        """Run ``write`` unless (``app_id``, ``version``) landed; True if this call wrote.
+
+        The check and the commit use one snapshot: ``write`` must commit on
+        the handle it is given, so a commit that landed in between makes this
+        one conflict instead of landing twice. A commit lost to another writer
+        (a racing runner of the same batch, a maintenance job) is retried on
+        the new snapshot, after checking again whether the batch landed.
+        """
+        pause = PAUSE_S
+        for attempt in range(1, ATTEMPTS + 1):
+            table = self.open() if self.exists() else None
+            landed = table.transaction_version(app_id) if table is not None else None
+            if landed is not None and landed >= version:
+                return False
+            commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
+            try:
+                write(table, commit)
+                self._handle = None
+                return True
+            except (CommitFailedError, DeltaError) as exc:
+                self._handle = None
+                # A table created meanwhile by a racing creator is a DeltaError too.
+                if not isinstance(exc, CommitFailedError) and table is not None:
+                    raise
+                if attempt == ATTEMPTS:
+                    raise WriteConflict(
+                        f"batch {version} lost {ATTEMPTS} write conflicts on {self.path} "
+                        f"({_first_line(exc)}): pause whatever else writes it and run again; "
+                        "the batch is replayed"
+                    ) from exc
+                log.warning(
+                    "batch %d: commit to %s lost, retrying (%d)", version, self.path, attempt
+                )
+                time.sleep(pause)
+                pause *= 2
+        raise AssertionError("unreachable")
+
+
+def plain(table: pa.Table) -> pa.Table:
+    """``table`` with view types (DataFusion's string_view, binary_view) cast to plain ones."""
+    views = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    fields = [f.with_type(views.get(f.type, f.type)) for f in table.schema]
+    return table.cast(pa.schema(fields)) if fields != list(table.schema) else table
+
+
+def micros_literal(micros: int) -> str:
+    """An SQL timestamp literal (UTC) for delta-rs predicates, exact to the microsecond."""
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    return f"'{moment.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}'"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
