@@ -59,10 +59,16 @@ soak: setup
 	$(BIN)/python -m tests.faults.soak --schedules $(SOAK_SCHEDULES) --seed $(SOAK_SEED)
 
 # Small-batch time with 10 k vs 1 M open windows, lowmark vs Structured Streaming
-# (bench/state_scaling.py; BENCH_ARGS=--quick for a smoke run).
+# (bench/state_scaling.py), then lowmark vs Structured Streaming vs a plain Spark job
+# on the same data (bench/streaming.py, which includes the first one's output as (c)
+# and writes bench/RESULTS.md). BENCH_ARGS=--quick for a smoke run (no RESULTS.md).
+# Never part of `make test`.
 BENCH_ARGS ?=
+BENCH_OUT := data/bench
 bench: setup
-	$(BIN)/python -m bench.state_scaling $(BENCH_ARGS)
+	mkdir -p $(BENCH_OUT)
+	bash -o pipefail -c '$(BIN)/python -m bench.state_scaling $(BENCH_ARGS) | tee $(BENCH_OUT)/state_scaling.txt'
+	$(BIN)/python -m bench.streaming $(BENCH_ARGS) --state-scaling-log $(BENCH_OUT)/state_scaling.txt
 
 clean:
 	rm -rf $(VENV) jvm/lib data .dagster_home

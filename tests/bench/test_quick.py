@@ -1,0 +1,57 @@
+"""The streaming benchmark's smoke run fills every row of its table (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+MEASURED_BY = {
+    "a_median": ("lowmark", "sss"),
+    "a_p95": ("lowmark", "sss"),
+    "b_rate": ("lowmark", "sss", "plain"),
+    "b_seconds": ("lowmark", "sss", "plain"),
+    "c_scaling": ("lowmark", "sss"),
+    "d_p50": ("lowmark",),
+    "d_p95": ("lowmark",),
+    "d_batch": ("lowmark",),
+    "e_rss": ("lowmark", "sss", "plain"),
+    "e_rss_follow": ("lowmark",),
+}
+RATIOS = ("a", "b_sss", "b_plain", "c", "d")
+
+
+@pytest.mark.slow
+def test_the_quick_streaming_benchmark_fills_every_row_of_its_table(tmp_path: Path) -> None:
+    report, table = tmp_path / "RESULTS.md", tmp_path / "results.json"
+    args = ["--quick", "--results", str(report), "--json", str(table)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.streaming", *args, "--work-dir", str(tmp_path / "work")],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    results = json.loads(table.read_text())
+    measured = {m["key"]: m for m in results["measurements"]}
+    assert set(measured) == set(MEASURED_BY)
+    for key, engines in MEASURED_BY.items():
+        for engine in engines:
+            value = measured[key][engine]
+            assert value is not None and value > 0, f"{key} {engine}: {value}"
+    ratios = {r["key"]: r for r in results["ratios"]}
+    assert set(ratios) == set(RATIOS)
+    assert all(r["value"] is not None and r["value"] > 0 for r in ratios.values()), ratios
+    text = report.read_text()
+    assert "| measure | lowmark | Structured Streaming | plain batch |" in text
+    assert all(m["label"] in text for m in results["measurements"])
+    assert "ratio" in proc.stdout and "stopped by SIGINT" in proc.stdout
