@@ -39,6 +39,7 @@ from batches.windows import last_window_end_ms as last_end
 from state.window_state import WINDOW_COLUMNS, WindowState
 
 _ET_MS = "_lowmark_event_ms"
+_FRESH = "_lowmark_fresh"
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,57 @@ class WindowedStage:
         else:
             merged = self._batch_windows(events, self.window, None)
         return self._finish(merged)
+
+    @property
+    def merges_on_driver(self) -> bool:
+        """True when ``merge_on_driver`` can do the merge: tumbling or sliding windows whose
+        aggregates all merge without Spark (no sketches, no user aggregates)."""
+        return not isinstance(self.window, Session) and all(
+            p.driver_merges is not None for p in self.plans
+        )
+
+    def merge_on_driver(
+        self, partials: pa.Table, nearby: pa.Table | None, final: pa.Table | None, batch_id: int
+    ) -> dict[str, pa.Table]:
+        """``merge`` over Arrow tables on the driver: no Spark job (see ``merges_on_driver``).
+
+        Returns the tables ``merge`` gives: upserts, deletes, output, retract
+        (none: tumbling and sliding windows keep their identity).
+        """
+        identity = list(self.identity)
+        columns = partials.column_names
+        schema = _nullable(partials.schema)
+        merges = [(c, fn) for p in self.plans for c, fn in p.driver_merges or ()]
+        fresh = partials.append_column(_FRESH, pa.array([1] * partials.num_rows, pa.int8()))
+        if nearby is not None and nearby.num_rows:
+            stored = nearby.select(columns).cast(schema)
+            stored = stored.append_column(_FRESH, pa.array([0] * stored.num_rows, pa.int8()))
+            fresh = pa.concat_tables([fresh.cast(stored.schema), stored])
+        # Group by identity (nulls form one group, as Spark's null-safe keys), keeping
+        # only windows the batch touched: merged state the batch must upsert.
+        grouped = fresh.group_by(identity, use_threads=False).aggregate([*merges, (_FRESH, "max")])
+        grouped = grouped.filter(pc.equal(grouped[f"{_FRESH}_max"], 1))
+        merged_by = dict(merges)
+        merged = pa.table(
+            [grouped[c] if c in identity else grouped[f"{c}_{merged_by[c]}"] for c in columns],
+            names=columns,
+        ).cast(schema)
+        stored_final = (
+            final.select(columns).cast(schema) if final is not None else schema.empty_table()
+        )
+        emitted = stored_final if self.aggregation.output_mode == "append" else merged
+        finishes = [(p.finish[0], p.driver_finish) for p in self.plans if p.driver_finish]
+        output = pa.table(
+            [emitted[c] for c in identity] + [finish(emitted) for _, finish in finishes],
+            names=[*identity, *[name for name, _ in finishes]],
+        )
+        batches = pa.array([batch_id] * merged.num_rows, pa.int64())
+        return {
+            "upserts": merged.append_column("updated_batch", batches),
+            "deletes": stored_final.select(identity),
+            "output": output.cast(_nullable(output.schema)),
+            "retract": stored_final.select(identity).slice(0, 0),
+        }
 
     def _finish(self, windows: DataFrame) -> DataFrame:
         """Output rows (keys, window, one column per aggregate) of state-shaped ``windows``."""
@@ -358,3 +410,8 @@ def timestamp_at(micros: int) -> Column:
     time zone (nor a DST fold) can shift it.
     """
     return F.lit(_EPOCH + timedelta(microseconds=micros))
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field nullable, as the frames Spark collects have them."""
+    return pa.schema([f.with_nullable(True) for f in schema])

@@ -435,11 +435,13 @@ class MicroBatchRunner:
         """The batch's window changes (upserts, deletes, output, retract) as Arrow tables.
 
         The state rows the partials touch and those the watermark makes final
-        are read on the driver as of ``state_version``; the merge runs as one
-        Spark job over that local data.
+        are read on the driver as of ``state_version``; the merge runs there too
+        when the aggregates allow, else as one Spark job over that local data.
         """
         assert self.stage is not None
         nearby, final = self.stage.state_rows(partials, state_version, planned.watermark_ms)
+        if self.stage.merges_on_driver:
+            return self.stage.merge_on_driver(partials, nearby, final, planned.batch_id)
         schema = partials_frame.schema
         local = to_frame(self.spark, partials, schema)
         merged = self.stage.merge(

@@ -21,17 +21,15 @@ LOG4J_CONFIG = JVM_DIR / "log4j2.properties"
 
 # Confs that keep small local batches fast; every one can be overridden.
 #
-# A batch makes about eight idempotent Delta writes, and in Delta 4.4 each one
-# costs a full snapshot state reconstruction (a Spark job of three stages):
-# ``txnVersion`` reads ``Snapshot.setTransactions`` from the reconstructed
-# state. The .crc files do carry ``setTransactions``, but only later Delta
-# releases read them (``setTransactionsIfKnown``); 4.4 has no conf for it. So
-# the per-batch overhead is mostly Spark job overhead, and these confs cut it:
-# - snapshotPartitions=1: the reconstruction shuffles a checkpoint's log (at
+# A batch's bookkeeping runs on the driver (state.table); Spark's own Delta
+# writes are left to a stateless pipeline's sink, where each idempotent write
+# first reconstructs the table's snapshot state (Delta 4.4's ``txnVersion``
+# reads ``Snapshot.setTransactions``; no conf avoids it). So:
+# - snapshotPartitions=1: that reconstruction shuffles a checkpoint's log (at
 #   most ten commits plus one checkpoint) into one task instead of several.
 # - adaptive.enabled=false: AQE runs every shuffle stage as its own job and
-#   re-plans between them; on batch-sized data (and Delta's log) that costs
-#   more than it saves (about 20% of a batch). Re-enable it for large batches.
+#   re-plans between them; on batch-sized data that costs more than it saves.
+#   Re-enable it for large batches.
 _LOCAL_DEFAULTS = {
     # Local mode runs every task in the driver; Spark's 1 GB default heap ran
     # out in long-lived processes (a Dagster code server, the test suite).
