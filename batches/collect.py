@@ -10,6 +10,9 @@ splits the result back into one Arrow table per part.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -17,6 +20,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 KIND = "_lowmark_part"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+PARTITION_BYTES = 64 * 1024 * 1024
+"""Input bytes per shuffle partition (Spark's advisory partition size under adaptive execution)."""
 
 
 def collect(parts: dict[str, DataFrame]) -> dict[str, pa.Table]:
@@ -56,6 +62,28 @@ def to_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFr
     if not table.num_rows:  # Spark cannot take an Arrow column of no chunks
         return spark.createDataFrame([], schema=loose)
     return spark.createDataFrame(table.select(schema.fieldNames()), schema=loose)
+
+
+@contextmanager
+def shuffle_partitions(spark: SparkSession, input_bytes: int | None) -> Iterator[None]:
+    """Within the block, shuffles have one partition per ``PARTITION_BYTES`` of input.
+
+    The session's ``spark.sql.shuffle.partitions`` stays the upper bound (and
+    is used when the size is unknown). A small batch's job then runs one task
+    per stage instead of one per configured partition, which is most of its
+    time; a large batch keeps its parallelism. (What adaptive execution would
+    do, without its extra job per stage.)
+    """
+    configured = spark.conf.get(SHUFFLE_PARTITIONS)
+    if input_bytes is None or configured is None:
+        yield
+        return
+    wanted = max(1, min(int(configured), -(-input_bytes // PARTITION_BYTES)))
+    spark.conf.set(SHUFFLE_PARTITIONS, str(wanted))
+    try:
+        yield
+    finally:
+        spark.conf.set(SHUFFLE_PARTITIONS, configured)
 
 
 def _column(part: str, index: int) -> str:

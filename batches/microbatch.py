@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from batches import faults
 from batches.clock import Clock, SystemClock
-from batches.collect import collect, to_frame
+from batches.collect import collect, shuffle_partitions, to_frame
 from batches.event_time import WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
 from batches.sinks.delta import DeltaTableSink, WindowSink
@@ -304,7 +304,8 @@ class MicroBatchRunner:
         if self.stage is not None:
             frames = self.stage.batch_frames(out, planned.watermark_ms, batch_id)
             parts |= {"late": frames.late, "partials": frames.partials}
-        seen = _explained(read, lambda: collect(parts))
+        with shuffle_partitions(self.spark, read.size_bytes):
+            seen = _explained(read, lambda: collect(parts))
         rows_in = _total(seen["input"], "rows")
         bad = seen.get("bad")
         rows_bad = bad.num_rows if bad is not None else 0

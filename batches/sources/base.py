@@ -37,6 +37,8 @@ class SourceRead:
     explain: Callable[[Exception], LowmarkError | None] = lambda _: None
     """Turns a Spark failure of a job over these frames into the user's error, if it is one
     (a file that cannot be read with the source schema)."""
+    size_bytes: int | None = None
+    """How much input the batch takes, if the source knows (it sizes the batch's shuffles)."""
 
     def unpersist(self) -> None:
         """Drop whatever ``read`` cached for this batch."""

@@ -135,7 +135,9 @@ class FileStreamSource(Source):
                 .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_metadata.file_path")))
                 .persist(StorageLevel.MEMORY_AND_DISK)
             )
-            return SourceRead(records, None, cached=(records,), explain=self._unreadable(batch_id))
+            return SourceRead(
+                records, None, (records,), self._unreadable(batch_id), sum(f.size for f in files)
+            )
         if self.config.format == "csv" and self.options.get("header") == "true":
             self._check_headers(paths, schema, batch_id)
         with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
@@ -164,7 +166,9 @@ class FileStreamSource(Source):
             .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_source_file")))
             .drop(CORRUPT, "_source_file")
         )
-        return SourceRead(records, bad, cached=(parsed,), explain=self._unreadable(batch_id))
+        return SourceRead(
+            records, bad, (parsed,), self._unreadable(batch_id), sum(f.size for f in files)
+        )
 
     @staticmethod
     def _unreadable(batch_id: int) -> Callable[[Exception], LowmarkError | None]:
