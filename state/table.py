@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
@@ -147,33 +148,32 @@ class DriverTable:
     def append_once(self, rows: pa.Table, app_id: str, version: int) -> bool:
         """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote."""
         data = rows if self.schema is None else rows.select(self.schema.names).cast(self.schema)
-
-        def append(table: DeltaTable | None, commit: CommitProperties) -> None:
-            write_deltalake(
-                table if table is not None else self.path,
-                data,
-                mode="append",
-                configuration=TABLE_CONFIGURATION,
-                commit_properties=commit,
-            )
-
-        return self.write_once(append, app_id, version)
+        return self.write_once(self._writer(data, "append"), app_id, version)
 
     def replace_once(self, rows: pa.Table, where: str, app_id: str, version: int) -> bool:
         """Replace the rows matching the SQL predicate ``where`` with ``rows``, atomically and
         unless (``app_id``, ``version``) landed; True if this call wrote."""
+        return self.write_once(self._writer(rows, "overwrite", where), app_id, version)
 
-        def overwrite(table: DeltaTable | None, commit: CommitProperties) -> None:
+    def _writer(
+        self, rows: pa.Table, mode: Literal["append", "overwrite"], where: str | None = None
+    ) -> Write:
+        """A ``Write`` of ``rows`` in ``mode`` (overwrite: the rows matching ``where``)."""
+
+        options: dict[str, Any] = {"mode": mode}
+        if where is not None:
+            options["predicate"] = where
+
+        def write(table: DeltaTable | None, commit: CommitProperties) -> None:
             write_deltalake(
                 table if table is not None else self.path,
                 rows,
-                mode="overwrite",
-                predicate=where,
                 configuration=TABLE_CONFIGURATION,
                 commit_properties=commit,
+                **options,
             )
 
-        return self.write_once(overwrite, app_id, version)
+        return write
 
     def merge_once(
         self,
@@ -208,13 +208,7 @@ class DriverTable:
 
         def merge(table: DeltaTable | None, commit: CommitProperties) -> None:
             if table is None:
-                write_deltalake(
-                    self.path,
-                    upserts,
-                    mode="append",
-                    configuration=TABLE_CONFIGURATION,
-                    commit_properties=commit,
-                )
+                self._writer(upserts, "append")(None, commit)
                 return
             (
                 table.merge(

@@ -4,7 +4,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
 
 from state.checkpoint import Checkpoint
 from state.errors import CheckpointMissing
@@ -12,7 +11,7 @@ from tests.state.test_log import entry
 
 
 def test_a_new_checkpoint_gets_a_random_pipeline_id_that_survives_reopening(
-    spark: SparkSession, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     first = Checkpoint(str(tmp_path / "a"), "p")
     other = Checkpoint(str(tmp_path / "b"), "p")
@@ -21,14 +20,14 @@ def test_a_new_checkpoint_gets_a_random_pipeline_id_that_survives_reopening(
     assert first.txn_app_id("sink") == f"{first.pipeline_id}:sink"
 
 
-def test_checkpoint_holds_its_tables_as_delta_tables(spark: SparkSession, tmp_path: Path) -> None:
+def test_checkpoint_holds_its_tables_as_delta_tables(tmp_path: Path) -> None:
     Checkpoint(str(tmp_path / "c"), "p")
     for name in ("checkpoint", "offsets", "commits", "progress"):
         assert (tmp_path / "c" / name / "_delta_log").is_dir(), name
 
 
 def test_a_missing_log_table_is_refused_never_a_silent_restart(
-    spark: SparkSession, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     ckpt = Checkpoint(str(tmp_path / "c"), "p")
     ckpt.offsets.add(entry(0))
@@ -37,7 +36,7 @@ def test_a_missing_log_table_is_refused_never_a_silent_restart(
         Checkpoint(str(tmp_path / "c"), "p")
 
 
-def test_logs_without_their_metadata_table_are_refused(spark: SparkSession, tmp_path: Path) -> None:
+def test_logs_without_their_metadata_table_are_refused(tmp_path: Path) -> None:
     ckpt = Checkpoint(str(tmp_path / "c"), "p")
     ckpt.offsets.add(entry(0))
     shutil.rmtree(tmp_path / "c" / "checkpoint")

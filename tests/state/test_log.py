@@ -3,7 +3,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
 
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
@@ -23,7 +22,7 @@ def entry(batch_id: int, runner: str = "r1", end: int = 0) -> OffsetEntry:
 
 
 def test_offset_log_roundtrips_entries_and_answers_latest_and_ranges(
-    spark: SparkSession, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     ckpt = Checkpoint(str(tmp_path / "ckpt"), "p")
     log = ckpt.offsets
@@ -40,7 +39,7 @@ def test_offset_log_roundtrips_entries_and_answers_latest_and_ranges(
 
 
 def test_adding_the_same_batch_again_from_the_same_runner_is_a_no_op(
-    spark: SparkSession, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     log = Checkpoint(str(tmp_path / "ckpt"), "p").offsets
     log.add(entry(0))
@@ -49,7 +48,7 @@ def test_adding_the_same_batch_again_from_the_same_runner_is_a_no_op(
 
 
 def test_another_runners_entry_for_the_same_batch_raises_concurrent_runner(
-    spark: SparkSession, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     log = Checkpoint(str(tmp_path / "ckpt"), "p").offsets
     log.claim(entry(0, runner="first"))
@@ -60,7 +59,7 @@ def test_another_runners_entry_for_the_same_batch_raises_concurrent_runner(
 
 
 def test_entries_from_a_newer_format_are_refused_not_misread(
-    spark: SparkSession, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     path = str(tmp_path / "offsets")
 
@@ -74,7 +73,7 @@ def test_entries_from_a_newer_format_are_refused_not_misread(
         OffsetLog(path, OffsetEntry, "app:offsets").get_latest()
 
 
-def test_commit_entries_keep_their_json_maps(spark: SparkSession, tmp_path: Path) -> None:
+def test_commit_entries_keep_their_json_maps(tmp_path: Path) -> None:
     log = Checkpoint(str(tmp_path / "ckpt"), "p").commits
     log.add(
         CommitEntry(
@@ -95,7 +94,7 @@ def test_commit_entries_keep_their_json_maps(spark: SparkSession, tmp_path: Path
 
 
 def test_reading_a_log_whose_table_was_deleted_is_a_clear_error(
-    spark: SparkSession, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     log = OffsetLog(str(tmp_path / "gone"), OffsetEntry, "a:offsets")
     with pytest.raises(CheckpointMissing, match="gone is missing"):
