@@ -34,6 +34,7 @@ from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
 from state.offset_log import OffsetEntry, Offsets
 from state.progress import ProgressEntry
+from state.session import SparkLike, provider
 from state.window_state import WindowState
 
 log = logging.getLogger(__name__)
@@ -83,12 +84,12 @@ class MicroBatchRunner:
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkLike,
         pipeline: Pipeline,
         data_root: Path,
         clock: Clock | None = None,
     ) -> None:
-        self.spark = spark
+        self._spark = provider(spark)
         self.pipeline = pipeline
         self.clock = clock or SystemClock()
         self.runner_id = str(uuid.uuid4())
@@ -118,6 +119,11 @@ class MicroBatchRunner:
         )
         self._committed: tuple[OffsetEntry, CommitEntry] | None = None
         self._partitions: dict[str, PartitionTime] | None = None
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session; a runner that only plans (a dry run) never starts one."""
+        return self._spark()
 
     def plan_next_batch(self, dry_run: bool = False) -> PlannedBatch | None:
         """Decide which batch runs next, or None when there is nothing to do.

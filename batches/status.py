@@ -17,10 +17,11 @@ from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.sources import build_source
 from state.checkpoint import Checkpoint
+from state.session import SparkLike
 
 
 def pipeline_status(
-    spark: SparkSession, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
 ) -> dict[str, Any]:
     """The pipeline's position: committed batch, pending batch, next batch, offsets, backlog.
 
@@ -33,7 +34,9 @@ def pipeline_status(
     totals {rows_in, rows_out, rows_bad, rows_late}.
 
     Reads the checkpoint on the driver only, a few rows of each log: the
-    commit entry carries the running totals.
+    commit entry carries the running totals. ``spark`` may be a function
+    that returns the session: it is called only if the source needs Spark
+    (a folder on an object store), so a status of local folders starts none.
     """
     location = pipeline.checkpoint_location(data_root)
     status: dict[str, Any] = {

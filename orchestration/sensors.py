@@ -58,7 +58,8 @@ def pipeline_sensor(pipeline: Pipeline, job: dg.JobDefinition) -> dg.SensorDefin
         if runs:
             run = runs[0].dagster_run
             return dg.SkipReason(f"run {run.run_id} of {pipeline.name} is {run.status.value}")
-        status = pipeline_status(spark.session(), pipeline, lowmark.root())
+        # The session method, not a session: a tick over local folders starts no Spark.
+        status = pipeline_status(spark.session, pipeline, lowmark.root())
         work = pending_work(status)
         if work is None:
             at = status["last_committed_batch"]

@@ -8,6 +8,7 @@ overridden, so a cluster master or another deployment needs no code change.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,6 +75,21 @@ def delta_jars(jars_dir: Path) -> list[str]:
     if not any("delta-spark" in Path(j).name for j in jars):
         raise JarsMissing(f"no Delta jars in {jars_dir}: run `make jars` (needs mvn)")
     return jars
+
+
+SparkLike = SparkSession | Callable[[], SparkSession]
+"""A session, or a function that returns one when first needed (it may start Spark)."""
+
+
+def provider(spark: SparkLike) -> Callable[[], SparkSession]:
+    """``spark`` as a function that returns the session, so it is started only on use.
+
+    What reads the checkpoint and lists folders (``lowmark status``, a Dagster
+    sensor tick) then never starts a JVM unless it must touch Spark.
+    """
+    if isinstance(spark, SparkSession):
+        return lambda: spark
+    return spark
 
 
 def get_spark(settings: SparkSettings | None = None) -> SparkSession:

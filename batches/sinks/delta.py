@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
 from batches.errors import SinkWriteFailed
 from batches.pipeline import DeltaSink
 from batches.sinks.base import Sink
 from state.delta import append_once, latest_version, upsert_once
+from state.session import SparkLike, provider
 from state.table import DriverTable
 
 
 class DeltaTableSink(Sink):
-    def __init__(self, spark: SparkSession, config: DeltaSink, path: str, txn_app_id: str) -> None:
-        self.spark = spark
+    def __init__(self, spark: SparkLike, config: DeltaSink, path: str, txn_app_id: str) -> None:
+        self._spark = provider(spark)
         self.config = config
         self.path = path
         self.txn_app_id = txn_app_id
@@ -37,7 +38,7 @@ class DeltaTableSink(Sink):
                 append_once(df, self.path, self.txn_app_id, batch_id)
             else:
                 keys = self.config.keys
-                upsert_once(self.spark, self.path, df, retract, keys, self.txn_app_id, batch_id)
+                upsert_once(self._spark(), self.path, df, retract, keys, self.txn_app_id, batch_id)
         except AnalysisException as exc:
             first = str(exc).strip().splitlines()[0]
             raise SinkWriteFailed(

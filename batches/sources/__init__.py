@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyspark.sql import SparkSession
-
 from batches.pipeline import Pipeline, resolve
 from batches.sources.base import Source, SourceRead
 from batches.sources.files import FileStreamSource
 from state.checkpoint import Checkpoint
 from state.manifest import FileManifest
+from state.session import SparkLike
 from state.source_schema import SourceSchema
 
 __all__ = ["Source", "SourceRead", "build_source"]
 
 
 def build_source(
-    spark: SparkSession, pipeline: Pipeline, data_root: Path, checkpoint: Checkpoint | str
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, checkpoint: Checkpoint | str
 ) -> Source:
     """The runtime source for ``pipeline``, keeping its tables in ``checkpoint``.
 

@@ -39,6 +39,7 @@ from batches.sources.base import PARTITION_COLUMN, Source, SourceRead
 from state.errors import CheckpointMissing, LowmarkError
 from state.manifest import FileManifest, ManifestFile
 from state.offset_log import Offsets
+from state.session import SparkLike, provider
 from state.source_schema import SourceSchema
 
 PARTITION = "0"
@@ -51,13 +52,13 @@ class FileStreamSource(Source):
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkLike,
         config: FileSource,
         folder: str,
         manifest: FileManifest,
         schema_store: SourceSchema,
     ) -> None:
-        self.spark = spark
+        self._spark = provider(spark)
         self.config = config
         self.folder = folder
         self.manifest = manifest
@@ -66,6 +67,10 @@ class FileStreamSource(Source):
         self._fixed_schema: StructType | None = None
         self._known: list[ManifestFile] | None = None
         """The manifest as this source last read or wrote it: one read per runner."""
+
+    @property
+    def spark(self) -> SparkSession:
+        return self._spark()
 
     def _manifest(self, refresh: bool = False) -> list[ManifestFile]:
         if self._known is None or refresh:

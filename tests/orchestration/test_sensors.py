@@ -1,4 +1,4 @@
-"""Sensor ticks: new data, no data, an uncommitted batch, a run in flight."""
+"""Sensor ticks: new data, no data, an uncommitted batch, a run in flight, and no Spark."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dagster._core.test_utils import create_run_for_test
 from pyspark.sql import SparkSession
 
 from batches.microbatch import MicroBatchRunner
+from orchestration.resources import LowmarkResource, SparkResource
 from tests.conftest import write_json_lines
 from tests.orchestration.pipelines import slow
 
@@ -95,3 +96,25 @@ def test_a_run_in_flight_blocks_new_requests(
     data = tick(defs, instance, resources)
     assert not data.run_requests
     assert data.skip_message == f"run {run.run_id} of slow is {status.value}"
+
+
+class NoSpark(SparkResource):
+    """A Spark resource a tick must not use: the checkpoint and the folder are read without it."""
+
+    def session(self) -> SparkSession:
+        raise AssertionError("a sensor tick asked for a Spark session")
+
+
+def test_a_tick_reads_the_checkpoint_and_the_folder_without_spark(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    data_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
+    drop(data_root, 0)
+    MicroBatchRunner(spark, slow, data_root).run(max_batches=None)
+    drop(data_root, 1)
+    no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
+    assert [r.run_key for r in tick(defs, instance, no_spark).run_requests] == ["slow:batch-1"]
