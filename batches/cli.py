@@ -209,7 +209,7 @@ def status(
 ) -> None:
     """Show PIPELINE's last committed batch, pending batch, offsets and backlog."""
     c: Context = ctx.obj
-    s = pipeline_status(c.spark(), get_pipeline(pipeline, c.pipelines), c.data_root)
+    s = pipeline_status(c.spark, get_pipeline(pipeline, c.pipelines), c.data_root)
     if as_json:
         print(json.dumps(s, indent=2))
         return

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,7 +25,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
-from batches.aggregates import plan_aggregate
+from batches.aggregates import AggregatePlan, plan_aggregate
 from batches.errors import PipelineConfigInvalid
 from batches.sources.base import PARTITION_COLUMN
 from batches.windows import (
@@ -92,9 +93,14 @@ class WindowedStage:
         self.aggregation = aggregation
         self.window = aggregation.window
         self.state = state
-        self.plans = [plan_aggregate(a) for a in aggregation.aggregates]
         self.keys = aggregation.keys
         self.identity = (*aggregation.keys, *WINDOW_COLUMNS)
+
+    @cached_property
+    def plans(self) -> list[AggregatePlan]:
+        """The aggregates as Spark expressions: built on first use, as building one needs a
+        running Spark, and planning (a sensor tick) does without."""
+        return [plan_aggregate(a) for a in self.aggregation.aggregates]
 
     def batch_frames(
         self, records: DataFrame, watermark_ms: int | None, batch_id: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from batches.cli import main
-from batches.demo import INCOMING, write_sample_files
+from batches.demo import INCOMING, user_revenue, write_sample_files
+from batches.microbatch import MicroBatchRunner
 
 REPO = Path(__file__).resolve().parents[2]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
@@ -82,6 +84,26 @@ def test_status_of_a_pipeline_that_never_ran_shows_its_backlog(
     status = json.loads(out)
     assert status["checkpoint_exists"] is False and status["backlog"]["files"] == 2
     assert not (data_root / "_lowmark").exists()
+
+
+def test_status_of_a_windowed_pipeline_reads_its_checkpoint_without_starting_spark(
+    spark: SparkSession, data_root: Path
+) -> None:
+    write_sample_files(data_root, files=3, rows_per_file=5)
+    MicroBatchRunner(spark, user_revenue, data_root).run(max_batches=1)
+    # No Delta jars: a `lowmark` that tried to start Spark would stop with JarsMissing.
+    command = str(Path(sys.executable).parent / "lowmark")
+    proc = subprocess.run(
+        [command, "--data-root", str(data_root), "status", "user_revenue", "--json"],
+        env={**os.environ, "LOWMARK_JARS_DIR": str(data_root / "no-jars")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout)
+    assert status["last_committed_batch"] == 0
+    assert status["next_batch"]["batch_id"] == 1 and status["backlog"]["files"] == 1
 
 
 def test_demo_writes_samples_runs_both_pipelines_and_prints_the_sinks(
