@@ -5,7 +5,8 @@ recorded in the offset log, and the state version the previous commit
 recorded, it computes — without writing anything — what the batch must write:
 
 - late records: every window of the record is closed
-  (``window_end + allowed_lateness <= W``); they go to the late table;
+  (``window_end + allowed_lateness <= W``), or it has no event time (null);
+  they go to the late table with the reason;
 - state upserts: the (key, window) partials this batch touched, merged with
   their state as of the previous commit;
 - state deletes and output: in ``append`` mode the windows now final
@@ -40,6 +41,9 @@ from batches.windows import last_window_end_ms as last_end
 from state.window_state import WINDOW_COLUMNS, WindowState
 
 _ET_MS = "_lowmark_event_ms"
+CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"
+UNTIMED = "no event time: the event-time column is null"
+"""Reasons in the late table."""
 _FRESH = "_lowmark_fresh"
 
 
@@ -115,20 +119,23 @@ class WindowedStage:
             )
         events = records.withColumn(_ET_MS, F.unix_millis(F.col(column)))
         payload = [c for c in records.columns if c != PARTITION_COLUMN]
-        if watermark_ms is None:
-            accepted, late = events, events.limit(0)
-        else:
-            closed = self._last_end(F.col(_ET_MS)) + F.lit(
-                self.event_time.allowed_lateness
-            ) <= F.lit(watermark_ms)
-            accepted, late = events.where(~closed), events.where(closed)
+        # A record without event time belongs to no window: it goes to the late table
+        # with its reason, never into a window (nor silently nowhere).
+        timed = F.col(column).isNotNull()
+        closed = (
+            F.lit(False)
+            if watermark_ms is None
+            else self._last_end(F.col(_ET_MS)) + F.lit(self.event_time.allowed_lateness)
+            <= F.lit(watermark_ms)
+        )
+        accepted, late = events.where(timed & ~closed), events.where(~timed | closed)
         late_rows = late.select(
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.col(column).alias("event_time"),
             F.lit(watermark_ms if watermark_ms is not None else 0)
             .cast("long")
             .alias("watermark_ms"),
-            F.lit("all windows closed: window_end + allowed_lateness <= watermark").alias("reason"),
+            F.when(timed, F.lit(CLOSED)).otherwise(F.lit(UNTIMED)).alias("reason"),
             F.to_json(F.struct(*payload)).alias("record"),
         )
         if isinstance(self.window, Session):

@@ -161,6 +161,27 @@ def test_late_records_within_lateness_update_their_window_and_beyond_go_to_the_l
     assert out == {0: 1, 10: 10, 20: 1}
 
 
+@pytest.mark.parametrize("window", [Tumbling(size="10 seconds"), Session(gap="5 seconds")])
+def test_a_record_without_event_time_goes_to_the_late_table_never_into_a_window_or_nowhere(
+    spark: SparkSession, data_root: Path, window: Tumbling | Session
+) -> None:
+    untimed = [{"user": "b", "amount": 7}, {"user": "c", "amount": 8}]
+    drop_batches(data_root, [[event("a", 1, 1), untimed[0]], [event("a", 30, 1), untimed[1]]])
+    runner = MicroBatchRunner(spark, windowed(window), data_root)
+    results = runner.run(max_batches=None)
+    # Before any watermark (batch 0) and after one (batch 1) alike.
+    assert [(r.rows_in, r.rows_late) for r in results[:2]] == [(2, 1), (2, 1)]
+    late = spark.read.format("delta").load(runner.checkpoint.table("late")).collect()
+    assert sorted((r.batch_id, r.event_time, r.reason) for r in late) == [
+        (0, None, "no event time: the event-time column is null"),
+        (1, None, "no event time: the event-time column is null"),
+    ]
+    assert sorted('"amount":7' in r.record for r in late) == [False, True]
+    state = spark.read.format("delta").load(runner.checkpoint.table("state_windows"))
+    assert state.where("window_start IS NULL OR user IN ('b', 'c')").count() == 0
+    assert sink(spark, data_root).where("user IN ('b', 'c')").count() == 0
+
+
 def test_an_event_that_bridges_two_stored_sessions_merges_them_into_one(
     spark: SparkSession, data_root: Path
 ) -> None:
