@@ -207,7 +207,10 @@ def status(
     pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in README).")] = False,
 ) -> None:
-    """Show PIPELINE's last committed batch, pending batch, offsets and backlog."""
+    """Show PIPELINE's last committed batch, pending and next batch, offsets and backlog.
+
+    Reads the checkpoint on the driver: no Spark is started.
+    """
     c: Context = ctx.obj
     s = pipeline_status(c.spark, get_pipeline(pipeline, c.pipelines), c.data_root)
     if as_json:
