@@ -10,13 +10,17 @@ splits the result back into one Arrow table per part.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from py4j.protocol import Py4JJavaError
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructField, StructType
 
 KIND = "_lowmark_part"
@@ -50,6 +54,36 @@ def collect(parts: dict[str, DataFrame]) -> dict[str, pa.Table]:
         columns = [rows.column(_column(name, i)) for i in range(len(df.columns))]
         tables[name] = pa.table(columns, names=df.columns)
     return tables
+
+
+def empty_of(df: DataFrame) -> pa.Table:
+    """The Arrow table ``collect`` would give for ``df`` over no input, without a job."""
+    large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes") == "true"
+    return to_arrow_schema(df.schema, timezone="UTC", prefers_large_types=large).empty_table()
+
+
+def observed(observation: Observation, wait_s: float = 2.0) -> dict[str, Any] | None:
+    """The metrics ``observation`` took in the job that just ran over it, or None.
+
+    Spark hands an observation its metrics from a listener shortly after the
+    job ends, and never when the optimizer removed the observed node (a plan
+    it proved empty, such as a transform ending in ``limit(0)``), where
+    ``Observation.get`` would wait forever. So this waits at most ``wait_s``
+    and a caller treats None as "count another way".
+    """
+    jo: Any = observation._jo  # the JVM observation: its future can be polled
+    if jo is None:
+        return None
+    future = jo.future()
+    deadline = time.monotonic() + wait_s
+    while not future.isCompleted():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.001)
+    try:
+        return observation.get or None
+    except Py4JJavaError:  # completed with no metrics
+        return None
 
 
 def to_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:

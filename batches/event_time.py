@@ -22,11 +22,12 @@ from functools import cached_property
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
 from batches.aggregates import AggregatePlan, plan_aggregate
+from batches.collect import observed
 from batches.errors import PipelineConfigInvalid
 from batches.sources.base import PARTITION_COLUMN
 from batches.windows import (
@@ -53,11 +54,38 @@ class BatchFrames:
 
     ``partials``: state-shaped rows (identity + partial columns) of the
     accepted records, one per (key, window) — for sessions, per session the
-    batch's own events form. ``late``: rows of the late table.
+    batch's own events form. ``late``: rows of the late table. ``seen``
+    observes the records as the first job over ``partials`` reads them:
+    ``stats()`` then has their counts without a job of its own.
     """
 
     partials: DataFrame
     late: DataFrame
+    seen: Observation
+    partitions: tuple[str, ...]
+    """The source partitions the batch reads, in the order ``seen`` has their max event time."""
+
+    def stats(self) -> RecordStats | None:
+        """Rows, late rows and max event time per partition, as the job over ``partials``
+        observed them; None when Spark observed nothing (see ``collect.observed``)."""
+        metrics = observed(self.seen)
+        if metrics is None:
+            return None
+        max_ms = {p: metrics[f"max_ms_{i}"] for i, p in enumerate(self.partitions)}
+        return RecordStats(
+            metrics["rows"], metrics["late"], {p: m for p, m in max_ms.items() if m is not None}
+        )
+
+
+@dataclass(frozen=True)
+class RecordStats:
+    """A batch's records at a glance (after the transform)."""
+
+    rows: int
+    late: int
+    """Rows that go to the late table (closed windows, or no event time)."""
+    max_ms: dict[str, int]
+    """Max event time (epoch ms) per source partition that has a timed record."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +135,17 @@ class WindowedStage:
         return [plan_aggregate(a) for a in self.aggregation.aggregates]
 
     def batch_frames(
-        self, records: DataFrame, watermark_ms: int | None, batch_id: int
+        self,
+        records: DataFrame,
+        watermark_ms: int | None,
+        batch_id: int,
+        partitions: tuple[str, ...],
     ) -> BatchFrames:
-        """Late rows and the partials of the accepted records of one batch."""
+        """Late rows and the partials of the accepted records of one batch.
+
+        ``partitions`` are the source partitions the records come from (their
+        max event times are observed).
+        """
         column = self.event_time.column
         missing = {column, PARTITION_COLUMN, *self.keys} - set(records.columns)
         if missing:
@@ -117,7 +153,6 @@ class WindowedStage:
                 f"the records lack {sorted(missing)}: the transform must keep the event-time "
                 f"column, the keys and {PARTITION_COLUMN}"
             )
-        events = records.withColumn(_ET_MS, F.unix_millis(F.col(column)))
         payload = [c for c in records.columns if c != PARTITION_COLUMN]
         # A record without event time belongs to no window: it goes to the late table
         # with its reason, never into a window (nor silently nowhere).
@@ -127,6 +162,17 @@ class WindowedStage:
             if watermark_ms is None
             else self._last_end(F.col(_ET_MS)) + F.lit(self.event_time.allowed_lateness)
             <= F.lit(watermark_ms)
+        )
+        seen = Observation()
+        partition = F.col(PARTITION_COLUMN)
+        events = records.withColumn(_ET_MS, F.unix_millis(F.col(column))).observe(
+            seen,
+            F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(~timed | closed, 1)).alias("late"),
+            *[
+                F.max(F.when(partition == F.lit(p), F.col(_ET_MS))).alias(f"max_ms_{i}")
+                for i, p in enumerate(partitions)
+            ],
         )
         accepted, late = events.where(timed & ~closed), events.where(~timed | closed)
         late_rows = late.select(
@@ -142,7 +188,7 @@ class WindowedStage:
             partials = self._batch_sessions(accepted, self.window)
         else:
             partials = self._batch_windows(accepted, self.window, watermark_ms)
-        return BatchFrames(partials, late_rows)
+        return BatchFrames(partials, late_rows, seen, partitions)
 
     def state_rows(
         self, partials: pa.Table, state_version: int | None, watermark_ms: int | None

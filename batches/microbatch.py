@@ -6,6 +6,7 @@ steps; ``plan_next_batch`` holds the recovery rule (seed 001, made exact).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable
@@ -22,8 +23,9 @@ from pyspark.sql import functions as F
 
 from batches import faults
 from batches.clock import Clock, SystemClock
-from batches.collect import collect, shuffle_partitions, to_frame
-from batches.event_time import WindowedStage, partition_max_event_ms
+from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
+from batches.errors import PipelineConfigInvalid
+from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
@@ -287,53 +289,36 @@ class MicroBatchRunner:
         timer.lap("offset_log")
         faults.reached("after_offset_log", batch_id)
 
-        # Step 3. Read and transform (lazy: nothing runs yet).
-        read = self.source.read(planned.start, planned.end, batch_id)
-        records = read.records
-        out = self.pipeline.transform(records) if self.pipeline.transform else records
-        if PARTITION_COLUMN not in out.columns and len(planned.end) == 1:
-            # A transform that selected its columns dropped the partition; with one
-            # partition there is nothing to lose by putting it back.
-            out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(planned.end))))
+        # Step 3. Read and transform (lazy: nothing runs yet). A stateless batch reads
+        # its input twice (counts, then the sink write): the parse is cached for it.
+        read = self.source.read(planned.start, planned.end, batch_id, cache=self.stage is None)
+        out = self._transformed(read.records, planned)
+        frames = (
+            self.stage.batch_frames(out, planned.watermark_ms, batch_id, _read_partitions(planned))
+            if self.stage is not None
+            else None
+        )
 
         # Step 4. The batch's one job over its records.
-        parts: dict[str, DataFrame] = {
-            "input": records.agg(F.count(F.lit(1)).alias("rows")),
-            "output": (
-                partition_max_event_ms(out, event_time.column)
-                if event_time is not None
-                else out.agg(F.count(F.lit(1)).alias("rows"))
-            ),
-        }
-        if read.bad is not None:
-            parts["bad"] = read.bad
-        if self.stage is not None:
-            frames = self.stage.batch_frames(out, planned.watermark_ms, batch_id)
-            parts |= {"late": frames.late, "partials": frames.partials}
-        with shuffle_partitions(self.spark, read.size_bytes):
-            seen = _explained(read, lambda: collect(parts))
-        rows_in = _total(seen["input"], "rows")
-        bad = seen.get("bad")
-        rows_bad = bad.num_rows if bad is not None else 0
-        batch_max: dict[str, int] = {}
-        if event_time is not None:
-            stats = seen["output"].to_pylist()
-            batch_max = {r[PARTITION_COLUMN]: r["max_ms"] for r in stats if r["max_ms"] is not None}
+        seen = self._look(read, out, frames, planned)
         timer.lap("read")
         faults.reached("after_read", batch_id)
 
         # Step 5. Event-time stage: merge with the state the batch touches (nothing written).
         previous_state = planned.previous.table_versions.get("state") if planned.previous else None
         changes: dict[str, pa.Table] = {}
-        if self.stage is not None:
-            changes = self._windows(seen["partials"], frames.partials, planned, previous_state)
+        if frames is not None:
+            assert seen.partials is not None
+            changes = self._windows(seen.partials, frames.partials, planned, previous_state)
             rows_out = changes["output"].num_rows
         else:
-            rows_out = _total(seen["output"], "rows")
+            rows_out = seen.rows_out
         timer.lap("event_time")
 
         # Step 6. Writes: bad records, state, sink, late records.
-        if bad is not None and bad.num_rows:
+        rows_in, bad, late = seen.rows_in, seen.bad, seen.late
+        rows_bad = bad.num_rows if bad is not None else 0
+        if bad is not None and rows_bad:
             ckpt.bad_records.append_once(bad, ckpt.txn_app_id("bad_records"), batch_id)
         versions: dict[str, int] = {}
         if self.stage is not None:
@@ -353,7 +338,6 @@ class MicroBatchRunner:
             versions["sink"] = sink_version
         timer.lap("sink")
         faults.reached("after_sink", batch_id)
-        late = seen.get("late")
         rows_late = late.num_rows if late is not None else 0
         if late is not None and rows_late:
             ckpt.late.append_once(late, ckpt.txn_app_id("late"), batch_id)
@@ -366,7 +350,7 @@ class MicroBatchRunner:
         partitions: dict[str, PartitionTime] = {}
         if event_time is not None:
             known = self._partition_times(planned.previous) if planned.previous else {}
-            partitions = observe(known, batch_max, planned.planned_at_ms)
+            partitions = observe(known, seen.max_event_ms, planned.planned_at_ms)
             next_watermark = pipeline_watermark(
                 partitions, event_time, planned.planned_at_ms, planned.watermark_ms
             )
@@ -432,6 +416,90 @@ class MicroBatchRunner:
             timer.durations,
         )
 
+    def _transformed(self, records: DataFrame, planned: PlannedBatch) -> DataFrame:
+        """The pipeline's transform over ``records`` (lazy), keeping the source partition."""
+        out = self.pipeline.transform(records) if self.pipeline.transform else records
+        if PARTITION_COLUMN not in out.columns and len(planned.end) == 1:
+            # A transform that selected its columns dropped the partition; with one
+            # partition there is nothing to lose by putting it back.
+            out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(planned.end))))
+        return out
+
+    def _look(
+        self, read: SourceRead, out: DataFrame, frames: BatchFrames | None, planned: PlannedBatch
+    ) -> _Seen:
+        """Step 4: what the batch's records give, in one Spark job when all is well.
+
+        Windowed: the job computes the partials while Spark observes the
+        input's counts, the late rows' count and each partition's max event
+        time. Only when it saw bad or late rows (or could not observe: see
+        ``collect.observed``) does a second job read the input again, cached,
+        for those rows; it must find as many as the first saw (a transform
+        must be deterministic). No input, no job. Stateless: one job over the
+        cached input (the sink write reads it again).
+        """
+        if frames is None:
+            return self._counted(read, out, None, planned)
+        if planned.start == planned.end:
+            return _Seen(0, None, None, {}, 0, empty_of(frames.partials))
+        with shuffle_partitions(self.spark, read.size_bytes):
+            partials = _explained(read, lambda: collect({"partials": frames.partials}))
+        counts, stats = observed(read.counts), frames.stats()
+        if counts is not None and stats is not None and not counts.get("bad") and not stats.late:
+            return _Seen(counts["rows"], None, None, stats.max_ms, stats.rows, partials["partials"])
+        assert self.stage is not None
+        again = self.source.read(planned.start, planned.end, planned.batch_id, cache=True)
+        out = self._transformed(again.records, planned)
+        late = self.stage.batch_frames(
+            out, planned.watermark_ms, planned.batch_id, frames.partitions
+        ).late
+        seen = self._counted(again, out, late, planned)
+        seen_late = seen.late.num_rows if seen.late is not None else 0
+        if stats is not None and (seen.rows_out, seen_late) != (stats.rows, stats.late):
+            raise PipelineConfigInvalid(
+                f"the transform of {self.pipeline.name} gave batch {planned.batch_id} "
+                f"{stats.rows} records ({stats.late} late) in one job and {seen.rows_out} "
+                f"({seen_late} late) in another over the same input: make it deterministic "
+                "(no rand(), no current time, no reads of changing tables)"
+            )
+        return dataclasses.replace(seen, partials=partials["partials"])
+
+    def _counted(
+        self, read: SourceRead, out: DataFrame, late: DataFrame | None, planned: PlannedBatch
+    ) -> _Seen:
+        """One job over ``read`` (cached): counts, max event times, bad rows and ``late``."""
+        event_time = self.pipeline.event_time
+        parts: dict[str, DataFrame] = {
+            "input": read.records.agg(F.count(F.lit(1)).alias("rows")),
+            "output": (
+                partition_max_event_ms(out, event_time.column)
+                if event_time is not None
+                else out.agg(F.count(F.lit(1)).alias("rows"))
+            ),
+        }
+        if read.bad is not None:
+            parts["bad"] = read.bad
+        if late is not None:
+            parts["late"] = late
+        try:
+            with shuffle_partitions(self.spark, read.size_bytes):
+                seen = _explained(read, lambda: collect(parts))
+        finally:
+            if late is not None:  # the windowed fallback: nothing else reads the cache
+                read.unpersist()
+        max_ms: dict[str, int] = {}
+        if event_time is not None:
+            stats = seen["output"].to_pylist()
+            max_ms = {r[PARTITION_COLUMN]: r["max_ms"] for r in stats if r["max_ms"] is not None}
+        return _Seen(
+            _total(seen["input"], "rows"),
+            seen.get("bad"),
+            seen.get("late"),
+            max_ms,
+            _total(seen["output"], "rows"),
+            None,
+        )
+
     def _windows(
         self,
         partials: pa.Table,
@@ -488,6 +556,27 @@ class MicroBatchRunner:
             if on_batch:
                 on_batch(result)
         return results
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What step 4 learnt of the batch's records."""
+
+    rows_in: int
+    """Records read (bad rows not included)."""
+    bad: pa.Table | None
+    late: pa.Table | None
+    max_event_ms: dict[str, int]
+    """Max event time per source partition (partitions with a timed record)."""
+    rows_out: int
+    """Records after the transform."""
+    partials: pa.Table | None
+    """Windowed: the batch's window partials."""
+
+
+def _read_partitions(planned: PlannedBatch) -> tuple[str, ...]:
+    """The source partitions the batch takes records from."""
+    return tuple(sorted(p for p, n in planned.end.items() if planned.start.get(p) != n))
 
 
 def _explained(read: SourceRead, job: Callable[[], T]) -> T:

@@ -31,6 +31,9 @@ LOG4J_CONFIG = JVM_DIR / "log4j2.properties"
 # - adaptive.enabled=false: AQE runs every shuffle stage as its own job and
 #   re-plans between them; on batch-sized data that costs more than it saves.
 #   Re-enable it for large batches.
+# - dataFrameDebugging.enabled=false: otherwise every DataFrame call walks the
+#   Python stack and makes extra JVM calls to record its call site for error
+#   messages: about a third of the time a batch spends building its plan.
 _LOCAL_DEFAULTS = {
     # Local mode runs every task in the driver; Spark's 1 GB default heap ran
     # out in long-lived processes (a Dagster code server, the test suite).
@@ -39,6 +42,7 @@ _LOCAL_DEFAULTS = {
     "spark.default.parallelism": "4",
     "spark.databricks.delta.snapshotPartitions": "1",
     "spark.sql.adaptive.enabled": "false",
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.databricks.delta.retentionDurationCheck.enabled": "true",

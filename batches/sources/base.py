@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Observation
 
 from state.errors import LowmarkError
 from state.offset_log import Offsets
@@ -25,14 +25,18 @@ PARTITION_COLUMN = "_lowmark_partition"
 class SourceRead:
     """What ``read`` returns: parsed records and the rows that would not parse.
 
-    Both are lazy: the batch computes them in its one job over the input.
+    Both are lazy: the batch computes them in its jobs over the input.
     ``bad`` has the columns of ``state.quarantine.SCHEMA`` (or is None when the
-    format cannot hold malformed rows). ``cached`` are frames the source
-    persisted; the caller unpersists them when the batch is done.
+    format cannot hold malformed rows). ``counts`` observes the input as the
+    first job over ``records`` reads it: ``rows`` (records) and ``bad`` (bad
+    rows; absent when the format has none). ``cached`` are frames the source
+    persisted (``read(..., cache=True)``); the caller unpersists them when the
+    batch is done.
     """
 
     records: DataFrame
     bad: DataFrame | None
+    counts: Observation
     cached: tuple[DataFrame, ...] = ()
     explain: Callable[[Exception], LowmarkError | None] = lambda _: None
     """Turns a Spark failure of a job over these frames into the user's error, if it is one
@@ -54,8 +58,10 @@ class Source(ABC):
       honouring the per-batch admission limit; ``end == start`` means no new
       data. It may record what it discovered (idempotently per ``batch_id``),
       unless ``record`` is False (a dry run: the same answer, nothing written).
-    - ``read(start, end, batch_id)`` is deterministic: the same range gives the
-      same records every time, which is what makes a replay exact. Records
+    - ``read(start, end, batch_id, cache)`` is deterministic: the same range
+      gives the same records every time, which is what makes a replay exact
+      (and lets a batch read its input twice). ``cache`` persists the parse for
+      a batch that runs several jobs over it. Records
       carry their source partition in ``PARTITION_COLUMN`` (per-partition
       watermarks need it); lowmark drops it before the sink.
     - ``commit(end)`` tells upstream everything before ``end`` is durably
@@ -69,7 +75,9 @@ class Source(ABC):
     def plan(self, start: Offsets, batch_id: int, record: bool = True) -> Offsets: ...
 
     @abstractmethod
-    def read(self, start: Offsets, end: Offsets, batch_id: int) -> SourceRead: ...
+    def read(
+        self, start: Offsets, end: Offsets, batch_id: int, cache: bool = False
+    ) -> SourceRead: ...
 
     @abstractmethod
     def backlog(self, committed_end: Offsets) -> dict[str, int]:

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 from py4j.java_gateway import is_instance_of
 from pyspark import SparkContext
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
@@ -105,12 +105,13 @@ class FileStreamSource(Source):
             end[f.partition] = f.seq + 1
         return end
 
-    def read(self, start: Offsets, end: Offsets, batch_id: int) -> SourceRead:
-        """The files of [start, end) as lazy frames over one cached parse.
+    def read(self, start: Offsets, end: Offsets, batch_id: int, cache: bool = False) -> SourceRead:
+        """The files of [start, end) as lazy frames over one parse (persisted if ``cache``).
 
         The manifest is the one the batch was planned with (re-read only when
         it lacks the range: a replay in a new process, or files recorded by
-        another runner).
+        another runner). Every column is parsed whatever a job selects, so a
+        row is bad for the same reason in every job over the batch.
         """
         expected = sum(n - start.get(p, 0) for p, n in end.items())
 
@@ -133,16 +134,20 @@ class FileStreamSource(Source):
                     "checkpoint away to start over without it"
                 )
         schema = self._schema(paths)
+        counts = Observation()
+        whole_row = F.max(F.xxhash64(*[F.col(f"`{n}`") for n in schema.fieldNames()]))
+        size = sum(f.size for f in files)
         if self.config.format == "parquet":
             records = (
                 self.spark.read.schema(schema)
                 .parquet(*paths)
                 .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_metadata.file_path")))
-                .persist(StorageLevel.MEMORY_AND_DISK)
+                .observe(counts, F.count(F.lit(1)).alias("rows"))
             )
-            return SourceRead(
-                records, None, (records,), self._unreadable(batch_id), sum(f.size for f in files)
-            )
+            if cache:
+                records = records.persist(StorageLevel.MEMORY_AND_DISK)
+            cached = (records,) if cache else ()
+            return SourceRead(records, None, counts, cached, self._unreadable(batch_id), size)
         if self.config.format == "csv" and self.options.get("header") == "true":
             self._check_headers(paths, schema, batch_id)
         with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
@@ -154,10 +159,19 @@ class FileStreamSource(Source):
             .schema(with_corrupt)
             .load(paths)
             .withColumn("_source_file", F.col("_metadata.file_path"))
-            # Spark refuses queries on the corrupt-record column alone unless the
-            # full parse is cached; caching also lets records and bad share one parse.
-            .persist(StorageLevel.MEMORY_AND_DISK)
+            # The whole-row hash makes every job parse every column: Spark parses only
+            # the columns a query needs, so a bad value in an unparsed column would leave
+            # its row good in one job and bad in another (and a query of the corrupt-record
+            # column alone would be refused).
+            .observe(
+                counts,
+                F.count(F.when(F.col(CORRUPT).isNull(), 1)).alias("rows"),
+                F.count(F.col(CORRUPT)).alias("bad"),
+                whole_row.alias("_whole_row"),
+            )
         )
+        if cache:
+            parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
         bad = parsed.where(F.col(CORRUPT).isNotNull()).select(
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.col("_source_file").alias("source_file"),
@@ -171,9 +185,8 @@ class FileStreamSource(Source):
             .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_source_file")))
             .drop(CORRUPT, "_source_file")
         )
-        return SourceRead(
-            records, bad, (parsed,), self._unreadable(batch_id), sum(f.size for f in files)
-        )
+        cached = (parsed,) if cache else ()
+        return SourceRead(records, bad, counts, cached, self._unreadable(batch_id), size)
 
     @staticmethod
     def _unreadable(batch_id: int) -> Callable[[Exception], LowmarkError | None]:
