@@ -34,6 +34,7 @@ from batches.watermarks import PartitionTime, observe, pipeline_watermark
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
+from state.maintenance import Retention, tidy
 from state.offset_log import OffsetEntry, Offsets
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
@@ -257,7 +258,8 @@ class MicroBatchRunner:
                 read as of commit N-1 on the driver (one Spark job over local data).
         Step 6. Writes, each idempotent per batch: bad records, state, sink, late.
         Step 7. Commit log (with the next watermark), after the per-partition times.
-        Step 8. Source commit (upstream may discard), then the progress row.
+        Step 8. Source commit (upstream may discard), maintenance every
+                ``maintenance.every_batches`` batches, then the progress row.
 
         Only step 4, step 5 and a stateless sink's write run Spark jobs; every
         other read and write is a driver-side Delta operation (``state.table``).
@@ -383,10 +385,16 @@ class MicroBatchRunner:
         timer.lap("commit")
         faults.reached("after_commit", batch_id)
 
-        # Step 8. Source commit, then progress (descriptive only: never read by recovery).
+        # Step 8. Source commit; every `every_batches` batches, checkpoint maintenance
+        # (old log rows go, small files merge); then progress (descriptive only).
         lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
         self.source.commit(planned.end)
         timer.lap("source_commit")
+        upkeep = self.pipeline.maintenance
+        if (batch_id + 1) % upkeep.every_batches == 0:
+            keep = Retention(upkeep.log_batches, upkeep.progress_batches)
+            tidy(ckpt, batch_id, keep, self.stage.state.table if self.stage else None)
+            timer.lap("maintenance")
         ckpt.progress.add(
             ProgressEntry(
                 batch_id=batch_id,

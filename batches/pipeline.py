@@ -103,6 +103,22 @@ class EventTimePartitions(_Config):
     )
 
 
+class Maintenance(_Config):
+    """How the runner keeps the checkpoint small over a long life (``state.maintenance``)."""
+
+    every_batches: int = Field(
+        default=100, ge=1, description="Tidy the checkpoint after every this many batches."
+    )
+    log_batches: int = Field(
+        default=100,
+        ge=1,
+        description="Batches whose offsets, commits and watermarks are kept (the latest ones).",
+    )
+    progress_batches: int = Field(
+        default=10_000, ge=1, description="Batches whose progress rows are kept (lowmark history)."
+    )
+
+
 class Pipeline(_Config):
     """One streaming pipeline: source → transform → sink, with its checkpoint.
 
@@ -134,6 +150,9 @@ class Pipeline(_Config):
     backfill: EventTimePartitions | None = Field(
         default=None, description="Event-time partitions for backfills (windowed pipelines)."
     )
+    maintenance: Maintenance = Field(
+        default_factory=Maintenance, description="Log retention and compaction of the checkpoint."
+    )
 
     @model_validator(mode="after")
     def _aggregation_needs_event_time(self) -> Pipeline:
@@ -161,8 +180,8 @@ class Pipeline(_Config):
     def fingerprint(self) -> str:
         """Hash of everything that changes what a batch computes.
 
-        Admission limits, descriptions, health-check bounds and backfill
-        partitions are left out: changing them on a running checkpoint is safe.
+        Admission limits, descriptions, health-check bounds, backfill
+        partitions and maintenance are left out: changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not.
         """

@@ -40,8 +40,12 @@ log = logging.getLogger(__name__)
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 """Every timestamp column: timezone-aware UTC (a naive one would become timestampNtz)."""
 
-TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
-"""Checkpoint the Delta log every 10 commits (as Spark does): opening stays flat."""
+TABLE_CONFIGURATION = {
+    "delta.checkpointInterval": "10",
+    "delta.logRetentionDuration": "interval 1 days",
+}
+"""Checkpoint the Delta log every 10 commits (as Spark does) and keep a day of log: opening
+a table reads one checkpoint and a few commits, and its log folder stops growing."""
 
 ATTEMPTS = 5
 PAUSE_S = 0.2
@@ -225,6 +229,29 @@ class DriverTable:
             )
 
         return self.write_once(merge, app_id, version)
+
+    def tidy(self, drop_where: str | None, keep_hours: int) -> None:
+        """Maintenance: delete the rows matching ``drop_where`` (if any), merge small files,
+        then delete data files removed over ``keep_hours`` ago and expired log files.
+
+        Not a batch's write (no application transaction): repeating it is
+        harmless. Readers of the current version are unaffected, and so are
+        readers of any version less than ``keep_hours`` old.
+        """
+        table = self.open()
+        config = table.metadata().configuration
+        if any(config.get(k) != v for k, v in TABLE_CONFIGURATION.items()):
+            table.alter.set_table_properties(TABLE_CONFIGURATION)
+        if drop_where is not None:
+            table.delete(drop_where)
+        table.optimize.compact()
+        table.vacuum(retention_hours=keep_hours, dry_run=False, enforce_retention_duration=False)
+        table.cleanup_metadata()
+        self._handle = None
+
+    def files(self) -> int:
+        """Data files in the table's current version."""
+        return len(self.open().file_uris())
 
     def write_once(self, write: Write, app_id: str, version: int) -> bool:
         """Run ``write`` unless (``app_id``, ``version``) landed; True if this call wrote.

@@ -1,0 +1,73 @@
+"""Checkpoint maintenance: bounded logs and few files, for a pipeline that runs for years.
+
+Every checkpoint table a batch writes grows by a data file and a Delta
+commit per batch; left alone, opening one (every batch, every sensor tick)
+would cost more with every batch. Every ``every_batches`` batches, right
+after a commit, the runner tidies each table (``DriverTable.tidy``):
+
+1. log rows older than the retention go: offsets, commits and watermarks
+   keep their latest ``log_batches`` batches (recovery reads only the latest
+   entry; Spark keeps 100 by default too), progress its latest
+   ``progress_batches``;
+2. small files are merged into few (delta-rs OPTIMIZE);
+3. data files removed over ``KEEP_HOURS`` ago are vacuumed, and Delta log
+   files past the table's log retention (a day) are deleted.
+
+What it never loses: the entries recovery or a replay reads (the latest
+ones), and the window state as of the last commit. That version's files are
+removed from the current version by this very compaction and vacuumed no
+sooner than ``KEEP_HOURS`` later by a later maintenance, which runs only
+after later batches committed. The rows of the file manifest (a backfill
+reads the whole committed history), of the bad and late records, and the
+sink (the user's table: OPTIMIZE and VACUUM it as any Delta table) are kept.
+Maintenance is best-effort: a table it cannot tidy now (a write raced it)
+is left for the next time, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from state.checkpoint import Checkpoint
+from state.table import DriverTable
+
+log = logging.getLogger(__name__)
+
+KEEP_HOURS = 1
+"""Data files removed this long ago are deleted (readers of older versions are done by then)."""
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Batches of history each kind of log keeps."""
+
+    log_batches: int
+    progress_batches: int
+
+
+def tidy(checkpoint: Checkpoint, batch_id: int, keep: Retention, state: DriverTable | None) -> int:
+    """Tidy every table of ``checkpoint`` after batch ``batch_id`` committed; tables tidied."""
+    logs = batch_id - keep.log_batches + 1
+    progress = batch_id - keep.progress_batches + 1
+    plan: list[tuple[DriverTable, str | None]] = [
+        (checkpoint.offsets.table, f'"batch_id" < {logs}'),
+        (checkpoint.commits.table, f'"batch_id" < {logs}'),
+        (checkpoint.watermarks.table, f'"batch_id" < {logs}'),
+        (checkpoint.progress.table, f'"batch_id" < {progress}'),
+        (checkpoint.files.table, None),
+        (checkpoint.bad_records, None),
+        (checkpoint.late, None),
+    ]
+    if state is not None and state.exists():
+        plan.append((state, None))
+    tidied = 0
+    for table, drop_where in plan:
+        try:
+            table.tidy(drop_where, KEEP_HOURS)
+            tidied += 1
+        except (CommitFailedError, DeltaError) as exc:
+            log.warning("maintenance of %s skipped until next time: %s", table.path, exc)
+    return tidied

@@ -1,0 +1,69 @@
+"""Checkpoint maintenance: logs keep only their retention, tables stay a few files, and
+every batch after it (a replay across it included) computes what a plain batch job does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from batches import faults
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import Maintenance
+from batches.windows import Tumbling
+from tests.batches.test_windows import drop_batches, event, reference, sink, windowed
+
+WINDOW = Tumbling(size="10 seconds")
+BATCHES = [[event("a", 5 * i + 1, i), event("b", 5 * i + 3, 2 * i)] for i in range(12)]
+
+
+def _run(spark: SparkSession, data_root: Path, upkeep: Maintenance) -> MicroBatchRunner:
+    drop_batches(data_root, BATCHES)
+    p = windowed(WINDOW, "update").model_copy(update={"maintenance": upkeep})
+    runner = MicroBatchRunner(spark, p, data_root)
+    # Batch 4 dies after writing its state; it is the batch after a maintenance that
+    # compacted the state table, and its replay reads the state as of commit 3.
+    with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_state", 4)):
+        runner.run(max_batches=None)
+    runner = MicroBatchRunner(spark, p, data_root)
+    assert len(runner.run(max_batches=None)) >= 8
+    return runner
+
+
+def test_maintenance_keeps_the_latest_log_entries_and_few_files(
+    spark: SparkSession, data_root: Path
+) -> None:
+    runner = _run(spark, data_root, Maintenance(every_batches=4, log_batches=3, progress_batches=5))
+    ckpt = runner.checkpoint
+    latest = ckpt.commits.get_latest()
+    assert latest is not None and latest.batch_id == 11  # the last maintenance ran after it
+    ids = {
+        name: sorted(table.read().column("batch_id").to_pylist())
+        for name, table in [
+            ("offsets", ckpt.offsets.table),
+            ("commits", ckpt.commits.table),
+            ("progress", ckpt.progress.table),
+        ]
+    }
+    assert ids == {"offsets": [9, 10, 11], "commits": [9, 10, 11], "progress": [7, 8, 9, 10, 11]}
+    assert set(ckpt.watermarks.table.read().column("batch_id").to_pylist()) == {9, 10, 11}
+    assert runner.stage is not None
+    for table in [
+        ckpt.offsets.table,
+        ckpt.commits.table,
+        ckpt.files.table,
+        runner.stage.state.table,
+    ]:
+        assert table.files() <= 1, table.path
+    # Every window exactly as a plain batch aggregation says (update mode: all of them).
+    assertDataFrameEqual(sink(spark, data_root), reference(spark, data_root, WINDOW))
+
+
+def test_without_maintenance_each_batch_adds_a_file_to_each_log(
+    spark: SparkSession, data_root: Path
+) -> None:
+    runner = _run(spark, data_root, Maintenance(every_batches=1000))
+    assert runner.checkpoint.offsets.table.files() == len(BATCHES)
+    assert runner.checkpoint.offsets.table.read().num_rows == len(BATCHES)
