@@ -69,6 +69,7 @@ bench: setup
 	mkdir -p $(BENCH_OUT)
 	bash -o pipefail -c '$(BIN)/python -m bench.state_scaling $(BENCH_ARGS) | tee $(BENCH_OUT)/state_scaling.txt'
 	$(BIN)/python -m bench.streaming $(BENCH_ARGS) --state-scaling-log $(BENCH_OUT)/state_scaling.txt
+	bash -o pipefail -c '$(BIN)/python -m bench.history --batches 600 --every 200 | tee $(BENCH_OUT)/history.txt'
 
 clean:
 	rm -rf $(VENV) jvm/lib data .dagster_home

@@ -11,7 +11,7 @@ after a commit, the runner tidies each table (``DriverTable.tidy``):
    ``progress_batches``;
 2. small files are merged into few (delta-rs OPTIMIZE);
 3. data files removed over ``KEEP_HOURS`` ago are vacuumed, and Delta log
-   files past the table's log retention (a day) are deleted.
+   files past the table's log retention (an hour) are deleted.
 
 What it never loses: the entries recovery or a replay reads (the latest
 ones), and the window state as of the last commit. That version's files are
