@@ -150,18 +150,10 @@ class MicroBatchRunner:
         A new batch is planned only if the source has data past the committed
         end, or if the watermark (re-evaluated now, so idle partitions stop
         holding it back) would close windows: an empty batch that emits. The
-        pipeline fingerprint of the latest entry must match. The logs are read
-        once per runner; after its own commit a runner knows where it stands
-        (a runner that raced it is still caught by the offset log).
+        pipeline fingerprint of the latest entry must match. ``position``
+        reads the two entries.
         """
-        latest: OffsetEntry | None
-        done: CommitEntry | None
-        if self._committed is not None:
-            latest, done = self._committed
-        else:
-            latest = self.checkpoint.offsets.get_latest()
-            done = self.checkpoint.commits.get_latest()
-            self._check_tables_of(done)
+        latest, done = self.position()
         done_id = done.batch_id if done else None
         if latest is None:
             if done is not None:
@@ -208,7 +200,7 @@ class MicroBatchRunner:
         now = self.clock.now_ms()
         watermark = done.next_watermark_ms if done else None
         if self.pipeline.event_time is not None and done is not None:
-            parts = self._partition_times(done)
+            parts = self.partition_times(done)
             watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark)
         end = self.source.plan(start, batch_id, record=not dry_run)
         if end == start:
@@ -220,7 +212,23 @@ class MicroBatchRunner:
                 return None
         return PlannedBatch(batch_id, start, end, watermark, False, now, done)
 
-    def _partition_times(self, committed: CommitEntry) -> dict[str, PartitionTime]:
+    def position(self) -> tuple[OffsetEntry | None, CommitEntry | None]:
+        """The latest offset-log and commit-log entries.
+
+        Read once per runner: after its own commit (or a read where both are
+        the same batch) a runner knows where it stands; a runner that raced
+        it is still caught by the offset log.
+        """
+        if self._committed is not None:
+            return self._committed
+        latest = self.checkpoint.offsets.get_latest()
+        done = self.checkpoint.commits.get_latest()
+        self._check_tables_of(done)
+        if latest is not None and done is not None and latest.batch_id == done.batch_id:
+            self._committed = (latest, done)
+        return latest, done
+
+    def partition_times(self, committed: CommitEntry) -> dict[str, PartitionTime]:
         """Per-partition times as of ``committed``, which wrote them to the watermarks table."""
         if self._partitions is None:
             rows = (
@@ -351,7 +359,7 @@ class MicroBatchRunner:
         next_watermark = planned.watermark_ms
         partitions: dict[str, PartitionTime] = {}
         if event_time is not None:
-            known = self._partition_times(planned.previous) if planned.previous else {}
+            known = self.partition_times(planned.previous) if planned.previous else {}
             partitions = observe(known, seen.max_event_ms, planned.planned_at_ms)
             next_watermark = pipeline_watermark(
                 partitions, event_time, planned.planned_at_ms, planned.watermark_ms

@@ -17,6 +17,7 @@ from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.sources import build_source
 from state.checkpoint import Checkpoint
+from state.commit_log import CommitEntry
 from state.session import SparkLike
 
 
@@ -62,14 +63,19 @@ def pipeline_status(
         return status
     runner = MicroBatchRunner(spark, pipeline, data_root, clock)
     ckpt = runner.checkpoint
-    latest = ckpt.offsets.get_latest()
-    done = ckpt.commits.get_latest()
-    committed_entry = ckpt.offsets.get(done.batch_id) if done else None
+    planned = runner.plan_next_batch(dry_run=True)
+    latest, done = runner.position()
+    committed_entry = (
+        latest
+        if latest is not None and done is not None and latest.batch_id == done.batch_id
+        else ckpt.offsets.get(done.batch_id)
+        if done
+        else None
+    )
     committed_end = (
         committed_entry.end_offsets if committed_entry else runner.source.initial_offsets()
     )
     backlog = runner.source.backlog(committed_end)
-    planned = runner.plan_next_batch(dry_run=True)
     if planned is None:
         next_batch = None
     elif planned.replay:
@@ -94,24 +100,28 @@ def pipeline_status(
         next_batch=next_batch,
         end_offsets=committed_end if done else None,
         watermark_ms=done.next_watermark_ms if done else None,
-        partitions=[
-            dict(
-                zip(
-                    ("partition", "max_event_time_ms", "watermark_ms", "last_seen_ms"),
-                    row,
-                    strict=True,
-                )
-            )
-            for row in (
-                ckpt.watermarks.at(done.batch_id)
-                if done and "watermarks" in done.table_versions
-                else []
-            )
-        ],
+        partitions=_partitions(runner, done),
         backlog=backlog,
         totals=done.totals if done else status["totals"],
     )
     return status
+
+
+def _partitions(runner: MicroBatchRunner, done: CommitEntry | None) -> list[dict[str, Any]]:
+    """Per source partition, its times as of the commit ``done`` (by partition)."""
+    event_time = runner.pipeline.event_time
+    if done is None or event_time is None:
+        return []
+    times = sorted(runner.partition_times(done).values(), key=lambda t: t.partition)
+    return [
+        {
+            "partition": t.partition,
+            "max_event_time_ms": t.max_event_time_ms,
+            "watermark_ms": t.max_event_time_ms - event_time.max_out_of_orderness,
+            "last_seen_ms": t.last_seen_ms,
+        }
+        for t in times
+    ]
 
 
 def _next(batch_id: int, replay: bool, emit_only: bool, reason: str) -> dict[str, Any]:

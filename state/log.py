@@ -134,9 +134,8 @@ class MetadataLog(Generic[E]):
 
     def latest_batch_id(self) -> int | None:
         """The newest batch id in the log, from its transaction version (no data read)."""
-        if not self.table.exists():
-            raise self.table.missing()
-        return self.table.txn_version(self.txn_app_id)
+        found = self.table.open().transaction_version(self.txn_app_id)
+        return None if found is None else int(found)
 
     def get_latest(self) -> E | None:
         latest = self.latest_batch_id()

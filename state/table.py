@@ -144,13 +144,6 @@ class DriverTable:
     def version(self) -> int:
         return int(self.open().version())
 
-    def txn_version(self, app_id: str) -> int | None:
-        """The newest batch id written under ``app_id`` (None: none yet, or no table)."""
-        if not self.exists():
-            return None
-        found = self.open().transaction_version(app_id)
-        return None if found is None else int(found)
-
     def append_once(self, rows: pa.Table, app_id: str, version: int) -> bool:
         """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote."""
         data = rows if self.schema is None else rows.select(self.schema.names).cast(self.schema)
