@@ -5,8 +5,9 @@ recorded in the offset log, and the state version the previous commit
 recorded, it computes — without writing anything — what the batch must write:
 
 - late records: every window of the record is closed
-  (``window_end + allowed_lateness <= W``), or it has no event time (null);
-  they go to the late table with the reason;
+  (``window_end + allowed_lateness <= W``), it has no event time (null), or
+  its event time is more than ``max_future`` after the batch's processing
+  time; they go to the late table with the reason;
 - state upserts: the (key, window) partials this batch touched, merged with
   their state as of the previous commit;
 - state deletes and output: in ``append`` mode the windows now final
@@ -44,6 +45,7 @@ from state.window_state import WINDOW_COLUMNS, WindowState
 _ET_MS = "_lowmark_event_ms"
 CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"
 UNTIMED = "no event time: the event-time column is null"
+FUTURE = "event time more than max_future ahead of the batch's processing time"
 """Reasons in the late table."""
 _FRESH = "_lowmark_fresh"
 
@@ -99,15 +101,19 @@ class StageOutput:
     deletes: DataFrame
 
 
-def partition_max_event_ms(records: DataFrame, column: str) -> DataFrame:
-    """Per source partition: rows and max event time (epoch ms), as a lazy frame."""
+def partition_max_event_ms(records: DataFrame, event_time: EventTime, now_ms: int) -> DataFrame:
+    """Per source partition: rows and max event time (epoch ms) of the records that may
+    move the watermark (none from beyond ``max_future``), as a lazy frame."""
+    column = event_time.column
     if PARTITION_COLUMN not in records.columns or column not in records.columns:
         raise PipelineConfigInvalid(
             f"the records lack {column!r} or {PARTITION_COLUMN}: the transform must keep "
             "the event-time column and the source partition column"
         )
+    event_ms = F.unix_millis(F.col(column))
     return records.groupBy(PARTITION_COLUMN).agg(
-        F.count(F.lit(1)).alias("rows"), F.max(F.unix_millis(F.col(column))).alias("max_ms")
+        F.count(F.lit(1)).alias("rows"),
+        F.max(F.when(event_ms <= F.lit(now_ms + event_time.max_future), event_ms)).alias("max_ms"),
     )
 
 
@@ -140,11 +146,13 @@ class WindowedStage:
         watermark_ms: int | None,
         batch_id: int,
         partitions: tuple[str, ...],
+        now_ms: int,
     ) -> BatchFrames:
         """Late rows and the partials of the accepted records of one batch.
 
         ``partitions`` are the source partitions the records come from (their
-        max event times are observed).
+        max event times are observed); ``now_ms`` is the batch's processing
+        time (its planning time, the same in a replay).
         """
         column = self.event_time.column
         missing = {column, PARTITION_COLUMN, *self.keys} - set(records.columns)
@@ -156,32 +164,39 @@ class WindowedStage:
         payload = [c for c in records.columns if c != PARTITION_COLUMN]
         # A record without event time belongs to no window: it goes to the late table
         # with its reason, never into a window (nor silently nowhere).
+        # A record from too far ahead is set aside the same way, and counts for no
+        # watermark: one bad clock must not close every window early.
         timed = F.col(column).isNotNull()
+        future = F.col(_ET_MS) > F.lit(now_ms + self.event_time.max_future)
         closed = (
             F.lit(False)
             if watermark_ms is None
             else self._last_end(F.col(_ET_MS)) + F.lit(self.event_time.allowed_lateness)
             <= F.lit(watermark_ms)
         )
+        rejected = ~timed | future | closed
         seen = Observation()
         partition = F.col(PARTITION_COLUMN)
         events = records.withColumn(_ET_MS, F.unix_millis(F.col(column))).observe(
             seen,
             F.count(F.lit(1)).alias("rows"),
-            F.count(F.when(~timed | closed, 1)).alias("late"),
+            F.count(F.when(rejected, 1)).alias("late"),
             *[
-                F.max(F.when(partition == F.lit(p), F.col(_ET_MS))).alias(f"max_ms_{i}")
+                F.max(F.when((partition == F.lit(p)) & ~future, F.col(_ET_MS))).alias(f"max_ms_{i}")
                 for i, p in enumerate(partitions)
             ],
         )
-        accepted, late = events.where(timed & ~closed), events.where(~timed | closed)
+        accepted, late = events.where(~rejected), events.where(rejected)
         late_rows = late.select(
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.col(column).alias("event_time"),
             F.lit(watermark_ms if watermark_ms is not None else 0)
             .cast("long")
             .alias("watermark_ms"),
-            F.when(timed, F.lit(CLOSED)).otherwise(F.lit(UNTIMED)).alias("reason"),
+            F.when(~timed, F.lit(UNTIMED))
+            .when(future, F.lit(FUTURE))
+            .otherwise(F.lit(CLOSED))
+            .alias("reason"),
             F.to_json(F.struct(*payload)).alias("record"),
         )
         if isinstance(self.window, Session):

@@ -4,7 +4,8 @@ Two checks over the checkpoint's ``progress`` table, with the bounds of the
 pipeline's ``checks`` (``HealthChecks``):
 
 - watermark lag: processing time of the newest committed batch minus the
-  watermark after it — how far event time trails the wall clock;
+  watermark after it — how far event time trails the wall clock; a
+  watermark ahead of the wall clock (a negative lag) fails it too;
 - late share: late rows / input rows over the newest ``window_batches``
   batches — how much data arrives after its windows closed.
 
@@ -40,6 +41,14 @@ def watermark_lag(spark: SparkSession, pipeline: Pipeline, data_root: Path) -> C
     if lag_ms is None:
         return CheckOutcome(True, "no watermark (no event time, or no event seen yet)")
     lag_s = lag_ms / 1000
+    if lag_s < 0:
+        return CheckOutcome(
+            False,
+            f"batch {newest[0]['batch_id']}: watermark {-lag_s:.0f} s AHEAD of processing "
+            "time: event times from the future moved it (lower event_time.max_future, and "
+            "find them in the late table)",
+            {"lag_seconds": lag_s, "bound_seconds": bound_s},
+        )
     verdict = "within" if lag_s <= bound_s else "over"
     return CheckOutcome(
         lag_s <= bound_s,

@@ -11,7 +11,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -288,7 +288,7 @@ class MicroBatchRunner:
         offsets = OffsetEntry(
             batch_id=batch_id,
             runner_id=self.runner_id,
-            created_at=datetime.fromtimestamp(planned.planned_at_ms / 1000, UTC),
+            created_at=_EPOCH + timedelta(milliseconds=planned.planned_at_ms),
             start_offsets=planned.start,
             end_offsets=planned.end,
             batch_watermark_ms=planned.watermark_ms,
@@ -304,7 +304,13 @@ class MicroBatchRunner:
         read = self.source.read(planned.start, planned.end, batch_id, cache=self.stage is None)
         out = self._transformed(read.records, planned)
         frames = (
-            self.stage.batch_frames(out, planned.watermark_ms, batch_id, _read_partitions(planned))
+            self.stage.batch_frames(
+                out,
+                planned.watermark_ms,
+                batch_id,
+                _read_partitions(planned),
+                planned.planned_at_ms,
+            )
             if self.stage is not None
             else None
         )
@@ -467,7 +473,7 @@ class MicroBatchRunner:
         again = self.source.read(planned.start, planned.end, planned.batch_id, cache=True)
         out = self._transformed(again.records, planned)
         late = self.stage.batch_frames(
-            out, planned.watermark_ms, planned.batch_id, frames.partitions
+            out, planned.watermark_ms, planned.batch_id, frames.partitions, planned.planned_at_ms
         ).late
         seen = self._counted(again, out, late, planned)
         seen_late = seen.late.num_rows if seen.late is not None else 0
@@ -488,7 +494,7 @@ class MicroBatchRunner:
         parts: dict[str, DataFrame] = {
             "input": read.records.agg(F.count(F.lit(1)).alias("rows")),
             "output": (
-                partition_max_event_ms(out, event_time.column)
+                partition_max_event_ms(out, event_time, planned.planned_at_ms)
                 if event_time is not None
                 else out.agg(F.count(F.lit(1)).alias("rows"))
             ),
@@ -612,7 +618,12 @@ def _total(table: pa.Table, column: str) -> int:
 
 
 def _ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
+    """Epoch milliseconds of ``moment``, exactly (no float rounding: a replay must plan
+    with the very processing time the batch was planned with)."""
+    return (moment - _EPOCH) // timedelta(milliseconds=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _StepTimer:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ImportString, model_validator
 from pyspark.sql import DataFrame
 
 from batches.durations import DurationMs
-from batches.windows import EventTime, WindowedAggregation
+from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 
 Transform = Callable[[DataFrame], DataFrame]
 
@@ -191,7 +191,7 @@ class Pipeline(_Config):
             ),
             "transform": self.transform,
             "sink": self.sink.model_dump(),
-            "event_time": self.event_time.model_dump() if self.event_time else None,
+            "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }
         blob = json.dumps(semantics, sort_keys=True, default=_import_path).encode()
@@ -199,6 +199,17 @@ class Pipeline(_Config):
 
     def checkpoint_location(self, data_root: Path) -> str:
         return resolve(self.checkpoint or f"_lowmark/{self.name}", data_root)
+
+
+def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | None:
+    """``event_time`` as fingerprinted: ``max_future`` only when set to other than its
+    default, so checkpoints written before it existed keep their fingerprint."""
+    if event_time is None:
+        return None
+    dump = event_time.model_dump()
+    if dump["max_future"] == MAX_FUTURE_MS:
+        del dump["max_future"]
+    return dump
 
 
 def _import_path(value: object) -> str:

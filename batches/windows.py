@@ -23,13 +23,20 @@ class _Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+MAX_FUTURE_MS = 86_400_000
+"""Default ``max_future``: a day (clock skew and time-zone slips pass, a year ahead does not)."""
+
+
 class EventTime(_Config):
     """Where event time is and how far it may lag (seeds 000, 003).
 
     ``column`` is a timestamp column of the transformed records. A source
     partition's watermark is its max event time minus ``max_out_of_orderness``;
     the pipeline watermark is the min over partitions that saw data within
-    ``idle_timeout`` (all idle: the max), and never goes back.
+    ``idle_timeout`` (all idle: the max), and never goes back. A record
+    stamped more than ``max_future`` after the processing time of its batch
+    is set aside in the late table and counts for no watermark, so one bad
+    clock cannot close every window early.
     """
 
     column: str = Field(description="Timestamp column holding event time.")
@@ -41,6 +48,12 @@ class EventTime(_Config):
     )
     allowed_lateness: DurationMs = Field(
         default=0, ge=0, description="How long past the watermark a window still takes records."
+    )
+    max_future: DurationMs = Field(
+        default=MAX_FUTURE_MS,
+        gt=0,
+        description="Records stamped further ahead of processing time go to the late table "
+        "with their reason and never move the watermark.",
     )
 
 

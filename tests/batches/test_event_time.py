@@ -10,6 +10,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from batches.event_time import FUTURE
+from batches.health import watermark_lag
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource, Pipeline
 from batches.status import pipeline_status
@@ -149,3 +151,41 @@ def test_a_crash_after_the_state_write_replays_with_open_windows_exactly_once(
             spark.read.format("delta").load(str(data_root / table)).drop("updated_batch"),
             spark.read.format("delta").load(str(reference_root / table)).drop("updated_batch"),
         )
+
+
+YEAR_AHEAD = {"user": "z", "ts": "2027-01-01T00:00:00Z", "amount": 1}
+
+
+def test_an_event_time_from_the_future_is_set_aside_and_never_moves_the_watermark(
+    spark: SparkSession, data_root: Path, clock: FakeClock
+) -> None:
+    runner = MicroBatchRunner(spark, partitioned(max_future="1 hour"), data_root, clock=clock)
+    drop(data_root, "p0", "a.json", [event("a", 5, 1), YEAR_AHEAD], 0)
+    first = runner.run_batch()
+    assert first is not None and (first.rows_late, first.watermark_ms) == (1, at(5))
+    clock.advance(10_000)
+    drop(data_root, "p0", "b.json", [event("a", 8, 2)], 1)
+    second = runner.run_batch()
+    # On time: a year-ahead watermark would have made this record late.
+    assert second is not None and second.rows_late == 0
+    late = spark.read.format("delta").load(runner.checkpoint.table("late")).collect()
+    assert [(r.reason, '"user":"z"' in r.record) for r in late] == [(FUTURE, True)]
+    state = spark.read.format("delta").load(runner.checkpoint.table("state_windows"))
+    assert state.where("user = 'z'").count() == 0
+
+
+def test_the_lag_check_fails_on_a_watermark_ahead_of_processing_time(
+    spark: SparkSession, data_root: Path, clock: FakeClock
+) -> None:
+    pipeline = partitioned(max_future="3650 days")  # lets the year-ahead record through
+    drop(data_root, "p0", "a.json", [event("a", 5, 1), YEAR_AHEAD], 0)
+    MicroBatchRunner(spark, pipeline, data_root, clock=clock).run_batch()
+    outcome = watermark_lag(spark, pipeline, data_root)
+    assert not outcome.passed and "AHEAD" in outcome.description
+    assert outcome.metadata["lag_seconds"] < 0
+
+
+def test_max_future_counts_in_the_fingerprint_only_when_set() -> None:
+    default = partitioned().fingerprint()
+    assert partitioned(max_future="1 day").fingerprint() == default
+    assert partitioned(max_future="2 hours").fingerprint() != default
