@@ -9,7 +9,10 @@ recorded, it computes — without writing anything — what the batch must write
   its event time is more than ``max_future`` after the batch's processing
   time; they go to the late table with the reason;
 - state upserts: the (key, window) partials this batch touched, merged with
-  their state as of the previous commit;
+  their state as of the previous commit; each window also counts its
+  records in ``_lowmark_rows`` (a record counts in the last window it
+  belongs to, so a sliding record counts once), which is how the batch's
+  accounting knows how many records the windows it closes hold;
 - state deletes and output: in ``append`` mode the windows now final
   (``window_end + allowed_lateness <= W``) are emitted once and purged;
   in ``update`` mode every touched window is emitted and final ones are purged.
@@ -40,7 +43,7 @@ from batches.windows import (
     assign_windows,
 )
 from batches.windows import last_window_end_ms as last_end
-from state.window_state import WINDOW_COLUMNS, WindowState
+from state.window_state import ROWS, WINDOW_COLUMNS, WindowState
 
 _ET_MS = "_lowmark_event_ms"
 CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"
@@ -99,6 +102,8 @@ class StageOutput:
     """Windows the sink must drop (update mode: sessions merged into a longer one)."""
     upserts: DataFrame
     deletes: DataFrame
+    closed: DataFrame
+    """The ``_lowmark_rows`` of the windows the batch closes (final, purged, not merged)."""
 
 
 def partition_max_event_ms(records: DataFrame, event_time: EventTime, now_ms: int) -> DataFrame:
@@ -256,7 +261,7 @@ class WindowedStage:
         emitted = final if self.aggregation.output_mode == "append" else merged
         output = self._finish(emitted)
         deletes = final.select(*self.identity).unionByName(replaced)
-        return StageOutput(output, replaced, upserts, deletes)
+        return StageOutput(output, replaced, upserts, deletes, final.select(ROWS))
 
     def windows_of(self, records: DataFrame) -> DataFrame:
         """Every window of ``records``, finished, as one plain batch aggregation.
@@ -285,12 +290,13 @@ class WindowedStage:
         """``merge`` over Arrow tables on the driver: no Spark job (see ``merges_on_driver``).
 
         Returns the tables ``merge`` gives: upserts, deletes, output, retract
-        (none: tumbling and sliding windows keep their identity).
+        (none: tumbling and sliding windows keep their identity), closed.
         """
         identity = list(self.identity)
         columns = partials.column_names
         schema = _nullable(partials.schema)
         merges = [(c, fn) for p in self.plans for c, fn in p.driver_merges or ()]
+        merges.append((ROWS, "sum"))
         fresh = partials.append_column(_FRESH, pa.array([1] * partials.num_rows, pa.int8()))
         if nearby is not None and nearby.num_rows:
             stored = nearby.select(columns).cast(schema)
@@ -320,6 +326,7 @@ class WindowedStage:
             "deletes": stored_final.select(identity),
             "output": output.cast(_nullable(output.schema)),
             "retract": stored_final.select(identity).slice(0, 0),
+            "closed": stored_final.select([ROWS]),
         }
 
     def _finish(self, windows: DataFrame) -> DataFrame:
@@ -342,11 +349,12 @@ class WindowedStage:
         assigned = accepted.withColumn("_w", assign_windows(window, F.col(self.event_time.column)))
         if watermark_ms is not None:  # a sliding record may still feed its open windows only
             assigned = assigned.where(~self._final(F.col("_w.end"), watermark_ms))
+        in_last = F.unix_millis(F.col("_w.end")) == last_end(window, F.col(_ET_MS))
         return assigned.groupBy(
             *self.keys,
             F.col("_w.start").alias("window_start"),
             F.col("_w.end").alias("window_end"),
-        ).agg(*self._partials())
+        ).agg(*self._partials(), F.count(F.when(in_last, 1)).alias(ROWS))
 
     def _merge_windows(
         self, partials: DataFrame, nearby: DataFrame | None
@@ -374,7 +382,12 @@ class WindowedStage:
         sessions = (
             _islands(events, self.keys)
             .groupBy(*self.keys, "_island")
-            .agg(F.min("_s").alias("_s"), F.max("_e").alias("_e"), *self._partials())
+            .agg(
+                F.min("_s").alias("_s"),
+                F.max("_e").alias("_e"),
+                *self._partials(),
+                F.count(F.lit(1)).alias(ROWS),
+            )
             .drop("_island")
         )
         return self._as_windows(sessions)
@@ -427,13 +440,15 @@ class WindowedStage:
             "window_start",
             F.timestamp_millis("_e").alias("window_end"),
             *[n for p in self.plans for n, _ in p.partials],
+            ROWS,
         )
 
     def _partials(self) -> list[Column]:
         return [expr.alias(name) for p in self.plans for name, expr in p.partials]
 
     def _merges(self) -> list[Column]:
-        return [expr.alias(name) for p in self.plans for name, expr in p.merges]
+        merged = [expr.alias(name) for p in self.plans for name, expr in p.merges]
+        return [*merged, F.sum(ROWS).alias(ROWS)]
 
     def would_emit(self, state_version: int | None, watermark_ms: int) -> bool:
         """True when state holds windows that ``watermark_ms`` makes final."""

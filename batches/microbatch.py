@@ -38,7 +38,7 @@ from state.maintenance import Retention, tidy
 from state.offset_log import OffsetEntry, Offsets
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
-from state.window_state import WindowState
+from state.window_state import ROWS, WindowState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -391,6 +391,9 @@ class MicroBatchRunner:
             rows_out=rows_out,
             rows_bad=rows_bad,
             rows_late=rows_late,
+            rows_dropped=rows_in - seen.rows_out,
+            rows_windowed=seen.rows_out - rows_late if self.stage is not None else 0,
+            rows_closed=_total(changes["closed"], ROWS) if self.stage is not None else 0,
         ).plus_totals(planned.previous)
         faults.reached("before_commit", batch_id)
         ckpt.commits.claim(commit)
@@ -529,7 +532,8 @@ class MicroBatchRunner:
         planned: PlannedBatch,
         state_version: int | None,
     ) -> dict[str, pa.Table]:
-        """The batch's window changes (upserts, deletes, output, retract) as Arrow tables.
+        """The batch's window changes (upserts, deletes, output, retract, closed) as Arrow
+        tables.
 
         The state rows the partials touch and those the watermark makes final
         are read on the driver as of ``state_version``; the merge runs there too
@@ -553,6 +557,7 @@ class MicroBatchRunner:
                 "deletes": merged.deletes,
                 "output": merged.output,
                 "retract": merged.retract,
+                "closed": merged.closed,
             }
         )
 

@@ -32,7 +32,8 @@ def pipeline_status(
     now, by the runner's own planning rule; None when there is nothing to
     do), end_offsets, watermark_ms, partitions [{partition,
     max_event_time_ms, watermark_ms, last_seen_ms}], backlog {files, bytes},
-    totals {rows_in, rows_out, rows_bad, rows_late}.
+    totals {rows_in, rows_out, rows_bad, rows_late, ...}, accounting (where
+    the records read went, see ``_accounting``).
 
     Reads the checkpoint on the driver only, a few rows of each log: the
     commit entry carries the running totals. ``spark`` may be a function
@@ -53,6 +54,7 @@ def pipeline_status(
         "partitions": [],
         "backlog": None,
         "totals": {"rows_in": 0, "rows_out": 0, "rows_bad": 0, "rows_late": 0},
+        "accounting": _accounting(pipeline, {}),
     }
     if not Checkpoint.exists(location):
         source = build_source(spark, pipeline, data_root, location)
@@ -103,8 +105,30 @@ def pipeline_status(
         partitions=_partitions(runner, done),
         backlog=backlog,
         totals=done.totals if done else status["totals"],
+        accounting=_accounting(pipeline, done.totals if done else {}),
     )
     return status
+
+
+def _accounting(pipeline: Pipeline, totals: dict[str, int]) -> dict[str, int]:
+    """Where the records read went, over all committed batches.
+
+    ``read = bad + dropped_by_transform + late + in_closed_windows +
+    in_open_windows`` (windowed) or ``... + late + in_sink`` (stateless).
+    """
+    counts = {
+        "read": totals.get("rows_in", 0),
+        "bad": totals.get("rows_bad", 0),
+        "dropped_by_transform": totals.get("rows_dropped", 0),
+        "late": totals.get("rows_late", 0),
+    }
+    if pipeline.aggregation is None:
+        return counts | {"in_sink": totals.get("rows_out", 0)}
+    closed = totals.get("rows_closed", 0)
+    return counts | {
+        "in_closed_windows": closed,
+        "in_open_windows": totals.get("rows_windowed", 0) - closed,
+    }
 
 
 def _partitions(runner: MicroBatchRunner, done: CommitEntry | None) -> list[dict[str, Any]]:

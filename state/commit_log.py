@@ -12,6 +12,16 @@ from pydantic import Field
 
 from state.log import LogEntry, MetadataLog
 
+COUNTS = (
+    "rows_in",
+    "rows_out",
+    "rows_bad",
+    "rows_late",
+    "rows_dropped",
+    "rows_windowed",
+    "rows_closed",
+)
+
 
 class CommitEntry(LogEntry):
     """What batch N left behind: counts, the next watermark, versions it wrote.
@@ -29,6 +39,10 @@ class CommitEntry(LogEntry):
         pa.field("rows_bad", pa.int64(), nullable=False),
         pa.field("rows_late", pa.int64(), nullable=False),
         pa.field("totals", pa.string(), nullable=False),
+        # Added later: null in entries written before.
+        pa.field("rows_dropped", pa.int64()),
+        pa.field("rows_windowed", pa.int64()),
+        pa.field("rows_closed", pa.int64()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"table_versions", "totals"})
 
@@ -38,13 +52,24 @@ class CommitEntry(LogEntry):
     rows_out: int = 0
     rows_bad: int = 0
     rows_late: int = 0
+    rows_dropped: int = 0
+    """Records the transform removed (negative: records it added)."""
+    rows_windowed: int = 0
+    """Records that went into windows (windowed pipelines)."""
+    rows_closed: int = 0
+    """Records in the windows this batch closed (emitted as final, purged from state)."""
     totals: dict[str, int] = Field(default_factory=dict)
-    """``rows_in``, ``rows_out``, ``rows_bad``, ``rows_late`` summed over batches 0..N, so
-    the totals cost one row to read at any batch."""
+    """Every ``rows_*`` count summed over batches 0..N, so the totals cost one row to read at
+    any batch.
+
+    The accounting identity, per batch and in total: ``rows_in = rows_bad +
+    rows_dropped + rows_late + rows_windowed`` (windowed pipelines; ``+ rows_out``,
+    the sink's rows, instead of ``rows_windowed`` for stateless ones), and the
+    records still in open windows are ``rows_windowed - rows_closed`` in total."""
 
     def plus_totals(self, previous: CommitEntry | None) -> CommitEntry:
         """This entry with ``totals`` = ``previous``'s totals + this batch's counts."""
-        counts = {k: getattr(self, k) for k in ("rows_in", "rows_out", "rows_bad", "rows_late")}
+        counts = {k: getattr(self, k) for k in COUNTS}
         before = previous.totals if previous is not None else {}
         return self.model_copy(
             update={"totals": {k: before.get(k, 0) + n for k, n in counts.items()}}

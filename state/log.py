@@ -76,7 +76,8 @@ class LogEntry(BaseModel):
             for name in cls.JSON_FIELDS:
                 values[name] = json.loads(values[name])
             values["created_at"] = values["created_at"].astimezone(UTC)
-            return cls.model_validate(values)
+            # A column added after a row was written is null in it: the field's default.
+            return cls.model_validate({k: v for k, v in values.items() if v is not None})
         except (ValueError, TypeError) as exc:
             raise CheckpointCorrupt(
                 f"checkpoint table {path} batch {values.get('batch_id')} cannot be read "

@@ -162,6 +162,8 @@ class DriverTable:
         options: dict[str, Any] = {"mode": mode}
         if where is not None:
             options["predicate"] = where
+        else:  # a log entry's columns added since the table was created are added to it
+            options["schema_mode"] = "merge"
 
         def write(table: DeltaTable | None, commit: CommitProperties) -> None:
             write_deltalake(
@@ -215,6 +217,7 @@ class DriverTable:
                     predicate=on,
                     source_alias="s",
                     target_alias="t",
+                    merge_schema=True,  # a column added since (the window state's row counts)
                     commit_properties=commit,
                 )
                 .when_matched_delete(predicate=f"s.{OP} = 'delete'")

@@ -26,6 +26,8 @@ from state.errors import CheckpointMissing
 from state.table import DriverTable, micros_literal
 
 WINDOW_COLUMNS = ("window_start", "window_end")
+ROWS = "_lowmark_rows"
+"""State column: the records a window holds (null in windows stored before it existed)."""
 
 
 class WindowState:
@@ -47,7 +49,10 @@ class WindowState:
                 f"version {version}: restore it from backup, or move the checkpoint away to "
                 "start over"
             )
-        return self.table.read(where, version)
+        rows = self.table.read(where, version)
+        if ROWS not in rows.column_names:  # state written before windows counted their rows
+            rows = rows.append_column(ROWS, pa.nulls(rows.num_rows, pa.int64()))
+        return rows
 
     def touched(self, version: int | None, lo_us: int, hi_us: int) -> pa.Table | None:
         """Windows starting within [``lo_us``, ``hi_us``] (epoch microseconds)."""
