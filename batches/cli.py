@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.table import Table
 
+from batches.compaction import compact_checkpoint
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.durations import parse_duration_ms
 from batches.follow import follow
@@ -247,6 +248,30 @@ def history(
             str(r["durations_ms"].get("total", "")),
         )
     out.print(table)
+
+
+@app.command()
+def compact(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+) -> None:
+    """Tidy PIPELINE's checkpoint now: old log entries go, small files merge, old files and
+    Delta log files are removed.
+
+    What a batch does by itself every `maintenance.every_batches` batches,
+    with the pipeline's `maintenance` retention. Starts no Spark; safe while
+    the pipeline runs (a table a batch is writing is left for next time).
+    """
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    done = compact_checkpoint(p, c.data_root)
+    if done is None:
+        out.print(f"{p.name}: no committed batch yet: nothing to compact")
+        return
+    out.print(
+        f"{p.name}: compacted {done.tables} tables of {p.checkpoint_location(c.data_root)}; "
+        f"the logs keep batches {done.first_kept} to {done.last_committed}"
+    )
 
 
 @app.command()

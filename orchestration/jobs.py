@@ -15,6 +15,7 @@ import dagster as dg
 from pydantic import Field
 
 from batches.backfill import backfill_partition
+from batches.compaction import compact_checkpoint
 from batches.errors import PartitionNotClosed
 from batches.follow import follow
 from batches.microbatch import BatchResult, MicroBatchRunner
@@ -175,3 +176,56 @@ def backfill_job(pipeline: Pipeline, partitions: EventTimePartitions) -> dg.JobD
         backfill()
 
     return job
+
+
+def compact_job_name(pipeline: Pipeline) -> str:
+    return f"{pipeline.name}_compact"
+
+
+def compact_job(pipeline: Pipeline) -> dg.JobDefinition:
+    """Checkpoint maintenance of ``pipeline`` now (no Spark; safe beside its runs)."""
+
+    @dg.op(
+        name=f"{pipeline.name}_compact_checkpoint",
+        description=f"Old log entries go, small files merge: {pipeline.name}'s checkpoint.",
+    )
+    def compact(context: dg.OpExecutionContext, lowmark: LowmarkResource) -> dg.Output[None]:
+        done = compact_checkpoint(pipeline, lowmark.root())
+        if done is None:
+            context.log.info(f"{pipeline.name}: no committed batch yet: nothing to compact")
+            return dg.Output(None, metadata={"tables": 0})
+        context.log.info(
+            f"{pipeline.name}: compacted {done.tables} tables; the logs keep batches "
+            f"{done.first_kept} to {done.last_committed}"
+        )
+        return dg.Output(
+            None,
+            metadata={
+                "tables": done.tables,
+                "first_kept_batch": done.first_kept,
+                "last_committed_batch": done.last_committed,
+            },
+        )
+
+    @dg.job(
+        name=compact_job_name(pipeline),
+        description=f"Checkpoint maintenance of {pipeline.name} (also runs every "
+        f"{pipeline.maintenance.every_batches} batches by itself).",
+        executor_def=dg.in_process_executor,
+    )
+    def job() -> None:
+        compact()
+
+    return job
+
+
+def compact_schedule(pipeline: Pipeline, job: dg.JobDefinition) -> dg.ScheduleDefinition:
+    """Daily at 03:17 UTC, on by default."""
+    return dg.ScheduleDefinition(
+        name=f"{pipeline.name}_daily_compact",
+        job=job,
+        cron_schedule="17 3 * * *",
+        execution_timezone="UTC",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=f"Daily checkpoint maintenance of {pipeline.name}.",
+    )

@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -25,6 +25,7 @@ from batches.microbatch import MicroBatchRunner
 from batches.pipeline import FileSource
 from batches.status import pipeline_status
 from batches.windows import Sliding, Tumbling
+from tests.batches.test_properties import SPARK_EXAMPLES
 from tests.batches.test_windows import windowed
 from tests.conftest import FakeClock
 
@@ -51,12 +52,7 @@ def drop_zero_amounts(records: DataFrame) -> DataFrame:
     return records.where(F.col("amount") != 0)
 
 
-@settings(
-    max_examples=5,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(SPARK_EXAMPLES, max_examples=5)
 @given(
     files=st.lists(st.lists(LINES, min_size=1, max_size=8), min_size=1, max_size=4),
     window=st.sampled_from(

@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from batches.cli import main
-from batches.demo import INCOMING, user_revenue, write_sample_files
+from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.microbatch import MicroBatchRunner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,3 +148,23 @@ def test_help_explains_every_command() -> None:
     proc = subprocess.run([LOWMARK, "--help"], capture_output=True, text=True, timeout=120)
     for command in ("list", "run", "status", "history", "demo"):
         assert command in proc.stdout
+
+
+def test_compact_keeps_the_latest_log_entries_and_merges_small_files(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], data_root: Path
+) -> None:
+    code, out, _ = lowmark(capsys, data_root, "compact", "orders")
+    assert code == 0 and "nothing to compact" in out
+    write_sample_files(data_root, files=3, rows_per_file=10)
+    one_file = orders.source.model_copy(update={"max_files_per_batch": 1})
+    runner = MicroBatchRunner(spark, orders.model_copy(update={"source": one_file}), data_root)
+    assert len(runner.run(max_batches=None)) == 3
+    offsets = runner.checkpoint.offsets.table
+    assert offsets.files() == 3
+
+    code, out, _ = lowmark(capsys, data_root, "compact", "orders")
+    assert code == 0 and "compacted" in out
+    assert offsets.files() == 1
+    assert sorted(offsets.read().column("batch_id").to_pylist()) == [0, 1, 2]  # within 100
+    code, out, _ = lowmark(capsys, data_root, "status", "orders", "--json")
+    assert json.loads(out)["last_committed_batch"] == 2

@@ -24,13 +24,15 @@ events = st.lists(
     max_size=25,
 )
 
-
-@settings(
-    max_examples=6,
+SPARK_EXAMPLES = settings(
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+"""Hypothesis settings for examples that each run a pipeline: no deadline, reproducible."""
+
+
+@settings(SPARK_EXAMPLES, max_examples=6)
 @given(
     rows=events,
     cuts=st.lists(st.integers(1, 24), max_size=3, unique=True),

@@ -11,6 +11,7 @@ import dagster as dg
 from pyspark.sql import SparkSession
 
 from orchestration.assets import sink_asset
+from state.table import DriverTable
 from tests.conftest import write_json_lines
 from tests.orchestration.pipelines import ticks
 
@@ -117,3 +118,32 @@ def test_the_backfill_job_replaces_one_hour_partition(
     assert not refused.success
     failure = refused.get_step_failure_events()[0].step_failure_data.error
     assert failure is not None and "is still open" in failure.message
+
+
+def test_the_daily_compact_schedule_runs_checkpoint_maintenance(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+) -> None:
+    schedule = defs.resolve_schedule_def("ticks_daily_compact")
+    assert schedule.job_name == "ticks_compact"
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    job = defs.resolve_job_def("ticks_compact")
+    first = job.execute_in_process(instance=instance, resources=resources)
+    assert first.success  # no checkpoint yet: nothing to do, not a failure
+
+    for i in range(3):
+        drop(data_root, i, [tick("a", 10 * i + 1, i)])
+    ran = defs.resolve_job_def("ticks_microbatches").execute_in_process(
+        instance=instance,
+        resources=resources,
+        run_config={"ops": {"ticks_run_batches": {"config": {"max_batches": 10}}}},
+    )
+    assert ran.success
+    offsets = DriverTable(f"{ticks.checkpoint_location(data_root)}/offsets")
+    assert offsets.files() >= 3  # a file per batch
+    compacted = job.execute_in_process(instance=instance, resources=resources)
+    assert compacted.success
+    assert offsets.files() == 1
