@@ -21,6 +21,11 @@ class SourceFileMissing(LowmarkError):
     """A file the manifest assigned to a batch is gone before the batch finished."""
 
 
+class SourceFileChanged(LowmarkError):
+    """A replay would read a file that differs (size, modification time) from when it was
+    listed, while writes of the batch's first attempt already landed."""
+
+
 class SinkWriteFailed(LowmarkError):
     """The sink refused the batch (schema mismatch, duplicate merge keys, ...)."""
 

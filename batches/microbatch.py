@@ -38,6 +38,7 @@ from state.maintenance import Retention, tidy
 from state.offset_log import OffsetEntry, Offsets
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
+from state.table import DriverTable
 from state.window_state import ROWS, WindowState
 
 log = logging.getLogger(__name__)
@@ -301,7 +302,13 @@ class MicroBatchRunner:
 
         # Step 3. Read and transform (lazy: nothing runs yet). A stateless batch reads
         # its input twice (counts, then the sink write): the parse is cached for it.
-        read = self.source.read(planned.start, planned.end, batch_id, cache=self.stage is None)
+        read = self.source.read(
+            planned.start,
+            planned.end,
+            batch_id,
+            cache=self.stage is None,
+            strict=planned.replay and self._wrote_any(batch_id),
+        )
         out = self._transformed(read.records, planned)
         frames = (
             self.stage.batch_frames(
@@ -440,6 +447,19 @@ class MicroBatchRunner:
             lag_ms,
             timer.durations,
         )
+
+    def _wrote_any(self, batch_id: int) -> bool:
+        """True if a write of batch ``batch_id`` landed (its replay must read what it read)."""
+        ckpt = self.checkpoint
+        written = [
+            (ckpt.bad_records, ckpt.txn_app_id("bad_records")),
+            (ckpt.late, ckpt.txn_app_id("late")),
+            (ckpt.watermarks.table, ckpt.txn_app_id("watermarks")),
+            (DriverTable(self.sink.path, None, "sink"), self.sink.txn_app_id),
+        ]
+        if self.stage is not None:
+            written.append((self.stage.state.table, self.stage.state.txn_app_id))
+        return any(table.landed(app_id, batch_id) for table, app_id in written)
 
     def _transformed(self, records: DataFrame, planned: PlannedBatch) -> DataFrame:
         """The pipeline's transform over ``records`` (lazy), keeping the source partition."""

@@ -144,6 +144,13 @@ class DriverTable:
     def version(self) -> int:
         return int(self.open().version())
 
+    def landed(self, app_id: str, version: int) -> bool:
+        """True if a write of (``app_id``, ``version``) or of a later version committed here."""
+        if not self.exists():
+            return False
+        found = self.open().transaction_version(app_id)
+        return found is not None and found >= version
+
     def append_once(self, rows: pa.Table, app_id: str, version: int) -> bool:
         """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote."""
         data = rows if self.schema is None else rows.select(self.schema.names).cast(self.schema)

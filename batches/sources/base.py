@@ -58,10 +58,12 @@ class Source(ABC):
       honouring the per-batch admission limit; ``end == start`` means no new
       data. It may record what it discovered (idempotently per ``batch_id``),
       unless ``record`` is False (a dry run: the same answer, nothing written).
-    - ``read(start, end, batch_id, cache)`` is deterministic: the same range
-      gives the same records every time, which is what makes a replay exact
-      (and lets a batch read its input twice). ``cache`` persists the parse for
-      a batch that runs several jobs over it. Records
+    - ``read(start, end, batch_id, cache, strict)`` is deterministic: the same
+      range gives the same records every time, which is what makes a replay
+      exact (and lets a batch read its input twice). ``cache`` persists the
+      parse for a batch that runs several jobs over it. ``strict`` (a replay
+      some of whose writes landed) refuses input that changed since it was
+      planned, naming it, rather than read other records. Records
       carry their source partition in ``PARTITION_COLUMN`` (per-partition
       watermarks need it); lowmark drops it before the sink.
     - ``commit(end)`` tells upstream everything before ``end`` is durably
@@ -76,7 +78,12 @@ class Source(ABC):
 
     @abstractmethod
     def read(
-        self, start: Offsets, end: Offsets, batch_id: int, cache: bool = False
+        self,
+        start: Offsets,
+        end: Offsets,
+        batch_id: int,
+        cache: bool = False,
+        strict: bool = False,
     ) -> SourceRead: ...
 
     @abstractmethod

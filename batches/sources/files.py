@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
 
-from batches.errors import SourceFileMissing, SourceFileUnreadable
+from batches.errors import SourceFileChanged, SourceFileMissing, SourceFileUnreadable
 from batches.pipeline import FileSource
 from batches.sources.base import PARTITION_COLUMN, Source, SourceRead
 from state.errors import CheckpointMissing, LowmarkError
@@ -105,13 +105,23 @@ class FileStreamSource(Source):
             end[f.partition] = f.seq + 1
         return end
 
-    def read(self, start: Offsets, end: Offsets, batch_id: int, cache: bool = False) -> SourceRead:
+    def read(
+        self,
+        start: Offsets,
+        end: Offsets,
+        batch_id: int,
+        cache: bool = False,
+        strict: bool = False,
+    ) -> SourceRead:
         """The files of [start, end) as lazy frames over one parse (persisted if ``cache``).
 
         The manifest is the one the batch was planned with (re-read only when
         it lacks the range: a replay in a new process, or files recorded by
         another runner). Every column is parsed whatever a job selects, so a
-        row is bad for the same reason in every job over the batch.
+        row is bad for the same reason in every job over the batch. ``strict``:
+        a file whose size or modification time differs from the manifest's is
+        refused (a batch that wrote nothing yet reads files as they are now,
+        so an unreadable file can be rewritten in place).
         """
         expected = sum(n - start.get(p, 0) for p, n in end.items())
 
@@ -126,13 +136,9 @@ class FileStreamSource(Source):
                 f"manifest {self.manifest.path} lacks files of batch {batch_id} "
                 f"(offsets {start} -> {end}): restore it from backup"
             )
+        for f in files:
+            self._check(f, batch_id, strict)
         paths = [f.path for f in files]
-        for path in paths:
-            if not self._exists(path):
-                raise SourceFileMissing(
-                    f"{path} (taken by batch {batch_id}) is gone: put it back, or move the "
-                    "checkpoint away to start over without it"
-                )
         schema = self._schema(paths)
         counts = Observation()
         whole_row = F.max(F.xxhash64(*[F.col(f"`{n}`") for n in schema.fieldNames()]))
@@ -351,12 +357,37 @@ class FileStreamSource(Source):
             return F.lit(PARTITION)
         return F.element_at(F.split(file_path, "/"), -2)
 
-    def _exists(self, path: str) -> bool:
+    def _check(self, listed: ManifestFile, batch_id: int, strict: bool) -> None:
+        """``listed`` is still there (and, if ``strict``, as it was listed)."""
+        now = self._stat(listed.path)
+        if now is None:
+            raise SourceFileMissing(
+                f"{listed.path} (taken by batch {batch_id}) is gone: put it back, or move the "
+                "checkpoint away to start over without it"
+            )
+        if strict and now != (listed.size, listed.modified_ms):
+            raise SourceFileChanged(
+                f"{listed.path} (taken by batch {batch_id}) changed since the batch first read "
+                f"it ({listed.size} -> {now[0]} bytes, modified {listed.modified_ms} -> "
+                f"{now[1]} ms), and part of the batch is written: put the original back, or "
+                "move the checkpoint away to start over"
+            )
+
+    def _stat(self, path: str) -> tuple[int, int] | None:
+        """(size, modification time in ms) of ``path`` as a listing records them; None if
+        it is gone."""
         local = _local_path(path)
         if local is not None:
-            return os.path.exists(local)
+            try:
+                st = os.stat(local)
+            except FileNotFoundError:
+                return None
+            return st.st_size, st.st_mtime_ns // 1_000_000
         fs, hpath = self._hadoop_path(path)
-        return bool(fs.exists(hpath))
+        if not fs.exists(hpath):
+            return None
+        status = fs.getFileStatus(hpath)
+        return int(status.getLen()), int(status.getModificationTime())
 
     def _hadoop_path(self, path: str) -> tuple[Any, Any]:
         """(FileSystem, Path) of ``path``: works for local folders and object stores alike."""

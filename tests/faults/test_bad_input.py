@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from batches import faults
 from batches.cli import main
-from batches.errors import SourceFileUnreadable
+from batches.errors import SourceFileChanged, SourceFileUnreadable
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import FileSource
 from tests.batches.helpers import pipeline, sink_ids
@@ -65,6 +65,25 @@ def test_a_file_removed_before_its_batch_is_replayed_is_one_line_naming_it(
     err = capsys.readouterr().err
     assert err.startswith("error: file:") and "f000.json (taken by batch 0) is gone" in err
     assert "put it back" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_file_changed_under_a_half_written_batch_is_refused_naming_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    write_input(tmp_path / "input", FIXED_INPUT[:1])
+    root = tmp_path / "run"
+    crash = faults.crash_at(faults.KillPoint("after_sink", 0))
+    with crash, pytest.raises(faults.InjectedCrash):
+        MicroBatchRunner(spark, plain_append, root).run_batch()
+    sink = root / "out"
+    before = spark.read.format("delta").load(str(sink)).count()
+    taken = tmp_path / "input" / "f000.json"
+    taken.write_text(taken.read_text() + '{"user": "z", "ts": "2026-01-01T00:00:09Z"}\n')
+
+    # The sink holds the first attempt's rows: reading other bytes would mix two inputs.
+    with pytest.raises(SourceFileChanged, match=r"f000.json \(taken by batch 0\) changed"):
+        MicroBatchRunner(spark, plain_append, root).run_batch()
+    assert spark.read.format("delta").load(str(sink)).count() == before
 
 
 def test_json_fields_are_matched_by_name_and_a_value_of_another_type_is_a_bad_record(
