@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from batches.pipeline import Pipeline
+from batches.pipeline import Maintenance, Pipeline
 from state.checkpoint import Checkpoint
 from state.maintenance import Retention, tidy
 from state.table import DriverTable
@@ -36,7 +36,14 @@ def compact_checkpoint(pipeline: Pipeline, data_root: Path) -> Compaction | None
     if done is None:
         return None
     upkeep = pipeline.maintenance
-    keep = Retention(upkeep.log_batches, upkeep.progress_batches)
     state = DriverTable(ckpt.table("state_windows"), None, "window state table")
-    tables = tidy(ckpt, done.batch_id, keep, state)
-    return Compaction(tables, max(0, done.batch_id - keep.log_batches + 1), done.batch_id)
+    tables = tidy_after(ckpt, done.batch_id, upkeep, state)
+    return Compaction(tables, max(0, done.batch_id - upkeep.log_batches + 1), done.batch_id)
+
+
+def tidy_after(
+    checkpoint: Checkpoint, batch_id: int, upkeep: Maintenance, state: DriverTable | None
+) -> int:
+    """Tidy ``checkpoint`` after batch ``batch_id`` with ``upkeep``'s retention; tables tidied."""
+    keep = Retention(upkeep.log_batches, upkeep.progress_batches)
+    return tidy(checkpoint, batch_id, keep, state)

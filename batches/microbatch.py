@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from batches import faults
 from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
+from batches.compaction import tidy_after
 from batches.errors import PipelineConfigInvalid
 from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
@@ -34,7 +35,6 @@ from batches.watermarks import PartitionTime, observe, pipeline_watermark
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
-from state.maintenance import Retention, tidy
 from state.offset_log import OffsetEntry, Offsets
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
@@ -383,7 +383,7 @@ class MicroBatchRunner:
                     (
                         p,
                         t.max_event_time_ms,
-                        t.max_event_time_ms - event_time.max_out_of_orderness,
+                        t.watermark_ms(event_time),
                         t.last_seen_ms,
                     )
                     for p, t in sorted(partitions.items())
@@ -416,8 +416,7 @@ class MicroBatchRunner:
         timer.lap("source_commit")
         upkeep = self.pipeline.maintenance
         if (batch_id + 1) % upkeep.every_batches == 0:
-            keep = Retention(upkeep.log_batches, upkeep.progress_batches)
-            tidy(ckpt, batch_id, keep, self.stage.state.table if self.stage else None)
+            tidy_after(ckpt, batch_id, upkeep, self.stage.state.table if self.stage else None)
             timer.lap("maintenance")
         ckpt.progress.add(
             ProgressEntry(

@@ -67,13 +67,12 @@ def pipeline_status(
     ckpt = runner.checkpoint
     planned = runner.plan_next_batch(dry_run=True)
     latest, done = runner.position()
-    committed_entry = (
-        latest
-        if latest is not None and done is not None and latest.batch_id == done.batch_id
-        else ckpt.offsets.get(done.batch_id)
-        if done
-        else None
-    )
+    if done is None:
+        committed_entry = None
+    elif latest is not None and latest.batch_id == done.batch_id:
+        committed_entry = latest  # the usual case: nothing pending, no second read
+    else:
+        committed_entry = ckpt.offsets.get(done.batch_id)
     committed_end = (
         committed_entry.end_offsets if committed_entry else runner.source.initial_offsets()
     )
@@ -141,7 +140,7 @@ def _partitions(runner: MicroBatchRunner, done: CommitEntry | None) -> list[dict
         {
             "partition": t.partition,
             "max_event_time_ms": t.max_event_time_ms,
-            "watermark_ms": t.max_event_time_ms - event_time.max_out_of_orderness,
+            "watermark_ms": t.watermark_ms(event_time),
             "last_seen_ms": t.last_seen_ms,
         }
         for t in times

@@ -21,6 +21,10 @@ class PartitionTime:
     last_seen_ms: int
     """Processing time (planning time of the batch) it last had data."""
 
+    def watermark_ms(self, config: EventTime) -> int:
+        """This partition's watermark: its max event time minus the max out-of-orderness."""
+        return self.max_event_time_ms - config.max_out_of_orderness
+
 
 def observe(
     known: dict[str, PartitionTime], batch_max: dict[str, int], now_ms: int
@@ -47,7 +51,7 @@ def pipeline_watermark(
     """
     if not parts:
         return previous
-    marks = {p: t.max_event_time_ms - config.max_out_of_orderness for p, t in parts.items()}
+    marks = {p: t.watermark_ms(config) for p, t in parts.items()}
     active = [
         marks[p]
         for p, t in parts.items()

@@ -34,6 +34,7 @@ from batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
 from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from state.session import SparkSettings, get_spark
+from state.table import DriverTable
 
 T0_S = 1_767_225_600
 LOGS = ("offsets", "commits", "watermarks", "progress", "state_windows")
@@ -77,13 +78,12 @@ def _iso(seconds: float) -> str:
 
 def files_opened(checkpoint: str) -> tuple[int, int]:
     """(live data files, _delta_log files) over the logs and the window state."""
-    from deltalake import DeltaTable
-
     data = logs = 0
     for name in LOGS:
         path = Path(checkpoint) / name
-        if DeltaTable.is_deltatable(str(path)):
-            data += len(DeltaTable(str(path)).file_uris())
+        table = DriverTable(str(path))
+        if table.exists():
+            data += table.files()
             logs += sum(1 for _ in (path / "_delta_log").iterdir())
     return data, logs
 

@@ -146,10 +146,7 @@ class DriverTable:
 
     def landed(self, app_id: str, version: int) -> bool:
         """True if a write of (``app_id``, ``version``) or of a later version committed here."""
-        if not self.exists():
-            return False
-        found = self.open().transaction_version(app_id)
-        return found is not None and found >= version
+        return self.exists() and _landed(self.open(), app_id, version)
 
     def append_once(self, rows: pa.Table, app_id: str, version: int) -> bool:
         """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote."""
@@ -270,8 +267,7 @@ class DriverTable:
         pause = PAUSE_S
         for attempt in range(1, ATTEMPTS + 1):
             table = self.open() if self.exists() else None
-            landed = table.transaction_version(app_id) if table is not None else None
-            if landed is not None and landed >= version:
+            if table is not None and _landed(table, app_id, version):
                 return False
             commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
             try:
@@ -295,6 +291,12 @@ class DriverTable:
                 time.sleep(pause)
                 pause *= 2
         raise AssertionError("unreachable")
+
+
+def _landed(table: DeltaTable, app_id: str, version: int) -> bool:
+    """True if ``table`` recorded (``app_id``, ``version``) or a later version of it."""
+    found = table.transaction_version(app_id)
+    return found is not None and found >= version
 
 
 def plain(table: pa.Table) -> pa.Table:

@@ -39,14 +39,19 @@ def bad_raws(spark: SparkSession, runner: MicroBatchRunner) -> list[str]:
     return sorted(r.raw for r in bad.collect())
 
 
+def crashed_first_batch(spark: SparkSession, tmp_path: Path, step: str) -> Path:
+    """The data root of ``plain_append`` over one input file, its batch 0 crashed at ``step``."""
+    write_input(tmp_path / "input", FIXED_INPUT[:1])
+    root = tmp_path / "run"
+    with faults.crash_at(faults.KillPoint(step, 0)), pytest.raises(faults.InjectedCrash):
+        MicroBatchRunner(spark, plain_append, root).run_batch()
+    return root
+
+
 def test_a_file_removed_before_its_batch_is_replayed_is_one_line_naming_it(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_input(tmp_path / "input", FIXED_INPUT[:1])
-    root = tmp_path / "run"
-    crash = faults.crash_at(faults.KillPoint("after_offset_log", 0))
-    with crash, pytest.raises(faults.InjectedCrash):
-        MicroBatchRunner(spark, plain_append, root).run_batch()
+    root = crashed_first_batch(spark, tmp_path, "after_offset_log")
     (tmp_path / "input" / "f000.json").unlink()
 
     with pytest.raises(SystemExit) as exit_info:
@@ -70,11 +75,7 @@ def test_a_file_removed_before_its_batch_is_replayed_is_one_line_naming_it(
 def test_a_file_changed_under_a_half_written_batch_is_refused_naming_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    write_input(tmp_path / "input", FIXED_INPUT[:1])
-    root = tmp_path / "run"
-    crash = faults.crash_at(faults.KillPoint("after_sink", 0))
-    with crash, pytest.raises(faults.InjectedCrash):
-        MicroBatchRunner(spark, plain_append, root).run_batch()
+    root = crashed_first_batch(spark, tmp_path, "after_sink")
     sink = root / "out"
     before = spark.read.format("delta").load(str(sink)).count()
     taken = tmp_path / "input" / "f000.json"
