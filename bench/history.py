@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             land(root / "in", i)
         spark = get_spark(SparkSettings(app_name="lowmark-bench-history"))
         spark.sparkContext.setLogLevel("ERROR")
-        marks = [10, *range(args.every, args.batches + 1, args.every)]
+        marks = sorted({10, *range(args.every, args.batches + 1, args.every)})
         rows: dict[int, list[str]] = {m: [] for m in marks}
         for maintained in (True, False):
             pipeline = history_pipeline(maintained)
