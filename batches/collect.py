@@ -113,11 +113,24 @@ def shuffle_partitions(spark: SparkSession, input_bytes: int | None) -> Iterator
         yield
         return
     wanted = max(1, min(int(configured), -(-input_bytes // PARTITION_BYTES)))
-    spark.conf.set(SHUFFLE_PARTITIONS, str(wanted))
+    with session_confs(spark, {SHUFFLE_PARTITIONS: str(wanted)}):
+        yield
+
+
+@contextmanager
+def session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]:
+    """Within the block, the session has ``confs``; afterwards, what it had (set or unset)."""
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
     try:
         yield
     finally:
-        spark.conf.set(SHUFFLE_PARTITIONS, configured)
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
 
 
 def _column(part: str, index: int) -> str:

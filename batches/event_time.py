@@ -20,6 +20,7 @@ recorded, it computes — without writing anything — what the batch must write
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -57,18 +58,31 @@ _FRESH = "_lowmark_fresh"
 class BatchFrames:
     """What the batch's records alone give, as lazy frames (no state, nothing written).
 
-    ``partials``: state-shaped rows (identity + partial columns) of the
-    accepted records, one per (key, window) — for sessions, per session the
-    batch's own events form. ``late``: rows of the late table. ``seen``
-    observes the records as the first job over ``partials`` reads them:
-    ``stats()`` then has their counts without a job of its own.
+    ``accepted``: the records that go into windows, with their event time in
+    epoch ms. ``partials``: state-shaped rows (identity + partial columns) of
+    the accepted records, one per (key, window) — for sessions, per session
+    the batch's own events form. ``late``: rows of the late table. ``seen``
+    observes the records as the first job over ``accepted`` reads them:
+    ``stats()`` then has their counts without a job of its own. ``partials``
+    and ``late`` are built on first use (building a frame costs driver time).
     """
 
-    partials: DataFrame
-    late: DataFrame
+    accepted: DataFrame
+    rejected: DataFrame
     seen: Observation
     partitions: tuple[str, ...]
     """The source partitions the batch reads, in the order ``seen`` has their max event time."""
+    stage: WindowedStage
+    watermark_ms: int | None
+    late_of: Callable[[DataFrame], DataFrame]
+
+    @cached_property
+    def partials(self) -> DataFrame:
+        return self.stage.partials_of(self.accepted, self.watermark_ms)
+
+    @cached_property
+    def late(self) -> DataFrame:
+        return self.late_of(self.rejected)
 
     def stats(self) -> RecordStats | None:
         """Rows, late rows and max event time per partition, as the job over ``partials``
@@ -191,24 +205,39 @@ class WindowedStage:
                 for i, p in enumerate(partitions)
             ],
         )
-        accepted, late = events.where(~rejected), events.where(rejected)
-        late_rows = late.select(
-            F.lit(batch_id).cast("long").alias("batch_id"),
-            F.col(column).alias("event_time"),
-            F.lit(watermark_ms if watermark_ms is not None else 0)
-            .cast("long")
-            .alias("watermark_ms"),
-            F.when(~timed, F.lit(UNTIMED))
-            .when(future, F.lit(FUTURE))
-            .otherwise(F.lit(CLOSED))
-            .alias("reason"),
-            F.to_json(F.struct(*payload)).alias("record"),
+
+        def late_rows(late: DataFrame) -> DataFrame:
+            return late.select(
+                F.lit(batch_id).cast("long").alias("batch_id"),
+                F.col(column).alias("event_time"),
+                F.lit(watermark_ms if watermark_ms is not None else 0)
+                .cast("long")
+                .alias("watermark_ms"),
+                F.when(~timed, F.lit(UNTIMED))
+                .when(future, F.lit(FUTURE))
+                .otherwise(F.lit(CLOSED))
+                .alias("reason"),
+                F.to_json(F.struct(*payload)).alias("record"),
+            )
+
+        return BatchFrames(
+            events.where(~rejected),
+            events.where(rejected),
+            seen,
+            partitions,
+            self,
+            watermark_ms,
+            late_rows,
         )
+
+    def partials_of(
+        self, accepted: DataFrame, watermark_ms: int | None, by: tuple[str, ...] = ()
+    ) -> DataFrame:
+        """The partials of ``accepted`` records (of ``batch_frames``), per (key, window) —
+        and per ``by`` columns too (the catch-up read-ahead's batch id)."""
         if isinstance(self.window, Session):
-            partials = self._batch_sessions(accepted, self.window)
-        else:
-            partials = self._batch_windows(accepted, self.window, watermark_ms)
-        return BatchFrames(partials, late_rows, seen, partitions)
+            return self._batch_sessions(accepted, self.window)
+        return self._batch_windows(accepted, self.window, watermark_ms, by)
 
     def state_rows(
         self, partials: pa.Table, state_version: int | None, watermark_ms: int | None
@@ -229,7 +258,7 @@ class WindowedStage:
                 nearby = self.state.touched(state_version, lo, hi)
         final = None
         if watermark_ms is not None:
-            final = self.state.ending_before(state_version, self._final_limit_us(watermark_ms))
+            final = self.state.ending_before(state_version, self.final_limit_us(watermark_ms))
         return nearby, final
 
     def merge(
@@ -343,14 +372,19 @@ class WindowedStage:
         return last_end(self.window, event_ms)
 
     def _batch_windows(
-        self, accepted: DataFrame, window: Tumbling | Sliding, watermark_ms: int | None
+        self,
+        accepted: DataFrame,
+        window: Tumbling | Sliding,
+        watermark_ms: int | None,
+        by: tuple[str, ...] = (),
     ) -> DataFrame:
-        """Tumbling/sliding: the batch's partials per (key, window)."""
+        """Tumbling/sliding: the batch's partials per (``by``, key, window)."""
         assigned = accepted.withColumn("_w", assign_windows(window, F.col(self.event_time.column)))
         if watermark_ms is not None:  # a sliding record may still feed its open windows only
             assigned = assigned.where(~self._final(F.col("_w.end"), watermark_ms))
         in_last = F.unix_millis(F.col("_w.end")) == last_end(window, F.col(_ET_MS))
         return assigned.groupBy(
+            *by,
             *self.keys,
             F.col("_w.start").alias("window_start"),
             F.col("_w.end").alias("window_end"),
@@ -452,10 +486,10 @@ class WindowedStage:
 
     def would_emit(self, state_version: int | None, watermark_ms: int) -> bool:
         """True when state holds windows that ``watermark_ms`` makes final."""
-        final = self.state.ending_before(state_version, self._final_limit_us(watermark_ms))
+        final = self.state.ending_before(state_version, self.final_limit_us(watermark_ms))
         return final is not None and final.num_rows > 0
 
-    def _final_limit_us(self, watermark_ms: int) -> int:
+    def final_limit_us(self, watermark_ms: int) -> int:
         """Windows ending before this (epoch µs) are final under ``watermark_ms``."""
         return (watermark_ms - self.event_time.allowed_lateness + 1) * 1000
 
@@ -465,7 +499,7 @@ class WindowedStage:
         The column stays bare so Delta can skip files by their window_end
         statistics; ``< limit + 1 ms`` keeps sub-millisecond ends exact.
         """
-        return window_end < timestamp_at(self._final_limit_us(watermark_ms))
+        return window_end < timestamp_at(self.final_limit_us(watermark_ms))
 
     def _finishes(self) -> list[tuple[str, Column]]:
         return [p.finish for p in self.plans]

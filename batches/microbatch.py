@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches import faults
+from batches.catch_up import Range, ReadAhead, Seen
 from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.compaction import tidy_after
@@ -120,6 +121,17 @@ class MicroBatchRunner:
             WindowSink(sink, sink_path, ckpt.txn_app_id("sink"))
             if self.stage is not None
             else DeltaTableSink(spark, sink, sink_path, ckpt.txn_app_id("sink"))
+        )
+        self.read_ahead = (
+            ReadAhead(
+                self._spark,
+                self.source,
+                self.stage,
+                self._unwatermarked,
+                pipeline.read_ahead_batches,
+            )
+            if self.stage is not None
+            else None
         )
         self._committed: tuple[OffsetEntry, CommitEntry] | None = None
         self._partitions: dict[str, PartitionTime] | None = None
@@ -300,39 +312,36 @@ class MicroBatchRunner:
         timer.lap("offset_log")
         faults.reached("after_offset_log", batch_id)
 
-        # Step 3. Read and transform (lazy: nothing runs yet). A stateless batch reads
-        # its input twice (counts, then the sink write): the parse is cached for it.
-        read = self.source.read(
-            planned.start,
-            planned.end,
-            batch_id,
-            cache=self.stage is None,
-            strict=planned.replay and self._wrote_any(batch_id),
-        )
-        out = self._transformed(read.records, planned)
-        frames = (
-            self.stage.batch_frames(
-                out,
-                planned.watermark_ms,
-                batch_id,
-                _read_partitions(planned),
-                planned.planned_at_ms,
-            )
-            if self.stage is not None
+        # Step 3. Read and transform (lazy: nothing runs yet) — unless the catch-up
+        # read-ahead (batches.catch_up) already looked at exactly this range.
+        batch = Range(batch_id, planned.start, planned.end)
+        seen = (
+            self.read_ahead.seen(batch, planned.watermark_ms, planned.planned_at_ms, planned.replay)
+            if self.read_ahead is not None
             else None
         )
-
-        # Step 4. The batch's one job over its records.
-        seen = self._look(read, out, frames, planned)
+        taken: _Input | None = None
+        if seen is None:
+            # A stateless batch reads its input twice (counts, then the sink write):
+            # the parse is cached for it.
+            taken = self._input(
+                batch,
+                planned.watermark_ms,
+                planned.planned_at_ms,
+                cache=self.stage is None,
+                strict=planned.replay and self._wrote_any(batch_id),
+            )
+            # Step 4. The batch's one job over its records.
+            seen = self._look(taken, planned)
         timer.lap("read")
         faults.reached("after_read", batch_id)
 
         # Step 5. Event-time stage: merge with the state the batch touches (nothing written).
         previous_state = planned.previous.table_versions.get("state") if planned.previous else None
         changes: dict[str, pa.Table] = {}
-        if frames is not None:
-            assert seen.partials is not None
-            changes = self._windows(seen.partials, frames.partials, planned, previous_state)
+        if seen.partials is not None:
+            frames = taken.frames if taken is not None else None
+            changes = self._windows(seen.partials, frames, planned, previous_state)
             rows_out = changes["output"].num_rows
         else:
             rows_out = seen.rows_out
@@ -355,7 +364,8 @@ class MicroBatchRunner:
             retract = changes["retract"] if self.pipeline.sink_config().mode == "merge" else None
             sink_version = sink.write(changes["output"], batch_id, retract)
         else:
-            sink_rows = out.drop(PARTITION_COLUMN)
+            assert taken is not None  # a stateless batch always reads its input itself
+            sink_rows, read = taken.out.drop(PARTITION_COLUMN), taken.read
             sink_version = _explained(read, lambda: sink.write(sink_rows, batch_id))
         if sink_version is not None:
             versions["sink"] = sink_version
@@ -364,7 +374,8 @@ class MicroBatchRunner:
         rows_late = late.num_rows if late is not None else 0
         if late is not None and rows_late:
             ckpt.late.append_once(late, ckpt.txn_app_id("late"), batch_id)
-        read.unpersist()
+        if taken is not None:
+            taken.read.unpersist()
         timer.lap("late")
         faults.reached("after_late", batch_id)
 
@@ -460,18 +471,38 @@ class MicroBatchRunner:
             written.append((self.stage.state.table, self.stage.state.txn_app_id))
         return any(table.landed(app_id, batch_id) for table, app_id in written)
 
-    def _transformed(self, records: DataFrame, planned: PlannedBatch) -> DataFrame:
-        """The pipeline's transform over ``records`` (lazy), keeping the source partition."""
-        out = self.pipeline.transform(records) if self.pipeline.transform else records
-        if PARTITION_COLUMN not in out.columns and len(planned.end) == 1:
+    def _input(
+        self,
+        batch: Range,
+        watermark_ms: int | None,
+        now_ms: int,
+        cache: bool = False,
+        strict: bool = False,
+    ) -> _Input:
+        """Step 3 for ``batch``: its read, transformed records and (windowed) stage frames,
+        all lazy. The catch-up read-ahead builds its batches' frames with this too."""
+        read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
+        out = self.pipeline.transform(read.records) if self.pipeline.transform else read.records
+        if PARTITION_COLUMN not in out.columns and len(batch.end) == 1:
             # A transform that selected its columns dropped the partition; with one
             # partition there is nothing to lose by putting it back.
-            out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(planned.end))))
-        return out
+            out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(batch.end))))
+        frames = (
+            self.stage.batch_frames(
+                out, watermark_ms, batch.batch_id, _read_partitions(batch), now_ms
+            )
+            if self.stage is not None
+            else None
+        )
+        return _Input(read, out, frames)
 
-    def _look(
-        self, read: SourceRead, out: DataFrame, frames: BatchFrames | None, planned: PlannedBatch
-    ) -> _Seen:
+    def _unwatermarked(self, batch: Range, now_ms: int) -> tuple[SourceRead, BatchFrames]:
+        """Step 3 for ``batch`` with no watermark, as the read-ahead looks at it."""
+        taken = self._input(batch, None, now_ms)
+        assert taken.frames is not None
+        return taken.read, taken.frames
+
+    def _look(self, taken: _Input, planned: PlannedBatch) -> Seen:
         """Step 4: what the batch's records give, in one Spark job when all is well.
 
         Windowed: the job computes the partials while Spark observes the
@@ -482,22 +513,24 @@ class MicroBatchRunner:
         must be deterministic). No input, no job. Stateless: one job over the
         cached input (the sink write reads it again).
         """
+        read, frames = taken.read, taken.frames
         if frames is None:
-            return self._counted(read, out, None, planned)
+            return self._counted(read, taken.out, None, planned)
         if planned.start == planned.end:
-            return _Seen(0, None, None, {}, 0, empty_of(frames.partials))
+            return Seen(0, None, None, {}, 0, empty_of(frames.partials))
         with shuffle_partitions(self.spark, read.size_bytes):
             partials = _explained(read, lambda: collect({"partials": frames.partials}))
         counts, stats = observed(read.counts), frames.stats()
         if counts is not None and stats is not None and not counts.get("bad") and not stats.late:
-            return _Seen(counts["rows"], None, None, stats.max_ms, stats.rows, partials["partials"])
-        assert self.stage is not None
-        again = self.source.read(planned.start, planned.end, planned.batch_id, cache=True)
-        out = self._transformed(again.records, planned)
-        late = self.stage.batch_frames(
-            out, planned.watermark_ms, planned.batch_id, frames.partitions, planned.planned_at_ms
-        ).late
-        seen = self._counted(again, out, late, planned)
+            return Seen(counts["rows"], None, None, stats.max_ms, stats.rows, partials["partials"])
+        again = self._input(
+            Range(planned.batch_id, planned.start, planned.end),
+            planned.watermark_ms,
+            planned.planned_at_ms,
+            cache=True,
+        )
+        assert again.frames is not None
+        seen = self._counted(again.read, again.out, again.frames.late, planned)
         seen_late = seen.late.num_rows if seen.late is not None else 0
         if stats is not None and (seen.rows_out, seen_late) != (stats.rows, stats.late):
             raise PipelineConfigInvalid(
@@ -510,7 +543,7 @@ class MicroBatchRunner:
 
     def _counted(
         self, read: SourceRead, out: DataFrame, late: DataFrame | None, planned: PlannedBatch
-    ) -> _Seen:
+    ) -> Seen:
         """One job over ``read`` (cached): counts, max event times, bad rows and ``late``."""
         event_time = self.pipeline.event_time
         parts: dict[str, DataFrame] = {
@@ -535,7 +568,7 @@ class MicroBatchRunner:
         if event_time is not None:
             stats = seen["output"].to_pylist()
             max_ms = {r[PARTITION_COLUMN]: r["max_ms"] for r in stats if r["max_ms"] is not None}
-        return _Seen(
+        return Seen(
             _total(seen["input"], "rows"),
             seen.get("bad"),
             seen.get("late"),
@@ -547,7 +580,7 @@ class MicroBatchRunner:
     def _windows(
         self,
         partials: pa.Table,
-        partials_frame: DataFrame,
+        frames: BatchFrames | None,
         planned: PlannedBatch,
         state_version: int | None,
     ) -> dict[str, pa.Table]:
@@ -562,7 +595,8 @@ class MicroBatchRunner:
         nearby, final = self.stage.state_rows(partials, state_version, planned.watermark_ms)
         if self.stage.merges_on_driver:
             return self.stage.merge_on_driver(partials, nearby, final, planned.batch_id)
-        schema = partials_frame.schema
+        assert frames is not None  # batches merged in Spark never take a read-ahead
+        schema = frames.partials.schema
         local = to_frame(self.spark, partials, schema)
         merged = self.stage.merge(
             local,
@@ -605,24 +639,19 @@ class MicroBatchRunner:
 
 
 @dataclass(frozen=True)
-class _Seen:
-    """What step 4 learnt of the batch's records."""
+class _Input:
+    """Step 3 of a batch: lazy frames over its input."""
 
-    rows_in: int
-    """Records read (bad rows not included)."""
-    bad: pa.Table | None
-    late: pa.Table | None
-    max_event_ms: dict[str, int]
-    """Max event time per source partition (partitions with a timed record)."""
-    rows_out: int
-    """Records after the transform."""
-    partials: pa.Table | None
-    """Windowed: the batch's window partials."""
+    read: SourceRead
+    out: DataFrame
+    """The transformed records."""
+    frames: BatchFrames | None
+    """Windowed: the stage's frames over ``out``."""
 
 
-def _read_partitions(planned: PlannedBatch) -> tuple[str, ...]:
+def _read_partitions(batch: Range) -> tuple[str, ...]:
     """The source partitions the batch takes records from."""
-    return tuple(sorted(p for p, n in planned.end.items() if planned.start.get(p) != n))
+    return tuple(sorted(p for p, n in batch.end.items() if batch.start.get(p) != n))
 
 
 def _explained(read: SourceRead, job: Callable[[], T]) -> T:

@@ -153,6 +153,14 @@ class Pipeline(_Config):
     maintenance: Maintenance = Field(
         default_factory=Maintenance, description="Log retention and compaction of the checkpoint."
     )
+    read_ahead_batches: int = Field(
+        default=10,
+        ge=1,
+        description=(
+            "Catch-up: how many batches one Spark job reads ahead when input waits "
+            "(tumbling windows; 1 turns it off)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _aggregation_needs_event_time(self) -> Pipeline:
@@ -181,7 +189,8 @@ class Pipeline(_Config):
         """Hash of everything that changes what a batch computes.
 
         Admission limits, descriptions, health-check bounds, backfill
-        partitions and maintenance are left out: changing them on a running checkpoint is safe.
+        partitions, maintenance and read-ahead are left out: changing them on a
+        running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not.
         """

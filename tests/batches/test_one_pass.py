@@ -28,7 +28,9 @@ def test_a_windowed_batch_with_clean_input_is_one_spark_job(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     drop_batches(data_root, [[event("a", 1, 1)], [event("a", 2, 2), event("b", 14, 3)]])
-    runner = MicroBatchRunner(spark, windowed(Tumbling(size="10 seconds")), data_root)
+    # No read-ahead: each batch runs its own job (tests/batches/test_catch_up.py has both).
+    p = windowed(Tumbling(size="10 seconds")).model_copy(update={"read_ahead_batches": 1})
+    runner = MicroBatchRunner(spark, p, data_root)
     runner.run_batch()
     result, counter = counted_batch(spark, runner, monkeypatch)
     assert (result.rows_in, result.rows_late, result.rows_bad) == (2, 0, 0)

@@ -1,0 +1,144 @@
+"""Catch-up read-ahead: the next batches' records in one Spark job, each batch's result its own.
+
+A runner that finds a backlog looks at the next batches in one job; every
+batch still commits alone. The proof is a second runner over the same input
+that reads nothing ahead: batch by batch, both must commit the same counts and
+watermarks and write the same sink, late, bad-record and state rows — with
+batches whose own job is needed (late rows, rows without event time, bad
+rows) among those read ahead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.pipeline import Pipeline
+from batches.windows import Sliding, Tumbling
+from tests.batches.test_job_counts import counted_batch
+from tests.batches.test_windows import drop_batches, event, windowed
+from tests.conftest import write_json_lines
+
+BACKLOG: list[list[dict[str, Any]]] = [
+    [event("a", 1, 1), event("b", 2, 2)],
+    [event("a", 12, 3), event("a", 25, 1)],  # watermark after: 25 s
+    [event("a", 22, 10), event("a", 3, 100)],  # a@3: its window [0,10) is closed: late
+    [event("c", 31, 4), {"user": "d", "amount": 9}],  # d: no event time
+    [event("b", 42, 5), event("b", 43, 6)],  # + a line that does not parse
+    [event("a", 55, 6), event("b", 56, 7)],
+    [event("c", 61, 1), event("a", 62, 2)],
+]
+
+
+def _pipeline(read_ahead: int, window: Tumbling | Sliding = Tumbling(size="10 seconds")) -> Pipeline:
+    p = windowed(window, allowed_lateness="5 seconds")
+    return p.model_copy(update={"read_ahead_batches": read_ahead})
+
+
+def _run(
+    spark: SparkSession, root: Path, p: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[BatchResult], list[int], MicroBatchRunner]:
+    """Every batch of ``p`` over ``root``; the results and each batch's Spark jobs."""
+    runner = MicroBatchRunner(spark, p, root)
+    results, jobs = [], []
+    while runner.plan_next_batch(dry_run=True) is not None:
+        result, counter = counted_batch(spark, runner, monkeypatch)
+        results.append(result)
+        jobs.append(counter.jobs())
+    return results, jobs, runner
+
+
+def _tables(spark: SparkSession, runner: MicroBatchRunner, root: Path) -> dict[str, list[Any]]:
+    def rows(path: str, order: list[str]) -> list[Any]:
+        df = spark.read.format("delta").load(path)
+        return [tuple(r) for r in df.select(*order).orderBy(*order).collect()]
+
+    ckpt = runner.checkpoint
+    return {
+        "sink": rows(str(root / "out"), ["user", "window_start", "count", "sum_amount"]),
+        "late": rows(ckpt.table("late"), ["batch_id", "event_time", "reason", "record"]),
+        "bad": rows(ckpt.table("bad_records"), ["batch_id", "raw"]),
+        "state": rows(
+            ckpt.table("state_windows"),
+            ["user", "window_start", "count__count", "sum_amount__sum", "updated_batch"],
+        ),
+    }
+
+
+def _summary(results: list[BatchResult]) -> list[tuple[Any, ...]]:
+    return [
+        (r.batch_id, r.start, r.end, r.rows_in, r.rows_out, r.rows_bad, r.rows_late, r.watermark_ms)
+        for r in results
+    ]
+
+
+def _land_backlog(root: Path) -> None:
+    drop_batches(root, BACKLOG)
+    with (root / "in" / "b004.json").open("a") as f:
+        f.write('{"user": "b", "ts": oops\n')
+    os.utime(root / "in" / "b004.json", (1_700_000_004, 1_700_000_004))
+
+
+def test_a_backlog_is_looked_at_in_one_job_and_every_batch_commits_as_alone(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ahead_root, alone_root = tmp_path / "ahead", tmp_path / "alone"
+    _land_backlog(ahead_root)
+    shutil.copytree(ahead_root / "in", alone_root / "in")
+    ahead, ahead_jobs, ahead_runner = _run(spark, ahead_root, _pipeline(10), monkeypatch)
+    alone, alone_jobs, alone_runner = _run(spark, alone_root, _pipeline(1), monkeypatch)
+
+    assert _summary(ahead) == _summary(alone)
+    assert [r.rows_late for r in ahead[:5]] == [0, 0, 1, 1, 0]  # the backlog has late rows
+    assert ahead[4].rows_bad == 1
+    assert _tables(spark, ahead_runner, ahead_root) == _tables(spark, alone_runner, alone_root)
+    # One job looked at all seven batches; only the batches with late or bad rows
+    # ran jobs of their own (to collect those rows).
+    own = {2, 3, 4}
+    assert ahead_jobs[0] == 1, ahead_jobs
+    assert all(ahead_jobs[b] == 0 for b in range(1, 7) if b not in own), ahead_jobs
+    assert all(ahead_jobs[b] >= 1 for b in own), ahead_jobs
+    assert all(n >= 1 for n in alone_jobs[:7]), alone_jobs
+
+
+def test_a_batch_whose_range_grew_after_the_read_ahead_runs_its_own_job(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ahead_root, alone_root = tmp_path / "ahead", tmp_path / "alone"
+    three = BACKLOG[:3]
+    for root in (ahead_root, alone_root):
+        drop_batches(root, three)
+    p = _pipeline(10).model_copy(
+        update={"source": _pipeline(10).source.model_copy(update={"max_files_per_batch": 2})}
+    )
+    ahead_runner = MicroBatchRunner(spark, p, ahead_root)
+    first = ahead_runner.run_batch()  # reads ahead: batch 0 (files 0, 1) and batch 1 (file 2)
+    assert first is not None and first.end == {"0": 2}
+    for root in (ahead_root, alone_root):  # batch 1 now takes files 2 and 3
+        write_json_lines(root / "in", "b003.json", [event("c", 31, 4)], 1_700_000_003)
+    result, counter = counted_batch(spark, ahead_runner, monkeypatch)
+    assert result.end == {"0": 4} and counter.jobs() >= 1
+    ahead = [first, result, *ahead_runner.run(max_batches=None)]
+    alone_runner = MicroBatchRunner(
+        spark, p.model_copy(update={"read_ahead_batches": 1}), alone_root
+    )
+    alone = alone_runner.run(max_batches=None)
+    assert _summary(ahead) == _summary(alone)
+    assert _tables(spark, ahead_runner, ahead_root) == _tables(spark, alone_runner, alone_root)
+
+
+def test_sliding_windows_do_not_read_ahead(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sliding record's lateness belongs to its last window, not to each window
+    # it is in: what a partial row says cannot decide it, so each batch runs its job.
+    drop_batches(tmp_path, BACKLOG[:3])
+    p = _pipeline(10, Sliding(size="10 seconds", slide="5 seconds"))
+    _, jobs, _ = _run(spark, tmp_path, p, monkeypatch)
+    assert all(n >= 1 for n in jobs[:3]), jobs
