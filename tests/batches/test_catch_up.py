@@ -36,7 +36,10 @@ BACKLOG: list[list[dict[str, Any]]] = [
 ]
 
 
-def _pipeline(read_ahead: int, window: Tumbling | Sliding = Tumbling(size="10 seconds")) -> Pipeline:
+TUMBLING = Tumbling(size="10 seconds")
+
+
+def _pipeline(read_ahead: int, window: Tumbling | Sliding = TUMBLING) -> Pipeline:
     p = windowed(window, allowed_lateness="5 seconds")
     return p.model_copy(update={"read_ahead_batches": read_ahead})
 
