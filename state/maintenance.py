@@ -10,8 +10,10 @@ after a commit, the runner tidies each table (``DriverTable.tidy``):
    entry; Spark keeps 100 by default too), progress its latest
    ``progress_batches``;
 2. small files are merged into few (delta-rs OPTIMIZE);
-3. data files removed over ``KEEP_HOURS`` ago are vacuumed, and Delta log
-   files past the table's log retention (an hour) are deleted.
+3. first of all, the Delta log is checkpointed at the version the last
+   commit recorded and log files below it older than the log retention (a
+   minute) are deleted; data files removed over ``KEEP_HOURS`` ago are
+   vacuumed.
 
 What it never loses: the entries recovery or a replay reads (the latest
 ones), and the window state as of the last commit. That version's files are

@@ -30,7 +30,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    PostCommitHookProperties,
+    QueryBuilder,
+    Transaction,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict
@@ -42,12 +49,21 @@ UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 TABLE_CONFIGURATION = {
     "delta.checkpointInterval": "10",
-    "delta.logRetentionDuration": "interval 1 hours",
+    "delta.logRetentionDuration": "interval 1 minutes",
+    "delta.enableExpiredLogCleanup": "false",
 }
-"""Checkpoint the Delta log every 10 commits (as Spark does) and keep an hour of log: opening
-a table reads one checkpoint and a few commits, and its log folder holds at most an hour of
-commits. (Only lowmark writes these tables, and a batch reads the state version of the last
-commit before it writes anything, so cleaning the log never loses a version a batch reads.)"""
+"""Checkpoint the Delta log every 10 commits (as Spark does): opening a table reads one
+checkpoint and a few commits. Log files are deleted only by maintenance (``tidy``), which
+first checkpoints the version the last commit recorded (what a replay reads), then deletes
+log files below it older than a minute: the log folder holds what came since the last
+maintenance, whatever the history's length. Deleting expired log files after every
+automatic checkpoint (Delta's default) is off: after an idle stretch it would delete the
+log of the very version a replay must read. Time travel to versions before the last
+maintenance is given up for it."""
+
+HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+"""Every driver commit: automatic checkpoints yes, log clean-up no (see TABLE_CONFIGURATION),
+whatever the properties of a table created before this setting."""
 
 ATTEMPTS = 5
 PAUSE_S = 0.2
@@ -175,6 +191,7 @@ class DriverTable:
                 rows,
                 configuration=TABLE_CONFIGURATION,
                 commit_properties=commit,
+                post_commithook_properties=HOOKS,
                 **options,
             )
 
@@ -223,6 +240,7 @@ class DriverTable:
                     target_alias="t",
                     merge_schema=True,  # a column added since (the window state's row counts)
                     commit_properties=commit,
+                    post_commithook_properties=HOOKS,
                 )
                 .when_matched_delete(predicate=f"s.{OP} = 'delete'")
                 .when_matched_update(updates=values, predicate=f"s.{OP} = 'upsert'")
@@ -233,22 +251,35 @@ class DriverTable:
         return self.write_once(merge, app_id, version)
 
     def tidy(self, drop_where: str | None, keep_hours: int) -> None:
-        """Maintenance: delete the rows matching ``drop_where`` (if any), merge small files,
-        then delete data files removed over ``keep_hours`` ago and expired log files.
+        """Maintenance: checkpoint the log and delete expired log files, then delete the rows
+        matching ``drop_where`` (if any), merge small files, and delete data files removed
+        over ``keep_hours`` ago.
 
-        Not a batch's write (no application transaction): repeating it is
-        harmless. Readers of the current version are unaffected, and so are
-        readers of any version less than ``keep_hours`` old.
+        The log is checkpointed at the current version — run right after a
+        commit, the version that commit recorded, which is what a replay of the
+        next batch reads — and only log files below that checkpoint and older
+        than the log retention are deleted, before anything else commits. Not a
+        batch's write (no application transaction): repeating it is harmless.
+        Readers of the current version are unaffected, and so are readers of
+        any version since the checkpoint (data files: less than ``keep_hours``
+        old).
         """
         table = self.open()
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        quiet = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
         config = table.metadata().configuration
         if any(config.get(k) != v for k, v in TABLE_CONFIGURATION.items()):
-            table.alter.set_table_properties(TABLE_CONFIGURATION)
+            table.alter.set_table_properties(TABLE_CONFIGURATION, post_commithook_properties=quiet)
         if drop_where is not None:
-            table.delete(drop_where)
-        table.optimize.compact()
-        table.vacuum(retention_hours=keep_hours, dry_run=False, enforce_retention_duration=False)
-        table.cleanup_metadata()
+            table.delete(drop_where, post_commithook_properties=quiet)
+        table.optimize.compact(post_commithook_properties=quiet)
+        table.vacuum(
+            retention_hours=keep_hours,
+            dry_run=False,
+            enforce_retention_duration=False,
+            post_commithook_properties=quiet,
+        )
         self._handle = None
 
     def files(self) -> int:

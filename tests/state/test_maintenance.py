@@ -3,6 +3,8 @@ every batch after it (a replay across it included) computes what a plain batch j
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,33 @@ def test_without_maintenance_each_batch_adds_a_file_to_each_log(
     runner = _run(spark, data_root, Maintenance(every_batches=1000))
     assert runner.checkpoint.offsets.table.files() == len(BATCHES)
     assert runner.checkpoint.offsets.table.read().num_rows == len(BATCHES)
+
+
+def test_a_replay_after_an_idle_stretch_still_reads_the_state_of_the_last_commit(
+    spark: SparkSession, data_root: Path
+) -> None:
+    drop_batches(data_root, BATCHES)
+    p = windowed(WINDOW, "update")
+    runner = MicroBatchRunner(spark, p, data_root)
+    assert runner.stage is not None
+    state = runner.stage.state.table
+    # Up to the batch whose state write is a Delta checkpoint (versions 9, 19, ...).
+    while not state.exists() or (state.version() + 2) % 10:
+        assert runner.run_batch() is not None
+    # A long idle stretch: every log file of the checkpoint is days old.
+    days_ago = time.time() - 3 * 24 * 3600
+    for log_file in Path(runner.checkpoint.location).glob("*/_delta_log/*"):
+        os.utime(log_file, (days_ago, days_ago))
+    batch = runner.plan_next_batch(dry_run=True)
+    assert batch is not None
+    crash = faults.KillPoint("after_state", batch.batch_id)
+    with pytest.raises(faults.InjectedCrash), faults.crash_at(crash):
+        runner.run_batch()
+    assert state.version() % 10 == 9
+    # The replay reads the state as of the last commit, a version before that checkpoint.
+    replayed = MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    assert replayed[0].replay and replayed[0].batch_id == batch.batch_id
+    assertDataFrameEqual(
+        sink(spark, data_root).select(*reference(spark, data_root, WINDOW).columns),
+        reference(spark, data_root, WINDOW),
+    )
