@@ -1,0 +1,131 @@
+"""A long history costs what a short one does.
+
+After maintenance, each log a batch or a sensor tick reads (offsets, commits,
+watermarks) holds at most ``log_batches`` rows in one data file, and its
+``_delta_log`` folder a handful of files, whether the pipeline ran 10 batches
+or 10,000. The 10,000 are synthetic: the real entries of a few batches are
+copied to 10,000 batch ids, in bulk appends plus a few hundred single commits
+(each a Delta log file, as a batch writes), and the log files are then aged
+past the log retention, as hours of running would. Those batches take no
+files: the file manifest, which keeps a row per file taken (a backfill reads
+them all), is not part of this claim.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from batches.compaction import compact_checkpoint
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import Maintenance, Pipeline
+from batches.status import pipeline_status
+from batches.windows import Tumbling
+from state.checkpoint import Checkpoint
+from state.table import DriverTable
+from tests.batches.test_windows import drop_batches, event, windowed
+
+UPKEEP = Maintenance(every_batches=100, log_batches=20, progress_batches=50)
+SINGLE_COMMITS = 150
+"""Synthetic batches written one commit each (the rest in bulk)."""
+LOG_FILES = 12
+"""At most this many files in a maintained table's ``_delta_log``: a checkpoint, its
+pointer and the commits since (maintenance's own: delete, compact, vacuum)."""
+
+
+def _pipeline() -> Pipeline:
+    p = windowed(Tumbling(size="10 seconds"))
+    return p.model_copy(update={"maintenance": UPKEEP})
+
+
+def _logs(ckpt: Checkpoint) -> dict[str, DriverTable]:
+    return {
+        "offsets": ckpt.offsets.table,
+        "commits": ckpt.commits.table,
+        "watermarks": ckpt.watermarks.table,
+        "progress": ckpt.progress.table,
+    }
+
+
+def _footprint(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
+    """Per log: (rows, data files, files in its ``_delta_log``)."""
+    return {
+        name: (
+            table.read().num_rows,
+            table.files(),
+            len(os.listdir(Path(table.path, "_delta_log"))),
+        )
+        for name, table in _logs(ckpt).items()
+    }
+
+
+def _synthesize(ckpt: Checkpoint, batches: int) -> int:
+    """Copy the last committed batch's log rows to ``batches`` more batch ids; the last id."""
+    done = ckpt.commits.get_latest()
+    assert done is not None
+    first = done.batch_id + 1
+    ids = list(range(first, first + batches))
+    bulk, singles = ids[:-SINGLE_COMMITS], ids[-SINGLE_COMMITS:]
+    app_ids = {
+        "offsets": ckpt.offsets.txn_app_id,
+        "commits": ckpt.commits.txn_app_id,
+        "watermarks": ckpt.watermarks.txn_app_id,
+        "progress": ckpt.progress.txn_app_id,
+    }
+    for name, table in _logs(ckpt).items():
+        last = table.read(f'"batch_id" = {done.batch_id}')
+
+        def rows_for(chunk: list[int], last: pa.Table = last) -> pa.Table:
+            copies = [
+                last.set_column(0, "batch_id", pa.array([i] * last.num_rows, pa.int64()))
+                for i in chunk
+            ]
+            return pa.concat_tables(copies)
+
+        assert last.column_names[0] == "batch_id", name
+        for start in range(0, len(bulk), 2_500):
+            chunk = bulk[start : start + 2_500]
+            table.append_once(rows_for(chunk), app_ids[name], chunk[-1])
+        for i in singles:
+            table.append_once(rows_for([i]), app_ids[name], i)
+    return ids[-1]
+
+
+def _age_logs(ckpt: Checkpoint) -> None:
+    """Make every log file look hours old (older than the log retention)."""
+    hours_ago = time.time() - 6 * 3600
+    for log_file in Path(ckpt.location).glob("*/_delta_log/*"):
+        os.utime(log_file, (hours_ago, hours_ago))
+
+
+def test_after_10_000_batches_each_log_holds_what_it_held_after_10(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    footprints = {}
+    for history in (10, 10_000):
+        root = tmp_path / str(history)
+        drop_batches(
+            root, [[event("a", 10 * i + 1, i), event("b", 10 * i + 5, i)] for i in range(3)]
+        )
+        runner = MicroBatchRunner(spark, _pipeline(), root)
+        done = runner.run(max_batches=None)
+        last = _synthesize(runner.checkpoint, history - len(done))
+        _age_logs(runner.checkpoint)
+        assert compact_checkpoint(_pipeline(), root) is not None
+        footprints[history] = _footprint(runner.checkpoint)
+        # A sensor tick after it: where the pipeline stands, nothing to run.
+        status = pipeline_status(spark, _pipeline(), root)
+        assert status["last_committed_batch"] == last and status["next_batch"] is None
+
+    short, long = footprints[10], footprints[10_000]
+    for name in ("offsets", "commits", "watermarks"):
+        assert long[name][0] == UPKEEP.log_batches * (short[name][0] // 10), (name, long, short)
+    assert long["progress"][0] == UPKEEP.progress_batches * (short["progress"][0] // 10)
+    for name in long:
+        for footprint in (short, long):
+            _, files, log_files = footprint[name]
+            assert files <= 1 and log_files <= LOG_FILES, (name, short, long)
