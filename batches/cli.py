@@ -6,6 +6,7 @@ trace; everything committed before the error stays committed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from batches.follow import follow
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import resolve
 from batches.registry import get_pipeline, load_pipelines
+from batches.reset import reset as reset_pipeline
 from batches.status import pipeline_history, pipeline_status
 from state.errors import LowmarkError
 from state.session import SparkSettings, get_spark
@@ -132,7 +134,7 @@ def run(
 
     An uncommitted batch left by a crash is replayed first, with exactly the
     offsets it had. The checkpoint defaults to <data root>/_lowmark/PIPELINE;
-    to start over, move it away (or set the pipeline's `checkpoint`).
+    to start over, `lowmark reset PIPELINE` (it keeps the sink's data from landing twice).
 
     --follow keeps one Spark session and takes new files as they land (like
     Structured Streaming's processing-time trigger); on stop it prints how many
@@ -272,6 +274,57 @@ def compact(
         f"{p.name}: compacted {done.tables} tables of {p.checkpoint_location(c.data_root)}; "
         f"the logs keep batches {done.first_kept} to {done.last_committed}"
     )
+
+
+@app.command()
+def reset(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    truncate_sink: Annotated[
+        bool,
+        typer.Option(
+            "--truncate-sink", help="Empty the sink; the new checkpoint starts from the beginning."
+        ),
+    ] = False,
+    after_sink: Annotated[
+        bool,
+        typer.Option(
+            "--after-sink",
+            help="Start after the data the sink holds (pipelines without windows).",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Start PIPELINE over on a new checkpoint without writing the sink's data twice.
+
+    The old checkpoint is moved aside to <checkpoint>.reset-<UTC time>, never
+    deleted. Choose one: --truncate-sink empties the sink (one Delta commit:
+    time travel still reaches the old rows) and reads the source from its
+    beginning; --after-sink starts right after the last batch the sink holds
+    (its offsets and file manifest come from the old checkpoint).
+    """
+    if truncate_sink == after_sink:
+        raise typer.BadParameter("choose one of --truncate-sink and --after-sink")
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    done = reset_pipeline(c.spark, p, c.data_root, "truncate" if truncate_sink else "after")
+    if as_json:
+        print(json.dumps(dataclasses.asdict(done), indent=2))
+        return
+    if done.moved_to:
+        out.print(f"{p.name}: old checkpoint moved to {done.moved_to}", soft_wrap=True)
+    if done.mode == "truncate":
+        out.print(
+            f"{p.name}: sink emptied; new checkpoint {done.pipeline_id} starts from the "
+            "beginning of the source",
+            soft_wrap=True,
+        )
+    else:
+        out.print(
+            f"{p.name}: new checkpoint {done.pipeline_id} starts after {done.continues} "
+            f"(offsets {done.start_offsets}; {done.files} files already taken)",
+            soft_wrap=True,
+        )
 
 
 @app.command()

@@ -40,3 +40,7 @@ class FaultSpecInvalid(LowmarkError):
 
 class SourceFileUnreadable(LowmarkError):
     """A file a batch takes cannot be read with the source schema (drift, corruption)."""
+
+
+class SinkHeldElsewhere(LowmarkError):
+    """A new checkpoint's sink holds another checkpoint's writes (``lowmark reset``)."""

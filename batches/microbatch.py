@@ -26,7 +26,7 @@ from batches.catch_up import Range, ReadAhead, Seen
 from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.compaction import tidy_after
-from batches.errors import PipelineConfigInvalid
+from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
 from batches.sinks.delta import DeltaTableSink, WindowSink
@@ -37,10 +37,11 @@ from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
 from state.offset_log import OffsetEntry, Offsets
+from state.ownership import last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
 from state.table import DriverTable
-from state.window_state import ROWS, WindowState
+from state.window_state import LATEST, ROWS, WindowState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,6 +142,12 @@ class MicroBatchRunner:
         """The session; a runner that only plans (a dry run) never starts one."""
         return self._spark()
 
+    @property
+    def start_offsets(self) -> Offsets:
+        """Where batch 0 starts: the source's beginning, unless ``lowmark reset`` recorded
+        another start in the checkpoint."""
+        return self.checkpoint.start_offsets or self.source.initial_offsets()
+
     def plan_next_batch(self, dry_run: bool = False) -> PlannedBatch | None:
         """Decide which batch runs next, or None when there is nothing to do.
 
@@ -172,15 +179,16 @@ class MicroBatchRunner:
             if done is not None:
                 raise CheckpointCorrupt(
                     f"commit log of {self.checkpoint.location} has batch {done_id} but the "
-                    "offset log is empty: restore offsets/ or move the checkpoint away"
+                    "offset log is empty: restore offsets/ or start over with `lowmark reset`"
                 )
-            return self._plan_new(0, self.source.initial_offsets(), None, None, dry_run)
+            return self._plan_new(0, self.start_offsets, None, None, dry_run)
         if latest.pipeline_fingerprint != self.fingerprint:
             raise FingerprintMismatch(
                 f"pipeline {self.pipeline.name} changed since its checkpoint "
                 f"{self.checkpoint.location} was written (fingerprint "
                 f"{latest.pipeline_fingerprint} -> {self.fingerprint}): restore the old "
-                "definition, or set a new `checkpoint` folder to start over"
+                f"definition, or start over with `lowmark reset {self.pipeline.name} "
+                "--truncate-sink`"
             )
         if done is not None and done.batch_id == latest.batch_id:
             return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
@@ -199,7 +207,7 @@ class MicroBatchRunner:
             f"checkpoint {self.checkpoint.location} is inconsistent: latest offsets batch "
             f"{latest.batch_id}, latest commit batch {done_id}; expected the commit to be "
             f"{latest.batch_id} or {latest.batch_id - 1}. Restore both logs from one backup, "
-            "or move the checkpoint away to start over"
+            "or start over with `lowmark reset`"
         )
 
     def _plan_new(
@@ -220,7 +228,7 @@ class MicroBatchRunner:
             previous_watermark = latest.batch_watermark_ms if latest else None
             if watermark is None or watermark == previous_watermark or self.stage is None:
                 return None
-            state_version = done.table_versions.get("state") if done else None
+            state_version = LATEST if done and "state" in done.table_versions else None
             if not self.stage.would_emit(state_version, watermark):
                 return None
         return PlannedBatch(batch_id, start, end, watermark, False, now, done)
@@ -263,8 +271,8 @@ class MicroBatchRunner:
         if not self.stage.state.table.exists():
             raise CheckpointMissing(
                 f"window state table {self.stage.state.path} is missing, but commit "
-                f"{done.batch_id} wrote it: restore it from backup, or move the checkpoint "
-                "away to start over"
+                f"{done.batch_id} wrote it: restore it from backup, or start over with "
+                "`lowmark reset`"
             )
 
     def run_batch(self) -> BatchResult | None:
@@ -308,6 +316,8 @@ class MicroBatchRunner:
             pipeline_fingerprint=self.fingerprint,
         )
         if not planned.replay:
+            if batch_id == 0:
+                self._check_sink_is_ours()
             ckpt.offsets.claim(offsets)
         timer.lap("offset_log")
         faults.reached("after_offset_log", batch_id)
@@ -337,7 +347,7 @@ class MicroBatchRunner:
         faults.reached("after_read", batch_id)
 
         # Step 5. Event-time stage: merge with the state the batch touches (nothing written).
-        previous_state = planned.previous.table_versions.get("state") if planned.previous else None
+        previous_state = self._state_as_of(planned)
         changes: dict[str, pa.Table] = {}
         if seen.partials is not None:
             frames = taken.frames if taken is not None else None
@@ -457,6 +467,34 @@ class MicroBatchRunner:
             lag_ms,
             timer.durations,
         )
+
+    def _check_sink_is_ours(self) -> None:
+        """Before a checkpoint's first batch: its sink must not hold another checkpoint's
+        writes, or the source, read from the start again, would land in it twice."""
+        writer = last_writer(self.sink.path)
+        ours = {self.checkpoint.pipeline_id, self.checkpoint.adopted_from}
+        if writer is None or writer.pipeline_id in ours:
+            return
+        name = self.pipeline.name
+        raise SinkHeldElsewhere(
+            f"sink {self.sink.path} holds the writes of another checkpoint (pipeline id "
+            f"{writer.pipeline_id}, up to its batch {writer.batch_id}), and this new checkpoint "
+            f"would write its input again: run `lowmark reset {name} --after-sink` to go on "
+            f"after the sink's data, or `lowmark reset {name} --truncate-sink` to empty it "
+            "and start from the beginning"
+        )
+
+    def _state_as_of(self, planned: PlannedBatch) -> int | None:
+        """The state version batch ``planned`` starts from: the newest (``LATEST``), or, for
+        a replay whose own state write landed, the one commit N-1 recorded (None: no state
+        yet). See ``state.window_state``."""
+        recorded = planned.previous.table_versions.get("state") if planned.previous else None
+        if recorded is None or self.stage is None:
+            return None
+        state = self.stage.state
+        if planned.replay and state.table.landed(state.txn_app_id, planned.batch_id):
+            return recorded
+        return LATEST
 
     def _wrote_any(self, batch_id: int) -> bool:
         """True if a write of batch ``batch_id`` landed (its replay must read what it read)."""

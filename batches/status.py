@@ -73,9 +73,7 @@ def pipeline_status(
         committed_entry = latest  # the usual case: nothing pending, no second read
     else:
         committed_entry = ckpt.offsets.get(done.batch_id)
-    committed_end = (
-        committed_entry.end_offsets if committed_entry else runner.source.initial_offsets()
-    )
+    committed_end = committed_entry.end_offsets if committed_entry else runner.start_offsets
     backlog = runner.source.backlog(committed_end)
     if planned is None:
         next_batch = None

@@ -3,7 +3,8 @@
 Layout under the checkpoint location (every table a ``DriverTable``,
 written by delta-rs from the driver)::
 
-    checkpoint/     one row: pipeline_id, pipeline name, created_at (written last)
+    checkpoint/     one row: pipeline_id, pipeline name, created_at (written last);
+                    after ``lowmark reset``: where it starts and whose sink it adopted
     offsets/        write-ahead offset log        (state.offset_log)
     commits/        commit log                    (state.commit_log)
     progress/       per-batch progress            (state.progress)
@@ -22,6 +23,7 @@ are created with the checkpoint, so a missing one is always an error.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pyarrow as pa
@@ -31,7 +33,7 @@ from state.commit_log import CommitEntry, CommitLog
 from state.errors import CheckpointMissing
 from state.log import utc_now
 from state.manifest import FileManifest
-from state.offset_log import OffsetEntry, OffsetLog
+from state.offset_log import OffsetEntry, OffsetLog, Offsets
 from state.progress import ProgressEntry, ProgressLog
 from state.source_schema import SourceSchema
 from state.table import UTC_MICROS, DriverTable
@@ -42,18 +44,34 @@ _METADATA_SCHEMA = pa.schema(
         pa.field("pipeline_id", pa.string(), nullable=False),
         pa.field("pipeline_name", pa.string(), nullable=False),
         pa.field("created_at", UTC_MICROS, nullable=False),
+        pa.field("start_offsets", pa.string(), nullable=True),
+        pa.field("adopted_from", pa.string(), nullable=True),
     ]
 )
+"""``start_offsets`` (JSON): where batch 0 starts, when not at the source's beginning;
+``adopted_from``: the pipeline id of the checkpoint whose sink writes this one continues.
+Both are set by ``lowmark reset`` (``batches.reset``); checkpoints written before they
+existed have neither."""
 
 
 class Checkpoint:
     """Opens (or creates) the checkpoint of one pipeline at ``location``."""
 
-    def __init__(self, location: str, pipeline_name: str) -> None:
+    def __init__(
+        self,
+        location: str,
+        pipeline_name: str,
+        start_offsets: Offsets | None = None,
+        adopted_from: str | None = None,
+    ) -> None:
+        """Open the checkpoint, or create it (``start_offsets`` and ``adopted_from`` are
+        recorded only by a creation: see ``_METADATA_SCHEMA``)."""
         self.location = location.rstrip("/")
         self.pipeline_name = pipeline_name
         self.metadata = DriverTable(self.table("checkpoint"), _METADATA_SCHEMA)
         self.pipeline_id = ""
+        self.start_offsets = start_offsets
+        self.adopted_from = adopted_from
         self._handles("")
         self.pipeline_id = self._open_or_create()
         self._handles(self.pipeline_id)
@@ -114,7 +132,7 @@ class Checkpoint:
         if self.offsets.exists() and self.offsets.table.read().num_rows:
             raise CheckpointMissing(
                 f"checkpoint table {self.metadata.path} is missing but {self.offsets.path} holds "
-                f"batches: restore it, or move {self.location} away to start the pipeline over"
+                f"batches: restore it, or start over with `lowmark reset`"
             )
         for table in self._tables():
             table.create()
@@ -122,6 +140,8 @@ class Checkpoint:
             "pipeline_id": str(uuid.uuid4()),
             "pipeline_name": self.pipeline_name,
             "created_at": utc_now(),
+            "start_offsets": json.dumps(self.start_offsets) if self.start_offsets else None,
+            "adopted_from": self.adopted_from,
         }
         # Two runners creating at once: transaction version 0 lets only the first row land.
         rows = pa.Table.from_pylist([row], schema=_METADATA_SCHEMA)
@@ -133,6 +153,10 @@ class Checkpoint:
         if len(rows) != 1:
             raise CheckpointMissing(
                 f"checkpoint table {self.metadata.path} holds {len(rows)} rows, expected 1: "
-                f"restore it, or move {self.location} away to start over"
+                f"restore it, or start over with `lowmark reset`"
             )
-        return str(rows[0]["pipeline_id"])
+        row = rows[0]
+        start = row.get("start_offsets")
+        self.start_offsets = json.loads(start) if start else None
+        self.adopted_from = row.get("adopted_from")
+        return str(row["pipeline_id"])

@@ -17,9 +17,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from state.conflicts import retry_conflicts
+from state.ownership import writer_metadata
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def append_once(df: DataFrame, path: str, app_id: str, version: int) -> None:
@@ -31,6 +33,7 @@ def append_once(df: DataFrame, path: str, app_id: str, version: int) -> None:
             .mode("append")
             .option("txnAppId", app_id)
             .option("txnVersion", version)
+            .option("userMetadata", writer_metadata(app_id, version))
             .save(path)
         )
 
@@ -39,18 +42,21 @@ def append_once(df: DataFrame, path: str, app_id: str, version: int) -> None:
 
 @contextmanager
 def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
-    """Make the MERGE/DELETE/UPDATE inside this block idempotent for (app_id, version).
+    """Make the MERGE/DELETE/UPDATE inside this block idempotent for (app_id, version),
+    its commit naming its writer (``state.ownership``).
 
     Delta reads the txn session confs for DML; they are unset afterwards so no
     later write inherits them.
     """
     spark.conf.set(TXN_APP_ID_CONF, app_id)
     spark.conf.set(TXN_VERSION_CONF, str(version))
+    spark.conf.set(USER_METADATA_CONF, writer_metadata(app_id, version))
     try:
         yield
     finally:
         spark.conf.unset(TXN_APP_ID_CONF)
         spark.conf.unset(TXN_VERSION_CONF)
+        spark.conf.unset(USER_METADATA_CONF)
 
 
 def upsert_once(

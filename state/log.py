@@ -81,8 +81,8 @@ class LogEntry(BaseModel):
         except (ValueError, TypeError) as exc:
             raise CheckpointCorrupt(
                 f"checkpoint table {path} batch {values.get('batch_id')} cannot be read "
-                f"({str(exc).splitlines()[0]}): restore it from backup, or move the "
-                "checkpoint away to start over"
+                f"({str(exc).splitlines()[0]}): restore it from backup, or start over with "
+                "`lowmark reset`"
             ) from exc
 
 

@@ -41,6 +41,7 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict
+from state.ownership import writer_metadata
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +131,13 @@ class DriverTable:
             at = f" as of version {version}" if version is not None else ""
             raise CheckpointCorrupt(
                 f"{self.what} {self.path} cannot be read{at} ({_first_line(exc)}): restore it "
-                "from backup, or move the checkpoint away to start over"
+                "from backup, or start over with `lowmark reset`"
             ) from exc
 
     def missing(self) -> CheckpointMissing:
         return CheckpointMissing(
-            f"{self.what} {self.path} is missing: restore it from backup, or move the "
-            "checkpoint away to start over"
+            f"{self.what} {self.path} is missing: restore it from backup, or start over with "
+            "`lowmark reset`"
         )
 
     def read(self, where: str | None = None, version: int | None = None) -> pa.Table:
@@ -154,7 +155,7 @@ class DriverTable:
         except Exception as exc:
             raise CheckpointCorrupt(
                 f"{self.what} {self.path} cannot be read ({_first_line(exc)}): restore it "
-                "from backup, or move the checkpoint away to start over"
+                "from backup, or start over with `lowmark reset`"
             ) from exc
 
     def version(self) -> int:
@@ -300,7 +301,10 @@ class DriverTable:
             table = self.open() if self.exists() else None
             if table is not None and _landed(table, app_id, version):
                 return False
-            commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
+            commit = CommitProperties(
+                custom_metadata={"userMetadata": writer_metadata(app_id, version)},
+                app_transactions=[Transaction(app_id, version)],
+            )
             try:
                 write(table, commit)
                 self._handle = None

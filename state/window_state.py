@@ -6,8 +6,13 @@ delta-rs (``state.table``): a batch changes it with ONE idempotent MERGE
 touched and deletes the windows it emitted as final. Open windows are
 therefore a plain table to query: one row per open (key, window).
 
-A replay of batch N reads state as of the version commit N-1 recorded
-(Delta time travel), so it recomputes exactly the same changes.
+A batch reads the state its previous commit left. A new batch reads the
+newest version (``LATEST``): between two batches only maintenance or a user's
+OPTIMIZE commits to the table, which change files, not windows, so the newest
+version holds the same windows and its files survive any VACUUM. A replay
+whose own MERGE landed reads the version commit N-1 recorded (Delta time
+travel), so it recomputes exactly the same changes; that version's files must
+still be there (VACUUM retention, docs/guarantees.md).
 
 Cost follows touched state, not total state. Every read carries bounds on
 ``window_start`` or ``window_end`` and the MERGE a target-only bound on
@@ -22,10 +27,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.errors import CheckpointMissing
+from state.errors import CheckpointCorrupt, CheckpointMissing
 from state.table import DriverTable, micros_literal
 
 WINDOW_COLUMNS = ("window_start", "window_end")
+LATEST = -1
+"""As a version to read: the newest (what a new batch reads, see above)."""
 ROWS = "_lowmark_rows"
 """State column: the records a window holds (null in windows stored before it existed)."""
 
@@ -40,16 +47,27 @@ class WindowState:
         self.identity = (*key_columns, *WINDOW_COLUMNS)
 
     def rows(self, version: int | None, where: str) -> pa.Table | None:
-        """Rows matching ``where`` as of ``version`` (None: no state written yet)."""
+        """Rows matching ``where`` as of ``version`` (``LATEST``: the newest; None: no state
+        written yet)."""
         if version is None:
             return None
         if not self.table.exists():
             raise CheckpointMissing(
-                f"window state table {self.path} is missing, but the commit log recorded its "
-                f"version {version}: restore it from backup, or move the checkpoint away to "
-                "start over"
+                f"window state table {self.path} is missing, but the commit log recorded that "
+                "it was written: restore it from backup, or start over with "
+                "`lowmark reset`"
             )
-        rows = self.table.read(where, version)
+        try:
+            rows = self.table.read(where, None if version == LATEST else version)
+        except CheckpointCorrupt as exc:
+            if version == LATEST:
+                raise
+            raise CheckpointCorrupt(
+                f"window state table {self.path} no longer has version {version}, the state "
+                "a crashed batch's replay must start from (a VACUUM with a retention shorter "
+                "than the time since the crash removed its files): restore them from backup, "
+                "or start over with `lowmark reset`"
+            ) from exc
         if ROWS not in rows.column_names:  # state written before windows counted their rows
             rows = rows.append_column(ROWS, pa.nulls(rows.num_rows, pa.int64()))
         return rows

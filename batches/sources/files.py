@@ -86,8 +86,8 @@ class FileStreamSource(Source):
         if not known and any(start.values()):
             raise CheckpointMissing(
                 f"file manifest {self.manifest.path} is missing or empty, but the checkpoint "
-                f"has read up to {start}: restore it from backup, or move the checkpoint away "
-                "to start over"
+                f"has read up to {start}: restore it from backup, or start over with "
+                "`lowmark reset`"
             )
         new = self._number(self._unseen(known), known)
         if new and not record:
@@ -207,8 +207,8 @@ class FileStreamSource(Source):
             reason = str(failed.getMessage()).strip().splitlines()[0]
             return SourceFileUnreadable(
                 f"{path} (taken by batch {batch_id}) cannot be read with the source schema "
-                f"({reason}): rewrite it in place in the source's schema, or move the "
-                "checkpoint away to start over without it"
+                f"({reason}): rewrite it in place in the source's schema, or start over with "
+                "`lowmark reset`"
             )
 
         return explain
@@ -229,7 +229,7 @@ class FileStreamSource(Source):
                     f"{path} (taken by batch {batch_id}) has the CSV header {line.strip()!r} "
                     f"but the source schema is {', '.join(schema.fieldNames())}: CSV columns "
                     "are read by position; rewrite the file in place with the source's "
-                    "columns, or move the checkpoint away to start over without it"
+                    "columns, or start over with `lowmark reset`"
                 )
 
     def _first_line(self, path: str) -> str:
@@ -362,15 +362,15 @@ class FileStreamSource(Source):
         now = self._stat(listed.path)
         if now is None:
             raise SourceFileMissing(
-                f"{listed.path} (taken by batch {batch_id}) is gone: put it back, or move the "
-                "checkpoint away to start over without it"
+                f"{listed.path} (taken by batch {batch_id}) is gone: put it back, or start "
+                "over with `lowmark reset`"
             )
         if strict and now != (listed.size, listed.modified_ms):
             raise SourceFileChanged(
                 f"{listed.path} (taken by batch {batch_id}) changed since the batch first read "
                 f"it ({listed.size} -> {now[0]} bytes, modified {listed.modified_ms} -> "
                 f"{now[1]} ms), and part of the batch is written: put the original back, or "
-                "move the checkpoint away to start over"
+                "start over with `lowmark reset`"
             )
 
     def _stat(self, path: str) -> tuple[int, int] | None:

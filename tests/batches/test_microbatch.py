@@ -170,7 +170,7 @@ def test_a_changed_pipeline_on_an_old_checkpoint_is_refused(
     drop_file(data_root, 0)
     MicroBatchRunner(spark, pipeline(), data_root).run_batch()
     changed = pipeline(transform=double_amount)
-    with pytest.raises(FingerprintMismatch, match="set a new `checkpoint`"):
+    with pytest.raises(FingerprintMismatch, match="lowmark reset t --truncate-sink"):
         MicroBatchRunner(spark, changed, data_root).run_batch()
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
@@ -15,6 +16,7 @@ from batches import faults
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Maintenance
 from batches.windows import Tumbling
+from state.errors import CheckpointCorrupt
 from tests.batches.test_windows import drop_batches, event, reference, sink, windowed
 
 WINDOW = Tumbling(size="10 seconds")
@@ -99,3 +101,51 @@ def test_a_replay_after_an_idle_stretch_still_reads_the_state_of_the_last_commit
         sink(spark, data_root).select(*reference(spark, data_root, WINDOW).columns),
         reference(spark, data_root, WINDOW),
     )
+
+
+def _optimize_and_vacuum_now(path: str) -> None:
+    """What a user may run any time: compact, then VACUUM with zero retention."""
+    DeltaTable(path).optimize.compact()
+    DeltaTable(path).vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+
+
+def test_optimize_and_zero_retention_vacuum_of_the_state_between_batches_change_nothing(
+    spark: SparkSession, data_root: Path
+) -> None:
+    drop_batches(data_root, BATCHES)
+    p = windowed(WINDOW, "update")
+    runner = MicroBatchRunner(spark, p, data_root)
+    runner.run(max_batches=5)
+    assert runner.stage is not None
+    state = runner.stage.state.table
+    assert state.files() >= 2  # OPTIMIZE rewrites them: the last commit's version is gone
+    _optimize_and_vacuum_now(runner.stage.state.path)
+    # A new runner too, as after an idle week: both read the newest state.
+    runner.run(max_batches=2)
+    _optimize_and_vacuum_now(runner.stage.state.path)
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    assertDataFrameEqual(sink(spark, data_root), reference(spark, data_root, WINDOW))
+
+
+def test_a_replay_after_a_zero_retention_vacuum_resumes_or_names_what_is_gone(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    p = windowed(WINDOW, "update")
+    for step in ("after_offset_log", "after_state"):
+        root = tmp_path / step
+        drop_batches(root, BATCHES)
+        runner = MicroBatchRunner(spark, p, root)
+        assert runner.stage is not None
+        with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint(step, 5)):
+            runner.run(max_batches=None)
+        _optimize_and_vacuum_now(runner.stage.state.path)
+        replay = MicroBatchRunner(spark, p, root)
+        if step == "after_offset_log":
+            # The crashed batch wrote no state: its replay starts from the newest version.
+            replay.run(max_batches=None)
+            assertDataFrameEqual(sink(spark, root), reference(spark, root, WINDOW))
+        else:
+            # Its state write landed: the replay needs the version before it, now vacuumed.
+            with pytest.raises(CheckpointCorrupt, match="VACUUM") as error:
+                replay.run(max_batches=None)
+            assert "\n" not in str(error.value)

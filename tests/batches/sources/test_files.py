@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from batches import faults
 from batches.errors import SourceFileMissing
 from batches.microbatch import MicroBatchRunner
-from batches.pipeline import FileSource
+from batches.pipeline import DeltaSink, FileSource
 from state.errors import CheckpointMissing
 from tests.batches.helpers import drop_file, pipeline, sink_ids
 
@@ -52,7 +52,8 @@ def test_max_bytes_per_batch_admits_a_prefix_but_always_at_least_one_file(
     ]
 
     tiny = FileSource(path="in", format="json", schema_ddl=SCHEMA, max_bytes_per_batch=1)
-    other = MicroBatchRunner(spark, pipeline(source=tiny, checkpoint="tiny"), data_root)
+    other_pipeline = pipeline(source=tiny, checkpoint="tiny", sink=DeltaSink(path="out_tiny"))
+    other = MicroBatchRunner(spark, other_pipeline, data_root)
     assert other.run_batch().end == {"0": 1}  # type: ignore[union-attr]
 
 
