@@ -26,6 +26,7 @@ from batches.durations import parse_duration_ms
 from batches.follow import follow
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import resolve
+from batches.poison import set_aside
 from batches.registry import get_pipeline, load_pipelines
 from batches.reset import reset as reset_pipeline
 from batches.status import pipeline_history, pipeline_status
@@ -129,6 +130,13 @@ def run(
             "Default: follow until stopped.",
         ),
     ] = None,
+    retry: Annotated[
+        bool,
+        typer.Option(
+            help="Run a batch that failed `max_failed_attempts` times once more (after "
+            "fixing its transform).",
+        ),
+    ] = False,
 ) -> None:
     """Run micro-batches of PIPELINE: one by default, N, until caught up, or --follow.
 
@@ -159,7 +167,7 @@ def run(
         return
     limit = max_batches or (None if until_caught_up else 1)
     with err.status(f"running {pipeline}…"):
-        results = runner.run(max_batches=limit, on_batch=_print_batch)
+        results = runner.run(max_batches=limit, on_batch=_print_batch, retry=retry)
     if not results:
         out.print(f"{pipeline}: caught up, no new data")
 
@@ -274,6 +282,38 @@ def compact(
         f"{p.name}: compacted {done.tables} tables of {p.checkpoint_location(c.data_root)}; "
         f"the logs keep batches {done.first_kept} to {done.last_committed}"
     )
+
+
+@app.command("skip-batch")
+def skip_batch(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    batch: Annotated[int, typer.Argument(help="The uncommitted batch to set aside.")],
+    reason: Annotated[str, typer.Option(help="Why (recorded with its input).")],
+) -> None:
+    """Set aside the input of PIPELINE's uncommitted BATCH (a poison batch) and go on.
+
+    Its files are recorded in the checkpoint's bad_records table with the
+    reason, its window state is put back as the batch before left it, and an
+    empty commit lets the next batch run. Reprocess the files once the
+    transform is fixed (docs/guarantees.md, "Poison batches"). Starts no Spark.
+    """
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    done = set_aside(MicroBatchRunner(c.spark, p, c.data_root), batch, reason)
+    restored = (
+        f"; window state put back to version {done.state_restored_to}"
+        if done.state_restored_to is not None
+        else ""
+    )
+    out.print(
+        f"{p.name}: batch {done.batch_id} set aside ({len(done.inputs)} inputs recorded in "
+        f"bad_records with the reason){restored}; the next run goes on at batch "
+        f"{done.batch_id + 1}",
+        soft_wrap=True,
+    )
+    for item in done.inputs:
+        out.print(f"  {item}", soft_wrap=True, highlight=False)
 
 
 @app.command()

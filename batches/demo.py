@@ -23,10 +23,15 @@ USERS = ["ada", "bob", "cyd", "dee", "eve"]
 
 
 def clean_orders(df: DataFrame) -> DataFrame:
-    """Typed orders with revenue; orders without a positive quantity are dropped."""
+    """Typed orders with revenue; orders without a positive quantity are dropped.
+
+    ``try_to_timestamp``: an unparseable time becomes null (a windowed pipeline
+    sets its record aside in the late table) instead of failing the batch on
+    every replay (Spark's ANSI mode makes ``to_timestamp`` raise).
+    """
     return (
         df.where(F.col("quantity") > 0)
-        .withColumn("event_time", F.to_timestamp("ts"))
+        .withColumn("event_time", F.try_to_timestamp(F.col("ts")))
         .withColumn("revenue", F.round(F.col("price") * F.col("quantity"), 2))
         .select("order_id", "user", "event_time", "quantity", "price", "revenue")
     )

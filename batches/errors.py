@@ -44,3 +44,7 @@ class SourceFileUnreadable(LowmarkError):
 
 class SinkHeldElsewhere(LowmarkError):
     """A new checkpoint's sink holds another checkpoint's writes (``lowmark reset``)."""
+
+
+class PoisonBatch(LowmarkError):
+    """A batch failed ``max_failed_attempts`` times: it is not run again by itself."""

@@ -29,6 +29,7 @@ from batches.compaction import tidy_after
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
+from batches.poison import counts_as_failure, first_line, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, SourceRead
@@ -275,10 +276,33 @@ class MicroBatchRunner:
                 "`lowmark reset`"
             )
 
-    def run_batch(self) -> BatchResult | None:
+    def run_batch(self, retry: bool = False) -> BatchResult | None:
         """Run (or replay) one micro-batch; None when there was nothing to run.
 
         Step 1. Plan: the recovery rule picks the batch, its offsets and watermark.
+        Steps 2-8: ``_run``. A batch whose data work fails is recorded in the
+        ``failures`` table; one that failed ``max_failed_attempts`` times is
+        not run again (``PoisonBatch``, see ``batches.poison``) unless
+        ``retry`` (its transform was fixed), or until it is set aside.
+        """
+        timer = _StepTimer(self.clock)
+        planned = self.plan_next_batch()
+        if planned is None:
+            return None
+        timer.lap("plan")
+        faults.reached("after_plan", planned.batch_id)
+        if planned.replay and not retry:
+            refuse_poison(self, planned)
+        try:
+            return self._run(planned, timer)
+        except Exception as exc:
+            if counts_as_failure(exc):
+                self.checkpoint.failures.record(planned.batch_id, self.runner_id, first_line(exc))
+            raise
+
+    def _run(self, planned: PlannedBatch, timer: _StepTimer) -> BatchResult:
+        """Steps 2-8 of batch ``planned``, top to bottom.
+
         Step 2. Offset log: write batch N's offsets BEFORE processing (new batches only).
         Step 3. Read exactly [start, end) from the source and transform it (lazily).
         Step 4. Look at the batch in ONE Spark job: counts and max event time per
@@ -293,17 +317,9 @@ class MicroBatchRunner:
         Only step 4, step 5 and a stateless sink's write run Spark jobs; every
         other read and write is a driver-side Delta operation (``state.table``).
         """
-        timer = _StepTimer(self.clock)
         event_time = self.pipeline.event_time
         ckpt = self.checkpoint
-
-        # Step 1. Plan.
-        planned = self.plan_next_batch()
-        if planned is None:
-            return None
         batch_id = planned.batch_id
-        timer.lap("plan")
-        faults.reached("after_plan", batch_id)
 
         # Step 2. Offset log (write-ahead). A replay reuses the entry already there.
         offsets = OffsetEntry(
@@ -657,17 +673,19 @@ class MicroBatchRunner:
         max_batches: int | None = 1,
         max_seconds: float | None = None,
         on_batch: Callable[[BatchResult], None] | None = None,
+        retry: bool = False,
     ) -> list[BatchResult]:
         """Run batches until caught up, ``max_batches`` ran, or ``max_seconds`` passed.
 
-        ``max_batches=None`` means no limit (drain until caught up).
+        ``max_batches=None`` means no limit (drain until caught up). ``retry``:
+        the first batch runs even if it is a poison batch (``run_batch``).
         """
         started = self.clock.now_ms()
         results: list[BatchResult] = []
         while max_batches is None or len(results) < max_batches:
             if max_seconds is not None and self.clock.now_ms() - started >= max_seconds * 1000:
                 break
-            result = self.run_batch()
+            result = self.run_batch(retry=retry and not results)
             if result is None:
                 break
             results.append(result)

@@ -153,6 +153,14 @@ class Pipeline(_Config):
     maintenance: Maintenance = Field(
         default_factory=Maintenance, description="Log retention and compaction of the checkpoint."
     )
+    max_failed_attempts: int = Field(
+        default=3,
+        ge=1,
+        description=(
+            "Failed attempts at one batch before runs stop at it (a poison batch; "
+            "`lowmark run --retry` or `lowmark skip-batch`)."
+        ),
+    )
     read_ahead_batches: int = Field(
         default=10,
         ge=1,
@@ -189,7 +197,7 @@ class Pipeline(_Config):
         """Hash of everything that changes what a batch computes.
 
         Admission limits, descriptions, health-check bounds, backfill
-        partitions, maintenance and read-ahead are left out: changing them on a
+        partitions, maintenance, read-ahead and failed attempts are left out: changing them on a
         running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not.

@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from batches.clock import Clock
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
+from batches.poison import blocked
 from batches.sources import build_source
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
@@ -33,7 +34,9 @@ def pipeline_status(
     do), end_offsets, watermark_ms, partitions [{partition,
     max_event_time_ms, watermark_ms, last_seen_ms}], backlog {files, bytes},
     totals {rows_in, rows_out, rows_bad, rows_late, ...}, accounting (where
-    the records read went, see ``_accounting``).
+    the records read went, see ``_accounting``), blocked (why the pending
+    batch is not run again by itself: a poison batch, ``batches.poison``; else
+    None).
 
     Reads the checkpoint on the driver only, a few rows of each log: the
     commit entry carries the running totals. ``spark`` may be a function
@@ -55,6 +58,7 @@ def pipeline_status(
         "backlog": None,
         "totals": {"rows_in": 0, "rows_out": 0, "rows_bad": 0, "rows_late": 0},
         "accounting": _accounting(pipeline, {}),
+        "blocked": None,
     }
     if not Checkpoint.exists(location):
         source = build_source(spark, pipeline, data_root, location)
@@ -103,6 +107,7 @@ def pipeline_status(
         backlog=backlog,
         totals=done.totals if done else status["totals"],
         accounting=_accounting(pipeline, done.totals if done else {}),
+        blocked=blocked(runner, planned) if planned is not None and planned.replay else None,
     )
     return status
 
@@ -179,8 +184,9 @@ class PendingWork:
 
 
 def pending_work(status: dict[str, Any]) -> PendingWork | None:
-    """The next batch ``status`` (from ``pipeline_status``) calls for, or None when idle."""
+    """The next batch ``status`` (from ``pipeline_status``) calls for, or None when idle
+    or blocked (a poison batch)."""
     nxt = status["next_batch"]
-    if nxt is None:
+    if nxt is None or status["blocked"]:
         return None
     return PendingWork(nxt["batch_id"], nxt["replay"], nxt["reason"])

@@ -5,7 +5,9 @@ progress; otherwise it asks ``batches.status`` what is pending: an
 uncommitted batch (replayed first) or files past the committed end. The
 ``run_key`` carries the batch id, so Dagster launches one run per batch no
 matter how many ticks see it; a replay's key also names the run that left
-the batch behind, so each failure gets its own retry.
+the batch behind, so each failure gets its own retry, until the batch failed
+``max_failed_attempts`` times: then the tick skips, saying why and what to do
+(``batches.poison``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -60,6 +62,8 @@ def pipeline_sensor(pipeline: Pipeline, job: dg.JobDefinition) -> dg.SensorDefin
             return dg.SkipReason(f"run {run.run_id} of {pipeline.name} is {run.status.value}")
         # The session method, not a session: a tick over local folders starts no Spark.
         status = pipeline_status(spark.session, pipeline, lowmark.root())
+        if status["blocked"]:
+            return dg.SkipReason(status["blocked"])
         work = pending_work(status)
         if work is None:
             at = status["last_committed_batch"]

@@ -14,11 +14,12 @@ written by delta-rs from the driver)::
     bad_records/    malformed input rows          (state.quarantine)
     late/           records too late for windows  (state.late_records)
     state_windows/  open windows (windowed pipelines; created by the first batch)
+    failures/       failed attempts at batches (created by the first failure)
 
 ``pipeline_id`` is random per checkpoint (Spark's query id) and is part of
 every idempotency key, so a new checkpoint never collides with an old one.
-The checkpoint owns every table handle; all of them but ``state_windows``
-are created with the checkpoint, so a missing one is always an error.
+The checkpoint owns every table handle; all of them but ``state_windows`` and
+``failures`` are created with the checkpoint, so a missing one is always an error.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pyarrow as pa
 from state import late_records, quarantine
 from state.commit_log import CommitEntry, CommitLog
 from state.errors import CheckpointMissing
+from state.failures import FailureLog
 from state.log import utc_now
 from state.manifest import FileManifest
 from state.offset_log import OffsetEntry, OffsetLog, Offsets
@@ -90,6 +92,7 @@ class Checkpoint:
         self.watermarks = WatermarkTable(self.table("watermarks"), app("watermarks"))
         self.bad_records = DriverTable(self.table("bad_records"), quarantine.SCHEMA)
         self.late = DriverTable(self.table("late"), late_records.SCHEMA)
+        self.failures = FailureLog(self.table("failures"))
 
     def table(self, name: str) -> str:
         """Path of the checkpoint table ``name``."""

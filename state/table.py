@@ -198,6 +198,13 @@ class DriverTable:
 
         return write
 
+    def append(self, rows: pa.Table) -> None:
+        """Append ``rows`` with no idempotency key (records of events, where a repeat is
+        harmless); creates the table if needed."""
+        table = self.open() if self.exists() else None
+        self._writer(rows, "append")(table, CommitProperties())
+        self._handle = None
+
     def merge_once(
         self,
         upserts: pa.Table,

@@ -90,5 +90,10 @@ class Source(ABC):
     def backlog(self, committed_end: Offsets) -> dict[str, int]:
         """What is waiting past ``committed_end``, without recording anything."""
 
+    def inputs(self, start: Offsets, end: Offsets) -> list[str]:
+        """What the range ``[start, end)`` holds, one item a line, as an operator would name
+        it (a file; by default, the offsets)."""
+        return [f"offsets {start} -> {end}"]
+
     def commit(self, end: Offsets) -> None:  # noqa: B027 - optional hook, no-op by default
         """Upstream may discard everything before ``end``."""

@@ -194,6 +194,13 @@ class FileStreamSource(Source):
         cached = (parsed,) if cache else ()
         return SourceRead(records, bad, counts, cached, self._unreadable(batch_id), size)
 
+    def inputs(self, start: Offsets, end: Offsets) -> list[str]:
+        """The paths of the files of ``[start, end)``."""
+        known = self._manifest(refresh=True)
+        return [
+            f.path for f in known if start.get(f.partition, 0) <= f.seq < end.get(f.partition, 0)
+        ]
+
     @staticmethod
     def _unreadable(batch_id: int) -> Callable[[Exception], LowmarkError | None]:
         """Names the file Spark could not read when a job over this batch's input failed."""

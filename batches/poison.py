@@ -1,0 +1,179 @@
+"""Poison batches: a batch that fails every time stops, and can be set aside on purpose.
+
+A batch's input is fixed by the offset log, so a batch whose data work
+fails deterministically (a transform error on one row under ANSI mode,
+duplicate keys in a MERGE batch) fails again on every replay. Each failed
+attempt is a row of the checkpoint's ``failures`` table. Once a batch has
+``max_failed_attempts`` of them, runs stop before it with one line naming
+the batch, its input and the error (``PoisonBatch``); ``lowmark status``
+shows it as ``blocked`` and the Dagster sensor skips with that reason
+instead of launching a run per tick. The ways on:
+
+- fix the transform, then ``lowmark run PIPELINE --retry``;
+- or ``lowmark skip-batch PIPELINE BATCH --reason TEXT`` (``set_aside``): the
+  batch's input is recorded in ``bad_records`` (one row per file, with the
+  reason), its window state is put back as the commit before it left it,
+  and an empty commit lets the pipeline go on. Nothing is dropped silently:
+  the rows say which input was set aside and why, to be reprocessed once
+  the transform is fixed (docs/guarantees.md).
+
+A failure counts when the batch's data work raised: a Spark error, a file
+the source schema cannot read, a sink that refused the rows, or any error
+of the transform's own code. Operational errors (another runner, a damaged
+checkpoint, a missing file) and kills do not count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from batches.errors import (
+    PipelineConfigInvalid,
+    PoisonBatch,
+    SinkWriteFailed,
+    SourceFileUnreadable,
+)
+from state import quarantine
+from state.commit_log import CommitEntry
+from state.errors import LowmarkError
+from state.table import DriverTable
+
+if TYPE_CHECKING:
+    from batches.microbatch import MicroBatchRunner, PlannedBatch
+
+SHOWN_INPUTS = 5
+"""Input items a message names before it says how many more there are."""
+
+
+def counts_as_failure(exc: Exception) -> bool:
+    """True if ``exc``, raised by a batch's work, is the batch's own failure (see above)."""
+    if isinstance(exc, LowmarkError):
+        return isinstance(exc, SourceFileUnreadable | SinkWriteFailed | PipelineConfigInvalid)
+    return True
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message; for a JVM error, of its root cause's (the
+    data error a task hit, not the write that called it)."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        while java.getCause() is not None and not java.getCause().equals(java):
+            java = java.getCause()
+        text = str(java.toString()).strip()
+    else:
+        text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:1000]
+
+
+def blocked(runner: MicroBatchRunner, planned: PlannedBatch) -> str | None:
+    """Why ``planned`` is not run again by itself, or None when it may run."""
+    failures = runner.checkpoint.failures.of(planned.batch_id)
+    limit = runner.pipeline.max_failed_attempts
+    if len(failures) < limit:
+        return None
+    name = runner.pipeline.name
+    items = runner.source.inputs(planned.start, planned.end)
+    shown = ", ".join(items[:SHOWN_INPUTS])
+    if len(items) > SHOWN_INPUTS:
+        shown += f" and {len(items) - SHOWN_INPUTS} more"
+    return (
+        f"batch {planned.batch_id} of {name} failed {len(failures)} times (input: {shown}; "
+        f"last error: {failures[-1].error}): fix the transform and run `lowmark run {name} "
+        f"--retry`, or set its input aside with `lowmark skip-batch {name} "
+        f'{planned.batch_id} --reason "..."`'
+    )
+
+
+def refuse_poison(runner: MicroBatchRunner, planned: PlannedBatch) -> None:
+    """Raise ``PoisonBatch`` if ``planned`` failed ``max_failed_attempts`` times."""
+    reason = blocked(runner, planned)
+    if reason is not None:
+        raise PoisonBatch(reason)
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """What ``set_aside`` did."""
+
+    batch_id: int
+    inputs: list[str]
+    state_restored_to: int | None
+    """The window state version put back (None: the batch wrote no state)."""
+
+
+def set_aside(runner: MicroBatchRunner, batch_id: int, reason: str) -> SetAside:
+    """Commit the uncommitted batch ``batch_id`` without its input (see the module doc)."""
+    planned = runner.plan_next_batch(dry_run=True)
+    name = runner.pipeline.name
+    if planned is None or not planned.replay or planned.batch_id != batch_id:
+        pending = f"batch {planned.batch_id}" if planned and planned.replay else "none"
+        raise PipelineConfigInvalid(
+            f"batch {batch_id} of {name} is not its uncommitted batch (uncommitted: {pending}): "
+            "only a batch that was planned and never committed can be set aside"
+        )
+    ckpt, sink = runner.checkpoint, runner.sink
+    if DriverTable(sink.path, None, "sink").landed(sink.txn_app_id, batch_id):
+        raise PipelineConfigInvalid(
+            f"batch {batch_id} of {name} already wrote its sink: its input did not stop it; "
+            f"run `lowmark run {name}` to finish it"
+        )
+    restored = _restore_state(runner, planned)
+    inputs = runner.source.inputs(planned.start, planned.end)
+    rows = [
+        {
+            "batch_id": batch_id,
+            "source_file": item,
+            "raw": None,
+            "reason": f"set aside by lowmark skip-batch: {reason}",
+        }
+        for item in inputs
+    ]
+    table = pa.Table.from_pylist(rows, schema=quarantine.SCHEMA)
+    ckpt.bad_records.append_once(table, ckpt.txn_app_id("skipped"), batch_id)
+    previous = planned.previous
+    versions = dict(previous.table_versions) if previous else {}
+    if runner.stage is not None and runner.stage.state.table.exists():
+        versions["state"] = runner.stage.state.table.version()
+    event_time = runner.pipeline.event_time
+    if event_time is not None and previous is not None:
+        times = runner.partition_times(previous)
+        versions["watermarks"] = ckpt.watermarks.write(
+            batch_id,
+            [
+                (p, t.max_event_time_ms, t.watermark_ms(event_time), t.last_seen_ms)
+                for p, t in sorted(times.items())
+            ],
+        )
+    commit = CommitEntry(
+        batch_id=batch_id,
+        runner_id=runner.runner_id,
+        next_watermark_ms=planned.watermark_ms,
+        table_versions=versions,
+        rows_in=0,
+        rows_out=0,
+        rows_bad=0,
+        rows_late=0,
+        rows_dropped=0,
+        rows_windowed=0,
+        rows_closed=0,
+    ).plus_totals(previous)
+    ckpt.commits.claim(commit)
+    return SetAside(batch_id, inputs, restored)
+
+
+def _restore_state(runner: MicroBatchRunner, planned: PlannedBatch) -> int | None:
+    """Put the window state back as commit N-1 left it, if batch N's state write landed."""
+    stage = runner.stage
+    if stage is None or not stage.state.table.landed(stage.state.txn_app_id, planned.batch_id):
+        return None
+    recorded = planned.previous.table_versions.get("state") if planned.previous else None
+    table = DeltaTable(stage.state.path)
+    if recorded is None:  # no state before this batch: it held no windows
+        table.delete()
+        return None
+    table.restore(recorded)
+    return recorded

@@ -1,0 +1,148 @@
+"""Poison batches: a batch that fails every time stops, says why, and can be set aside.
+
+The transform divides by ``amount``; under Spark's ANSI mode a zero fails
+the batch that holds it, the same way on every replay. After
+``max_failed_attempts`` failures runs stop before it with one line naming
+the batch, its file and the error; the sensor skips with that line; and
+``lowmark skip-batch`` records the file in ``bad_records`` and commits the
+batch empty, so the batches after it run, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from batches import faults
+from batches.errors import PipelineConfigInvalid, PoisonBatch
+from batches.microbatch import MicroBatchRunner
+from batches.poison import set_aside
+from batches.status import pipeline_status
+from batches.windows import Tumbling
+from orchestration.definitions import build_definitions
+from orchestration.resources import LowmarkResource, SparkResource
+from tests.batches.helpers import pipeline, sink_ids
+from tests.batches.test_cli import lowmark
+from tests.batches.test_windows import drop_batches, event, reference, sink, windowed
+from tests.conftest import write_json_lines
+
+SPARK_ERRORS = (PySparkException, Py4JJavaError)
+
+
+def per_unit(df: DataFrame) -> DataFrame:
+    """Fails a batch with a record whose amount is 0 (ANSI division by zero)."""
+    return df.withColumn("per_unit", F.lit(100) / F.col("amount"))
+
+
+dividing = pipeline(
+    name="dividing",
+    transform=per_unit,
+    source=pipeline().source.model_copy(update={"max_files_per_batch": 1}),
+    max_failed_attempts=2,
+)
+
+
+def _land(root: Path) -> None:
+    """Files 0 and 2 are fine; file 1 holds a zero amount."""
+    for i in (0, 2):
+        write_json_lines(
+            root / "in", f"f{i:03d}.json", [{"id": i, "amount": i + 1}], 1_700_000_000 + i
+        )
+    write_json_lines(root / "in", "f001.json", [{"id": 1, "amount": 0}], 1_700_000_001)
+
+
+def test_a_batch_that_fails_every_time_stops_after_its_attempts_and_says_why(
+    spark: SparkSession, data_root: Path
+) -> None:
+    _land(data_root)
+    runner = MicroBatchRunner(spark, dividing, data_root)
+    assert runner.run_batch() is not None  # batch 0
+    for _ in range(2):
+        with pytest.raises(SPARK_ERRORS):
+            MicroBatchRunner(spark, dividing, data_root).run_batch()
+    with pytest.raises(PoisonBatch) as stopped:
+        MicroBatchRunner(spark, dividing, data_root).run_batch()
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert "batch 1 of dividing failed 2 times" in message and "f001.json" in message
+    assert "DIVIDE_BY_ZERO" in message and "lowmark skip-batch dividing 1" in message
+    status = pipeline_status(spark, dividing, data_root)
+    assert status["blocked"] == message
+    # --retry runs it once more (it fails again: the transform is unchanged).
+    with pytest.raises(SPARK_ERRORS):
+        MicroBatchRunner(spark, dividing, data_root).run(retry=True)
+
+
+def test_skip_batch_records_the_input_and_the_pipeline_goes_on(
+    spark: SparkSession, data_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _land(data_root)
+    runner = MicroBatchRunner(spark, dividing, data_root)
+    runner.run_batch()
+    with pytest.raises(SPARK_ERRORS):
+        MicroBatchRunner(spark, dividing, data_root).run_batch()
+    with pytest.raises(PipelineConfigInvalid, match="not its uncommitted batch"):
+        set_aside(MicroBatchRunner(spark, dividing, data_root), 2, "wrong batch")
+    code, out, err = lowmark(
+        capsys, data_root, "--pipelines", "tests.faults.test_poison", "skip-batch", "dividing",
+        "1", "--reason", "amount 0 from the test feed",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "batch 1 set aside (1 inputs recorded" in out and "f001.json" in out
+    results = MicroBatchRunner(spark, dividing, data_root).run(max_batches=None)
+    assert [r.batch_id for r in results] == [2]
+    assert sink_ids(spark, data_root) == [0, 2]
+    bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records")).collect()
+    assert [(r.batch_id, r.source_file.endswith("f001.json"), r.raw) for r in bad] == [
+        (1, True, None)
+    ]
+    assert bad[0].reason == "set aside by lowmark skip-batch: amount 0 from the test feed"
+    status = pipeline_status(spark, dividing, data_root)
+    assert status["blocked"] is None and status["last_committed_batch"] == 2
+
+
+def test_set_aside_puts_the_window_state_back_as_the_batch_before_left_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    window = Tumbling(size="10 seconds")
+    batches = [[event("a", 10 * i + 1, i), event("b", 10 * i + 4, i)] for i in range(5)]
+    skipped_root, reference_root = tmp_path / "skipped", tmp_path / "reference"
+    drop_batches(skipped_root, batches)
+    drop_batches(reference_root, [b for i, b in enumerate(batches) if i != 2])
+    p = windowed(window, "update")
+    # Batch 2 dies after its state write: the state holds its windows, the sink not.
+    with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_state", 2)):
+        MicroBatchRunner(spark, p, skipped_root).run(max_batches=None)
+    done = set_aside(MicroBatchRunner(spark, p, skipped_root), 2, "test")
+    assert done.state_restored_to is not None
+    MicroBatchRunner(spark, p, skipped_root).run(max_batches=None)
+    # The sink is what the input without batch 2's file gives.
+    assertDataFrameEqual(sink(spark, skipped_root), reference(spark, reference_root, window))
+
+
+def test_the_sensor_skips_a_poison_batch_with_its_reason(
+    spark: SparkSession, data_root: Path
+) -> None:
+    _land(data_root)
+    MicroBatchRunner(spark, dividing, data_root).run_batch()
+    for _ in range(2):
+        with pytest.raises(SPARK_ERRORS):
+            MicroBatchRunner(spark, dividing, data_root).run_batch()
+    defs = build_definitions("tests.faults.test_poison")
+    resources: dict[str, Any] = {
+        "spark": SparkResource(),
+        "lowmark": LowmarkResource(data_root=str(data_root)),
+    }
+    with dg.DagsterInstance.ephemeral() as instance:
+        context = dg.build_sensor_context(instance=instance, resources=resources)
+        data = defs.resolve_sensor_def("dividing_sensor").evaluate_tick(context)
+    assert not data.run_requests
+    assert "batch 1 of dividing failed 2 times" in (data.skip_message or "")
