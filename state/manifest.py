@@ -8,7 +8,7 @@ partition, in (modification time, path) order; a batch's offsets are a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
@@ -54,26 +54,54 @@ class FileManifest:
         ]
         return sorted(found, key=lambda f: (f.partition, f.seq))
 
-    def record(self, new: list[ManifestFile], batch_id: int) -> bool:
-        """Append newly discovered files (numbered by the caller) while planning ``batch_id``.
+    def record(self, found: list[ManifestFile], batch_id: int) -> bool:
+        """Record the files of ``found`` the manifest lacks, numbered after the files it
+        holds, while planning ``batch_id``.
 
-        Idempotent per planned batch: if discovery for ``batch_id`` already
-        landed (a crash before its offsets were written, or a racing runner),
-        this append is skipped and False returned; the caller must then take
-        the table's files, never its own list: offsets only ever cover
-        recorded files.
+        Numbered and checked against the table's newest version as it is
+        written (``DriverTable.insert_new_once``), never against a runner's
+        copy of it, which may be stale: a path is never recorded twice, nor two
+        files under one number, whichever runners record at whichever batch
+        ids. Idempotent per planned batch: if discovery for ``batch_id``
+        already landed (a crash before its offsets were written, or a racing
+        runner), nothing is recorded and False returned. Either way the caller
+        must then take the table's files, never its own list: offsets only
+        ever cover recorded files.
         """
-        rows = [
-            {
-                "partition": f.partition,
-                "seq": f.seq,
-                "path": f.path,
-                "size": f.size,
-                "modified_ms": f.modified_ms,
-                "discovered_for_batch": batch_id,
-            }
-            for f in new
-        ]
-        return self.table.append_once(
-            pa.Table.from_pylist(rows, schema=SCHEMA), self.txn_app_id, batch_id
-        )
+
+        def rows_for(current: pa.Table) -> pa.Table:
+            known = [
+                ManifestFile(r["partition"], r["seq"], r["path"], r["size"], r["modified_ms"])
+                for r in current.select(
+                    ["partition", "seq", "path", "size", "modified_ms"]
+                ).to_pylist()
+            ]
+            paths = {f.path for f in known}
+            new = numbered([f for f in found if f.path not in paths], known)
+            rows = [
+                {
+                    "partition": f.partition,
+                    "seq": f.seq,
+                    "path": f.path,
+                    "size": f.size,
+                    "modified_ms": f.modified_ms,
+                    "discovered_for_batch": batch_id,
+                }
+                for f in new
+            ]
+            return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+        return self.table.insert_new_once(rows_for, "path", self.txn_app_id, batch_id)
+
+
+def numbered(new: list[ManifestFile], known: list[ManifestFile]) -> list[ManifestFile]:
+    """``new`` files with the next sequence numbers of their partitions after ``known``."""
+    next_seq: dict[str, int] = {}
+    for f in known:
+        next_seq[f.partition] = max(next_seq.get(f.partition, 0), f.seq + 1)
+    out = []
+    for f in new:
+        seq = next_seq.get(f.partition, 0)
+        next_seq[f.partition] = seq + 1
+        out.append(replace(f, seq=seq))
+    return out

@@ -205,6 +205,42 @@ class DriverTable:
         self._writer(rows, "append")(table, CommitProperties())
         self._handle = None
 
+    def insert_new_once(
+        self, rows_for: Callable[[pa.Table], pa.Table], key: str, app_id: str, version: int
+    ) -> bool:
+        """Insert the rows ``rows_for(current rows)`` gives, once per (``app_id``,
+        ``version``), as a MERGE that inserts only keys the table lacks.
+
+        ``rows_for`` sees the rows of the very snapshot the commit is based on,
+        so rows another writer committed since a caller last read the table are
+        not inserted again; a commit that lands in between makes this one
+        conflict and retry on the new snapshot (``write_once``).
+        """
+
+        def write(table: DeltaTable | None, commit: CommitProperties) -> None:
+            assert self.schema is not None
+            current = table.to_pyarrow_table() if table is not None else self.schema.empty_table()
+            rows = rows_for(current)
+            if not rows.num_rows:
+                return
+            if table is None:
+                self._writer(rows, "append")(None, commit)
+                return
+            (
+                table.merge(
+                    rows,
+                    predicate=f't."{key}" = s."{key}"',
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=commit,
+                    post_commithook_properties=HOOKS,
+                )
+                .when_not_matched_insert_all()
+                .execute()
+            )
+
+        return self.write_once(write, app_id, version)
+
     def merge_once(
         self,
         upserts: pa.Table,

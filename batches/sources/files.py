@@ -22,7 +22,6 @@ import heapq
 import json
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -37,7 +36,7 @@ from batches.errors import SourceFileChanged, SourceFileMissing, SourceFileUnrea
 from batches.pipeline import FileSource
 from batches.sources.base import PARTITION_COLUMN, Source, SourceRead
 from state.errors import CheckpointMissing, LowmarkError
-from state.manifest import FileManifest, ManifestFile
+from state.manifest import FileManifest, ManifestFile, numbered
 from state.offset_log import Offsets
 from state.session import SparkLike, provider
 from state.source_schema import SourceSchema
@@ -89,16 +88,15 @@ class FileStreamSource(Source):
                 f"has read up to {start}: restore it from backup, or start over with "
                 "`lowmark reset`"
             )
-        new = self._number(self._unseen(known), known)
-        if new and not record:
-            known = known + new
-        elif new:
-            if self.manifest.record(new, batch_id):
-                known = self._known = known + new
-            else:
-                # Discovery for this batch id landed before (a crash after planning, a
-                # racing runner) and this append was skipped: admit only what the table holds.
-                known = self._manifest(refresh=True)
+        found = self._unseen(known)
+        if found and not record:
+            known = known + numbered(found, known)
+        elif found:
+            # Recorded against the table's newest version (this runner's copy may be
+            # stale: another runner may have recorded some of them), then the table's
+            # files are taken, never this list: offsets cover recorded files only.
+            self.manifest.record(found, batch_id)
+            known = self._manifest(refresh=True)
         pending = [f for f in known if f.seq >= start.get(f.partition, 0)]
         end = dict(start)
         for f in self._admit(pending):
@@ -284,18 +282,6 @@ class FileStreamSource(Source):
                 nxt = queues[partition][-1]
                 heapq.heappush(heads, (nxt.modified_ms, nxt.path, partition))
         return taken
-
-    def _number(self, new: list[ManifestFile], known: list[ManifestFile]) -> list[ManifestFile]:
-        """Give ``new`` files the next sequence numbers of their partitions."""
-        next_seq: dict[str, int] = {}
-        for f in known:
-            next_seq[f.partition] = max(next_seq.get(f.partition, 0), f.seq + 1)
-        numbered = []
-        for f in new:
-            seq = next_seq.get(f.partition, 0)
-            next_seq[f.partition] = seq + 1
-            numbered.append(replace(f, seq=seq))
-        return numbered
 
     def _unseen(self, known: list[ManifestFile]) -> list[ManifestFile]:
         """Files in the folder not in the manifest (seq unset: -1), oldest first."""

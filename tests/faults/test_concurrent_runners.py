@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from batches import faults
 from batches.microbatch import MicroBatchRunner
 from state.errors import ConcurrentRunner
+from tests.batches.helpers import drop_file, pipeline, sink_ids
 from tests.faults.harness import (
     REPO,
     Snapshot,
@@ -89,3 +90,27 @@ def test_of_two_lowmark_runs_at_once_one_finishes_and_the_other_stops_with_a_cle
     assert error.startswith("error: batch 0 in ") and "another `lowmark run`" in error
     assert "Traceback" not in first_err
     assert differences(reference, snapshot(spark, plain_append, root)) == []
+
+
+def test_a_stale_runner_never_records_a_file_another_runner_recorded(
+    spark: SparkSession, data_root: Path
+) -> None:
+    p = pipeline(source=pipeline().source.model_copy(update={"max_files_per_batch": 1}))
+    for i in range(2):
+        drop_file(data_root, i)
+    fresh = MicroBatchRunner(spark, p, data_root)
+    fresh.run_batch()  # batch 0 takes file 0 and records files 0 and 1
+    stale = MicroBatchRunner(spark, p, data_root)
+    stale.plan_next_batch(dry_run=True)  # it now holds batch 0's position and manifest
+    fresh.run_batch()  # batch 1 takes file 1 and discovers nothing
+    drop_file(data_root, 2)
+    fresh.run_batch()  # batch 2 records and takes file 2
+    # The stale runner plans batch 1 again: file 2 is new to its copy of the manifest,
+    # and nothing was recorded for batch 1, but the table already holds file 2.
+    with pytest.raises(ConcurrentRunner):
+        stale.run_batch()
+    drop_file(data_root, 3)
+    fresh.run(max_batches=None)
+    assert sink_ids(spark, data_root) == sorted(f * 100 + i for f in range(4) for i in range(3))
+    paths = fresh.checkpoint.files.table.read().column("path").to_pylist()
+    assert len(paths) == len(set(paths)) == 4
