@@ -83,12 +83,9 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
                 )
             )
         else:
-            session = provider(spark)()
+            session = provider(spark)().newSession()  # its confs are its own
             session.conf.set(USER_METADATA_CONF, writer_metadata(app_id, -1))
-            try:
-                session.sql(f"DELETE FROM delta.`{sink}`")
-            finally:
-                session.conf.unset(USER_METADATA_CONF)
+            session.sql(f"DELETE FROM delta.`{sink}`")
     return Reset(mode, location, moved, new.pipeline_id, None, None, 0)
 
 

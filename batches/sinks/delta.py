@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from batches.errors import SinkWriteFailed
 from batches.pipeline import DeltaSink
@@ -26,11 +26,28 @@ from state.table import DriverTable
 
 
 class DeltaTableSink(Sink):
+    """A stateless pipeline's sink, written by Spark.
+
+    An append carries its transaction as write options; a MERGE takes it from
+    session confs (Delta reads no options for DML), so the sink MERGEs in a
+    session of its own (``session``: same Spark, own SQL confs): another
+    pipeline writing in another thread of the process never sees its
+    transaction, nor unsets it.
+    """
+
     def __init__(self, spark: SparkLike, config: DeltaSink, path: str, txn_app_id: str) -> None:
         self._spark = provider(spark)
+        self._session: SparkSession | None = None
         self.config = config
         self.path = path
         self.txn_app_id = txn_app_id
+
+    @property
+    def session(self) -> SparkSession:
+        """The session this sink's MERGEs run in (its own, made on first use)."""
+        if self._session is None:
+            self._session = self._spark().newSession()
+        return self._session
 
     def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> int:
         try:
@@ -38,7 +55,7 @@ class DeltaTableSink(Sink):
                 append_once(df, self.path, self.txn_app_id, batch_id)
             else:
                 keys = self.config.keys
-                upsert_once(self._spark(), self.path, df, retract, keys, self.txn_app_id, batch_id)
+                upsert_once(self.session, self.path, df, retract, keys, self.txn_app_id, batch_id)
         except AnalysisException as exc:
             first = str(exc).strip().splitlines()[0]
             raise SinkWriteFailed(
