@@ -24,7 +24,7 @@ from tests.faults.harness import (
     run_to_completion,
     snapshot,
 )
-from tests.faults.scenarios import FIXED_INPUT, plain_append, write_input
+from tests.faults.scenarios import FIXED_INPUT, PIPELINES, plain_append, write_input
 
 
 @pytest.fixture(scope="module")
@@ -36,27 +36,38 @@ def plain(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> tupl
     return folder, snapshot(spark, plain_append, folder / "reference")
 
 
+@pytest.mark.parametrize("pipeline_name", ["plain_append", "session_update"])
 def test_a_runner_whose_batch_another_runner_finished_first_stops_at_its_commit(
-    spark: SparkSession, plain: tuple[Path, Snapshot], monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pipeline_name: str,
 ) -> None:
-    folder, reference = plain
-    root = folder / "stalled_owner"
-    owner = MicroBatchRunner(spark, plain_append, root)
+    # A plain append, and a windowed pipeline with window state and a MERGE sink
+    # (sessions in update mode).
+    p = PIPELINES[pipeline_name]
+    write_input(tmp_path / "input", FIXED_INPUT[:2])
+    run_to_completion(spark, p, tmp_path / "reference")
+    reference = snapshot(spark, p, tmp_path / "reference")
+    root = tmp_path / "stalled_owner"
+    owner = MicroBatchRunner(spark, p, root)
+    stalled = 0
     reached = faults.reached
 
     def a_second_runner_replays_the_batch(step: str, batch_id: int) -> None:
-        # The owner stalls just before its commit (a long GC pause, a slow
-        # disk); a second runner sees batch 0 uncommitted, replays it and commits.
-        if (step, batch_id) == ("before_commit", 0):
+        # The owner stalls just before its commit (a long GC pause, a slow disk),
+        # its state and sink written; a second runner sees the batch uncommitted,
+        # replays it and commits.
+        if (step, batch_id) == ("before_commit", stalled):
             monkeypatch.setattr(faults, "reached", reached)
-            MicroBatchRunner(spark, plain_append, root).run_batch()
+            MicroBatchRunner(spark, p, root).run_batch()
 
     monkeypatch.setattr(faults, "reached", a_second_runner_replays_the_batch)
-    with pytest.raises(ConcurrentRunner, match=r"batch 0 in .*commits belongs to runner"):
+    with pytest.raises(ConcurrentRunner, match=rf"batch {stalled} in .*commits belongs to runner"):
         owner.run_batch()
 
-    run_to_completion(spark, plain_append, root)
-    assert differences(reference, snapshot(spark, plain_append, root)) == []
+    run_to_completion(spark, p, root)
+    assert differences(reference, snapshot(spark, p, root)) == []
 
 
 @pytest.mark.slow
