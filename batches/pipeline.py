@@ -30,7 +30,8 @@ class FileSource(_Config):
     """A folder that new files keep landing in (like Spark's file stream source).
 
     New files are taken in (modification time, path) order. Files must not
-    change after they land; hidden files (``.x``, ``_x``) are ignored.
+    change after they land: write them under a hidden name (``.x``, ``_x``,
+    which are ignored) and rename them, or set ``min_file_age``.
     """
 
     kind: Literal["files"] = "files"
@@ -50,6 +51,15 @@ class FileSource(_Config):
     max_files_per_batch: int = Field(default=1000, ge=1, description="Admission limit: files.")
     max_bytes_per_batch: int | None = Field(
         default=None, ge=1, description="Admission limit: bytes (a batch takes at least one file)."
+    )
+    min_file_age: DurationMs = Field(
+        default=0,
+        ge=0,
+        description=(
+            "A file is taken once its modification time is at least this old: set it above "
+            "the longest pause of a producer that writes files in place (default 0: files "
+            "must land whole, written under a hidden name and renamed)."
+        ),
     )
 
 
@@ -204,7 +214,7 @@ class Pipeline(_Config):
         """
         semantics = {
             "source": self.source.model_dump(
-                exclude={"max_files_per_batch", "max_bytes_per_batch"}
+                exclude={"max_files_per_batch", "max_bytes_per_batch", "min_file_age"}
             ),
             "transform": self.transform,
             "sink": self.sink.model_dump(),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
@@ -284,9 +285,12 @@ class FileStreamSource(Source):
         return taken
 
     def _unseen(self, known: list[ManifestFile]) -> list[ManifestFile]:
-        """Files in the folder not in the manifest (seq unset: -1), oldest first."""
+        """Files in the folder not in the manifest (seq unset: -1), oldest first; a file
+        modified less than ``min_file_age`` ago is left for a later listing (it may still
+        be being written)."""
         seen = {f.path for f in known}
-        fresh = [f for f in self._list() if f.path not in seen]
+        settled = time.time() * 1000 - self.config.min_file_age
+        fresh = [f for f in self._list() if f.path not in seen and f.modified_ms <= settled]
         return sorted(fresh, key=lambda f: (f.modified_ms, f.path))
 
     def _list(self) -> list[ManifestFile]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,19 @@ def test_backlog_counts_unseen_and_uncommitted_files(spark: SparkSession, data_r
     result = runner.run_batch()
     assert result is not None
     assert runner.source.backlog(result.end) == {"files": 2, "bytes": sizes[1] + sizes[2]}
+
+
+def test_a_file_modified_less_than_min_file_age_ago_waits_for_a_later_batch(
+    spark: SparkSession, data_root: Path
+) -> None:
+    drop_file(data_root, 0)  # modified in 2023: settled
+    still_written = drop_file(data_root, 1)
+    os.utime(still_written, None)  # modified just now: its producer may still write
+    src = FileSource(path="in", format="json", schema_ddl=SCHEMA, min_file_age="1 hour")
+    runner = MicroBatchRunner(spark, pipeline(source=src), data_root)
+    assert [r.end for r in runner.run(max_batches=None)] == [{"0": 1}]
+    assert sink_ids(spark, data_root) == [0, 1, 2]
+    # An hour later (its modification time moved back), the next batch takes it.
+    os.utime(still_written, (time.time() - 3601, time.time() - 3601))
+    assert [r.end for r in runner.run(max_batches=None)] == [{"0": 2}]
+    assert sink_ids(spark, data_root) == [0, 1, 2, 100, 101, 102]
