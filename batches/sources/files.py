@@ -289,8 +289,10 @@ class FileStreamSource(Source):
         modified less than ``min_file_age`` ago is left for a later listing (it may still
         be being written)."""
         seen = {f.path for f in known}
-        settled = time.time() * 1000 - self.config.min_file_age
-        fresh = [f for f in self._list() if f.path not in seen and f.modified_ms <= settled]
+        fresh = [f for f in self._list() if f.path not in seen]
+        if self.config.min_file_age:  # unset: even a file stamped ahead of this clock is taken
+            settled = time.time() * 1000 - self.config.min_file_age
+            fresh = [f for f in fresh if f.modified_ms <= settled]
         return sorted(fresh, key=lambda f: (f.modified_ms, f.path))
 
     def _list(self) -> list[ManifestFile]:
