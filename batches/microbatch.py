@@ -29,14 +29,14 @@ from batches.compaction import tidy_after
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
-from batches.poison import counts_as_failure, first_line, refuse_poison
+from batches.poison import counts_as_failure, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, SourceRead
 from batches.watermarks import PartitionTime, observe, pipeline_watermark
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
-from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
+from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch, first_line
 from state.offset_log import OffsetEntry, Offsets
 from state.ownership import last_writer
 from state.progress import ProgressEntry
@@ -297,7 +297,8 @@ class MicroBatchRunner:
             return self._run(planned, timer)
         except Exception as exc:
             if counts_as_failure(exc):
-                self.checkpoint.failures.record(planned.batch_id, self.runner_id, first_line(exc))
+                error = first_line(exc)[:1000]
+                self.checkpoint.failures.record(planned.batch_id, self.runner_id, error)
             raise
 
     def _run(self, planned: PlannedBatch, timer: _StepTimer) -> BatchResult:

@@ -56,19 +56,6 @@ def counts_as_failure(exc: Exception) -> bool:
     return True
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message; for a JVM error, of its root cause's (the
-    data error a task hit, not the write that called it)."""
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        while java.getCause() is not None and not java.getCause().equals(java):
-            java = java.getCause()
-        text = str(java.toString()).strip()
-    else:
-        text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:1000]
-
-
 def blocked(runner: MicroBatchRunner, planned: PlannedBatch) -> str | None:
     """Why ``planned`` is not run again by itself, or None when it may run."""
     failures = runner.checkpoint.failures.of(planned.batch_id)

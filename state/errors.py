@@ -6,6 +6,19 @@ Every message is one line that names the thing at fault and the way out.
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type when it has none); for a JVM error,
+    of its root cause's (the error a task hit, not the call that surfaced it)."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        while java.getCause() is not None and not java.getCause().equals(java):
+            java = java.getCause()
+        text = str(java.toString()).strip()
+    else:
+        text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class LowmarkError(Exception):
     """Base of every error lowmark raises on purpose (a user can act on it)."""
 

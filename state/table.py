@@ -40,7 +40,7 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict
+from state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict, first_line
 from state.ownership import writer_metadata
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class DriverTable:
                 raise self.missing() from exc
             at = f" as of version {version}" if version is not None else ""
             raise CheckpointCorrupt(
-                f"{self.what} {self.path} cannot be read{at} ({_first_line(exc)}): restore it "
+                f"{self.what} {self.path} cannot be read{at} ({first_line(exc)}): restore it "
                 "from backup, or start over with `lowmark reset`"
             ) from exc
 
@@ -154,7 +154,7 @@ class DriverTable:
             return plain(result)
         except Exception as exc:
             raise CheckpointCorrupt(
-                f"{self.what} {self.path} cannot be read ({_first_line(exc)}): restore it "
+                f"{self.what} {self.path} cannot be read ({first_line(exc)}): restore it "
                 "from backup, or start over with `lowmark reset`"
             ) from exc
 
@@ -360,7 +360,7 @@ class DriverTable:
                 if attempt == ATTEMPTS:
                     raise WriteConflict(
                         f"batch {version} lost {ATTEMPTS} write conflicts on {self.path} "
-                        f"({_first_line(exc)}): pause whatever else writes it and run again; "
+                        f"({first_line(exc)}): pause whatever else writes it and run again; "
                         "the batch is replayed"
                     ) from exc
                 log.warning(
@@ -388,8 +388,3 @@ def micros_literal(micros: int) -> str:
     """An SQL timestamp literal (UTC) for delta-rs predicates, exact to the microsecond."""
     moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
     return f"'{moment.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}'"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
