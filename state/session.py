@@ -34,6 +34,11 @@ LOG4J_CONFIG = JVM_DIR / "log4j2.properties"
 # - dataFrameDebugging.enabled=false: otherwise every DataFrame call walks the
 #   Python stack and makes extra JVM calls to record its call site for error
 #   messages: about a third of the time a batch spends building its plan.
+# - parallelPartitionDiscovery.threshold=1024: a batch hands Spark the exact
+#   files its manifest lists, and Spark checks more than 32 given paths in a
+#   Spark job of its own (a task per path): 0.3 s for 100 local files, against
+#   0.05 s on the driver. Lower it for object stores with thousands of files
+#   per batch.
 _LOCAL_DEFAULTS = {
     # Local mode runs every task in the driver; Spark's 1 GB default heap ran
     # out in long-lived processes (a Dagster code server, the test suite).
@@ -42,6 +47,7 @@ _LOCAL_DEFAULTS = {
     "spark.default.parallelism": "4",
     "spark.databricks.delta.snapshotPartitions": "1",
     "spark.sql.adaptive.enabled": "false",
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1024",
     "spark.python.sql.dataFrameDebugging.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
