@@ -14,10 +14,25 @@ transaction ``<pipeline_id>:backfill:<start ms>`` with version = the last
 committed batch, so repeating a backfill over the same committed history is skipped by
 Delta, and a backfill after more batches committed recomputes.
 
-A partition whose windows may still change (the watermark has not passed
-``end + window span + allowed_lateness``; the span is the window size, or
-the gap for sessions) is refused unless forced: the stream would otherwise
-later emit or update windows of the slice again.
+A backfill owns the windows that start in its partition, and only once the
+stream is done with them, so that no (key, window) is ever written twice:
+
+- the watermark the next batch runs with (the last commit's) has passed
+  ``end + window span + allowed_lateness`` (the span is the window size, or
+  the gap for sessions): every record of a window of the slice that a batch
+  reads from now on is late, so no batch opens or updates one again;
+- window state at the version the last commit recorded holds none of the
+  slice's windows: a window the watermark has closed is emitted by the next
+  batch (and a session may still grow), so while one is there, the stream
+  still owns it.
+
+Both are read from the last commit, which no later batch changes, so the
+rule needs no lock against runs: a batch running beside the backfill, the
+replay of one that crashed after its state write (the newest state version
+no longer holds the window, the recorded one does) and every later batch
+find the slice's windows closed and emit none. ``force`` skips the first
+check only (the stream may then open windows of the slice again and write
+them after the backfill's); the second always holds.
 """
 
 from __future__ import annotations
@@ -64,7 +79,8 @@ def backfill_partition(
     """Recompute the windows starting in ``[start, end)`` and replace that slice of the sink.
 
     Step 1. Read the checkpoint: last committed batch, its end offsets and watermark.
-    Step 2. Refuse a partition the watermark has not closed (unless ``force``).
+    Step 2. Refuse a partition the watermark has not closed (unless ``force``), or
+            whose windows are still in state.
     Step 3. Read the committed history from the source and transform it.
     Step 4. Aggregate it as one batch; keep the windows that start in the partition.
     Step 5. Replace the slice of the sink, idempotently.
@@ -89,7 +105,7 @@ def backfill_partition(
     committed = ckpt.offsets.get(done.batch_id)
     assert committed is not None, "a committed batch always has its offsets"
 
-    # Step 2. Only closed partitions.
+    # Step 2. Only a slice the stream is done with (see the module docstring).
     window = aggregation.window
     span = window.gap if isinstance(window, Session) else window.size
     closes_at = end_ms + span + event_time.allowed_lateness
@@ -102,13 +118,22 @@ def backfill_partition(
             "(the stream may then write windows of this slice again)"
         )
 
+    state = WindowState(ckpt.table("state_windows"), ckpt.txn_app_id("state"), aggregation.keys)
+    held = state.touched(done.table_versions.get("state"), start_ms * 1000, end_ms * 1000 - 1)
+    if held is not None and held.num_rows:
+        raise PartitionNotClosed(
+            f"partition {_iso(start)}..{_iso(end)} of {pipeline.name} still has "
+            f"{held.num_rows} window(s) in state after batch {done.batch_id}, which the stream "
+            f"will write: run the pipeline until it has emitted them (`lowmark run "
+            f"{pipeline.name}`), then backfill"
+        )
+
     # Step 3. Committed history.
     source = build_source(spark, pipeline, data_root, ckpt)
     read = source.read(source.initial_offsets(), committed.end_offsets, done.batch_id)
     records = pipeline.transform(read.records) if pipeline.transform else read.records
 
-    # Step 4. One batch aggregation, sliced (the state table is not read).
-    state = WindowState(ckpt.table("state_windows"), ckpt.txn_app_id("state"), aggregation.keys)
+    # Step 4. One batch aggregation, sliced.
     stage = WindowedStage(event_time, aggregation, state)
     start_col = F.unix_millis("window_start")
     windows = stage.windows_of(records).where(

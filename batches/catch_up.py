@@ -4,9 +4,13 @@ A windowed batch's one job reads its input and collects its window partials
 (``MicroBatchRunner._look``). When a batch finds more input waiting than it
 may take, the jobs of the batches after it would each pay a job's fixed cost
 (scheduling, a scan per file split, a shuffle) for a fraction of the data.
-The read-ahead builds each of those batches' frames exactly as its own job
-would, unions them (every partial row tagged with its batch id) and runs them
-as one job. Each batch then still plans, writes ahead, merges with state,
+The read-ahead scans those batches' input once, every record tagged with
+its batch by the source (``Source.read_batches``), and aggregates their
+partials per batch in one job. When the source cannot tag its records, or
+the transform may not keep the tag row by row (``row_by_row``: a join, an
+aggregation, ``dropDuplicates``...), each batch's frames are built exactly
+as its own job builds them and their partials, tagged, are unioned into the
+one job instead. Each batch then still plans, writes ahead, merges with state,
 writes and commits on its own, in order; its step 4 takes what the read-ahead
 saw of exactly its range instead of running a job.
 
@@ -15,8 +19,9 @@ What a batch takes is what its own job would have given, or it runs its own:
 - Same input: only a new batch whose planned ``[start, end)`` is the range
   read ahead takes it (a replay, or a range that new files made longer, runs
   its own job).
-- Same transform: each batch's frames are built from its own read, so a
-  transform sees one batch's records at a time, as always.
+- Same transform: a transform sees one batch's records at a time, as always,
+  or takes each record on its own (``row_by_row``), which gives the same
+  records over several batches at once.
 - Same watermark: a batch's watermark is known only once the batch before it
   committed, so the read-ahead looks with none. For tumbling windows that is
   exact: a record is late exactly when its window is closed, which the batch
@@ -32,26 +37,25 @@ replay of a batch that used it runs its own job over the same offsets.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.collect import collect, observed, session_confs, shuffle_partitions
 from batches.event_time import BatchFrames, WindowedStage
-from batches.sources.base import Source, SourceRead
+from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
 from batches.windows import Tumbling
-from state.offset_log import Offsets
 
 log = logging.getLogger(__name__)
 
-BATCH_COLUMN = "_lowmark_batch"
 MAX_BYTES = 1024 * 1024 * 1024
 """Input one read-ahead takes at most (its batches' partials are held on the driver)."""
 JOB_CONFS = {
@@ -81,15 +85,6 @@ class Seen:
 
 
 @dataclass(frozen=True)
-class Range:
-    """One batch of a read-ahead: its id and input range."""
-
-    batch_id: int
-    start: Offsets
-    end: Offsets
-
-
-@dataclass(frozen=True)
 class _Looked:
     """One batch as the read-ahead's job saw it, with no watermark."""
 
@@ -105,9 +100,35 @@ class _Looked:
     partials: pa.Table
 
 
-Frames = Callable[[Range, int], tuple[SourceRead, BatchFrames]]
-"""One batch's read and stage frames, built exactly as its own job builds them, with no
-watermark: ``frames(batch, now_ms)``."""
+Frames = Callable[[Sequence[Range], int], tuple[SourceRead, BatchFrames] | None]
+"""``frames(batches, now_ms)``: the read and stage frames of one batch, built exactly as
+its own job builds them, with no watermark; or of several batches in one read, records
+tagged with their batch (None when that cannot be: see ``row_by_row``)."""
+_ROW_BY_ROW = {"Project", "Filter", "SubqueryAlias", "CollectMetrics", "LogicalRelation"}
+
+
+def row_by_row(records: DataFrame) -> bool:
+    """True when ``records`` keep ``BATCH_COLUMN`` and their plan takes each record on its
+    own: deterministic projections and filters with no subquery, over one scan.
+
+    A transform like that gives several batches' records together what it
+    gives each batch alone, so the read-ahead can scan them once. Any other (a
+    join, an aggregation, ``dropDuplicates``, a limit, a window function, an
+    explode or table function, ``rand()``) is given one batch at a time.
+    """
+    if BATCH_COLUMN not in records.columns:
+        return False
+    plan = records._jdf.queryExecution().analyzed()
+    if not plan.deterministic():
+        return False
+    while plan.nodeName() in _ROW_BY_ROW and plan.subqueries().isEmpty():
+        children = plan.children()
+        if children.size() == 0:
+            return True
+        if children.size() > 1:
+            return False
+        plan = children.apply(0)
+    return False
 
 
 class ReadAhead:
@@ -179,21 +200,28 @@ class ReadAhead:
             ranges.append(Range(last.batch_id + 1, last.end, end))
         if len(ranges) < 2:
             return
-        built: list[tuple[Range, SourceRead, BatchFrames]] = []
-        total = 0
-        for r in ranges:
-            read, frames = self.frames(r, now_ms)
-            total += read.size_bytes or 0
-            if built and total > MAX_BYTES:
-                break
-            built.append((r, read, frames))
-        # The batches' accepted records, each tagged with its batch, in one aggregation:
-        # one shuffle and one compiled plan for the partials of all of them.
-        tagged = [f.accepted.withColumn(BATCH_COLUMN, F.lit(r.batch_id)) for r, _, f in built]
-        union = tagged[0]
-        for accepted in tagged[1:]:
-            union = union.unionByName(accepted)
-        partials = self.stage.partials_of(union, None, by=(BATCH_COLUMN,))
+        one_read = self.frames(ranges, now_ms)
+        while one_read is not None and len(ranges) > 2 and _size(one_read[0]) > MAX_BYTES:
+            ranges = ranges[: len(ranges) // 2]
+            one_read = self.frames(ranges, now_ms)
+        looks: list[tuple[Range, SourceRead, BatchFrames]] = []
+        if one_read is not None:  # one scan, records tagged with their batch by the source
+            read, frames = one_read
+            looks = [(r, read, frames) for r in ranges]
+            accepted, total = frames.accepted, _size(read)
+        else:  # a scan per batch, each batch's accepted records tagged, in one union
+            total = 0
+            for r in ranges:
+                built = self.frames([r], now_ms)
+                assert built is not None
+                total += _size(built[0])
+                if looks and total > MAX_BYTES:
+                    break
+                looks.append((r, *built))
+            tagged = [f.accepted.withColumn(BATCH_COLUMN, F.lit(r.batch_id)) for r, _, f in looks]
+            accepted = functools.reduce(DataFrame.unionByName, tagged)
+        # One aggregation for the partials of all the batches: one shuffle, one compiled plan.
+        partials = self.stage.partials_of(accepted, None, by=(BATCH_COLUMN,))
         spark = self._spark()
         try:
             with shuffle_partitions(spark, total), session_confs(spark, JOB_CONFS):
@@ -203,22 +231,29 @@ class ReadAhead:
             log.info("read-ahead from batch %d failed: %s", first.batch_id, exc)
             return
         tags = table.column(BATCH_COLUMN)
-        for r, read, frames in built:
-            counts, stats = observed(read.counts), frames.stats()
-            if counts is None or stats is None:
+        for r, read, frames in looks:
+            of = r.batch_id if one_read is not None else None
+            counts, stats = observed(read.counts), frames.stats(of)
+            if counts is None or stats is None or counts.get("untagged"):
                 continue
+            suffix = f"_{of}" if of is not None else ""
             mine = table.filter(pc.equal(tags, r.batch_id)).drop_columns([BATCH_COLUMN])
             self._looked[r.batch_id] = _Looked(
                 r,
                 now_ms,
-                counts["rows"],
-                counts.get("bad", 0),
+                counts[f"rows{suffix}"],
+                counts.get(f"bad{suffix}", 0),
                 stats.rows,
                 stats.late,
                 stats.max_ms,
                 mine,
             )
-        log.info("read ahead batches %d..%d in one job", first.batch_id, built[-1][0].batch_id)
+        log.info(
+            "read ahead batches %d..%d in one job (%s)",
+            first.batch_id,
+            looks[-1][0].batch_id,
+            "one scan" if one_read is not None else "a scan per batch",
+        )
 
     def _closes_any(self, partials: pa.Table, watermark_ms: int | None) -> bool:
         """True when a partial row's (tumbling) window is closed under ``watermark_ms``:
@@ -228,3 +263,7 @@ class ReadAhead:
         limit = self.stage.final_limit_us(watermark_ms)
         ends = partials.column("window_end").cast(pa.int64())
         return bool(pc.any(pc.less(ends, limit)).as_py())
+
+
+def _size(read: SourceRead) -> int:
+    return read.size_bytes or 0

@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from batches.aggregates import AggregatePlan, plan_aggregate
 from batches.collect import observed
 from batches.errors import PipelineConfigInvalid
-from batches.sources.base import PARTITION_COLUMN
+from batches.sources.base import PARTITION_COLUMN, batch_scopes
 from batches.windows import (
     EventTime,
     Session,
@@ -84,15 +84,19 @@ class BatchFrames:
     def late(self) -> DataFrame:
         return self.late_of(self.rejected)
 
-    def stats(self) -> RecordStats | None:
+    def stats(self, batch: int | None = None) -> RecordStats | None:
         """Rows, late rows and max event time per partition, as the job over ``partials``
-        observed them; None when Spark observed nothing (see ``collect.observed``)."""
+        observed them (of ``batch``, when the records are several batches'); None when
+        Spark observed nothing (see ``collect.observed``)."""
         metrics = observed(self.seen)
         if metrics is None:
             return None
-        max_ms = {p: metrics[f"max_ms_{i}"] for i, p in enumerate(self.partitions)}
+        of = f"_{batch}" if batch is not None else ""
+        max_ms = {p: metrics[f"max_ms_{i}{of}"] for i, p in enumerate(self.partitions)}
         return RecordStats(
-            metrics["rows"], metrics["late"], {p: m for p, m in max_ms.items() if m is not None}
+            metrics[f"rows{of}"],
+            metrics[f"late{of}"],
+            {p: m for p, m in max_ms.items() if m is not None},
         )
 
 
@@ -166,12 +170,15 @@ class WindowedStage:
         batch_id: int,
         partitions: tuple[str, ...],
         now_ms: int,
+        batches: tuple[int, ...] | None = None,
     ) -> BatchFrames:
         """Late rows and the partials of the accepted records of one batch.
 
         ``partitions`` are the source partitions the records come from (their
         max event times are observed); ``now_ms`` is the batch's processing
-        time (its planning time, the same in a replay).
+        time (its planning time, the same in a replay). ``batches``: the
+        records are those of several batches, tagged (``Source.read_batches``),
+        and ``stats`` tells them apart.
         """
         column = self.event_time.column
         missing = {column, PARTITION_COLUMN, *self.keys} - set(records.columns)
@@ -196,15 +203,21 @@ class WindowedStage:
         rejected = ~timed | future | closed
         seen = Observation()
         partition = F.col(PARTITION_COLUMN)
-        events = records.withColumn(_ET_MS, F.unix_millis(F.col(column))).observe(
-            seen,
-            F.count(F.lit(1)).alias("rows"),
-            F.count(F.when(rejected, 1)).alias("late"),
-            *[
-                F.max(F.when((partition == F.lit(p)) & ~future, F.col(_ET_MS))).alias(f"max_ms_{i}")
-                for i, p in enumerate(partitions)
-            ],
-        )
+        metrics = [
+            metric
+            for suffix, mine in batch_scopes(batches)
+            for metric in (
+                F.count(F.when(mine, 1)).alias(f"rows{suffix}"),
+                F.count(F.when(mine & rejected, 1)).alias(f"late{suffix}"),
+                *[
+                    F.max(F.when(mine & (partition == F.lit(p)) & ~future, F.col(_ET_MS))).alias(
+                        f"max_ms_{i}{suffix}"
+                    )
+                    for i, p in enumerate(partitions)
+                ],
+            )
+        ]
+        events = records.withColumn(_ET_MS, F.unix_millis(F.col(column))).observe(seen, *metrics)
 
         def late_rows(late: DataFrame) -> DataFrame:
             return late.select(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches import faults
-from batches.catch_up import Range, ReadAhead, Seen
+from batches.catch_up import ReadAhead, Seen, row_by_row
 from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.compaction import tidy_after
@@ -32,7 +32,7 @@ from batches.pipeline import Pipeline, resolve
 from batches.poison import counts_as_failure, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
-from batches.sources.base import PARTITION_COLUMN, SourceRead
+from batches.sources.base import PARTITION_COLUMN, Range, SourceRead
 from batches.watermarks import PartitionTime, observe, pipeline_watermark
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
@@ -535,13 +535,9 @@ class MicroBatchRunner:
         strict: bool = False,
     ) -> _Input:
         """Step 3 for ``batch``: its read, transformed records and (windowed) stage frames,
-        all lazy. The catch-up read-ahead builds its batches' frames with this too."""
+        all lazy."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
-        out = self.pipeline.transform(read.records) if self.pipeline.transform else read.records
-        if PARTITION_COLUMN not in out.columns and len(batch.end) == 1:
-            # A transform that selected its columns dropped the partition; with one
-            # partition there is nothing to lose by putting it back.
-            out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(batch.end))))
+        out = self._transformed(read, batch)
         frames = (
             self.stage.batch_frames(
                 out, watermark_ms, batch.batch_id, _read_partitions(batch), now_ms
@@ -551,11 +547,39 @@ class MicroBatchRunner:
         )
         return _Input(read, out, frames)
 
-    def _unwatermarked(self, batch: Range, now_ms: int) -> tuple[SourceRead, BatchFrames]:
-        """Step 3 for ``batch`` with no watermark, as the read-ahead looks at it."""
-        taken = self._input(batch, None, now_ms)
-        assert taken.frames is not None
-        return taken.read, taken.frames
+    def _transformed(self, read: SourceRead, batch: Range) -> DataFrame:
+        """The records of ``read`` (of ``batch``'s range) after the pipeline's transform."""
+        out = self.pipeline.transform(read.records) if self.pipeline.transform else read.records
+        if PARTITION_COLUMN not in out.columns and len(batch.end) == 1:
+            # A transform that selected its columns dropped the partition; with one
+            # partition there is nothing to lose by putting it back.
+            out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(batch.end))))
+        return out
+
+    def _unwatermarked(
+        self, batches: Sequence[Range], now_ms: int
+    ) -> tuple[SourceRead, BatchFrames] | None:
+        """Step 3 with no watermark, as the catch-up read-ahead looks: of one batch, or of
+        several in one read, each record tagged with its batch. None when the source
+        cannot tag, or the transform may not keep the tag row by row
+        (``catch_up.row_by_row``): each batch is then looked at on its own."""
+        assert self.stage is not None
+        if len(batches) == 1:
+            taken = self._input(batches[0], None, now_ms)
+            assert taken.frames is not None
+            return taken.read, taken.frames
+        read = self.source.read_batches(batches)
+        if read is None:
+            return None
+        whole = Range(batches[0].batch_id, batches[0].start, batches[-1].end)
+        out = self._transformed(read, whole)
+        if not row_by_row(out):
+            return None
+        tags = tuple(b.batch_id for b in batches)
+        frames = self.stage.batch_frames(
+            out, None, whole.batch_id, _read_partitions(whole), now_ms, tags
+        )
+        return read, frames
 
     def _look(self, taken: _Input, planned: PlannedBatch) -> Seen:
         """Step 4: what the batch's records give, in one Spark job when all is well.

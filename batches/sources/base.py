@@ -9,16 +9,51 @@ starts at ``initial_offsets()``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import functions as F
 
 from state.errors import LowmarkError
 from state.offset_log import Offsets
 
 PARTITION_COLUMN = "_lowmark_partition"
 """Every record a source returns names its source partition here (a string)."""
+BATCH_COLUMN = "_lowmark_batch"
+"""The batch of a record in a read of several batches (``Source.read_batches``)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """One batch's input: its id and offsets ``[start, end)``."""
+
+    batch_id: int
+    start: Offsets
+    end: Offsets
+
+
+def batch_scopes(batches: Sequence[int] | None) -> list[tuple[str, Column]]:
+    """(metric name suffix, row condition) per batch of a read of several ``batches``;
+    one scope, with no suffix, for one batch's read (``batches`` None)."""
+    if batches is None:
+        return [("", F.lit(True))]
+    return [(f"_{b}", F.col(BATCH_COLUMN) == F.lit(b)) for b in batches]
+
+
+def batch_counts(batches: Sequence[int] | None, good: Column | None) -> list[Column]:
+    """A read's ``counts`` metrics (see ``Source``): ``rows`` and, when ``good`` tells good
+    rows from bad, ``bad``, per scope of ``batch_scopes``; ``untagged`` for several."""
+    metrics = []
+    for suffix, mine in batch_scopes(batches):
+        if good is None:
+            metrics.append(F.count(F.when(mine, 1)).alias(f"rows{suffix}"))
+        else:
+            metrics.append(F.count(F.when(mine & good, 1)).alias(f"rows{suffix}"))
+            metrics.append(F.count(F.when(mine & ~good, 1)).alias(f"bad{suffix}"))
+    if batches is not None:
+        metrics.append(F.count(F.when(F.col(BATCH_COLUMN).isNull(), 1)).alias("untagged"))
+    return metrics
 
 
 @dataclass(frozen=True)
@@ -66,6 +101,10 @@ class Source(ABC):
       planned, naming it, rather than read other records. Records
       carry their source partition in ``PARTITION_COLUMN`` (per-partition
       watermarks need it); lowmark drops it before the sink.
+    - ``read_batches(batches)`` (optional) reads consecutive batches in one
+      scan, each record tagged with its batch in ``BATCH_COLUMN``; ``counts``
+      then observes ``rows_<id>`` and ``bad_<id>`` per batch, and
+      ``untagged``: records it could not tag (the read is then of no use).
     - ``commit(end)`` tells upstream everything before ``end`` is durably
       processed and may be discarded (seed 004). Optional; a no-op by default.
     """
@@ -89,6 +128,11 @@ class Source(ABC):
     @abstractmethod
     def backlog(self, committed_end: Offsets) -> dict[str, int]:
         """What is waiting past ``committed_end``, without recording anything."""
+
+    def read_batches(self, batches: Sequence[Range]) -> SourceRead | None:
+        """Consecutive ``batches`` in one read, records tagged with their batch; None when
+        this source cannot (each batch is then read on its own)."""
+        return None
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """What the range ``[start, end)`` holds, one item a line, as an operator would name

@@ -21,10 +21,10 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlparse
 
 from py4j.java_gateway import is_instance_of
 from pyspark import SparkContext
@@ -35,7 +35,14 @@ from pyspark.storagelevel import StorageLevel
 
 from batches.errors import SourceFileChanged, SourceFileMissing, SourceFileUnreadable
 from batches.pipeline import FileSource
-from batches.sources.base import PARTITION_COLUMN, Source, SourceRead
+from batches.sources.base import (
+    BATCH_COLUMN,
+    PARTITION_COLUMN,
+    Range,
+    Source,
+    SourceRead,
+    batch_counts,
+)
 from state.errors import CheckpointMissing, LowmarkError
 from state.manifest import FileManifest, ManifestFile, numbered
 from state.offset_log import Offsets
@@ -44,6 +51,7 @@ from state.source_schema import SourceSchema
 
 PARTITION = "0"
 CORRUPT = "_corrupt_record"
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/._:=-]*")
 _DEFAULT_OPTIONS = {"csv": {"header": "true"}}
 
 
@@ -122,6 +130,21 @@ class FileStreamSource(Source):
         refused (a batch that wrote nothing yet reads files as they are now,
         so an unreadable file can be rewritten in place).
         """
+        return self._read(self._files(Range(batch_id, start, end), strict), batch_id, cache)
+
+    def read_batches(self, batches: Sequence[Range]) -> SourceRead:
+        """Consecutive ``batches`` in one scan: a record's batch is its file's."""
+        files: list[ManifestFile] = []
+        tags: dict[str, int] = {}
+        for batch in batches:
+            mine = self._files(batch, strict=False)
+            files += mine
+            tags.update((f.path, batch.batch_id) for f in mine)
+        return self._read(files, batches[0].batch_id, False, tags)
+
+    def _files(self, batch: Range, strict: bool) -> list[ManifestFile]:
+        """The manifest's files of ``batch``, each still there (as listed, if ``strict``)."""
+        start, end = batch.start, batch.end
         expected = sum(n - start.get(p, 0) for p, n in end.items())
 
         def in_range(known: list[ManifestFile]) -> list[ManifestFile]:
@@ -132,29 +155,37 @@ class FileStreamSource(Source):
             files = in_range(self._manifest(refresh=True))
         if len(files) != expected:
             raise CheckpointMissing(
-                f"manifest {self.manifest.path} lacks files of batch {batch_id} "
+                f"manifest {self.manifest.path} lacks files of batch {batch.batch_id} "
                 f"(offsets {start} -> {end}): restore it from backup"
             )
         for f in files:
-            self._check(f, batch_id, strict)
+            self._check(f, batch.batch_id, strict)
+        return files
+
+    def _read(
+        self,
+        files: list[ManifestFile],
+        batch_id: int,
+        cache: bool,
+        tags: dict[str, int] | None = None,
+    ) -> SourceRead:
+        """``files`` parsed; with ``tags`` (path: batch id), records carry their batch."""
         paths = [f.path for f in files]
         schema = self._schema(paths)
         counts = Observation()
-        # Referencing every column makes every job parse every column: Spark parses only
-        # the columns a query needs, so a bad value in an unparsed column would leave its
-        # row good in one job and bad in another (and a query of the corrupt-record column
-        # alone would be refused). A null test per column is the cheapest reference
-        # (a whole-row hash cost 15 % of a catch-up job).
-        every_column = F.max(
-            F.greatest(F.lit(False), *[F.col(f"`{n}`").isNull() for n in schema.fieldNames()])
-        )
+        file_path = F.col("_metadata.file_path")
+        tag = None
+        if tags:  # Spark names a record's file by its URI: "a b.json" is "a%20b.json"
+            by_uri = [F.lit(x) for path, b in tags.items() for x in (self._uri(path), b)]
+            tag = F.element_at(F.create_map(*by_uri), file_path)
+        batches = sorted(set(tags.values())) if tags else None
         size = sum(f.size for f in files)
         if self.config.format == "parquet":
-            records = (
-                self.spark.read.schema(schema)
-                .parquet(*paths)
-                .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_metadata.file_path")))
-                .observe(counts, F.count(F.lit(1)).alias("rows"))
+            records = self.spark.read.schema(schema).parquet(*paths)
+            if tag is not None:
+                records = records.withColumn(BATCH_COLUMN, tag)
+            records = records.withColumn(PARTITION_COLUMN, self._partition_of(file_path)).observe(
+                counts, *batch_counts(batches, None)
             )
             if cache:
                 records = records.persist(StorageLevel.MEMORY_AND_DISK)
@@ -163,6 +194,14 @@ class FileStreamSource(Source):
         if self.config.format == "csv" and self.options.get("header") == "true":
             self._check_headers(paths, schema, batch_id)
         with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
+        # Referencing every column makes every job parse every column: Spark parses only
+        # the columns a query needs, so a bad value in an unparsed column would leave its
+        # row good in one job and bad in another (and a query of the corrupt-record column
+        # alone would be refused). A null test per column is the cheapest reference
+        # (a whole-row hash cost 15 % of a catch-up job).
+        every_column = F.max(
+            F.greatest(F.lit(False), *[F.col(f"`{n}`").isNull() for n in schema.fieldNames()])
+        )
         parsed = (
             self.spark.read.format(self.config.format)
             .options(**self.options)
@@ -170,13 +209,14 @@ class FileStreamSource(Source):
             .option("columnNameOfCorruptRecord", CORRUPT)
             .schema(with_corrupt)
             .load(paths)
-            .withColumn("_source_file", F.col("_metadata.file_path"))
-            .observe(
-                counts,
-                F.count(F.when(F.col(CORRUPT).isNull(), 1)).alias("rows"),
-                F.count(F.col(CORRUPT)).alias("bad"),
-                every_column.alias("_every_column"),
-            )
+            .withColumn("_source_file", file_path)
+        )
+        if tag is not None:
+            parsed = parsed.withColumn(BATCH_COLUMN, tag)
+        parsed = parsed.observe(
+            counts,
+            *batch_counts(batches, F.col(CORRUPT).isNull()),
+            every_column.alias("_every_column"),
         )
         if cache:
             parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
@@ -195,6 +235,12 @@ class FileStreamSource(Source):
         )
         cached = (parsed,) if cache else ()
         return SourceRead(records, bad, counts, cached, self._unreadable(batch_id), size)
+
+    def _uri(self, path: str) -> str:
+        """``path`` as Spark names a record's file (``_metadata.file_path``): its URI."""
+        if _PLAIN_PATH.fullmatch(path):
+            return path  # nothing a URI escapes
+        return str(self.spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path).toUri().toString())  # type: ignore[union-attr]
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """The paths of the files of ``[start, end)``."""
@@ -417,13 +463,20 @@ class FileStreamSource(Source):
 
 
 def _local_path(path: str) -> str | None:
-    """The local file system path of ``path`` (a plain path or a file: URL), else None."""
-    parsed = urlparse(path)
-    if parsed.scheme == "file":
-        return parsed.path
-    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):
+    """The local file system path of ``path`` (a plain path or a file: URL), else None.
+
+    Hadoop's path strings are not URL-escaped: in ``file:/in/a b#1.json`` the
+    ``#`` is part of the file name, not a URL fragment.
+    """
+    scheme, colon, rest = path.partition(":")
+    if not colon or "/" in scheme or (len(scheme) == 1 and os.name == "nt"):
         return path
-    return None
+    if scheme != "file":
+        return None
+    if rest.startswith("//"):  # file://host/x or file:///x
+        rest = rest[2:]
+        rest = rest[rest.find("/") :] if "/" in rest else "/"
+    return rest
 
 
 def _failed_read(exc: Exception) -> Any:

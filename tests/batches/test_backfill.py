@@ -7,16 +7,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from batches.backfill import backfill_partition
 from batches.errors import PartitionNotClosed
+from batches.faults import InjectedCrash, KillPoint, crash_at
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import EventTimePartitions
 from batches.windows import Tumbling
 from tests.batches.test_windows import T0, drop_batches, event, reference, sink, windowed
+from tests.conftest import write_json_lines
 
 HOUR = 3600
 WINDOW = Tumbling(size="10 seconds")
@@ -32,6 +34,16 @@ def hour(n: int) -> tuple[datetime, datetime]:
 def in_hour(df: DataFrame, n: int) -> DataFrame:
     start, end = hour(n)
     return df.where((F.col("window_start") >= F.lit(start)) & (F.col("window_start") < F.lit(end)))
+
+
+SCHEDULE = [  # one file per batch; hour 0's late record comes after hour 1 began
+    [event("a", 1, 1), event("b", 5, 2)],
+    [event("a", 1800, 4), event("a", HOUR + 5, 8)],
+    [event("a", 2, 16), event("b", HOUR + 30, 32)],
+    [event("c", 2 * HOUR + 30, 64)],  # the watermark after it closes hour 1 ...
+    [event("a", 3 * HOUR, 128)],  # ... but only this batch emits b's window of hour 1
+    [event("b", 4 * HOUR + 100, 256)],
+]
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +95,83 @@ def test_repeating_a_backfill_over_the_same_history_is_skipped(
 
 
 def test_a_partition_the_watermark_has_not_closed_is_refused_unless_forced(
-    spark: SparkSession, root: Path
+    spark: SparkSession, tmp_path: Path
 ) -> None:
-    with pytest.raises(PartitionNotClosed, match=r"2026-01-01 03:00\.\.2026-01-01 04:00 .* open"):
-        backfill_partition(spark, PIPELINE, root, *hour(3))
-    forced = backfill_partition(spark, PIPELINE, root, *hour(3), force=True)
+    drop_batches(tmp_path, SCHEDULE[:5])
+    runner = MicroBatchRunner(spark, PIPELINE, tmp_path)
+    assert len(runner.run(max_batches=5)) == 5
+    # The watermark (3:00) has not closed hour 2 (3:00:20), and c's window is in state.
+    with pytest.raises(PartitionNotClosed, match=r"2026-01-01 02:00\.\.2026-01-01 03:00 .* open"):
+        backfill_partition(spark, PIPELINE, tmp_path, *hour(2))
+    # Forced or not, a slice whose windows are still in state belongs to the stream.
+    with pytest.raises(PartitionNotClosed, match=r"still has 1 window\(s\) in state"):
+        backfill_partition(spark, PIPELINE, tmp_path, *hour(2), force=True)
+    # The next batch emits c's window; the watermark (3:00:05) still leaves hour 2 open.
+    write_json_lines(tmp_path / "in", "more.json", [event("d", 3 * HOUR + 5, 1)], 1_700_000_100)
+    assert runner.run_batch() is not None
+    forced = backfill_partition(spark, PIPELINE, tmp_path, *hour(2), force=True)
     assert forced.windows == 1
-    assertDataFrameEqual(in_hour(sink(spark, root), 3), in_hour(reference(spark, root, WINDOW), 3))
+    expected = in_hour(reference(spark, tmp_path, WINDOW), 2)
+    assertDataFrameEqual(in_hour(sink(spark, tmp_path), 2), expected)
+    assert not _twice(sink(spark, tmp_path))
+
+
+def _twice(df: DataFrame) -> list[Row]:
+    """(key, window)s the sink holds more than once."""
+    return df.groupBy("user", "window_start", "window_end").count().where("count > 1").collect()
+
+
+def test_a_closed_slice_whose_windows_the_next_batch_emits_waits_for_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    drop_batches(tmp_path, SCHEDULE[:4])
+    runner = MicroBatchRunner(spark, PIPELINE, tmp_path)
+    for _ in range(4):
+        assert runner.run_batch() is not None
+    # The last commit's watermark (2:00:30) closes hour 1, but b's window [1:00:30, 1:00:40)
+    # is still in state: the next batch emits it. A backfill now would write it first,
+    # and the stream would append it a second time.
+    with pytest.raises(PartitionNotClosed, match=r"01:00\.\..* still has 1 window\(s\) in state"):
+        backfill_partition(spark, PIPELINE, tmp_path, *hour(1))
+    drop_batches(tmp_path, SCHEDULE[:5])
+    assert runner.run_batch() is not None
+    assert backfill_partition(spark, PIPELINE, tmp_path, *hour(1)).windows == 2
+    assert not _twice(sink(spark, tmp_path))
+    expected = in_hour(reference(spark, tmp_path, WINDOW), 1)
+    assertDataFrameEqual(in_hour(sink(spark, tmp_path), 1), expected)
+
+
+@pytest.mark.parametrize("crash", [None, "after_state", "after_sink"])
+def test_no_window_is_written_twice_whatever_runs_and_backfills_interleave(
+    spark: SparkSession, tmp_path: Path, crash: str | None
+) -> None:
+    """Every backfill tried after every batch (and between a crash and its replay):
+    each is refused or owns its slice, and no (key, window) lands twice."""
+    drop_batches(tmp_path, SCHEDULE)
+    hours = range(4)
+    landed = set()
+
+    def backfill_every_hour() -> None:
+        for n in hours:
+            try:
+                backfill_partition(spark, PIPELINE, tmp_path, *hour(n))
+                landed.add(n)
+            except PartitionNotClosed:
+                pass
+
+    for batch_id in range(len(SCHEDULE)):
+        runner = MicroBatchRunner(spark, PIPELINE, tmp_path)
+        if crash is not None and batch_id == 4:  # it wrote state (b's window gone), not all
+            with pytest.raises(InjectedCrash), crash_at(KillPoint(crash, batch_id)):
+                runner.run_batch()
+            backfill_every_hour()
+            runner = MicroBatchRunner(spark, PIPELINE, tmp_path)
+        assert runner.run_batch() is not None
+        assert not _twice(sink(spark, tmp_path))  # a later backfill would hide a twin
+        backfill_every_hour()
+    assert landed == {0, 1, 2}  # hour 3's windows are still in state
+    out = sink(spark, tmp_path)
+    assert not _twice(out)
+    expected = reference(spark, tmp_path, WINDOW)
+    for n in sorted(landed):
+        assertDataFrameEqual(in_hour(out, n), in_hour(expected, n))

@@ -10,19 +10,24 @@ rows) among those read ahead.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 
+from batches.catch_up import row_by_row
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline
+from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from batches.windows import Sliding, Tumbling
 from tests.batches.test_job_counts import counted_batch
-from tests.batches.test_windows import drop_batches, event, windowed
+from tests.batches.test_windows import SCHEMA, drop_batches, event, windowed
 from tests.conftest import write_json_lines
 
 BACKLOG: list[list[dict[str, Any]]] = [
@@ -88,14 +93,30 @@ def _land_backlog(root: Path) -> None:
     os.utime(root / "in" / "b004.json", (1_700_000_004, 1_700_000_004))
 
 
+def dedup(records: DataFrame) -> DataFrame:
+    """Not row by row: over several batches at once it would drop a record that a
+    batch alone keeps (its twin is in another batch)."""
+    return records.dropDuplicates(["user", "ts", "amount"])
+
+
+@pytest.mark.parametrize("transform", [None, dedup], ids=["one_scan", "scan_per_batch"])
 def test_a_backlog_is_looked_at_in_one_job_and_every_batch_commits_as_alone(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    transform: Callable[[DataFrame], DataFrame] | None,
 ) -> None:
     ahead_root, alone_root = tmp_path / "ahead", tmp_path / "alone"
     _land_backlog(ahead_root)
+    # A twin of batch 5's record in batch 6: a transform given several batches at
+    # once (dedup) would drop it.
+    with (ahead_root / "in" / "b006.json").open("a") as f:
+        f.write(json.dumps(event("a", 55, 6)) + "\n")
+    os.utime(ahead_root / "in" / "b006.json", (1_700_000_006, 1_700_000_006))
     shutil.copytree(ahead_root / "in", alone_root / "in")
-    ahead, ahead_jobs, ahead_runner = _run(spark, ahead_root, _pipeline(10), monkeypatch)
-    alone, alone_jobs, alone_runner = _run(spark, alone_root, _pipeline(1), monkeypatch)
+    ahead_p, alone_p = (_pipeline(n).model_copy(update={"transform": transform}) for n in (10, 1))
+    ahead, ahead_jobs, ahead_runner = _run(spark, ahead_root, ahead_p, monkeypatch)
+    alone, alone_jobs, alone_runner = _run(spark, alone_root, alone_p, monkeypatch)
 
     assert _summary(ahead) == _summary(alone)
     assert [r.rows_late for r in ahead[:5]] == [0, 0, 1, 1, 0]  # the backlog has late rows
@@ -145,3 +166,48 @@ def test_sliding_windows_do_not_read_ahead(
     p = _pipeline(10, Sliding(size="10 seconds", slide="5 seconds"))
     _, jobs, _ = _run(spark, tmp_path, p, monkeypatch)
     assert all(n >= 1 for n in jobs[:3]), jobs
+
+
+def test_files_whose_names_a_uri_escapes_are_read_ahead_in_one_scan(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spark names a record's file by its URI ("a%20b"), the manifest by its path ("a b"):
+    # a record the read could not tag with its batch would send every batch to its own job.
+    for i, rows in enumerate(BACKLOG[:3]):
+        write_json_lines(tmp_path / "in", f"b{i} a%b#ü.json", rows, 1_700_000_000 + i)
+    _, jobs, _ = _run(spark, tmp_path, _pipeline(10), monkeypatch)
+    assert jobs[:2] == [1, 0], jobs  # batch 1 took what the read-ahead saw
+
+
+def _upper(records: DataFrame) -> DataFrame:
+    return records.withColumn("user", F.upper("user"))
+
+
+@pytest.mark.parametrize(
+    ("transform", "expected"),
+    [
+        (lambda df: df, True),
+        (lambda df: _upper(df).where(F.col("amount") > 0).select("*"), True),
+        (lambda df: df.selectExpr("*", "amount * 2 AS doubled"), True),
+        (lambda df: df.select("user", "ts", "amount", PARTITION_COLUMN), False),  # tag dropped
+        (dedup, False),
+        (lambda df: df.withColumn("r", F.rand()), False),
+        (lambda df: df.limit(5), False),
+        (lambda df: df.withColumn("n", F.count("*").over(Window.partitionBy("user"))), False),
+        (lambda df: df.withColumn("e", F.explode(F.array("user", "user"))), False),
+        (lambda df: df.join(df.sparkSession.range(3), F.lit(True)), False),
+        # A subquery over the records themselves would see every batch at once.
+        (lambda df: df.where(F.col("amount") >= df.select(F.max("amount")).scalar()), False),
+    ],
+)
+def test_row_by_row_tells_the_transforms_one_scan_may_take(
+    spark: SparkSession, tmp_path: Path, transform: Callable[[DataFrame], DataFrame], expected: bool
+) -> None:
+    write_json_lines(tmp_path, "x.json", [event("a", 1, 1)], 1_700_000_000)
+    records = (
+        spark.read.schema(SCHEMA)
+        .json(str(tmp_path))
+        .withColumn(PARTITION_COLUMN, F.lit("0"))
+        .withColumn(BATCH_COLUMN, F.lit(0))
+    )
+    assert row_by_row(transform(records)) is expected
