@@ -148,7 +148,9 @@ class FileStreamSource(Source):
         expected = sum(n - start.get(p, 0) for p, n in end.items())
 
         def in_range(known: list[ManifestFile]) -> list[ManifestFile]:
-            return [f for f in known if start.get(f.partition, 0) <= f.seq < end[f.partition]]
+            return [
+                f for f in known if start.get(f.partition, 0) <= f.seq < end.get(f.partition, 0)
+            ]
 
         files = in_range(self._manifest())
         if len(files) != expected:

@@ -27,15 +27,17 @@ from tests.faults.scenarios import (
     FIXED_INPUT,
     plain_append,
     session_update,
-    tumbling_append,
+    tumbling_two_partitions,
     write_input,
 )
 
-MATRIX = (tumbling_append, session_update, plain_append)
-"""Windows (every write driver-side) and a stateless pipeline (its sink written by Spark), so
-kills fall between driver-side log commits and Spark writes, both ways round."""
+MATRIX = (tumbling_two_partitions, session_update, plain_append)
+"""Windows (every write driver-side; tumbling over two source partitions, one idle in each
+batch) and a stateless pipeline (its sink written by Spark), so kills fall between
+driver-side log commits and Spark writes, both ways round."""
 KILL_BATCH = 3
-"""The last batch: windows and sessions from batches 0-2 are open across the kill."""
+"""A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
+across the kill, and batches after it close them."""
 
 
 @dataclass(frozen=True)
@@ -62,18 +64,23 @@ def references(
     refs = {}
     for pipeline in MATRIX:
         folder = tmp_path_factory.mktemp(pipeline.name)
-        write_input(folder / "input", FIXED_INPUT)
+        write_input(folder / "input", FIXED_INPUT, pipeline)
         root = folder / "reference"
         runner = MicroBatchRunner(spark, pipeline, root)
         runner.run(max_batches=KILL_BATCH)
         shutil.copytree(root, folder / "template")
         rest = runner.run(max_batches=None)
-        # What the kill matrix relies on: the killed batch is the last, it has
-        # output, and (windowed) late records, with windows left open.
+        # What the kill matrix relies on: the killed batch has output, bad rows and
+        # (windowed) late records, with windows left open, and batches come after it.
         windowed = pipeline.aggregation is not None
-        assert [(r.batch_id, r.rows_late > 0, r.rows_out > 0) for r in rest] == [
-            (KILL_BATCH, windowed, True)
-        ]
+        killed = rest[0]
+        assert (killed.batch_id, killed.rows_late > 0, killed.rows_bad, killed.rows_out > 0) == (
+            KILL_BATCH,
+            windowed,
+            1,
+            True,
+        )
+        assert len(rest) > 1
         batches = KILL_BATCH + len(rest)
         refs[pipeline.name] = Reference(pipeline, folder, snapshot(spark, pipeline, root), batches)
     return refs

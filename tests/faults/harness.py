@@ -3,9 +3,11 @@
 A crash run is compared with a fault-free run of the same pipeline and
 input, table by table, as multisets of rows: ``differences`` names every
 row a crash run lost or has in excess. Only what a run may legitimately
-change is left out: runner ids, wall-clock times (``created_at``, the
-watermarks' ``last_seen_ms``), the random ``pipeline_id`` and the progress
-table (descriptive; a kill right after the commit loses its row).
+change is left out: runner ids, wall-clock times (``created_at``), the
+random ``pipeline_id`` and the progress table (descriptive; a kill right
+after the commit loses its row). A partition's ``last_seen_ms`` is a
+planning time, so it is compared as the batch it names: the batch whose
+offsets were planned then.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ Crash = Callable[[Path, KillPoint], bool]
 _UNSTABLE = {
     "commits": ("runner_id", "created_at"),
     "offsets": ("runner_id", "created_at"),
-    "watermarks": ("last_seen_ms",),
 }
 _CHECKPOINT_TABLES = (
     "offsets",
@@ -165,8 +166,10 @@ def snapshot(spark: SparkSession, pipeline: Pipeline, root: Path) -> Snapshot:
     for name, path in tables.items():
         if not RsDeltaTable.is_deltatable(path):
             continue
-        df = spark.read.format("delta").load(path).drop(*_UNSTABLE.get(name, ()))
-        frames.append(_as_json(name, df))
+        df = spark.read.format("delta").load(path)
+        if name == "watermarks":
+            df = _last_seen_as_batch(df, spark.read.format("delta").load(tables["offsets"]))
+        frames.append(_as_json(name, df.drop(*_UNSTABLE.get(name, ()))))
         if name in ("sink", "state_windows"):
             frames.append(_as_json(f"{name} history", _history(spark, path)))
     result: Snapshot = {name: Counter() for name in tables}
@@ -192,6 +195,19 @@ def differences(expected: Snapshot, actual: Snapshot) -> list[str]:
 def _as_json(table: str, df: DataFrame) -> DataFrame:
     return df.select(
         F.lit(table).alias("table"), F.to_json(F.struct(*sorted(df.columns))).alias("row")
+    )
+
+
+def _last_seen_as_batch(watermarks: DataFrame, offsets: DataFrame) -> DataFrame:
+    """``last_seen_ms`` replaced by ``last_seen_batch``: the batch planned at that time (a
+    time no batch was planned at stays, as -1, a difference)."""
+    planned = offsets.select(
+        F.unix_millis("created_at").alias("_planned_ms"), F.col("batch_id").alias("_batch")
+    )
+    return (
+        watermarks.join(planned, watermarks["last_seen_ms"] == planned["_planned_ms"], "left")
+        .withColumn("last_seen_batch", F.coalesce("_batch", F.lit(-1)))
+        .drop("last_seen_ms", "_planned_ms", "_batch")
     )
 
 

@@ -4,9 +4,12 @@ A subprocess finds the pipelines with ``--pipelines tests.faults.scenarios``.
 Every pipeline reads ``../input`` relative to its data root, so runs that
 live in sibling folders (a reference, a template, one copy per crash case)
 share one input folder, have one fingerprint, and a copied checkpoint's
-file manifest still names files that exist. One source partition and no
-idle timeout keep the watermark a function of the input alone, so a run
-killed by a subprocess and a fault-free run in the test process agree.
+file manifest still names files that exist. The watermark must be a
+function of the input alone, so that a run killed by a subprocess and a
+fault-free run in the test process agree: one source partition and no idle
+timeout, or (``tumbling_two_partitions``) two folder partitions with an idle
+timeout of 1 ms: a partition is idle exactly in the batches that take none
+of its files (batches are always more than 1 ms apart).
 """
 
 from __future__ import annotations
@@ -40,17 +43,28 @@ File = list[Event | str]
 """One input file: events, and raw text for a malformed line."""
 
 
-def _source() -> FileSource:
-    return FileSource(path=INPUT, format="json", schema_ddl=SCHEMA, max_files_per_batch=1)
+def _source(by_folder: bool = False) -> FileSource:
+    return FileSource(
+        path=INPUT,
+        format="json",
+        schema_ddl=SCHEMA,
+        max_files_per_batch=1,
+        partition_by_folder=by_folder,
+    )
 
 
-def _windowed(name: str, window: Tumbling | Sliding | Session, mode: str) -> Pipeline:
+def _windowed(
+    name: str, window: Tumbling | Sliding | Session, mode: str, by_folder: bool = False
+) -> Pipeline:
     return Pipeline(
         name=name,
-        source=_source(),
+        source=_source(by_folder),
         sink=DeltaSink(path=SINK),
         event_time=EventTime(
-            column="ts", max_out_of_orderness="5 seconds", allowed_lateness="10 seconds"
+            column="ts",
+            max_out_of_orderness="5 seconds",
+            allowed_lateness="10 seconds",
+            idle_timeout="1 ms" if by_folder else None,
         ),
         aggregation=WindowedAggregation(
             keys=("user",),
@@ -63,24 +77,40 @@ def _windowed(name: str, window: Tumbling | Sliding | Session, mode: str) -> Pip
 
 
 tumbling_append = _windowed("tumbling_append", Tumbling(size="10 seconds"), "append")
+tumbling_two_partitions = _windowed(
+    "tumbling_two_partitions", Tumbling(size="10 seconds"), "append", by_folder=True
+)
 session_update = _windowed("session_update", Session(gap="5 seconds"), "update")
 sliding_update = _windowed(
     "sliding_update", Sliding(size="10 seconds", slide="5 seconds"), "update"
 )
 plain_append = Pipeline(name="plain_append", source=_source(), sink=DeltaSink(path=SINK))
 
-PIPELINES = {p.name: p for p in (tumbling_append, session_update, sliding_update, plain_append)}
+PIPELINES = {
+    p.name: p
+    for p in (
+        tumbling_append,
+        tumbling_two_partitions,
+        session_update,
+        sliding_update,
+        plain_append,
+    )
+}
 
 FIXED_INPUT: list[File] = [
     [("a", 1, 1), ("b", 2, 2)],
     [("a", 7, 3), ("b", 14, 4), ("a", 14, 5)],
-    [("c", 30, 6), '{"user": "b", "ts": oops', ("b", 18, 7)],
-    # The batch the kill matrix kills (watermark 25 s): a@4 is late, a@16 and
-    # b@21 extend windows and sessions open since earlier batches, the windows
-    # [0,10) and sessions ending by 15 s are final and emitted or purged.
-    [("a", 4, 8), ("a", 16, 9), ("b", 21, 10), ("c", 33, 11)],
+    [("c", 30, 6), ("b", 18, 7)],
+    # The batch the kill matrix kills, in the middle of the run (watermark 25 s): a@4
+    # is late, a line does not parse, a@16 and b@21 extend windows and sessions open
+    # since earlier batches, the windows [0,10) and sessions ending by 15 s are final
+    # and emitted or purged.
+    [("a", 4, 8), '{"user": "b", "ts": oops', ("a", 16, 9), ("b", 21, 10), ("c", 33, 11)],
+    # After it: more windows close (and, with two partitions, the other one is idle).
+    [("a", 40, 12), ("b", 45, 13)],
+    [("c", 60, 14), ("a", 52, 15), ("b", 44, 16)],
 ]
-"""Four files, one per batch; the last batch's watermark (28 s) closes nothing more."""
+"""Six files, one per batch."""
 
 
 def random_input(rng: random.Random, files: int) -> list[File]:
@@ -99,11 +129,13 @@ def random_input(rng: random.Random, files: int) -> list[File]:
     return result
 
 
-def write_input(folder: Path, files: list[File]) -> None:
-    """File i as JSON lines, modified at second i (discovery order = list order)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def write_input(folder: Path, files: list[File], pipeline: Pipeline | None = None) -> None:
+    """File i as JSON lines, modified at second i (discovery order = list order); for a
+    pipeline with folder partitions, in ``p0/`` and ``p1/`` by turns."""
+    by_folder = pipeline is not None and pipeline.source.partition_by_folder
     for i, rows in enumerate(files):
-        path = folder / f"f{i:03d}.json"
+        path = folder / (f"p{i % 2}" if by_folder else "") / f"f{i:03d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(_line(r) + "\n" for r in rows))
         stamp = 1_700_000_000 + i
         os.utime(path, (stamp, stamp))

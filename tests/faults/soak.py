@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         pipeline = PIPELINES[rng.choice(sorted(PIPELINES))]
         folder = Path(tempfile.mkdtemp(prefix=f"lowmark-soak-{n}-"))
         try:
-            write_input(folder / "input", random_input(rng, args.files))
+            write_input(folder / "input", random_input(rng, args.files), pipeline)
             batches = len(run_to_completion(spark, pipeline, folder / "reference"))
             schedule = random_schedule(rng, batches, args.kills)
             crashes = run_with_crashes(

@@ -35,7 +35,7 @@ def damaged_copy(ref: Reference, name: str) -> Path:
 def test_a_missing_checkpoint_table_is_an_error_naming_it(
     spark: SparkSession, references: dict[str, Reference], table: str, message: str
 ) -> None:
-    ref = references["tumbling_append"]
+    ref = references["tumbling_two_partitions"]
     root = damaged_copy(ref, table)
     shutil.rmtree(Path(ref.pipeline.checkpoint_location(root)) / table)
     with pytest.raises(Exception, match=message) as error:
@@ -46,7 +46,7 @@ def test_a_missing_checkpoint_table_is_an_error_naming_it(
 def test_an_unreadable_commit_log_is_one_line_naming_it(
     spark: SparkSession, references: dict[str, Reference], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ref = references["tumbling_append"]
+    ref = references["tumbling_two_partitions"]
     root = damaged_copy(ref, "commit_json")
     log = Path(ref.pipeline.checkpoint_location(root)) / "commits" / "_delta_log"
     max(log.glob("*.json")).write_text("not a delta log entry\n")

@@ -200,3 +200,22 @@ def test_a_file_modified_less_than_min_file_age_ago_waits_for_a_later_batch(
     os.utime(still_written, (time.time() - 3601, time.time() - 3601))
     assert [r.end for r in runner.run(max_batches=None)] == [{"0": 2}]
     assert sink_ids(spark, data_root) == [0, 1, 2, 100, 101, 102]
+
+
+def test_folder_partitions_a_batch_takes_no_file_of_are_left_for_later_batches(
+    spark: SparkSession, data_root: Path
+) -> None:
+    # Both folders have a file before batch 0, which may take one: the manifest then
+    # holds a file of a partition batch 0's offsets do not name (a KeyError before).
+    for i, folder in enumerate(("eu", "us")):
+        (data_root / "in" / folder).mkdir(parents=True)
+        shutil.move(drop_file(data_root, i), data_root / "in" / folder / f"f{i}.json")
+    src = FileSource(
+        path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1, partition_by_folder=True
+    )
+    runner = MicroBatchRunner(spark, pipeline(source=src), data_root)
+    assert [(r.start, r.end) for r in runner.run(max_batches=None)] == [
+        ({}, {"eu": 1}),
+        ({"eu": 1}, {"eu": 1, "us": 1}),
+    ]
+    assert sorted(sink_ids(spark, data_root)) == [0, 1, 2, 100, 101, 102]
