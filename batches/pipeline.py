@@ -61,6 +61,25 @@ class FileSource(_Config):
             "must land whole, written under a hidden name and renamed)."
         ),
     )
+    processed_files: Literal["keep", "archive", "delete"] = Field(
+        default="keep",
+        description=(
+            "What becomes of a file once the batch that took it committed: kept (default), "
+            "moved under `archive_dir` (with its path below `path`), or deleted. Backfills "
+            "read archived files; a pipeline that deletes them cannot be backfilled."
+        ),
+    )
+    archive_dir: str | None = Field(
+        default=None,
+        description="Where `processed_files: archive` moves files (relative to the data root "
+        "or absolute; not inside `path`).",
+    )
+
+    @model_validator(mode="after")
+    def _archive_dir_with_archive(self) -> FileSource:
+        if (self.processed_files == "archive") != (self.archive_dir is not None):
+            raise ValueError("`archive_dir` goes with `processed_files: archive`, and only with it")
+        return self
 
 
 class DeltaSink(_Config):
@@ -206,15 +225,21 @@ class Pipeline(_Config):
     def fingerprint(self) -> str:
         """Hash of everything that changes what a batch computes.
 
-        Admission limits, descriptions, health-check bounds, backfill
-        partitions, maintenance, read-ahead and failed attempts are left out: changing them on a
-        running checkpoint is safe.
+        Admission limits, what becomes of processed files, descriptions, health-check
+        bounds, backfill partitions, maintenance, read-ahead and failed attempts are left
+        out: changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not.
         """
         semantics = {
             "source": self.source.model_dump(
-                exclude={"max_files_per_batch", "max_bytes_per_batch", "min_file_age"}
+                exclude={
+                    "max_files_per_batch",
+                    "max_bytes_per_batch",
+                    "min_file_age",
+                    "processed_files",
+                    "archive_dir",
+                }
             ),
             "transform": self.transform,
             "sink": self.sink.model_dump(),

@@ -29,4 +29,7 @@ def build_source(
         schema = SourceSchema(f"{checkpoint}/schema", ":schema")
     else:
         manifest, schema = checkpoint.files, checkpoint.schema
-    return FileStreamSource(spark, config, resolve(config.path, data_root), manifest, schema)
+    archive = resolve(config.archive_dir, data_root) if config.archive_dir else None
+    return FileStreamSource(
+        spark, config, resolve(config.path, data_root), manifest, schema, archive
+    )

@@ -18,6 +18,7 @@ schema's (STRING for LONG) is refused with SourceFileUnreadable.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import os
@@ -33,7 +34,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
 
-from batches.errors import SourceFileChanged, SourceFileMissing, SourceFileUnreadable
+from batches.errors import (
+    PipelineConfigInvalid,
+    SourceFileChanged,
+    SourceFileMissing,
+    SourceFileUnreadable,
+)
 from batches.pipeline import FileSource
 from batches.sources.base import (
     BATCH_COLUMN,
@@ -65,10 +71,18 @@ class FileStreamSource(Source):
         folder: str,
         manifest: FileManifest,
         schema_store: SourceSchema,
+        archive: str | None = None,
     ) -> None:
         self._spark = provider(spark)
         self.config = config
         self.folder = folder
+        self.archive = archive
+        """Where processed files go (``processed_files: archive``)."""
+        if archive is not None and _below(_path_part(archive), _path_part(folder)) is not None:
+            raise PipelineConfigInvalid(
+                f"source archive_dir {archive} is inside the source folder {folder}: archived "
+                "files would be read again; put it beside the folder"
+            )
         self.manifest = manifest
         self.schema_store = schema_store
         self.options = {**_DEFAULT_OPTIONS.get(config.format, {}), **config.options}
@@ -160,9 +174,57 @@ class FileStreamSource(Source):
                 f"manifest {self.manifest.path} lacks files of batch {batch.batch_id} "
                 f"(offsets {start} -> {end}): restore it from backup"
             )
+        files = [self._located(f) for f in files]
         for f in files:
             self._check(f, batch.batch_id, strict)
         return files
+
+    def commit(self, end: Offsets) -> None:
+        """With ``processed_files`` set, every file in the folder whose batch committed (its
+        seq below ``end``) is archived or deleted. The folder is listed, so a file a crash
+        left behind after its commit goes with the next commit."""
+        if self.config.processed_files == "keep":
+            return
+        known = {f.path: f for f in self._manifest()}
+        for listed in self._list():
+            f = known.get(listed.path)
+            if f is None or f.seq >= end.get(f.partition, 0):
+                continue
+            local = _local_path(f.path)
+            if self.config.processed_files == "delete":
+                if local is not None:
+                    os.remove(local)
+                else:
+                    fs, hpath = self._hadoop_path(f.path)
+                    fs.delete(hpath, False)
+                continue
+            target = self._archived(f.path)
+            target_local = _local_path(target)
+            if local is not None and target_local is not None:
+                os.makedirs(os.path.dirname(target_local), exist_ok=True)
+                os.replace(local, target_local)
+            else:
+                fs, hpath = self._hadoop_path(f.path)
+                _, htarget = self._hadoop_path(target)
+                fs.mkdirs(htarget.getParent())
+                if not fs.rename(hpath, htarget):
+                    raise LowmarkError(f"could not move processed file {f.path} to {target}")
+
+    def _archived(self, path: str) -> str:
+        """Where ``processed_files: archive`` moves ``path``: its path below the source
+        folder, below ``archive_dir``."""
+        assert self.archive is not None
+        below = _below(_path_part(path), _path_part(self.folder))
+        assert below is not None, f"{path} is not in {self.folder}"
+        return f"{self.archive.rstrip('/')}/{below}"
+
+    def _located(self, f: ManifestFile) -> ManifestFile:
+        """``f``, or where it was archived when it is gone from the folder (a backfill
+        reads batches whose files were archived)."""
+        if self.config.processed_files != "archive" or self._stat(f.path) is not None:
+            return f
+        archived = self._archived(f.path)
+        return dataclasses.replace(f, path=archived) if self._stat(archived) else f
 
     def _read(
         self,
@@ -410,6 +472,12 @@ class FileStreamSource(Source):
     def _check(self, listed: ManifestFile, batch_id: int, strict: bool) -> None:
         """``listed`` is still there (and, if ``strict``, as it was listed)."""
         now = self._stat(listed.path)
+        if now is None and self.config.processed_files == "delete":
+            raise SourceFileMissing(
+                f"{listed.path} (taken by batch {batch_id}) was deleted once its batch "
+                "committed (source processed_files: delete): reading committed batches again, "
+                "as a backfill does, needs processed files kept or archived"
+            )
         if now is None:
             raise SourceFileMissing(
                 f"{listed.path} (taken by batch {batch_id}) is gone: put it back, or start "
@@ -464,6 +532,20 @@ class FileStreamSource(Source):
         return self.schema_store.fix(StructType(fields).json())
 
 
+def _path_part(path: str) -> str:
+    """``path`` without its scheme and authority (``s3a://b/in/x`` → ``/in/x``)."""
+    local = _local_path(path)
+    if local is not None:
+        return os.path.abspath(local)
+    return _without_authority(path.partition(":")[2])
+
+
+def _below(path: str, folder: str) -> str | None:
+    """``path`` relative to ``folder`` when it is inside it, else None."""
+    folder = folder.rstrip("/") + "/"
+    return path[len(folder) :] if path.startswith(folder) else None
+
+
 def _local_path(path: str) -> str | None:
     """The local file system path of ``path`` (a plain path or a file: URL), else None.
 
@@ -473,9 +555,12 @@ def _local_path(path: str) -> str | None:
     scheme, colon, rest = path.partition(":")
     if not colon or "/" in scheme or (len(scheme) == 1 and os.name == "nt"):
         return path
-    if scheme != "file":
-        return None
-    if rest.startswith("//"):  # file://host/x or file:///x
+    return _without_authority(rest) if scheme == "file" else None
+
+
+def _without_authority(rest: str) -> str:
+    """What follows a URI's scheme, as a path: ``//host/x``, ``///x`` or ``/x`` → ``/x``."""
+    if rest.startswith("//"):
         rest = rest[2:]
         rest = rest[rest.find("/") :] if "/" in rest else "/"
     return rest

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from batches import faults
-from batches.errors import SourceFileMissing
+from batches.errors import PipelineConfigInvalid, SourceFileMissing
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource
 from state.errors import CheckpointMissing
@@ -219,3 +219,45 @@ def test_folder_partitions_a_batch_takes_no_file_of_are_left_for_later_batches(
         ({"eu": 1}, {"eu": 1, "us": 1}),
     ]
     assert sorted(sink_ids(spark, data_root)) == [0, 1, 2, 100, 101, 102]
+
+
+@pytest.mark.parametrize("processed", ["archive", "delete"])
+def test_processed_files_are_archived_or_deleted_once_their_batch_committed(
+    spark: SparkSession, data_root: Path, processed: str
+) -> None:
+    for i in range(3):
+        drop_file(data_root, i)
+    src = FileSource(
+        path="in",
+        format="json",
+        schema_ddl=SCHEMA,
+        max_files_per_batch=1,
+        processed_files=processed,
+        archive_dir="archive" if processed == "archive" else None,
+    )
+    p = pipeline(source=src)
+    folder, archive = data_root / "in", data_root / "archive"
+    assert MicroBatchRunner(spark, p, data_root).run_batch() is not None
+    assert sorted(f.name for f in folder.iterdir()) == ["f001.json", "f002.json"]
+    # A batch that crashed after its sink write keeps its file for its replay; one that
+    # crashed after its commit, before the clean-up, loses it with the next commit.
+    with faults.crash_at(faults.KillPoint("after_sink", 1)), pytest.raises(faults.InjectedCrash):
+        MicroBatchRunner(spark, p, data_root).run_batch()
+    assert (folder / "f001.json").exists()
+    with faults.crash_at(faults.KillPoint("after_commit", 1)), pytest.raises(faults.InjectedCrash):
+        MicroBatchRunner(spark, p, data_root).run_batch()
+    assert (folder / "f001.json").exists()
+    drop_file(data_root, 3)  # still found beside what was cleaned
+    assert len(MicroBatchRunner(spark, p, data_root).run(max_batches=None)) == 2
+    assert list(folder.iterdir()) == []
+    archived = sorted(f.name for f in archive.iterdir()) if archive.exists() else []
+    assert archived == ([f"f00{i}.json" for i in range(4)] if processed == "archive" else [])
+    assert sink_ids(spark, data_root) == [i * 100 + j for i in range(4) for j in range(3)]
+
+
+def test_an_archive_dir_inside_the_source_folder_is_refused(
+    spark: SparkSession, data_root: Path
+) -> None:
+    src = FileSource(path="in", format="json", processed_files="archive", archive_dir="in/done")
+    with pytest.raises(PipelineConfigInvalid, match=r"archive_dir .* is inside the source folder"):
+        MicroBatchRunner(spark, pipeline(source=src), data_root)
