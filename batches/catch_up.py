@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 
 from batches.collect import collect, observed, session_confs, shuffle_partitions
 from batches.event_time import BatchFrames, WindowedStage
-from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
+from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead, batch_suffix
 from batches.windows import Tumbling
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class ReadAhead:
             counts, stats = observed(read.counts), frames.stats(of)
             if counts is None or stats is None or counts.get("untagged"):
                 continue
-            suffix = f"_{of}" if of is not None else ""
+            suffix = batch_suffix(of)
             mine = table.filter(pc.equal(tags, r.batch_id)).drop_columns([BATCH_COLUMN])
             self._looked[r.batch_id] = _Looked(
                 r,

@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from batches.aggregates import AggregatePlan, plan_aggregate
 from batches.collect import observed
 from batches.errors import PipelineConfigInvalid
-from batches.sources.base import PARTITION_COLUMN, batch_scopes
+from batches.sources.base import PARTITION_COLUMN, batch_scopes, batch_suffix
 from batches.windows import (
     EventTime,
     Session,
@@ -91,7 +91,7 @@ class BatchFrames:
         metrics = observed(self.seen)
         if metrics is None:
             return None
-        of = f"_{batch}" if batch is not None else ""
+        of = batch_suffix(batch)
         max_ms = {p: metrics[f"max_ms_{i}{of}"] for i, p in enumerate(self.partitions)}
         return RecordStats(
             metrics[f"rows{of}"],

@@ -33,12 +33,18 @@ class Range:
     end: Offsets
 
 
+def batch_suffix(batch: int | None) -> str:
+    """The suffix of batch ``batch``'s metrics in a read of several batches ("" in one
+    batch's read: ``batch`` None)."""
+    return f"_{batch}" if batch is not None else ""
+
+
 def batch_scopes(batches: Sequence[int] | None) -> list[tuple[str, Column]]:
     """(metric name suffix, row condition) per batch of a read of several ``batches``;
     one scope, with no suffix, for one batch's read (``batches`` None)."""
     if batches is None:
-        return [("", F.lit(True))]
-    return [(f"_{b}", F.col(BATCH_COLUMN) == F.lit(b)) for b in batches]
+        return [(batch_suffix(None), F.lit(True))]
+    return [(batch_suffix(b), F.col(BATCH_COLUMN) == F.lit(b)) for b in batches]
 
 
 def batch_counts(batches: Sequence[int] | None, good: Column | None) -> list[Column]:

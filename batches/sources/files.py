@@ -188,27 +188,30 @@ class FileStreamSource(Source):
         known = {f.path: f for f in self._manifest()}
         for listed in self._list():
             f = known.get(listed.path)
-            if f is None or f.seq >= end.get(f.partition, 0):
-                continue
-            local = _local_path(f.path)
-            if self.config.processed_files == "delete":
-                if local is not None:
-                    os.remove(local)
-                else:
-                    fs, hpath = self._hadoop_path(f.path)
-                    fs.delete(hpath, False)
-                continue
-            target = self._archived(f.path)
-            target_local = _local_path(target)
-            if local is not None and target_local is not None:
-                os.makedirs(os.path.dirname(target_local), exist_ok=True)
-                os.replace(local, target_local)
+            if f is not None and f.seq < end.get(f.partition, 0):
+                self._set_aside(f.path)
+
+    def _set_aside(self, path: str) -> None:
+        """Delete ``path``, or move it to its place under ``archive_dir``."""
+        local = _local_path(path)
+        if self.config.processed_files == "delete":
+            if local is not None:
+                os.remove(local)
             else:
-                fs, hpath = self._hadoop_path(f.path)
-                _, htarget = self._hadoop_path(target)
-                fs.mkdirs(htarget.getParent())
-                if not fs.rename(hpath, htarget):
-                    raise LowmarkError(f"could not move processed file {f.path} to {target}")
+                fs, hpath = self._hadoop_path(path)
+                fs.delete(hpath, False)
+            return
+        target = self._archived(path)
+        target_local = _local_path(target)
+        if local is not None and target_local is not None:
+            os.makedirs(os.path.dirname(target_local), exist_ok=True)
+            os.replace(local, target_local)
+            return
+        fs, hpath = self._hadoop_path(path)
+        _, htarget = self._hadoop_path(target)
+        fs.mkdirs(htarget.getParent())
+        if not fs.rename(hpath, htarget):
+            raise LowmarkError(f"could not move processed file {path} to {target}")
 
     def _archived(self, path: str) -> str:
         """Where ``processed_files: archive`` moves ``path``: its path below the source
