@@ -48,6 +48,7 @@ from batches.errors import PartitionNotClosed, PipelineConfigInvalid
 from batches.event_time import WindowedStage
 from batches.pipeline import Pipeline, resolve
 from batches.sources import build_source
+from batches.sources.base import Range
 from batches.windows import Session
 from state.checkpoint import Checkpoint
 from state.table import DriverTable, micros_literal
@@ -130,7 +131,8 @@ def backfill_partition(
 
     # Step 3. Committed history.
     source = build_source(spark, pipeline, data_root, ckpt)
-    read = source.read(source.initial_offsets(), committed.end_offsets, done.batch_id)
+    history = Range(done.batch_id, source.initial_offsets(), committed.end_offsets)
+    read = source.read(history.start, history.end, done.batch_id, strict=True)
     records = pipeline.transform(read.records) if pipeline.transform else read.records
 
     # Step 4. One batch aggregation, sliced.
@@ -141,6 +143,7 @@ def backfill_partition(
     )
     rows = windows.toArrow()
     read.unpersist()
+    source.confirm(history)
 
     # Step 5. Replace the slice.
     sink = DriverTable(resolve(pipeline.sink.path, data_root), None, "sink")

@@ -53,6 +53,7 @@ from batches.collect import collect, observed, session_confs, shuffle_partitions
 from batches.event_time import BatchFrames, WindowedStage
 from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead, batch_suffix
 from batches.windows import Tumbling
+from state.errors import LowmarkError
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ class ReadAhead:
         ranges = [first]
         while len(ranges) < self.batches:
             last = ranges[-1]
-            end = self.source.plan(last.end, last.batch_id + 1, record=False)
+            end = self.source.plan(last.end, last.batch_id + 1, record=False, discover=False)
             if end == last.end:
                 break
             ranges.append(Range(last.batch_id + 1, last.end, end))
@@ -234,7 +235,7 @@ class ReadAhead:
         for r, read, frames in looks:
             of = r.batch_id if one_read is not None else None
             counts, stats = observed(read.counts), frames.stats(of)
-            if counts is None or stats is None or counts.get("untagged"):
+            if counts is None or stats is None or counts.get("untagged") or self._changed(r):
                 continue
             suffix = batch_suffix(of)
             mine = table.filter(pc.equal(tags, r.batch_id)).drop_columns([BATCH_COLUMN])
@@ -254,6 +255,16 @@ class ReadAhead:
             looks[-1][0].batch_id,
             "one scan" if one_read is not None else "a scan per batch",
         )
+
+    def _changed(self, batch: Range) -> bool:
+        """True when ``batch``'s input changed while the read-ahead read it (its own job
+        reads it again)."""
+        try:
+            self.source.confirm(batch)
+        except LowmarkError as exc:
+            log.info("read-ahead of batch %d dropped: %s", batch.batch_id, exc)
+            return True
+        return False
 
     def _closes_any(self, partials: pa.Table, watermark_ms: int | None) -> bool:
         """True when a partial row's (tumbling) window is closed under ``watermark_ms``:

@@ -22,8 +22,9 @@ class SourceFileMissing(LowmarkError):
 
 
 class SourceFileChanged(LowmarkError):
-    """A replay would read a file that differs (size, modification time) from when it was
-    listed, while writes of the batch's first attempt already landed."""
+    """A file differs (size, modification time) from what the file manifest records the
+    batch read: it changed while the batch read it, or before a replay of a half-written
+    batch or a backfill reads it again."""
 
 
 class SinkWriteFailed(LowmarkError):

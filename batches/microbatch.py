@@ -358,8 +358,10 @@ class MicroBatchRunner:
                 cache=self.stage is None,
                 strict=planned.replay and self._wrote_any(batch_id),
             )
-            # Step 4. The batch's one job over its records.
+            # Step 4. The batch's one job over its records, then its input is confirmed
+            # unchanged by the read (nothing is written yet).
             seen = self._look(taken, planned)
+            self.source.confirm(batch)
         timer.lap("read")
         faults.reached("after_read", batch_id)
 

@@ -93,6 +93,15 @@ class FileManifest:
 
         return self.table.insert_new_once(rows_for, "path", self.txn_app_id, batch_id)
 
+    def record_as_read(self, files: list[ManifestFile], batch_id: int) -> None:
+        """Record the size and modification time ``files`` have now, by path: batch
+        ``batch_id``, which wrote nothing yet, reads them so (its replay must read the same)."""
+        rows = pa.Table.from_pylist(
+            [{"path": f.path, "size": f.size, "modified_ms": f.modified_ms} for f in files],
+            schema=pa.schema([SCHEMA.field(n) for n in ("path", "size", "modified_ms")]),
+        )
+        self.table.update(rows, "path", batch_id)
+
 
 def numbered(new: list[ManifestFile], known: list[ManifestFile]) -> list[ManifestFile]:
     """``new`` files with the next sequence numbers of their partitions after ``known``."""

@@ -294,6 +294,32 @@ class DriverTable:
 
         return self.write_once(merge, app_id, version)
 
+    def update(self, rows: pa.Table, key: str, batch_id: int) -> None:
+        """Set the other columns of ``rows`` on the table's rows with the same ``key``, for
+        batch ``batch_id``.
+
+        No idempotency key: setting the same values again is harmless. A
+        commit lost to another writer is retried on the new snapshot.
+        """
+        values = {c: f's."{c}"' for c in rows.column_names if c != key}
+
+        def write(table: DeltaTable | None, commit: CommitProperties) -> None:
+            assert table is not None, f"{self.path}: no rows to update"
+            (
+                table.merge(
+                    rows,
+                    predicate=f't."{key}" = s."{key}"',
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=commit,
+                    post_commithook_properties=HOOKS,
+                )
+                .when_matched_update(updates=values)
+                .execute()
+            )
+
+        self._commit(write, None, batch_id)
+
     def tidy(self, drop_where: str | None, keep_hours: int) -> None:
         """Maintenance: checkpoint the log and delete expired log files, then delete the rows
         matching ``drop_where`` (if any), merge small files, and delete data files removed
@@ -339,14 +365,22 @@ class DriverTable:
         (a racing runner of the same batch, a maintenance job) is retried on
         the new snapshot, after checking again whether the batch landed.
         """
+        return self._commit(write, app_id, version)
+
+    def _commit(self, write: Write, app_id: str | None, version: int) -> bool:
+        """``write_once``; with no ``app_id``, ``write`` always runs (retried when lost)."""
         pause = PAUSE_S
         for attempt in range(1, ATTEMPTS + 1):
             table = self.open() if self.exists() else None
-            if table is not None and _landed(table, app_id, version):
+            if table is not None and app_id is not None and _landed(table, app_id, version):
                 return False
-            commit = CommitProperties(
-                custom_metadata={"userMetadata": writer_metadata(app_id, version)},
-                app_transactions=[Transaction(app_id, version)],
+            commit = (
+                CommitProperties(
+                    custom_metadata={"userMetadata": writer_metadata(app_id, version)},
+                    app_transactions=[Transaction(app_id, version)],
+                )
+                if app_id is not None
+                else CommitProperties()
             )
             try:
                 write(table, commit)

@@ -99,18 +99,25 @@ class Source(ABC):
       honouring the per-batch admission limit; ``end == start`` means no new
       data. It may record what it discovered (idempotently per ``batch_id``),
       unless ``record`` is False (a dry run: the same answer, nothing written).
+      With ``discover`` False it plans over what it recorded before only (a
+      later batch planned ahead, whose input must be readable now).
     - ``read(start, end, batch_id, cache, strict)`` is deterministic: the same
       range gives the same records every time, which is what makes a replay
       exact (and lets a batch read its input twice). ``cache`` persists the
       parse for a batch that runs several jobs over it. ``strict`` (a replay
-      some of whose writes landed) refuses input that changed since it was
-      planned, naming it, rather than read other records. Records
+      some of whose writes landed) refuses input that changed since the batch
+      first read it, naming it, rather than read other records; otherwise the
+      source records the input as it reads it now, so that a replay reads the
+      same. Records
       carry their source partition in ``PARTITION_COLUMN`` (per-partition
       watermarks need it); lowmark drops it before the sink.
     - ``read_batches(batches)`` (optional) reads consecutive batches in one
       scan, each record tagged with its batch in ``BATCH_COLUMN``; ``counts``
       then observes ``rows_<id>`` and ``bad_<id>`` per batch, and
       ``untagged``: records it could not tag (the read is then of no use).
+    - ``confirm(batch)``, called after a read's jobs and before anything is
+      written from them, raises when the input changed while it was read.
+      Optional; a no-op by default (input that cannot change).
     - ``commit(end)`` tells upstream everything before ``end`` is durably
       processed and may be discarded (seed 004). Optional; a no-op by default.
     """
@@ -119,7 +126,9 @@ class Source(ABC):
     def initial_offsets(self) -> Offsets: ...
 
     @abstractmethod
-    def plan(self, start: Offsets, batch_id: int, record: bool = True) -> Offsets: ...
+    def plan(
+        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+    ) -> Offsets: ...
 
     @abstractmethod
     def read(
@@ -144,6 +153,9 @@ class Source(ABC):
         """What the range ``[start, end)`` holds, one item a line, as an operator would name
         it (a file; by default, the offsets)."""
         return [f"offsets {start} -> {end}"]
+
+    def confirm(self, batch: Range) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Raises when ``batch``'s input changed since ``read`` read it."""
 
     def commit(self, end: Offsets) -> None:  # noqa: B027 - optional hook, no-op by default
         """Upstream may discard everything before ``end``."""

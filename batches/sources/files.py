@@ -25,6 +25,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from py4j.java_gateway import is_instance_of
@@ -103,7 +104,9 @@ class FileStreamSource(Source):
         # Folder partitions appear as they are discovered; a missing one is at 0.
         return {} if self.config.partition_by_folder else {PARTITION: 0}
 
-    def plan(self, start: Offsets, batch_id: int, record: bool = True) -> Offsets:
+    def plan(
+        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+    ) -> Offsets:
         known = self._manifest()
         if not known and any(start.values()):
             raise CheckpointMissing(
@@ -111,7 +114,7 @@ class FileStreamSource(Source):
                 f"has read up to {start}: restore it from backup, or start over with "
                 "`lowmark reset`"
             )
-        found = self._unseen(known)
+        found = self._unseen(known) if discover else []
         if found and not record:
             known = known + numbered(found, known)
         elif found:
@@ -141,8 +144,9 @@ class FileStreamSource(Source):
         another runner). Every column is parsed whatever a job selects, so a
         row is bad for the same reason in every job over the batch. ``strict``:
         a file whose size or modification time differs from the manifest's is
-        refused (a batch that wrote nothing yet reads files as they are now,
-        so an unreadable file can be rewritten in place).
+        refused; otherwise the manifest records it as it is now, before the read
+        (a batch that wrote nothing reads files as they are now, so an
+        unreadable file can be rewritten in place). ``confirm`` after the read.
         """
         return self._read(self._files(Range(batch_id, start, end), strict), batch_id, cache)
 
@@ -157,7 +161,51 @@ class FileStreamSource(Source):
         return self._read(files, batches[0].batch_id, False, tags)
 
     def _files(self, batch: Range, strict: bool) -> list[ManifestFile]:
-        """The manifest's files of ``batch``, each still there (as listed, if ``strict``)."""
+        """The files of ``batch`` as it reads them: where they are (the folder, or the
+        archive), with the size and modification time they have now.
+
+        A file that differs from the manifest is refused if ``strict`` (part of
+        the batch was written from the file as the manifest records it).
+        Otherwise nothing of the batch is written yet, and the manifest records
+        the file as it is now, before it is read: a replay then reads what this
+        read does, or refuses the file.
+        """
+        taken = self._taken(batch)
+        found = [self._found(f, batch.batch_id) for f in taken]
+        changed = {f.path: now for f, now in zip(taken, found, strict=True) if _differs(f, now)}
+        if changed and strict:
+            f = next(f for f in taken if f.path in changed)
+            raise SourceFileChanged(
+                f"{f.path} (taken by batch {batch.batch_id}) changed since the batch read it "
+                f"({_change(f, changed[f.path])}): what was written from it would not match; "
+                "put the original back, or start over with `lowmark reset`"
+            )
+        if changed:
+            as_read = {
+                f.path: dataclasses.replace(f, size=now.size, modified_ms=now.modified_ms)
+                for f in taken
+                for now in [changed.get(f.path)]
+                if now is not None
+            }
+            self.manifest.record_as_read(list(as_read.values()), batch.batch_id)
+            self._known = [as_read.get(f.path, f) for f in self._manifest()]
+        return found
+
+    def confirm(self, batch: Range) -> None:
+        """Every file of ``batch`` is still as the manifest records it, i.e. as the batch
+        read it; else SourceFileChanged (it changed while it was read)."""
+        for f in self._taken(batch):
+            now = self._found(f, batch.batch_id)
+            if _differs(f, now):
+                raise SourceFileChanged(
+                    f"{f.path} (taken by batch {batch.batch_id}) changed while the batch read "
+                    f"it ({_change(f, now)}): nothing was written from that read; run again, "
+                    "and have the producer write under a hidden name and rename, or set "
+                    "source.min_file_age"
+                )
+
+    def _taken(self, batch: Range) -> list[ManifestFile]:
+        """The manifest's files of ``batch`` (re-read once if it lacks some)."""
         start, end = batch.start, batch.end
         expected = sum(n - start.get(p, 0) for p, n in end.items())
 
@@ -174,9 +222,6 @@ class FileStreamSource(Source):
                 f"manifest {self.manifest.path} lacks files of batch {batch.batch_id} "
                 f"(offsets {start} -> {end}): restore it from backup"
             )
-        files = [self._located(f) for f in files]
-        for f in files:
-            self._check(f, batch.batch_id, strict)
         return files
 
     def commit(self, end: Offsets) -> None:
@@ -221,13 +266,27 @@ class FileStreamSource(Source):
         assert below is not None, f"{path} is not in {self.folder}"
         return f"{self.archive.rstrip('/')}/{below}"
 
-    def _located(self, f: ManifestFile) -> ManifestFile:
-        """``f``, or where it was archived when it is gone from the folder (a backfill
-        reads batches whose files were archived)."""
-        if self.config.processed_files != "archive" or self._stat(f.path) is not None:
-            return f
-        archived = self._archived(f.path)
-        return dataclasses.replace(f, path=archived) if self._stat(archived) else f
+    def _found(self, f: ManifestFile, batch_id: int) -> ManifestFile:
+        """``f`` where it is now, with the size and modification time it has now: in the
+        folder or, once archived, in the archive (a backfill reads committed batches);
+        SourceFileMissing when it is in neither."""
+        now = self._stat(f.path)
+        if now is None and self.config.processed_files == "archive":
+            archived = self._archived(f.path)
+            now = self._stat(archived)
+            f = dataclasses.replace(f, path=archived)
+        if now is None and self.config.processed_files == "delete":
+            raise SourceFileMissing(
+                f"{f.path} (taken by batch {batch_id}) was deleted once its batch "
+                "committed (source processed_files: delete): reading committed batches again, "
+                "as a backfill does, needs processed files kept or archived"
+            )
+        if now is None:
+            raise SourceFileMissing(
+                f"{f.path} (taken by batch {batch_id}) is gone: put it back, or start "
+                "over with `lowmark reset`"
+            )
+        return dataclasses.replace(f, size=now[0], modified_ms=now[1])
 
     def _read(
         self,
@@ -472,28 +531,6 @@ class FileStreamSource(Source):
             return F.lit(PARTITION)
         return F.element_at(F.split(file_path, "/"), -2)
 
-    def _check(self, listed: ManifestFile, batch_id: int, strict: bool) -> None:
-        """``listed`` is still there (and, if ``strict``, as it was listed)."""
-        now = self._stat(listed.path)
-        if now is None and self.config.processed_files == "delete":
-            raise SourceFileMissing(
-                f"{listed.path} (taken by batch {batch_id}) was deleted once its batch "
-                "committed (source processed_files: delete): reading committed batches again, "
-                "as a backfill does, needs processed files kept or archived"
-            )
-        if now is None:
-            raise SourceFileMissing(
-                f"{listed.path} (taken by batch {batch_id}) is gone: put it back, or start "
-                "over with `lowmark reset`"
-            )
-        if strict and now != (listed.size, listed.modified_ms):
-            raise SourceFileChanged(
-                f"{listed.path} (taken by batch {batch_id}) changed since the batch first read "
-                f"it ({listed.size} -> {now[0]} bytes, modified {listed.modified_ms} -> "
-                f"{now[1]} ms), and part of the batch is written: put the original back, or "
-                "start over with `lowmark reset`"
-            )
-
     def _stat(self, path: str) -> tuple[int, int] | None:
         """(size, modification time in ms) of ``path`` as a listing records them; None if
         it is gone."""
@@ -533,6 +570,22 @@ class FileStreamSource(Source):
         inferred = self.spark.read.format(self.config.format).options(**self.options).load(paths)
         fields = [f for f in inferred.schema.fields if f.name != CORRUPT]
         return self.schema_store.fix(StructType(fields).json())
+
+
+def _differs(recorded: ManifestFile, now: ManifestFile) -> bool:
+    return (recorded.size, recorded.modified_ms) != (now.size, now.modified_ms)
+
+
+def _change(recorded: ManifestFile, now: ManifestFile) -> str:
+    """How ``now`` differs from ``recorded``: sizes, and modification times as UTC times."""
+
+    def at(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+    return (
+        f"{recorded.size} -> {now.size} bytes, modified {at(recorded.modified_ms)} -> "
+        f"{at(now.modified_ms)}"
+    )
 
 
 def _path_part(path: str) -> str:

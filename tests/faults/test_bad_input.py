@@ -14,9 +14,10 @@ from batches import faults
 from batches.cli import main
 from batches.errors import SourceFileChanged, SourceFileUnreadable
 from batches.microbatch import MicroBatchRunner
-from batches.pipeline import FileSource
+from batches.pipeline import FileSource, Pipeline
 from tests.batches.helpers import pipeline, sink_ids
-from tests.faults.scenarios import FIXED_INPUT, plain_append, write_input
+from tests.faults.harness import run_to_completion, snapshot
+from tests.faults.scenarios import FIXED_INPUT, plain_append, tumbling_append, write_input
 
 SCHEMA = "id LONG, amount LONG"
 
@@ -85,6 +86,57 @@ def test_a_file_changed_under_a_half_written_batch_is_refused_naming_it(
     with pytest.raises(SourceFileChanged, match=r"f000.json \(taken by batch 0\) changed"):
         MicroBatchRunner(spark, plain_append, root).run_batch()
     assert spark.read.format("delta").load(str(sink)).count() == before
+
+
+@pytest.mark.parametrize(
+    ("scenario", "file", "crashed"),
+    [(plain_append, 0, 0), (tumbling_append, 2, 2), (tumbling_append, 6, 2)],
+    ids=["changed_before_its_read", "changed_before_the_read_ahead", "landed_before_it"],
+)
+def test_input_changing_between_the_listing_and_the_read_is_read_once_as_it_is(
+    spark: SparkSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    scenario: Pipeline,
+    file: int,
+    crashed: int,
+) -> None:
+    """Batch 0 lists every file; then, before any is read (batch 0's offsets are written,
+    its read and the catch-up read-ahead of the batches after it come next), the producer
+    adds a line to file ``file`` or lands it anew. The batch that reads a changed file
+    records it as it read it, so the replay of that batch, killed after its sink write,
+    reads the same bytes. The result is that of a fault-free run over the input as it
+    ends, landed in the same order."""
+    final = [*FIXED_INPUT]
+    if file < len(final):
+        final[file] = [*final[file], ("z", 9, 1)]
+    else:
+        final.append([("z", 70, 1)])
+    write_input(tmp_path / "input", FIXED_INPUT)
+    write_input(tmp_path / "reference" / "input", final)
+    name = f"f{file:03d}.json"
+    reached, acted = faults.reached, []
+
+    def producer_acts(step: str, batch_id: int) -> None:
+        if (step, batch_id) == ("after_offset_log", 0) and not acted:
+            (tmp_path / "input" / name).write_text(
+                (tmp_path / "reference/input" / name).read_text()
+            )
+            acted.append(step)
+        reached(step, batch_id)
+
+    monkeypatch.setattr(faults, "reached", producer_acts)
+    run = tmp_path / "run"
+    kill = faults.KillPoint("after_sink", crashed)
+    with faults.crash_at(kill), pytest.raises(faults.InjectedCrash):
+        run_to_completion(spark, scenario, run)
+    run_to_completion(spark, scenario, run)
+
+    reference = tmp_path / "reference" / "run"
+    run_to_completion(spark, scenario, reference)
+    expected, actual = snapshot(spark, scenario, reference), snapshot(spark, scenario, run)
+    assert acted and expected["sink"] and expected["sink"] == actual["sink"]
+    assert expected["sink history"] == actual["sink history"]
 
 
 def test_json_fields_are_matched_by_name_and_a_value_of_another_type_is_a_bad_record(
