@@ -115,7 +115,8 @@ def test_input_changing_between_the_listing_and_the_read_is_read_once_as_it_is(
     write_input(tmp_path / "input", FIXED_INPUT)
     write_input(tmp_path / "reference" / "input", final)
     name = f"f{file:03d}.json"
-    reached, acted = faults.reached, []
+    reached = faults.reached
+    acted: list[str] = []
 
     def producer_acts(step: str, batch_id: int) -> None:
         if (step, batch_id) == ("after_offset_log", 0) and not acted:
