@@ -269,12 +269,13 @@ def compact(
     Delta log files are removed.
 
     What a batch does by itself every `maintenance.every_batches` batches,
-    with the pipeline's `maintenance` retention. Starts no Spark; safe while
-    the pipeline runs (a table a batch is writing is left for next time).
+    with the pipeline's `maintenance` retention. Starts no Spark over a local
+    folder; safe while the pipeline runs (a table a batch is writing is left
+    for next time).
     """
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
-    done = compact_checkpoint(p, c.data_root)
+    done = compact_checkpoint(c.spark, p, c.data_root)
     if done is None:
         out.print(f"{p.name}: no committed batch yet: nothing to compact")
         return

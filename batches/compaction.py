@@ -1,7 +1,7 @@
 """Checkpoint maintenance of one pipeline on demand (``lowmark compact``, the daily Dagster
 schedule): what a batch does by itself every ``maintenance.every_batches`` batches.
 
-Starts no Spark, and is safe while the pipeline runs: it never drops the
+Starts no Spark over local folders, and is safe while the pipeline runs: it never drops the
 latest log entries, and a table a batch is writing at that moment is left
 for the next time (``state.maintenance``).
 """
@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batches.pipeline import Maintenance, Pipeline
+from batches.sources import build_source
+from batches.sources.base import Range, Source
 from state.checkpoint import Checkpoint
 from state.maintenance import Retention, tidy
+from state.session import SparkLike
 from state.table import DriverTable
 
 
@@ -26,7 +29,7 @@ class Compaction:
     last_committed: int
 
 
-def compact_checkpoint(pipeline: Pipeline, data_root: Path) -> Compaction | None:
+def compact_checkpoint(spark: SparkLike, pipeline: Pipeline, data_root: Path) -> Compaction | None:
     """Tidy ``pipeline``'s checkpoint now; None when it has no committed batch yet."""
     location = pipeline.checkpoint_location(data_root)
     if not Checkpoint.exists(location):
@@ -37,13 +40,23 @@ def compact_checkpoint(pipeline: Pipeline, data_root: Path) -> Compaction | None
         return None
     upkeep = pipeline.maintenance
     state = DriverTable(ckpt.table("state_windows"), None, "window state table")
-    tables = tidy_after(ckpt, done.batch_id, upkeep, state)
+    source = build_source(spark, pipeline, data_root, ckpt)
+    offsets = ckpt.offsets.get(done.batch_id)
+    assert offsets is not None, "a committed batch always has its offsets"
+    batch = Range(done.batch_id, offsets.start_offsets, offsets.end_offsets)
+    tables = tidy_after(ckpt, source, batch, upkeep, state)
     return Compaction(tables, max(0, done.batch_id - upkeep.log_batches + 1), done.batch_id)
 
 
 def tidy_after(
-    checkpoint: Checkpoint, batch_id: int, upkeep: Maintenance, state: DriverTable | None
+    checkpoint: Checkpoint,
+    source: Source,
+    committed: Range,
+    upkeep: Maintenance,
+    state: DriverTable | None,
 ) -> int:
-    """Tidy ``checkpoint`` after batch ``batch_id`` with ``upkeep``'s retention; tables tidied."""
+    """Tidy ``checkpoint`` after batch ``committed`` with ``upkeep``'s retention: the
+    source's bookkeeping first (``Source.retire``), then every table; tables tidied."""
+    source.retire(committed.end, committed.batch_id)
     keep = Retention(upkeep.log_batches, upkeep.progress_batches)
-    return tidy(checkpoint, batch_id, keep, state)
+    return tidy(checkpoint, committed.batch_id, keep, state)

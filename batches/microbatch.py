@@ -456,7 +456,8 @@ class MicroBatchRunner:
         timer.lap("source_commit")
         upkeep = self.pipeline.maintenance
         if (batch_id + 1) % upkeep.every_batches == 0:
-            tidy_after(ckpt, batch_id, upkeep, self.stage.state.table if self.stage else None)
+            state = self.stage.state.table if self.stage else None
+            tidy_after(ckpt, self.source, batch, upkeep, state)
             timer.lap("maintenance")
         ckpt.progress.add(
             ProgressEntry(

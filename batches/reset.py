@@ -106,10 +106,14 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
     entry = _offsets_of(old, writer.batch_id)
     end = entry.end_offsets
     staging = f"{location}.new-{_stamp()}"
-    taken = _taken_files(old, end)
+    taken = _taken_files(f"{old}/files", end)
     if taken is not None:
         files = DriverTable(f"{staging}/files", taken.schema, "file manifest")
         files.append_once(taken, "lowmark:reset", 0)
+    retired = _taken_files(f"{old}/files_history", end)
+    if retired is not None and retired.num_rows:
+        history = DriverTable(f"{staging}/files_history", retired.schema, "manifest history")
+        history.append_once(retired, "lowmark:reset", 0)
     schema = _schema_json(old)
     new = Checkpoint(staging, pipeline.name, start_offsets=end, adopted_from=writer.pipeline_id)
     if schema is not None:
@@ -158,9 +162,10 @@ def _offsets_of(location: str, batch_id: int) -> OffsetEntry:
     return entry
 
 
-def _taken_files(location: str, end: Offsets) -> pa.Table | None:
-    """The old manifest's rows of files before ``end`` (None: a source without one)."""
-    table = DriverTable(f"{location}/files", None, "file manifest")
+def _taken_files(path: str, end: Offsets) -> pa.Table | None:
+    """The rows of files before ``end`` of the old manifest (or its history) at ``path``
+    (None: a source without one)."""
+    table = DriverTable(path, None, "file manifest")
     if not table.exists():
         return None
     rows = table.read()

@@ -189,8 +189,10 @@ def compact_job(pipeline: Pipeline) -> dg.JobDefinition:
         name=f"{pipeline.name}_compact_checkpoint",
         description=f"Old log entries go, small files merge: {pipeline.name}'s checkpoint.",
     )
-    def compact(context: dg.OpExecutionContext, lowmark: LowmarkResource) -> dg.Output[None]:
-        done = compact_checkpoint(pipeline, lowmark.root())
+    def compact(
+        context: dg.OpExecutionContext, spark: SparkResource, lowmark: LowmarkResource
+    ) -> dg.Output[None]:
+        done = compact_checkpoint(spark.session, pipeline, lowmark.root())
         if done is None:
             context.log.info(f"{pipeline.name}: no committed batch yet: nothing to compact")
             return dg.Output(None, metadata={"tables": 0})

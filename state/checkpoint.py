@@ -109,6 +109,7 @@ class Checkpoint:
             self.commits.table,
             self.progress.table,
             self.files.table,
+            self.files.history,
             self.schema.table,
             self.watermarks.table,
             self.bad_records,

@@ -15,13 +15,18 @@ after a commit, the runner tidies each table (``DriverTable.tidy``):
    minute) are deleted; data files removed over ``KEEP_HOURS`` ago are
    vacuumed.
 
+Before all that, the source retires what planning no longer needs
+(``Source.retire``: the file source moves the manifest rows of committed
+files that left the folder to the manifest history).
+
 What it never loses: the entries recovery or a replay reads (the latest
 ones), and the window state as of the last commit. That version's files are
 removed from the current version by this very compaction and vacuumed no
 sooner than ``KEEP_HOURS`` later by a later maintenance, which runs only
-after later batches committed. The rows of the file manifest (a backfill
-reads the whole committed history), of the bad and late records, and the
-sink (the user's table: OPTIMIZE and VACUUM it as any Delta table) are kept.
+after later batches committed. The rows of the file manifest and its
+history (a backfill reads the whole committed history), of the bad and late
+records, and the sink (the user's table: OPTIMIZE and VACUUM it as any Delta
+table) are kept.
 Maintenance is best-effort: a table it cannot tidy now (a write raced it)
 is left for the next time, with a warning.
 """
@@ -60,6 +65,7 @@ def tidy(checkpoint: Checkpoint, batch_id: int, keep: Retention, state: DriverTa
         (checkpoint.watermarks.table, f'"batch_id" < {logs}'),
         (checkpoint.progress.table, f'"batch_id" < {progress}'),
         (checkpoint.files.table, None),
+        (checkpoint.files.history, None),
         (checkpoint.bad_records, None),
         (checkpoint.late, None),
     ]

@@ -4,6 +4,14 @@ Each discovered file gets the next sequence number ``seq`` of its source
 partition, in (modification time, path) order; a batch's offsets are a
 ``seq`` range per partition, so "which files did batch N take" is a join of
 ``offsets`` with ``files`` and a replay reads exactly the same files.
+
+Two tables, so that what planning and a sensor tick read does not grow with
+the history: ``files`` keeps the files planning needs (every file of an
+uncommitted batch, every file still in the source folder, and each
+partition's last file, which its numbering continues after), and
+``files_history`` the files maintenance retired from it (``retire``): their
+batches committed and they left the folder (archived, deleted). A backfill,
+which reads committed batches, reads both.
 """
 
 from __future__ import annotations
@@ -40,19 +48,45 @@ class FileManifest:
 
     def __init__(self, path: str, txn_app_id: str) -> None:
         self.table = DriverTable(path, SCHEMA, "file manifest")
+        self.history = DriverTable(f"{self.table.path}_history", SCHEMA, "file manifest history")
         self.path = self.table.path
         self.txn_app_id = txn_app_id
 
-    def files(self) -> list[ManifestFile]:
-        """Every recorded file, by (partition, seq); empty before the first ``record``."""
+    def files(self, retired: bool = False) -> list[ManifestFile]:
+        """The files the manifest keeps for planning (with ``retired``, every file ever
+        recorded), by (partition, seq); empty before the first ``record``."""
         if not self.table.exists():
             return []
         rows = self.table.read().to_pylist()
+        if retired and self.history.exists():
+            # A retirement cut short leaves a row twice: the newest copy counts.
+            by_path = {r["path"]: r for r in self.history.read().to_pylist()}
+            rows = list((by_path | {r["path"]: r for r in rows}).values())
         found = [
             ManifestFile(r["partition"], r["seq"], r["path"], r["size"], r["modified_ms"])
             for r in rows
         ]
         return sorted(found, key=lambda f: (f.partition, f.seq))
+
+    def retire(self, below: dict[str, int], batch_id: int) -> None:
+        """Move the rows of partition ``p`` with ``seq < below[p]`` to the history, at the
+        maintenance after batch ``batch_id``.
+
+        The caller retires only files of committed batches that left the
+        folder, and never a partition's last file. Appended to the history
+        first, then deleted: a crash in between leaves rows in both tables
+        (and, retired again, twice in the history), which readers count once.
+        """
+        if not below:
+            return
+        where = " OR ".join(
+            f'("partition" = {_quoted(p)} AND "seq" < {n})' for p, n in sorted(below.items())
+        )
+        rows = self.table.read(where)
+        if not rows.num_rows:
+            return
+        self.history.append(rows)
+        self.table.delete(where, batch_id)
 
     def record(self, found: list[ManifestFile], batch_id: int) -> bool:
         """Record the files of ``found`` the manifest lacks, numbered after the files it
@@ -114,3 +148,9 @@ def numbered(new: list[ManifestFile], known: list[ManifestFile]) -> list[Manifes
         next_seq[f.partition] = seq + 1
         out.append(replace(f, seq=seq))
     return out
+
+
+def _quoted(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    escaped = text.replace("'", "''")
+    return f"'{escaped}'"

@@ -320,6 +320,16 @@ class DriverTable:
 
         self._commit(write, None, batch_id)
 
+    def delete(self, where: str, batch_id: int) -> None:
+        """Delete the rows matching the SQL predicate ``where``, for batch ``batch_id``
+        (no idempotency key: deleting again is harmless)."""
+
+        def write(table: DeltaTable | None, commit: CommitProperties) -> None:
+            assert table is not None, f"{self.path}: no rows to delete"
+            table.delete(where, commit_properties=commit, post_commithook_properties=HOOKS)
+
+        self._commit(write, None, batch_id)
+
     def tidy(self, drop_where: str | None, keep_hours: int) -> None:
         """Maintenance: checkpoint the log and delete expired log files, then delete the rows
         matching ``drop_where`` (if any), merge small files, and delete data files removed

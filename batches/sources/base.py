@@ -119,7 +119,9 @@ class Source(ABC):
       written from them, raises when the input changed while it was read.
       Optional; a no-op by default (input that cannot change).
     - ``commit(end)`` tells upstream everything before ``end`` is durably
-      processed and may be discarded (seed 004). Optional; a no-op by default.
+      processed and may be discarded: the resumption frontier. Optional; a no-op by default.
+    - ``retire(committed_end, batch_id)``, run by checkpoint maintenance,
+      keeps what planning reads bounded. Optional; a no-op by default.
     """
 
     @abstractmethod
@@ -159,3 +161,7 @@ class Source(ABC):
 
     def commit(self, end: Offsets) -> None:  # noqa: B027 - optional hook, no-op by default
         """Upstream may discard everything before ``end``."""
+
+    def retire(self, committed_end: Offsets, batch_id: int) -> None:  # noqa: B027 - optional
+        """Maintenance after batch ``batch_id`` committed up to ``committed_end``: what the
+        source keeps of input that upstream no longer holds may leave what planning reads."""

@@ -217,6 +217,8 @@ class FileStreamSource(Source):
         files = in_range(self._manifest())
         if len(files) != expected:
             files = in_range(self._manifest(refresh=True))
+        if len(files) != expected:  # a committed batch's, retired by maintenance
+            files = in_range(self.manifest.files(retired=True))
         if len(files) != expected:
             raise CheckpointMissing(
                 f"manifest {self.manifest.path} lacks files of batch {batch.batch_id} "
@@ -235,6 +237,27 @@ class FileStreamSource(Source):
             f = known.get(listed.path)
             if f is not None and f.seq < end.get(f.partition, 0):
                 self._set_aside(f.path)
+
+    def retire(self, committed_end: Offsets, batch_id: int) -> None:
+        """Retire from the manifest planning reads (``FileManifest.retire``) each
+        partition's longest run of first files whose batches committed and that left the
+        folder, but its last file."""
+        present = {f.path for f in self._list()}
+        by_partition: dict[str, list[ManifestFile]] = {}
+        for f in self._manifest(refresh=True):
+            by_partition.setdefault(f.partition, []).append(f)
+        below = {}
+        for partition, files in by_partition.items():
+            done = committed_end.get(partition, 0)
+            gone = 0
+            for f in files[:-1]:
+                if f.seq >= done or f.path in present:
+                    break
+                gone = f.seq + 1
+            if gone:
+                below[partition] = gone
+        self.manifest.retire(below, batch_id)
+        self._known = None
 
     def _set_aside(self, path: str) -> None:
         """Delete ``path``, or move it to its place under ``archive_dir``."""

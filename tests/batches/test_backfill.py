@@ -15,7 +15,7 @@ from batches.backfill import backfill_partition
 from batches.errors import PartitionNotClosed, SourceFileMissing
 from batches.faults import InjectedCrash, KillPoint, crash_at
 from batches.microbatch import MicroBatchRunner
-from batches.pipeline import EventTimePartitions
+from batches.pipeline import EventTimePartitions, Maintenance
 from batches.windows import Tumbling
 from tests.batches.test_windows import T0, drop_batches, event, reference, sink, windowed
 from tests.conftest import write_json_lines
@@ -187,11 +187,16 @@ def test_a_backfill_reads_archived_files_and_names_deleted_ones(
             "archive_dir": "archive" if processed == "archive" else None,
         }
     )
-    p = PIPELINE.model_copy(update={"source": source})
+    # Maintenance after every batch: committed files that left the folder leave the
+    # manifest planning reads (all but the last), and the backfill finds them in its history.
+    p = PIPELINE.model_copy(update={"source": source, "maintenance": Maintenance(every_batches=1)})
     drop_batches(tmp_path, SCHEDULE[:3])
     shutil.copytree(tmp_path / "in", tmp_path / "all" / "in")  # for the reference
-    MicroBatchRunner(spark, p, tmp_path).run(max_batches=None)
+    runner = MicroBatchRunner(spark, p, tmp_path)
+    runner.run(max_batches=None)
     assert list((tmp_path / "in").iterdir()) == []
+    assert len(runner.checkpoint.files.files()) == 1
+    assert len(runner.checkpoint.files.files(retired=True)) == 3
     if processed == "delete":
         with pytest.raises(SourceFileMissing, match="deleted once its batch committed"):
             backfill_partition(spark, p, tmp_path, *hour(0))

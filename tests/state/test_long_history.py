@@ -3,12 +3,13 @@
 After maintenance, each log a batch or a sensor tick reads (offsets, commits,
 watermarks) holds at most ``log_batches`` rows in one data file, and its
 ``_delta_log`` folder a handful of files, whether the pipeline ran 10 batches
-or 10,000. The 10,000 are synthetic: the real entries of a few batches are
-copied to 10,000 batch ids, in bulk appends plus a few hundred single commits
+or 10,000; so does the file manifest planning reads, once processed files
+leave the folder (here: archived), its retired rows kept in the manifest
+history for backfills. The 10,000 are synthetic: the real entries of a few
+batches are copied to 10,000 batch ids, each taking one more file that has
+since left the folder, in bulk appends plus a few hundred single commits
 (each a Delta log file, as a batch writes), and the log files are then aged
-past the log retention, as hours of running would. Those batches take no
-files: the file manifest, which keeps a row per file taken (a backfill reads
-them all), is not part of this claim.
+past the log retention, as hours of running would.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ pointer and the commits since (maintenance's own: delete, compact, vacuum)."""
 
 def _pipeline() -> Pipeline:
     p = windowed(Tumbling(size="10 seconds"))
-    return p.model_copy(update={"maintenance": UPKEEP})
+    source = p.source.model_copy(update={"processed_files": "archive", "archive_dir": "archived"})
+    return p.model_copy(update={"maintenance": UPKEEP, "source": source})
 
 
 def _logs(ckpt: Checkpoint) -> dict[str, DriverTable]:
@@ -52,14 +54,14 @@ def _logs(ckpt: Checkpoint) -> dict[str, DriverTable]:
 
 
 def _footprint(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
-    """Per log: (rows, data files, files in its ``_delta_log``)."""
+    """Per log and the file manifest: (rows, data files, files in its ``_delta_log``)."""
     return {
         name: (
             table.read().num_rows,
             table.files(),
             len(os.listdir(Path(table.path, "_delta_log"))),
         )
-        for name, table in _logs(ckpt).items()
+        for name, table in (_logs(ckpt) | {"manifest": ckpt.files.table}).items()
     }
 
 
@@ -76,15 +78,31 @@ def _synthesize(ckpt: Checkpoint, batches: int) -> int:
         "watermarks": ckpt.watermarks.txn_app_id,
         "progress": ckpt.progress.txn_app_id,
     }
+    taken = ckpt.files.table.read()
+    first_seq = max(taken.column("seq").to_pylist()) + 1
+
+    def took(i: int) -> dict[str, object]:
+        """Synthetic batch ``i``'s file: the next in the folder, archived since."""
+        seq = first_seq + i - first
+        path = f"{taken.column('path')[0].as_py().rsplit('/', 1)[0]}/gone-{seq:05d}.json"
+        return {"partition": "0", "seq": seq, "path": path, "size": 1, "modified_ms": seq}
+
+    def offsets(i: int) -> dict[str, object]:
+        """Synthetic batch ``i``'s offsets: its one file."""
+        seq = first_seq + i - first
+        return {"start_offsets": f'{{"0": {seq}}}', "end_offsets": f'{{"0": {seq + 1}}}'}
+
     for name, table in _logs(ckpt).items():
         last = table.read(f'"batch_id" = {done.batch_id}')
+        ranged = "end_offsets" in last.column_names
 
-        def rows_for(chunk: list[int], last: pa.Table = last) -> pa.Table:
-            copies = [
-                last.set_column(0, "batch_id", pa.array([i] * last.num_rows, pa.int64()))
+        def rows_for(chunk: list[int], last: pa.Table = last, ranged: bool = ranged) -> pa.Table:
+            rows = [
+                r | {"batch_id": i} | (offsets(i) if ranged else {})
                 for i in chunk
+                for r in last.to_pylist()
             ]
-            return pa.concat_tables(copies)
+            return pa.Table.from_pylist(rows, schema=last.schema)
 
         assert last.column_names[0] == "batch_id", name
         for start in range(0, len(bulk), 2_500):
@@ -92,6 +110,9 @@ def _synthesize(ckpt: Checkpoint, batches: int) -> int:
             table.append_once(rows_for(chunk), app_ids[name], chunk[-1])
         for i in singles:
             table.append_once(rows_for([i]), app_ids[name], i)
+    files = [took(i) | {"discovered_for_batch": i} for i in ids]
+    for start in range(0, len(files), 2_500):
+        ckpt.files.table.append(pa.Table.from_pylist(files[start : start + 2_500], taken.schema))
     return ids[-1]
 
 
@@ -115,13 +136,18 @@ def test_after_10_000_batches_each_log_holds_what_it_held_after_10(
         done = runner.run(max_batches=None)
         last = _synthesize(runner.checkpoint, history - len(done))
         _age_logs(runner.checkpoint)
-        assert compact_checkpoint(_pipeline(), root) is not None
+        assert compact_checkpoint(spark, _pipeline(), root) is not None
         footprints[history] = _footprint(runner.checkpoint)
+        # Every file any batch took is still known (a backfill reads them all).
+        entry = runner.checkpoint.offsets.get(last)
+        assert entry is not None
+        assert len(runner.checkpoint.files.files(retired=True)) == entry.end_offsets["0"]
         # A sensor tick after it: where the pipeline stands, nothing to run.
         status = pipeline_status(spark, _pipeline(), root)
         assert status["last_committed_batch"] == last and status["next_batch"] is None
 
     short, long = footprints[10], footprints[10_000]
+    assert long["manifest"][0] == short["manifest"][0] == 1  # a partition's last file
     for name in ("offsets", "commits", "watermarks"):
         assert long[name][0] == UPKEEP.log_batches * (short[name][0] // 10), (name, long, short)
     assert long["progress"][0] == UPKEEP.progress_batches * (short["progress"][0] // 10)

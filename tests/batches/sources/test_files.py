@@ -284,3 +284,32 @@ def test_a_file_that_changes_while_its_batch_reads_it_is_refused_before_anything
     assert source.read(batch.start, batch.end, 0).records.count() == 4
     source.confirm(batch)
     assert source.read(batch.start, batch.end, 0, strict=True).records.count() == 4
+
+
+def test_maintenance_retires_committed_files_once_they_left_the_folder_and_no_others(
+    spark: SparkSession, data_root: Path
+) -> None:
+    paths = [drop_file(data_root, i) for i in range(4)]
+    source_config = FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1)
+    runner = MicroBatchRunner(spark, pipeline(source=source_config), data_root)
+    for _ in range(3):
+        runner.run_batch()  # batches 0..2 take f000..f002; f003 is listed and waits
+    manifest, source = runner.checkpoint.files, runner.source
+
+    def kept() -> list[int]:
+        return [f.seq for f in manifest.files()]
+
+    paths[1].unlink()  # the producer's own retention; f000 is still there
+    source.retire({"0": 3}, 2)
+    assert kept() == [0, 1, 2, 3]
+    paths[0].unlink()
+    paths[2].unlink()
+    source.retire({"0": 2}, 2)  # as if batch 2 had not committed: f002 is not retired
+    assert kept() == [2, 3]
+    source.retire({"0": 3}, 2)  # f003 waits for a batch (and is the partition's last)
+    assert kept() == [3]
+    assert [f.seq for f in manifest.files(retired=True)] == [0, 1, 2, 3]
+
+    assert runner.run_batch() is not None  # planning goes on after the retired files
+    assert sink_ids(spark, data_root) == [i * 100 + r for i in range(4) for r in range(3)]
+    assert runner.plan_next_batch(dry_run=True) is None
