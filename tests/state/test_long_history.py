@@ -29,6 +29,7 @@ from batches.windows import Tumbling
 from state.checkpoint import Checkpoint
 from state.table import DriverTable
 from tests.batches.test_windows import drop_batches, event, windowed
+from tests.conftest import write_json_lines
 
 UPKEEP = Maintenance(every_batches=100, log_batches=20, progress_batches=50)
 SINGLE_COMMITS = 150
@@ -145,6 +146,10 @@ def test_after_10_000_batches_each_log_holds_what_it_held_after_10(
         # A sensor tick after it: where the pipeline stands, nothing to run.
         status = pipeline_status(spark, _pipeline(), root)
         assert status["last_committed_batch"] == last and status["next_batch"] is None
+        # Then a file lands: the next batch plans, takes it alone, and commits.
+        write_json_lines(root / "in", "next.json", [event("a", 10 * history, 1)], 1_800_000_000)
+        result = MicroBatchRunner(spark, _pipeline(), root).run_batch()
+        assert result is not None and (result.batch_id, result.rows_in) == (last + 1, 1)
 
     short, long = footprints[10], footprints[10_000]
     assert long["manifest"][0] == short["manifest"][0] == 1  # a partition's last file
