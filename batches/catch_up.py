@@ -50,7 +50,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.collect import collect, observed, session_confs, shuffle_partitions
-from batches.event_time import BatchFrames, WindowedStage
+from batches.event_time import BatchFrames, WindowedStage, split_stats
 from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead, batch_suffix
 from batches.windows import Tumbling
 from state.errors import LowmarkError
@@ -205,40 +205,45 @@ class ReadAhead:
         while one_read is not None and len(ranges) > 2 and _size(one_read[0]) > MAX_BYTES:
             ranges = ranges[: len(ranges) // 2]
             one_read = self.frames(ranges, now_ms)
-        looks: list[tuple[Range, SourceRead, BatchFrames]] = []
+        looks: list[tuple[Range, SourceRead]] = []
         if one_read is not None:  # one scan, records tagged with their batch by the source
             read, frames = one_read
-            looks = [(r, read, frames) for r in ranges]
-            accepted, total = frames.accepted, _size(read)
-        else:  # a scan per batch, each batch's accepted records tagged, in one union
+            looks = [(r, read) for r in ranges]
+            flagged, partitions, total = frames.flagged, frames.partitions, _size(read)
+        else:  # a scan per batch, each batch's records tagged, in one union
             total = 0
+            tagged: list[DataFrame] = []
+            found: set[str] = set()
             for r in ranges:
                 built = self.frames([r], now_ms)
                 assert built is not None
                 total += _size(built[0])
                 if looks and total > MAX_BYTES:
                     break
-                looks.append((r, *built))
-            tagged = [f.accepted.withColumn(BATCH_COLUMN, F.lit(r.batch_id)) for r, _, f in looks]
-            accepted = functools.reduce(DataFrame.unionByName, tagged)
-        # One aggregation for the partials of all the batches: one shuffle, one compiled plan.
-        partials = self.stage.partials_of(accepted, None, by=(BATCH_COLUMN,))
+                looks.append((r, built[0]))
+                tagged.append(built[1].flagged.withColumn(BATCH_COLUMN, F.lit(r.batch_id)))
+                found.update(built[1].partitions)
+            flagged = functools.reduce(DataFrame.unionByName, tagged)
+            partitions = tuple(sorted(found))
+        # One aggregation for the partials and the counts of all the batches: one shuffle,
+        # one compiled plan, and no observation of the records (it costs a pass per metric).
+        groups = self.stage.partials_with_stats(flagged, partitions, by=(BATCH_COLUMN,))
         spark = self._spark()
         try:
             with shuffle_partitions(spark, total), session_confs(spark, JOB_CONFS):
-                table = collect({"partials": partials})["partials"]
+                table = collect({"partials": groups})["partials"]
         except (Py4JJavaError, PySparkException) as exc:
             # Each batch's own job fails the same way, and names its bad input.
             log.info("read-ahead from batch %d failed: %s", first.batch_id, exc)
             return
         tags = table.column(BATCH_COLUMN)
-        for r, read, frames in looks:
-            of = r.batch_id if one_read is not None else None
-            counts, stats = observed(read.counts), frames.stats(of)
-            if counts is None or stats is None or counts.get("untagged") or self._changed(r):
+        for r, read in looks:
+            counts = observed(read.counts)
+            if counts is None or counts.get("untagged") or self._changed(r):
                 continue
-            suffix = batch_suffix(of)
+            suffix = batch_suffix(r.batch_id if one_read is not None else None)
             mine = table.filter(pc.equal(tags, r.batch_id)).drop_columns([BATCH_COLUMN])
+            partials, stats = split_stats(mine, partitions)
             self._looked[r.batch_id] = _Looked(
                 r,
                 now_ms,
@@ -247,7 +252,7 @@ class ReadAhead:
                 stats.rows,
                 stats.late,
                 stats.max_ms,
-                mine,
+                partials,
             )
         log.info(
             "read ahead batches %d..%d in one job (%s)",

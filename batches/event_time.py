@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from batches.aggregates import AggregatePlan, plan_aggregate
 from batches.collect import observed
 from batches.errors import PipelineConfigInvalid
-from batches.sources.base import PARTITION_COLUMN, batch_scopes, batch_suffix
+from batches.sources.base import PARTITION_COLUMN
 from batches.windows import (
     EventTime,
     Session,
@@ -52,6 +52,10 @@ UNTIMED = "no event time: the event-time column is null"
 FUTURE = "event time more than max_future ahead of the batch's processing time"
 """Reasons in the late table."""
 _FRESH = "_lowmark_fresh"
+REJECTED = "_lowmark_rejected"
+"""True for a record that goes to the late table (``BatchFrames.flagged``)."""
+RECORDS = "_lowmark_records"
+_MAX_MS = "_lowmark_max_ms_"
 
 
 @dataclass(frozen=True)
@@ -69,12 +73,15 @@ class BatchFrames:
 
     accepted: DataFrame
     rejected: DataFrame
-    seen: Observation
+    seen: Observation | None
+    """None when the records are not observed (``batch_frames(..., observe=False)``)."""
     partitions: tuple[str, ...]
     """The source partitions the batch reads, in the order ``seen`` has their max event time."""
     stage: WindowedStage
     watermark_ms: int | None
     late_of: Callable[[DataFrame], DataFrame]
+    flagged: DataFrame
+    """Every record, accepted or not, with its event time in epoch ms and ``REJECTED``."""
 
     @cached_property
     def partials(self) -> DataFrame:
@@ -84,19 +91,15 @@ class BatchFrames:
     def late(self) -> DataFrame:
         return self.late_of(self.rejected)
 
-    def stats(self, batch: int | None = None) -> RecordStats | None:
+    def stats(self) -> RecordStats | None:
         """Rows, late rows and max event time per partition, as the job over ``partials``
-        observed them (of ``batch``, when the records are several batches'); None when
-        Spark observed nothing (see ``collect.observed``)."""
-        metrics = observed(self.seen)
+        observed them; None when Spark observed nothing (see ``collect.observed``)."""
+        metrics = observed(self.seen) if self.seen is not None else None
         if metrics is None:
             return None
-        of = batch_suffix(batch)
-        max_ms = {p: metrics[f"max_ms_{i}{of}"] for i, p in enumerate(self.partitions)}
+        max_ms = {p: metrics[f"max_ms_{i}"] for i, p in enumerate(self.partitions)}
         return RecordStats(
-            metrics[f"rows{of}"],
-            metrics[f"late{of}"],
-            {p: m for p, m in max_ms.items() if m is not None},
+            metrics["rows"], metrics["late"], {p: m for p, m in max_ms.items() if m is not None}
         )
 
 
@@ -122,6 +125,21 @@ class StageOutput:
     deletes: DataFrame
     closed: DataFrame
     """The ``_lowmark_rows`` of the windows the batch closes (final, purged, not merged)."""
+
+
+def split_stats(groups: pa.Table, partitions: tuple[str, ...]) -> tuple[pa.Table, RecordStats]:
+    """Groups of ``WindowedStage.partials_with_stats`` (of one batch): the partials of its
+    accepted records, and its records' stats (rejected: late, with no watermark)."""
+    rejected = groups.column(REJECTED)
+    accepted = groups.filter(pc.invert(rejected))
+    max_ms = {p: pc.max(accepted.column(f"{_MAX_MS}{i}")).as_py() for i, p in enumerate(partitions)}
+    stats = RecordStats(
+        pc.sum(groups.column(RECORDS)).as_py() or 0,
+        pc.sum(groups.filter(rejected).column(RECORDS)).as_py() or 0,
+        {p: m for p, m in max_ms.items() if m is not None},
+    )
+    extra = [REJECTED, RECORDS, *[f"{_MAX_MS}{i}" for i in range(len(partitions))]]
+    return accepted.drop_columns(extra), stats
 
 
 def partition_max_event_ms(records: DataFrame, event_time: EventTime, now_ms: int) -> DataFrame:
@@ -170,15 +188,15 @@ class WindowedStage:
         batch_id: int,
         partitions: tuple[str, ...],
         now_ms: int,
-        batches: tuple[int, ...] | None = None,
+        observe: bool = True,
     ) -> BatchFrames:
         """Late rows and the partials of the accepted records of one batch.
 
         ``partitions`` are the source partitions the records come from (their
         max event times are observed); ``now_ms`` is the batch's processing
-        time (its planning time, the same in a replay). ``batches``: the
-        records are those of several batches, tagged (``Source.read_batches``),
-        and ``stats`` tells them apart.
+        time (its planning time, the same in a replay). ``observe`` False:
+        nothing is observed (the catch-up read-ahead computes the same counts
+        in its aggregation, ``partials_with_stats``, at a fraction of the cost).
         """
         column = self.event_time.column
         missing = {column, PARTITION_COLUMN, *self.keys} - set(records.columns)
@@ -201,23 +219,18 @@ class WindowedStage:
             <= F.lit(watermark_ms)
         )
         rejected = ~timed | future | closed
-        seen = Observation()
         partition = F.col(PARTITION_COLUMN)
         metrics = [
-            metric
-            for suffix, mine in batch_scopes(batches)
-            for metric in (
-                F.count(F.when(mine, 1)).alias(f"rows{suffix}"),
-                F.count(F.when(mine & rejected, 1)).alias(f"late{suffix}"),
-                *[
-                    F.max(F.when(mine & (partition == F.lit(p)) & ~future, F.col(_ET_MS))).alias(
-                        f"max_ms_{i}{suffix}"
-                    )
-                    for i, p in enumerate(partitions)
-                ],
-            )
+            F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(rejected, 1)).alias("late"),
+            *[
+                F.max(F.when((partition == F.lit(p)) & ~future, F.col(_ET_MS))).alias(f"max_ms_{i}")
+                for i, p in enumerate(partitions)
+            ],
         ]
-        events = records.withColumn(_ET_MS, F.unix_millis(F.col(column))).observe(seen, *metrics)
+        timed_ms = records.withColumn(_ET_MS, F.unix_millis(F.col(column)))
+        seen = Observation() if observe else None
+        events = timed_ms.observe(seen, *metrics) if seen is not None else timed_ms
 
         def late_rows(late: DataFrame) -> DataFrame:
             return late.select(
@@ -241,6 +254,7 @@ class WindowedStage:
             self,
             watermark_ms,
             late_rows,
+            timed_ms.withColumn(REJECTED, rejected),
         )
 
     def partials_of(
@@ -251,6 +265,36 @@ class WindowedStage:
         if isinstance(self.window, Session):
             return self._batch_sessions(accepted, self.window)
         return self._batch_windows(accepted, self.window, watermark_ms, by)
+
+    def partials_with_stats(
+        self, flagged: DataFrame, partitions: tuple[str, ...], by: tuple[str, ...]
+    ) -> DataFrame:
+        """Tumbling/sliding windows with no watermark: the partials of ``flagged`` records
+        (``BatchFrames.flagged``) per (``by``, ``REJECTED``, key, window), each group
+        with its records (``RECORDS``) and, per source partition of ``partitions``, their
+        max event time; ``split_stats`` turns them into partials and ``RecordStats``.
+
+        One aggregation then gives what observing the records would (an observation
+        costs a pass over every record per metric)."""
+        assert not isinstance(self.window, Session), "sessions are not read ahead"
+        partition = F.col(PARTITION_COLUMN)
+        stats = [
+            F.count(F.lit(1)).alias(RECORDS),
+            *[
+                F.max(F.when(partition == F.lit(p), F.col(_ET_MS))).alias(f"{_MAX_MS}{i}")
+                for i, p in enumerate(partitions)
+            ],
+        ]
+        # Spark's window() drops records whose time is null: rejected records, whose
+        # windows count for nothing, are counted in the window of the epoch instead.
+        column = self.event_time.column
+        counted = flagged.withColumn(
+            column,
+            F.when(
+                F.col(REJECTED), F.timestamp_seconds(F.lit(0)).cast(flagged.schema[column].dataType)
+            ).otherwise(F.col(column)),
+        )
+        return self._batch_windows(counted, self.window, None, (*by, REJECTED), stats)
 
     def state_rows(
         self, partials: pa.Table, state_version: int | None, watermark_ms: int | None
@@ -390,8 +434,10 @@ class WindowedStage:
         window: Tumbling | Sliding,
         watermark_ms: int | None,
         by: tuple[str, ...] = (),
+        extra: list[Column] | None = None,
     ) -> DataFrame:
-        """Tumbling/sliding: the batch's partials per (``by``, key, window)."""
+        """Tumbling/sliding: the batch's partials per (``by``, key, window), and the
+        ``extra`` aggregates."""
         assigned = accepted.withColumn("_w", assign_windows(window, F.col(self.event_time.column)))
         if watermark_ms is not None:  # a sliding record may still feed its open windows only
             assigned = assigned.where(~self._final(F.col("_w.end"), watermark_ms))
@@ -401,7 +447,7 @@ class WindowedStage:
             *self.keys,
             F.col("_w.start").alias("window_start"),
             F.col("_w.end").alias("window_end"),
-        ).agg(*self._partials(), F.count(F.when(in_last, 1)).alias(ROWS))
+        ).agg(*self._partials(), F.count(F.when(in_last, 1)).alias(ROWS), *(extra or []))
 
     def _merge_windows(
         self, partials: DataFrame, nearby: DataFrame | None

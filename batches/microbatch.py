@@ -536,14 +536,15 @@ class MicroBatchRunner:
         now_ms: int,
         cache: bool = False,
         strict: bool = False,
+        observe: bool = True,
     ) -> _Input:
         """Step 3 for ``batch``: its read, transformed records and (windowed) stage frames,
-        all lazy."""
+        all lazy (``observe``: see ``WindowedStage.batch_frames``)."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
         out = self._transformed(read, batch)
         frames = (
             self.stage.batch_frames(
-                out, watermark_ms, batch.batch_id, _read_partitions(batch), now_ms
+                out, watermark_ms, batch.batch_id, _read_partitions(batch), now_ms, observe
             )
             if self.stage is not None
             else None
@@ -562,13 +563,13 @@ class MicroBatchRunner:
     def _unwatermarked(
         self, batches: Sequence[Range], now_ms: int
     ) -> tuple[SourceRead, BatchFrames] | None:
-        """Step 3 with no watermark, as the catch-up read-ahead looks: of one batch, or of
-        several in one read, each record tagged with its batch. None when the source
-        cannot tag, or the transform may not keep the tag row by row
+        """Step 3 with no watermark and nothing observed, as the catch-up read-ahead looks:
+        of one batch, or of several in one read, each record tagged with its batch. None
+        when the source cannot tag, or the transform may not keep the tag row by row
         (``catch_up.row_by_row``): each batch is then looked at on its own."""
         assert self.stage is not None
         if len(batches) == 1:
-            taken = self._input(batches[0], None, now_ms)
+            taken = self._input(batches[0], None, now_ms, observe=False)
             assert taken.frames is not None
             return taken.read, taken.frames
         read = self.source.read_batches(batches)
@@ -578,9 +579,8 @@ class MicroBatchRunner:
         out = self._transformed(read, whole)
         if not row_by_row(out):
             return None
-        tags = tuple(b.batch_id for b in batches)
         frames = self.stage.batch_frames(
-            out, None, whole.batch_id, _read_partitions(whole), now_ms, tags
+            out, None, whole.batch_id, _read_partitions(whole), now_ms, observe=False
         )
         return read, frames
 
