@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 
 from batches.collect import collect, observed, session_confs, shuffle_partitions
 from batches.event_time import BatchFrames, WindowedStage, split_stats
-from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead, batch_suffix
+from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
 from batches.windows import Tumbling
 from state.errors import LowmarkError
 
@@ -105,31 +105,35 @@ Frames = Callable[[Sequence[Range], int], tuple[SourceRead, BatchFrames] | None]
 """``frames(batches, now_ms)``: the read and stage frames of one batch, built exactly as
 its own job builds them, with no watermark; or of several batches in one read, records
 tagged with their batch (None when that cannot be: see ``row_by_row``)."""
-_ROW_BY_ROW = {"Project", "Filter", "SubqueryAlias", "CollectMetrics", "LogicalRelation"}
+_ROW_BY_ROW = {"Project", "SubqueryAlias", "CollectMetrics"}
 
 
-def row_by_row(records: DataFrame) -> bool:
-    """True when ``records`` keep ``BATCH_COLUMN`` and their plan takes each record on its
-    own: deterministic projections and filters with no subquery, over one scan.
+def row_by_row(records: DataFrame, read: DataFrame) -> bool:
+    """True when ``records`` keep ``BATCH_COLUMN`` and the transform that made them from
+    the ``read`` records turns each record into one record: deterministic projections
+    with no subquery, over the read alone.
 
     A transform like that gives several batches' records together what it
-    gives each batch alone, so the read-ahead can scan them once. Any other (a
-    join, an aggregation, ``dropDuplicates``, a limit, a window function, an
-    explode or table function, ``rand()``) is given one batch at a time.
+    gives each batch alone, so the read-ahead can scan them once, and a
+    batch's records read are its records out (its aggregation counts them).
+    Any other (a filter, a join, an aggregation, ``dropDuplicates``, a limit,
+    a window function, an explode or table function, ``rand()``) is given one
+    batch at a time.
     """
     if BATCH_COLUMN not in records.columns:
         return False
     plan = records._jdf.queryExecution().analyzed()
+    source = read._jdf.queryExecution().analyzed()
     if not plan.deterministic():
         return False
-    while plan.nodeName() in _ROW_BY_ROW and plan.subqueries().isEmpty():
+    while not plan.equals(source):
         children = plan.children()
-        if children.size() == 0:
-            return True
-        if children.size() > 1:
+        if plan.nodeName() not in _ROW_BY_ROW or children.size() != 1:
+            return False
+        if not plan.subqueries().isEmpty():
             return False
         plan = children.apply(0)
-    return False
+    return True
 
 
 class ReadAhead:
@@ -241,14 +245,21 @@ class ReadAhead:
             counts = observed(read.counts)
             if counts is None or counts.get("untagged") or self._changed(r):
                 continue
-            suffix = batch_suffix(r.batch_id if one_read is not None else None)
             mine = table.filter(pc.equal(tags, r.batch_id)).drop_columns([BATCH_COLUMN])
             partials, stats = split_stats(mine, partitions)
+            if one_read is not None:  # the transform keeps each record: records read = out
+                # Bad rows somewhere from bad_from to bad_to: each of those batches runs
+                # its own job, which counts them.
+                low, high = counts.get("bad_from"), counts.get("bad_to")
+                bad = int(low is not None and high is not None and low <= r.batch_id <= high)
+                rows_in = stats.rows
+            else:
+                rows_in, bad = counts["rows"], counts.get("bad", 0)
             self._looked[r.batch_id] = _Looked(
                 r,
                 now_ms,
-                counts[f"rows{suffix}"],
-                counts.get(f"bad{suffix}", 0),
+                rows_in,
+                bad,
                 stats.rows,
                 stats.late,
                 stats.max_ms,

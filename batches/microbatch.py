@@ -577,7 +577,7 @@ class MicroBatchRunner:
             return None
         whole = Range(batches[0].batch_id, batches[0].start, batches[-1].end)
         out = self._transformed(read, whole)
-        if not row_by_row(out):
+        if not row_by_row(out, read.records):
             return None
         frames = self.stage.batch_frames(
             out, None, whole.batch_id, _read_partitions(whole), now_ms, observe=False

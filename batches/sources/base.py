@@ -33,33 +33,22 @@ class Range:
     end: Offsets
 
 
-def batch_suffix(batch: int | None) -> str:
-    """The suffix of batch ``batch``'s metrics in a read of several batches ("" in one
-    batch's read: ``batch`` None)."""
-    return f"_{batch}" if batch is not None else ""
-
-
-def batch_scopes(batches: Sequence[int] | None) -> list[tuple[str, Column]]:
-    """(metric name suffix, row condition) per batch of a read of several ``batches``;
-    one scope, with no suffix, for one batch's read (``batches`` None)."""
-    if batches is None:
-        return [(batch_suffix(None), F.lit(True))]
-    return [(batch_suffix(b), F.col(BATCH_COLUMN) == F.lit(b)) for b in batches]
-
-
-def batch_counts(batches: Sequence[int] | None, good: Column | None) -> list[Column]:
-    """A read's ``counts`` metrics (see ``Source``): ``rows`` and, when ``good`` tells good
-    rows from bad, ``bad``, per scope of ``batch_scopes``; ``untagged`` for several."""
-    metrics = []
-    for suffix, mine in batch_scopes(batches):
+def read_counts(tagged: bool, good: Column | None) -> list[Column]:
+    """A read's ``counts`` metrics (see ``Source``): of one batch's read, ``rows`` and,
+    when ``good`` tells good rows from bad, ``bad``; of several batches' (``tagged``),
+    ``untagged`` and, with ``good``, ``bad_from`` and ``bad_to``: the first and the last
+    batch with bad rows (plain aggregates: a set of batches would cost a pass of its
+    own)."""
+    if tagged:
+        batch = F.col(BATCH_COLUMN)
+        untagged = F.count(F.when(batch.isNull(), 1)).alias("untagged")
         if good is None:
-            metrics.append(F.count(F.when(mine, 1)).alias(f"rows{suffix}"))
-        else:
-            metrics.append(F.count(F.when(mine & good, 1)).alias(f"rows{suffix}"))
-            metrics.append(F.count(F.when(mine & ~good, 1)).alias(f"bad{suffix}"))
-    if batches is not None:
-        metrics.append(F.count(F.when(F.col(BATCH_COLUMN).isNull(), 1)).alias("untagged"))
-    return metrics
+            return [untagged]
+        bad = F.when(~good, batch)
+        return [untagged, F.min(bad).alias("bad_from"), F.max(bad).alias("bad_to")]
+    if good is None:
+        return [F.count(F.lit(1)).alias("rows")]
+    return [F.count(F.when(good, 1)).alias("rows"), F.count(F.when(~good, 1)).alias("bad")]
 
 
 @dataclass(frozen=True)
@@ -113,8 +102,10 @@ class Source(ABC):
       watermarks need it); lowmark drops it before the sink.
     - ``read_batches(batches)`` (optional) reads consecutive batches in one
       scan, each record tagged with its batch in ``BATCH_COLUMN``; ``counts``
-      then observes ``rows_<id>`` and ``bad_<id>`` per batch, and
-      ``untagged``: records it could not tag (the read is then of no use).
+      then observes ``untagged``, the records it could not tag (the read is
+      then of no use), and ``bad_from`` and ``bad_to``, the first and last
+      batch with bad rows, if any (the caller counts each batch's records in
+      its own aggregation: a metric per batch costs a pass over every record).
     - ``confirm(batch)``, called after a read's jobs and before anything is
       written from them, raises when the input changed while it was read.
       Optional; a no-op by default (input that cannot change).

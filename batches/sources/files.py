@@ -48,7 +48,7 @@ from batches.sources.base import (
     Range,
     Source,
     SourceRead,
-    batch_counts,
+    read_counts,
 )
 from state.errors import CheckpointMissing, LowmarkError
 from state.manifest import FileManifest, ManifestFile, numbered
@@ -327,14 +327,13 @@ class FileStreamSource(Source):
         if tags:  # Spark names a record's file by its URI: "a b.json" is "a%20b.json"
             by_uri = [F.lit(x) for path, b in tags.items() for x in (self._uri(path), b)]
             tag = F.element_at(F.create_map(*by_uri), file_path)
-        batches = sorted(set(tags.values())) if tags else None
         size = sum(f.size for f in files)
         if self.config.format == "parquet":
             records = self.spark.read.schema(schema).parquet(*paths)
             if tag is not None:
                 records = records.withColumn(BATCH_COLUMN, tag)
             records = records.withColumn(PARTITION_COLUMN, self._partition_of(file_path)).observe(
-                counts, *batch_counts(batches, None)
+                counts, *read_counts(tag is not None, None)
             )
             if cache:
                 records = records.persist(StorageLevel.MEMORY_AND_DISK)
@@ -364,7 +363,7 @@ class FileStreamSource(Source):
             parsed = parsed.withColumn(BATCH_COLUMN, tag)
         parsed = parsed.observe(
             counts,
-            *batch_counts(batches, F.col(CORRUPT).isNull()),
+            *read_counts(tag is not None, F.col(CORRUPT).isNull()),
             every_column.alias("_every_column"),
         )
         if cache:

@@ -11,6 +11,7 @@ rows) among those read ahead.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -104,8 +105,10 @@ def test_a_backlog_is_looked_at_in_one_job_and_every_batch_commits_as_alone(
     spark: SparkSession,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
     transform: Callable[[DataFrame], DataFrame] | None,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="batches.catch_up")
     ahead_root, alone_root = tmp_path / "ahead", tmp_path / "alone"
     _land_backlog(ahead_root)
     # A twin of batch 5's record in batch 6: a transform given several batches at
@@ -119,6 +122,8 @@ def test_a_backlog_is_looked_at_in_one_job_and_every_batch_commits_as_alone(
     alone, alone_jobs, alone_runner = _run(spark, alone_root, alone_p, monkeypatch)
 
     assert _summary(ahead) == _summary(alone)
+    how = "a scan per batch" if transform else "one scan"
+    assert f"read ahead batches 0..6 in one job ({how})" in caplog.text
     assert [r.rows_late for r in ahead[:5]] == [0, 0, 1, 1, 0]  # the backlog has late rows
     assert ahead[4].rows_bad == 1
     assert _tables(spark, ahead_runner, ahead_root) == _tables(spark, alone_runner, alone_root)
@@ -187,7 +192,9 @@ def _upper(records: DataFrame) -> DataFrame:
     ("transform", "expected"),
     [
         (lambda df: df, True),
-        (lambda df: _upper(df).where(F.col("amount") > 0).select("*"), True),
+        (lambda df: _upper(df).select("*"), True),
+        # A filter: a batch's records out are no longer its records read.
+        (lambda df: _upper(df).where(F.col("amount") > 0).select("*"), False),
         (lambda df: df.selectExpr("*", "amount * 2 AS doubled"), True),
         (lambda df: df.select("user", "ts", "amount", PARTITION_COLUMN), False),  # tag dropped
         (dedup, False),
@@ -204,10 +211,12 @@ def test_row_by_row_tells_the_transforms_one_scan_may_take(
     spark: SparkSession, tmp_path: Path, transform: Callable[[DataFrame], DataFrame], expected: bool
 ) -> None:
     write_json_lines(tmp_path, "x.json", [event("a", 1, 1)], 1_700_000_000)
+    # The read filters (a source drops its bad rows): only the transform is judged.
     records = (
         spark.read.schema(SCHEMA)
         .json(str(tmp_path))
+        .where(F.col("user").isNotNull())
         .withColumn(PARTITION_COLUMN, F.lit("0"))
         .withColumn(BATCH_COLUMN, F.lit(0))
     )
-    assert row_by_row(transform(records)) is expected
+    assert row_by_row(transform(records), records) is expected
