@@ -6,11 +6,14 @@ may take, the jobs of the batches after it would each pay a job's fixed cost
 (scheduling, a scan per file split, a shuffle) for a fraction of the data.
 The read-ahead scans those batches' input once, every record tagged with
 its batch by the source (``Source.read_batches``), and aggregates their
-partials per batch in one job. When the source cannot tag its records, or
-the transform may not keep the tag row by row (``row_by_row``: a join, an
-aggregation, ``dropDuplicates``...), each batch's frames are built exactly
-as its own job builds them and their partials, tagged, are unioned into the
-one job instead. Each batch then still plans, writes ahead, merges with state,
+partials per batch in one job; the same aggregation counts each batch's
+records and finds its newest event times (``partials_with_stats``), as
+observing them per batch would cost a pass over every record per metric.
+When the source cannot tag its records, or the transform does not turn
+each record into one (``row_by_row``: a filter, a join, an aggregation,
+``dropDuplicates``...), each batch's frames are built exactly as its own
+job builds them and their records, tagged, are unioned into the one
+aggregation instead. Each batch then still plans, writes ahead, merges with state,
 writes and commits on its own, in order; its step 4 takes what the read-ahead
 saw of exactly its range instead of running a job.
 
