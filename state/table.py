@@ -39,6 +39,7 @@ from deltalake import (
     write_deltalake,
 )
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.table import TableMerger
 
 from state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict, first_line
 from state.ownership import writer_metadata
@@ -226,18 +227,7 @@ class DriverTable:
             if table is None:
                 self._writer(rows, "append")(None, commit)
                 return
-            (
-                table.merge(
-                    rows,
-                    predicate=f't."{key}" = s."{key}"',
-                    source_alias="s",
-                    target_alias="t",
-                    commit_properties=commit,
-                    post_commithook_properties=HOOKS,
-                )
-                .when_not_matched_insert_all()
-                .execute()
-            )
+            _merge_on(key, table, rows, commit).when_not_matched_insert_all().execute()
 
         return self.write_once(write, app_id, version)
 
@@ -305,18 +295,7 @@ class DriverTable:
 
         def write(table: DeltaTable | None, commit: CommitProperties) -> None:
             assert table is not None, f"{self.path}: no rows to update"
-            (
-                table.merge(
-                    rows,
-                    predicate=f't."{key}" = s."{key}"',
-                    source_alias="s",
-                    target_alias="t",
-                    commit_properties=commit,
-                    post_commithook_properties=HOOKS,
-                )
-                .when_matched_update(updates=values)
-                .execute()
-            )
+            _merge_on(key, table, rows, commit).when_matched_update(updates=values).execute()
 
         self._commit(write, None, batch_id)
 
@@ -413,6 +392,18 @@ class DriverTable:
                 time.sleep(pause)
                 pause *= 2
         raise AssertionError("unreachable")
+
+
+def _merge_on(key: str, table: DeltaTable, rows: pa.Table, commit: CommitProperties) -> TableMerger:
+    """A MERGE of ``rows`` into ``table`` matching on the column ``key`` (add the clauses)."""
+    return table.merge(
+        rows,
+        predicate=f't."{key}" = s."{key}"',
+        source_alias="s",
+        target_alias="t",
+        commit_properties=commit,
+        post_commithook_properties=HOOKS,
+    )
 
 
 def _landed(table: DeltaTable, app_id: str, version: int) -> bool:
