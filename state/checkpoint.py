@@ -130,6 +130,11 @@ class Checkpoint:
         """
         if self.metadata.exists():
             for table in self._tables():
+                if table is self.files.history and not table.exists() and self.files.table.exists():
+                    # Added after checkpoints of older lowmark versions were made, which
+                    # retired nothing: created empty. (One lost later leaves a backfill
+                    # of retired files stopping with CheckpointMissing, never wrong.)
+                    table.create()
                 if not table.exists():
                     raise table.missing()
             return self._read_pipeline_id()

@@ -42,3 +42,16 @@ def test_logs_without_their_metadata_table_are_refused(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "c" / "checkpoint")
     with pytest.raises(CheckpointMissing, match="holds batches"):
         Checkpoint(str(tmp_path / "c"), "p")
+
+
+def test_a_checkpoint_made_before_the_manifest_history_existed_opens_and_gains_it(
+    tmp_path: Path,
+) -> None:
+    ckpt = Checkpoint(str(tmp_path / "c"), "p")
+    ckpt.offsets.add(entry(0))
+    shutil.rmtree(tmp_path / "c" / "files_history")  # as older lowmark versions made it
+    reopened = Checkpoint(str(tmp_path / "c"), "p")
+    assert reopened.pipeline_id == ckpt.pipeline_id and reopened.files.history.exists()
+    shutil.rmtree(tmp_path / "c" / "files")
+    with pytest.raises(CheckpointMissing, match="files is missing"):
+        Checkpoint(str(tmp_path / "c"), "p")
