@@ -27,13 +27,10 @@ $(VENV)/.chromium:
 	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
 	touch $@
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
-	mkdir -p $(DAGSTER_HOME)
-	cp dagster.yaml $@
-
-# The Dagster UI on http://127.0.0.1:3000 with the project's instance (SQLite in .dagster_home).
-ui: setup $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $${LOWMARK_UI_PORT:-3000}
+# The Dagster UI on http://127.0.0.1:3000 (LOWMARK_UI_PORT) with the project's instance
+# (SQLite in .dagster_home). Ctrl-C stops the webserver, daemon, code server and runs.
+ui: setup
+	$(BIN)/lowmark ui
 
 demo: setup
 	$(BIN)/lowmark demo
@@ -62,7 +59,9 @@ soak: setup
 # Small-batch time with 10 k vs 1 M open windows, lowmark vs Structured Streaming
 # (bench/state_scaling.py), then lowmark vs Structured Streaming vs a plain Spark job
 # on the same data (bench/streaming.py, which includes the first one's output as (c)
-# and writes bench/RESULTS.md). BENCH_ARGS=--quick for a smoke run (no RESULTS.md).
+# and writes bench/RESULTS.md), a long history (bench/history.py) and the file-to-sink
+# latency through dagster dev (bench/dagster_latency.py). BENCH_ARGS=--quick for a
+# smoke run of bench/streaming.py (no RESULTS.md).
 # Never part of `make test`.
 BENCH_ARGS ?=
 BENCH_OUT := data/bench
@@ -71,6 +70,7 @@ bench: setup
 	bash -o pipefail -c '$(BIN)/python -m bench.state_scaling $(BENCH_ARGS) | tee $(BENCH_OUT)/state_scaling.txt'
 	$(BIN)/python -m bench.streaming $(BENCH_ARGS) --state-scaling-log $(BENCH_OUT)/state_scaling.txt
 	bash -o pipefail -c '$(BIN)/python -m bench.history --batches 600 --every 200 | tee $(BENCH_OUT)/history.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.dagster_latency | tee $(BENCH_OUT)/dagster_latency.txt'
 
 clean:
 	rm -rf $(VENV) jvm/lib data .dagster_home

@@ -69,6 +69,15 @@ class BackfillResult:
     sink_version: int
 
 
+def final_at_ms(pipeline: Pipeline, end_ms: int) -> int:
+    """The watermark from which no window starting before ``end_ms`` changes again: ``end +
+    window span (session: gap) + allowed_lateness``. A batch running with it emits them all."""
+    assert pipeline.event_time is not None and pipeline.aggregation is not None
+    window = pipeline.aggregation.window
+    span = window.gap if isinstance(window, Session) else window.size
+    return end_ms + span + pipeline.event_time.allowed_lateness
+
+
 def backfill_partition(
     spark: SparkSession,
     pipeline: Pipeline,
@@ -107,9 +116,7 @@ def backfill_partition(
     assert committed is not None, "a committed batch always has its offsets"
 
     # Step 2. Only a slice the stream is done with (see the module docstring).
-    window = aggregation.window
-    span = window.gap if isinstance(window, Session) else window.size
-    closes_at = end_ms + span + event_time.allowed_lateness
+    closes_at = final_at_ms(pipeline, end_ms)
     watermark = done.next_watermark_ms
     if not force and (watermark is None or watermark < closes_at):
         raise PartitionNotClosed(

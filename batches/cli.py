@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +30,7 @@ from batches.pipeline import resolve
 from batches.poison import set_aside
 from batches.registry import get_pipeline, load_pipelines
 from batches.reset import reset as reset_pipeline
+from batches.sources.base import describe_range
 from batches.status import pipeline_history, pipeline_status
 from state.errors import LowmarkError
 from state.session import SparkSettings, get_spark
@@ -43,17 +45,39 @@ out = Console()
 err = Console(stderr=True)
 
 
-class Context:
-    """Options shared by every command."""
+BatchListener = Callable[[MicroBatchRunner, Path], Callable[[BatchResult], None] | None]
+"""Given a runner and the data root, what to call with each batch it commits (None: nothing)."""
 
-    def __init__(self, pipelines: str | None, data_root: Path, master: str | None) -> None:
+
+class Context:
+    """Options shared by every command, and who hears of committed batches."""
+
+    def __init__(
+        self,
+        pipelines: str | None,
+        data_root: Path,
+        master: str | None,
+        listeners: Sequence[BatchListener] = (),
+    ) -> None:
         self.pipelines = pipelines
         self.data_root = data_root.resolve()
         self.settings = SparkSettings(master=master) if master else SparkSettings()
+        self.listeners = listeners
 
     def spark(self) -> SparkSession:
         with err.status("starting Spark…"):
             return get_spark(self.settings)
+
+    def on_batch(self, runner: MicroBatchRunner) -> Callable[[BatchResult], None]:
+        """Prints each batch ``runner`` commits and tells the listeners."""
+        heard = [h for listen in self.listeners if (h := listen(runner, self.data_root))]
+
+        def each(r: BatchResult) -> None:
+            _print_batch(r)
+            for hear in heard:
+                hear(r)
+
+        return each
 
 
 @app.callback()
@@ -78,7 +102,7 @@ def main_options(
         typer.Option(help="Spark master URL. Env: LOWMARK_SPARK_MASTER; default local[*]."),
     ] = None,
 ) -> None:
-    ctx.obj = Context(pipelines, data_root, master)
+    ctx.obj = Context(pipelines, data_root, master, listeners=ctx.obj or ())
 
 
 @app.command("list")
@@ -163,18 +187,22 @@ def run(
     p = get_pipeline(pipeline, c.pipelines)
     runner = MicroBatchRunner(c.spark(), p, c.data_root)
     if follow_source:
-        _follow(runner, pipeline, poll_s, limit_s)
+        _follow(runner, c.on_batch(runner), poll_s, limit_s)
         return
     limit = max_batches or (None if until_caught_up else 1)
     with err.status(f"running {pipeline}…"):
-        results = runner.run(max_batches=limit, on_batch=_print_batch, retry=retry)
+        results = runner.run(max_batches=limit, on_batch=c.on_batch(runner), retry=retry)
     if not results:
         out.print(f"{pipeline}: caught up, no new data")
 
 
 def _follow(
-    runner: MicroBatchRunner, pipeline: str, poll_s: float, max_seconds: float | None
+    runner: MicroBatchRunner,
+    on_batch: Callable[[BatchResult], None],
+    poll_s: float,
+    max_seconds: float | None,
 ) -> None:
+    pipeline = runner.pipeline.name
     limit = "until stopped" if max_seconds is None else f"for at most {max_seconds:g} s"
     err.print(
         f"following {pipeline} {limit}, polling every {poll_s:g} s once caught up; "
@@ -182,7 +210,7 @@ def _follow(
         soft_wrap=True,
     )
     with err.status(f"following {pipeline}…"):
-        result = follow(runner, poll_s, max_seconds, on_batch=_print_batch)
+        result = follow(runner, poll_s, max_seconds, on_batch=on_batch)
     out.print(f"{pipeline}: {result.describe()}", soft_wrap=True)
 
 
@@ -206,8 +234,8 @@ def _print_batch(r: BatchResult) -> None:
     what = "replayed" if r.replay else "committed"
     out.print(
         f"batch {r.batch_id} {what}: {r.rows_in} rows in, {r.rows_out} out, "
-        f"{r.rows_bad} bad, {r.rows_late} late, offsets {r.start} → {r.end}, "
-        f"{r.durations_ms['total']} ms",
+        f"{r.rows_bad} bad, {r.rows_late} late, input {describe_range(r.start, r.end)}, "
+        f"{r.durations_ms['total'] / 1000:.2f} s",
         soft_wrap=True,
     )
 
@@ -242,7 +270,7 @@ def history(
 ) -> None:
     """Show PIPELINE's per-batch progress (the checkpoint's progress table)."""
     c: Context = ctx.obj
-    rows = pipeline_history(c.spark(), get_pipeline(pipeline, c.pipelines), c.data_root, last)
+    rows = pipeline_history(get_pipeline(pipeline, c.pipelines), c.data_root, last)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -383,9 +411,8 @@ def demo(ctx: typer.Context) -> None:
     for pipeline in (orders, user_revenue):
         out.print(f"[bold]{pipeline.name}[/]: {pipeline.description}")
         with err.status(f"running {pipeline.name}…"):
-            MicroBatchRunner(spark, pipeline, c.data_root).run(
-                max_batches=None, on_batch=_print_batch
-            )
+            runner = MicroBatchRunner(spark, pipeline, c.data_root)
+            runner.run(max_batches=None, on_batch=c.on_batch(runner))
         s = pipeline_status(spark, pipeline, c.data_root)
         sink = spark.read.format("delta").load(resolve(pipeline.sink.path, c.data_root))
         out.print(
@@ -415,11 +442,12 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the app, turning user errors into one line."""
+def main(argv: list[str] | None = None, listeners: Sequence[BatchListener] = ()) -> None:
+    """Console entry point: run the app, turning user errors into one line. ``listeners``
+    hear of every batch a command commits."""
     logging.basicConfig(level=os.environ.get("LOWMARK_LOG_LEVEL", "WARNING"))
     try:
-        app(args=argv, prog_name="lowmark")
+        app(args=argv, prog_name="lowmark", obj=listeners)
     except LowmarkError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -15,7 +15,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from batches.pipeline import DeltaSink, EventTimePartitions, FileSource, Pipeline
+from batches.pipeline import DeltaSink, EventTimePartitions, FileSource, HealthChecks, Pipeline
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 
 INCOMING = "demo/incoming"
@@ -62,7 +62,10 @@ user_revenue = Pipeline(
             Aggregate(fn="sum", column="revenue", name="revenue"),
         ),
     ),
-    backfill=EventTimePartitions(granularity="hourly", start="2026-01-01"),
+    backfill=EventTimePartitions(granularity="hourly"),
+    # The demo's last file is a straggler on purpose (its 40 orders land late: see the
+    # late table), so a sixth of the rows are late; anything more says something broke.
+    checks=HealthChecks(max_late_fraction=0.2),
 )
 
 
@@ -73,9 +76,10 @@ def write_sample_files(
 
     Event times are recent, so the health checks and backfills have something
     real to show: file ``f`` holds orders about 3 s apart starting at
-    ``H0 + f * 20 minutes``, where ``H0`` is the start of the hour three hours
-    before ``now``. The third file carries two malformed lines (→
-    bad_records); the last file is a straggler whose orders are from ``H0 +
+    ``T0 + f * 20 minutes``, where ``T0`` is ``now`` minus 1 h 25 min (for 6 files), so
+    the newest regular order is about 3 minutes old and the hour of the first
+    ones is over (a partition to backfill). The third file carries two malformed lines (→
+    bad_records); the last file is a straggler whose orders are from ``T0 +
     30 minutes`` (→ the late table of ``user_revenue``, their windows long
     closed by the time it lands).
     """
@@ -83,12 +87,12 @@ def write_sample_files(
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(7)
     now = now or datetime.now(UTC)
-    first_hour = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    first = now.replace(microsecond=0) - timedelta(minutes=20 * (files - 2) + 5)
     written = []
     for f in range(files):
         # The straggler lands last with orders from between the first files: by then
         # the watermark has passed their windows' end plus the allowed lateness.
-        base = first_hour + timedelta(minutes=30 if f == files - 1 else 20 * f)
+        base = first + timedelta(minutes=30 if f == files - 1 else 20 * f)
         lines = []
         for r in range(rows_per_file):
             order_id = f * rows_per_file + r

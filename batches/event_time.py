@@ -20,7 +20,7 @@ recorded, it computes — without writing anything — what the batch must write
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -80,8 +80,10 @@ class BatchFrames:
     stage: WindowedStage
     watermark_ms: int | None
     late_of: Callable[[DataFrame], DataFrame]
-    flagged: DataFrame
-    """Every record, accepted or not, with its event time in epoch ms and ``REJECTED``."""
+    timed: DataFrame
+    """Every record, accepted or not, with its event time in epoch ms (not observed)."""
+    rejected_if: Column
+    """True for a record that goes to the late table."""
 
     @cached_property
     def partials(self) -> DataFrame:
@@ -90,6 +92,11 @@ class BatchFrames:
     @cached_property
     def late(self) -> DataFrame:
         return self.late_of(self.rejected)
+
+    @cached_property
+    def flagged(self) -> DataFrame:
+        """Every record, accepted or not, flagged in ``REJECTED`` (the read-ahead's input)."""
+        return self.timed.withColumn(REJECTED, self.rejected_if)
 
     def stats(self) -> RecordStats | None:
         """Rows, late rows and max event time per partition, as the job over ``partials``
@@ -254,7 +261,8 @@ class WindowedStage:
             self,
             watermark_ms,
             late_rows,
-            timed_ms.withColumn(REJECTED, rejected),
+            timed_ms,
+            rejected,
         )
 
     def partials_of(
@@ -434,7 +442,7 @@ class WindowedStage:
         window: Tumbling | Sliding,
         watermark_ms: int | None,
         by: tuple[str, ...] = (),
-        extra: list[Column] | None = None,
+        extra: Sequence[Column] = (),
     ) -> DataFrame:
         """Tumbling/sliding: the batch's partials per (``by``, key, window), and the
         ``extra`` aggregates."""
@@ -447,7 +455,7 @@ class WindowedStage:
             *self.keys,
             F.col("_w.start").alias("window_start"),
             F.col("_w.end").alias("window_end"),
-        ).agg(*self._partials(), F.count(F.when(in_last, 1)).alias(ROWS), *(extra or []))
+        ).agg(*self._partials(), F.count(F.when(in_last, 1)).alias(ROWS), *extra)
 
     def _merge_windows(
         self, partials: DataFrame, nearby: DataFrame | None

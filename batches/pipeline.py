@@ -105,8 +105,9 @@ class HealthChecks(_Config):
     """Bounds the Dagster asset checks hold a pipeline to (they warn, never stop a run).
 
     ``max_watermark_lag``: processing time of the newest committed batch minus
-    its next watermark. ``max_late_fraction``: late rows / input rows over the
-    newest ``window_batches`` committed batches.
+    its next watermark. ``max_late_fraction`` and ``max_bad_fraction``: late
+    and malformed rows / input rows over the newest ``window_batches``
+    committed batches.
     """
 
     max_watermark_lag: DurationMs = Field(
@@ -115,7 +116,12 @@ class HealthChecks(_Config):
     max_late_fraction: float = Field(
         default=0.05, ge=0, le=1, description="Largest acceptable share of late rows."
     )
-    window_batches: int = Field(default=10, ge=1, description="Batches the late share is over.")
+    max_bad_fraction: float = Field(
+        default=0.01, ge=0, le=1, description="Largest acceptable share of malformed rows."
+    )
+    window_batches: int = Field(
+        default=10, ge=1, description="Batches the late and malformed shares are over."
+    )
 
 
 class EventTimePartitions(_Config):
@@ -126,9 +132,11 @@ class EventTimePartitions(_Config):
     """
 
     granularity: Literal["daily", "hourly"] = Field(default="daily", description="Partition size.")
-    start: str = Field(
+    start: str | None = Field(
+        default=None,
         pattern=r"^\d{4}-\d{2}-\d{2}( \d{2}:\d{2})?$",
-        description="First partition, UTC: 'YYYY-MM-DD' (hourly: 'YYYY-MM-DD HH:MM' allowed).",
+        description="First partition, UTC: 'YYYY-MM-DD' (hourly: 'YYYY-MM-DD HH:MM' allowed). "
+        "Default: the first window in the sink when Dagster loads the pipeline (else that day).",
     )
 
 

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
-
 from batches.clock import Clock
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
@@ -159,7 +157,7 @@ def _waiting(backlog: dict[str, int]) -> str:
 
 
 def pipeline_history(
-    spark: SparkSession, pipeline: Pipeline, data_root: Path, last: int | None = None
+    pipeline: Pipeline, data_root: Path, last: int | None = None
 ) -> list[dict[str, Any]]:
     """Progress rows, oldest first (the newest ``last`` if given), as plain dicts."""
     location = pipeline.checkpoint_location(data_root)

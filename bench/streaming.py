@@ -515,8 +515,8 @@ def follow_latency(work: Path, sizes: Sizes, seed: int) -> dict[str, Any]:
     latency_s = sorted(taken[name] - at for name, at in landed.items())
     # Batches that took files, after the warm-up batch 0 (emit-only batches take none).
     batch_s = [
-        int(m.group(3)) / 1000
-        for m in (re.match(r"batch (\d+) \w+: (\d+) rows in.* (\d+) ms$", line) for line in out)
+        float(m.group(3))
+        for m in (re.match(r"batch (\d+) \w+: (\d+) rows in.* ([\d.]+) s$", line) for line in out)
         if m and int(m.group(1)) > 0 and int(m.group(2)) > 0
     ]
     return {

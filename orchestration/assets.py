@@ -1,106 +1,162 @@
-"""The sink of each pipeline as a Dagster asset, with its health checks.
+"""Each pipeline's tables as Dagster assets, materialized by lowmark's runs.
 
-The sink table is an external asset (lowmark's runs write it); every
-committed batch records a materialization of it with numeric metadata, which
-the asset page plots. Two asset checks (``batches.health``) can be run on
-demand and are also evaluated by every micro-batch run.
+Per pipeline, one multi-asset whose op is the pipeline's run
+(``orchestration.runs``):
+
+- ``lowmark/<pipeline>`` — the sink. Materializing it runs micro-batches
+  (the UI's Materialize, the micro-batch job, the sensor); for a pipeline
+  with event-time partitions (``backfill``) it is partitioned by them, and
+  materializing partitions backfills them. Every committed batch records a
+  materialization with readable metadata (``orchestration.metadata``).
+- ``lowmark/<pipeline>_late`` (event-time pipelines) and
+  ``lowmark/<pipeline>_bad_records`` — the checkpoint's late and bad-records
+  tables, materialized by the batches that append to them, so downstream
+  assets can depend on them.
+- ``lowmark/sources/<kind>_<path>`` — the input, an external asset upstream
+  of all three.
+
+Checks: ``orchestration.checks``. Batches run from the CLI are reported as
+materializations too, when a Dagster instance is configured
+(``orchestration.cli``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
 # parameter annotations (config, resources) at definition time.
 
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
-from pyspark.sql import SparkSession
+from pydantic import Field
 
-from batches import health
-from batches.microbatch import BatchResult
 from batches.pipeline import Pipeline
+from orchestration.checks import check_evaluations, check_results, check_specs
+from orchestration.keys import (
+    GROUP,
+    PIPELINE_TAG,
+    asset_op,
+    bad_records_key,
+    late_key,
+    pool,
+    sink_key,
+    source_key,
+)
+from orchestration.partitions import event_time_partitions
 from orchestration.resources import LowmarkResource, SparkResource
-
-GROUP = "lowmark"
-HealthCheck = Callable[[SparkSession, Pipeline, Path], health.CheckOutcome]
-CHECKS: dict[str, tuple[HealthCheck, str]] = {
-    "watermark_lag": (health.watermark_lag, "Watermark lag within the pipeline's bound."),
-    "late_fraction": (health.late_fraction, "Share of late rows within the pipeline's bound."),
-}
+from orchestration.runs import backfill, run_batches
 
 
-def sink_asset_key(pipeline: Pipeline) -> dg.AssetKey:
-    return dg.AssetKey([GROUP, pipeline.name])
+class RunConfig(dg.Config):
+    """How much one run drains before it ends (a run amortises Spark's start-up)."""
+
+    max_batches: int = Field(default=10, ge=1, description="Stop after this many batches.")
+    max_seconds: float = Field(
+        default=600, gt=0, description="Start no new batch after this many seconds."
+    )
+    follow_seconds: float = Field(
+        default=0,
+        ge=0,
+        description="Once caught up, keep following the source this many more seconds (new "
+        "files are taken as they land, in the same Spark session, so a run does not pay Spark's "
+        "start-up per batch). 0: end the run when caught up. Runs the sensor launches follow "
+        "for LOWMARK_FOLLOW_SECONDS.",
+    )
+    poll_interval_seconds: float = Field(
+        default=1, gt=0, description="While following: seconds between polls once caught up."
+    )
+    force: bool = Field(
+        default=False,
+        description="Backfill only: replace a partition the watermark has not closed yet (the "
+        "stream may later write windows of it again).",
+    )
 
 
-def sink_asset(pipeline: Pipeline) -> dg.AssetSpec:
+def source_spec(pipeline: Pipeline) -> dg.AssetSpec:
     return dg.AssetSpec(
-        sink_asset_key(pipeline),
-        description=f"Sink of lowmark pipeline {pipeline.name}: {pipeline.description}",
+        source_key(pipeline),
+        description=f"Input of lowmark pipelines: {pipeline.source.kind} {pipeline.source.path} "
+        "(written by others; lowmark reads it).",
         group_name=GROUP,
-        kinds={"delta", "spark"},
-        metadata={"sink": pipeline.sink.path, "mode": pipeline.sink_config().mode},
-        tags={"lowmark/pipeline": pipeline.name},
+        kinds={pipeline.source.kind},
     )
 
 
-def batch_materialization(pipeline: Pipeline, r: BatchResult) -> dg.AssetMaterialization:
-    """A materialization of the sink for one committed batch; numbers only, so they plot."""
-    metadata: dict[str, int] = {
-        "batch_id": r.batch_id,
-        "rows_in": r.rows_in,
-        "rows_out": r.rows_out,
-        "rows_bad": r.rows_bad,
-        "rows_late": r.rows_late,
-        "duration_ms": r.durations_ms.get("total", 0),
-        "replayed": int(r.replay),
-    }
-    if r.watermark_ms is not None:
-        metadata["watermark_ms"] = r.watermark_ms
-    if r.lag_ms is not None:
-        metadata["lag_ms"] = r.lag_ms
-    return dg.AssetMaterialization(
-        sink_asset_key(pipeline),
-        description=f"batch {r.batch_id} {'replayed' if r.replay else 'committed'}",
-        metadata=metadata,
-    )
-
-
-def evaluate_checks(
-    spark: SparkSession, pipeline: Pipeline, data_root: Path
-) -> list[dg.AssetCheckEvaluation]:
-    """Every health check of ``pipeline`` as an evaluation a run can log."""
-    evaluations = []
-    for name, (check, _) in CHECKS.items():
-        outcome = check(spark, pipeline, data_root)
-        evaluations.append(
-            dg.AssetCheckEvaluation(
-                asset_key=sink_asset_key(pipeline),
-                check_name=name,
-                passed=outcome.passed,
-                metadata=dict(outcome.metadata),
-                severity=dg.AssetCheckSeverity.WARN,
-                description=outcome.description,
+def pipeline_assets(pipeline: Pipeline, data_root: Path) -> dg.AssetsDefinition:
+    """The sink, late and bad-records assets of ``pipeline`` and their checks, computed by
+    one op: partitions selected → backfill them; else run micro-batches, evaluating the
+    selected checks after each; only checks selected → just those."""
+    upstream = [source_key(pipeline)]
+    name = pipeline.name
+    specs = [
+        dg.AssetSpec(
+            sink_key(pipeline),
+            description=f"Sink of lowmark pipeline {name}: {pipeline.description}",
+            deps=upstream,
+            kinds={"delta", "spark"},
+            metadata={"path": pipeline.sink.path, "mode": pipeline.sink_config().mode},
+            partitions_def=event_time_partitions(pipeline, data_root),
+            skippable=True,
+        ),
+        dg.AssetSpec(
+            bad_records_key(pipeline),
+            description=f"Malformed input rows of {name}, with the raw text and the reason.",
+            deps=upstream,
+            kinds={"delta"},
+            skippable=True,
+        ),
+    ]
+    if pipeline.event_time is not None:
+        specs.append(
+            dg.AssetSpec(
+                late_key(pipeline),
+                description=f"Records of {name} set aside as late, or without an event time, "
+                "with the reason.",
+                deps=upstream,
+                kinds={"delta"},
+                skippable=True,
             )
         )
-    return evaluations
 
+    @dg.multi_asset(
+        name=asset_op(pipeline),
+        specs=specs,
+        check_specs=check_specs(pipeline),
+        can_subset=True,
+        group_name=GROUP,
+        pool=pool(pipeline),
+        op_tags={PIPELINE_TAG: name},
+        description=f"Micro-batches of lowmark pipeline {name}; with partitions, a backfill.",
+    )
+    def _assets(
+        context: dg.AssetExecutionContext,
+        config: RunConfig,
+        spark: SparkResource,
+        lowmark: LowmarkResource,
+    ) -> Iterator[Any]:
+        def evaluate_checks() -> None:
+            selected = context.selected_asset_check_keys
+            for evaluation in check_evaluations(pipeline, lowmark.root(), selected):
+                context.log_event(evaluation)
 
-def health_checks(pipeline: Pipeline) -> list[dg.AssetChecksDefinition]:
-    """The on-demand asset checks of ``pipeline``'s sink."""
-    return [_health_check(pipeline, name, check, text) for name, (check, text) in CHECKS.items()]
+        failed: Exception | None = None
+        batches = 0
+        try:
+            if context.has_partition_key:
+                yield from backfill(
+                    context, pipeline, spark.session(), lowmark.root(), config.force
+                )
+            elif context.selected_asset_keys:
+                session = spark.session()
+                batches = run_batches(
+                    context, pipeline, session, lowmark.root(), config, evaluate_checks
+                )
+        except Exception as exc:  # the checks still say what state it left
+            failed = exc
+        if failed is not None or not batches:
+            # Yielded, not logged: events logged by an op that then raises are lost.
+            yield from check_results(pipeline, lowmark.root(), context.selected_asset_check_keys)
+        if failed is not None:
+            raise failed
 
-
-def _health_check(
-    pipeline: Pipeline, name: str, check: HealthCheck, text: str
-) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=sink_asset_key(pipeline), name=name, description=text)
-    def _check(spark: SparkResource, lowmark: LowmarkResource) -> dg.AssetCheckResult:
-        outcome = check(spark.session(), pipeline, lowmark.root())
-        return dg.AssetCheckResult(
-            passed=outcome.passed,
-            metadata=dict(outcome.metadata),
-            severity=dg.AssetCheckSeverity.WARN,
-            description=outcome.description,
-        )
-
-    return _check
+    return _assets

@@ -2,18 +2,22 @@
 
 Loaded by ``workspace.yaml`` (``dagster dev -w workspace.yaml``). Pipelines
 come from ``LOWMARK_PIPELINES`` (default: the demo), data from
-``LOWMARK_DATA_ROOT``. Per pipeline: a micro-batch job, its sensor, the sink
-asset with two health checks, a checkpoint-maintenance job with its daily
+``LOWMARK_DATA_ROOT``. Per pipeline: its assets and checks (sink, late and
+bad-records tables, and their source; ``orchestration.assets``), the
+micro-batch job and its sensor, a checkpoint-maintenance job with its daily
 schedule, and — for windowed pipelines with ``backfill`` partitions — a
-partitioned backfill job. This module only wires.
+backfill job. This module only wires.
 """
 
 from __future__ import annotations
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition,
+)
 
 from batches.registry import load_pipelines
-from orchestration.assets import health_checks, sink_asset
+from orchestration.assets import pipeline_assets, source_spec
 from orchestration.jobs import backfill_job, compact_job, compact_schedule, microbatch_job
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.sensors import pipeline_sensor
@@ -21,25 +25,30 @@ from orchestration.sensors import pipeline_sensor
 
 def build_definitions(location: str | None = None) -> dg.Definitions:
     """Definitions for the pipelines at ``location`` (default: ``LOWMARK_PIPELINES``)."""
-    assets, checks, jobs, sensors, schedules = [], [], [], [], []
+    lowmark = LowmarkResource()
+    assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
+    sources: dict[dg.AssetKey, dg.AssetSpec] = {}
+    jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition] = []
+    sensors, schedules = [], []
     for pipeline in load_pipelines(location).values():
-        job = microbatch_job(pipeline)
+        tables = pipeline_assets(pipeline, lowmark.root())
+        assets.append(tables)
+        source = source_spec(pipeline)
+        sources[source.key] = source  # pipelines reading one folder share its asset
+        job = microbatch_job(pipeline, tables)
         jobs.append(job)
         sensors.append(pipeline_sensor(pipeline, job))
         compact = compact_job(pipeline)
         jobs.append(compact)
         schedules.append(compact_schedule(pipeline, compact))
-        assets.append(sink_asset(pipeline))
-        checks += health_checks(pipeline)
         if pipeline.backfill is not None:
-            jobs.append(backfill_job(pipeline, pipeline.backfill))
+            jobs.append(backfill_job(pipeline))
     return dg.Definitions(
-        assets=assets,
-        asset_checks=checks,
+        assets=[*assets, *sources.values()],
         jobs=jobs,
         sensors=sensors,
         schedules=schedules,
-        resources={"spark": SparkResource(), "lowmark": LowmarkResource()},
+        resources={"spark": SparkResource(), "lowmark": lowmark},
     )
 
 

@@ -1,39 +1,50 @@
-"""Per-pipeline sensors: request a run when there is work and no run in flight.
+"""Per-pipeline sensors: keep a run of the pipeline going while there is work.
 
-A tick is read-only. It skips while a run of the pipeline is queued or in
-progress; otherwise it asks ``batches.status`` what is pending: an
-uncommitted batch (replayed first) or files past the committed end. The
-``run_key`` carries the batch id, so Dagster launches one run per batch no
-matter how many ticks see it; a replay's key also names the run that left
-the batch behind, so each failure gets its own retry, until the batch failed
-``max_failed_attempts`` times: then the tick skips, saying why and what to do
-(``batches.poison``).
+A tick is read-only and starts no Spark. It skips while a run of the
+pipeline is queued or in progress (a following run takes new files itself);
+otherwise it asks ``batches.status`` what is pending: an uncommitted batch
+(replayed first) or files past the committed end. The run it requests drains
+the backlog and then follows the source for ``LOWMARK_FOLLOW_SECONDS``, so
+files landing meanwhile are in the sink within a poll and a batch, with no
+Spark start each. The ``run_key`` carries the batch id, so Dagster launches
+one run per batch no matter how many ticks see it; a replay's key also names
+the run that left the batch behind, so each failure gets its own retry, until
+the batch failed ``max_failed_attempts`` times: then the tick skips, saying
+why and what to do (``batches.poison``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
 # parameter annotations (config, resources) at definition time.
 
 import os
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from batches.pipeline import Pipeline
 from batches.status import pending_work, pipeline_status
-from orchestration.jobs import PIPELINE_TAG, microbatch_job_name
+from orchestration.jobs import microbatch_job_name
+from orchestration.keys import PIPELINE_TAG, asset_op
 from orchestration.resources import LowmarkResource, SparkResource
+from orchestration.runs import IN_FLIGHT, runs_of
 
-IN_FLIGHT = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
+FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.unresolved_asset_job_definition import (
+        UnresolvedAssetJobDefinition,
+    )
 
 
 def sensor_interval_seconds() -> int:
     """Seconds between ticks: ``LOWMARK_SENSOR_INTERVAL_SECONDS``, default 30."""
     return int(os.environ.get("LOWMARK_SENSOR_INTERVAL_SECONDS", "30"))
+
+
+def follow_seconds() -> float:
+    """How long a run the sensor launches follows the source once caught up:
+    ``LOWMARK_FOLLOW_SECONDS``, default 3600 (0: runs end when caught up)."""
+    return float(os.environ.get("LOWMARK_FOLLOW_SECONDS", "3600"))
 
 
 def sensor_default_status() -> dg.DefaultSensorStatus:
@@ -42,23 +53,22 @@ def sensor_default_status() -> dg.DefaultSensorStatus:
     return dg.DefaultSensorStatus.STOPPED if stopped else dg.DefaultSensorStatus.RUNNING
 
 
-def pipeline_sensor(pipeline: Pipeline, job: dg.JobDefinition) -> dg.SensorDefinition:
+def pipeline_sensor(pipeline: Pipeline, job: "UnresolvedAssetJobDefinition") -> dg.SensorDefinition:
     @dg.sensor(
         name=f"{pipeline.name}_sensor",
         job=job,
         minimum_interval_seconds=sensor_interval_seconds(),
         default_status=sensor_default_status(),
         description=f"Requests a {microbatch_job_name(pipeline)} run when {pipeline.name} has "
-        "new data or an uncommitted batch, and no run of it is in flight.",
+        "new data or an uncommitted batch and no run of it is in flight; the run then follows "
+        "the source (LOWMARK_FOLLOW_SECONDS).",
     )
     def _sensor(
         context: dg.SensorEvaluationContext, spark: SparkResource, lowmark: LowmarkResource
     ) -> dg.RunRequest | dg.SkipReason:
-        runs = context.instance.get_run_records(
-            dg.RunsFilter(tags={PIPELINE_TAG: pipeline.name}, statuses=IN_FLIGHT), limit=1
-        )
-        if runs:
-            run = runs[0].dagster_run
+        running = runs_of(context.instance, pipeline, IN_FLIGHT)
+        if running:
+            run = running[0]
             return dg.SkipReason(f"run {run.run_id} of {pipeline.name} is {run.status.value}")
         # The session method, not a session: a tick over local folders starts no Spark.
         status = pipeline_status(spark.session, pipeline, lowmark.root())
@@ -72,12 +82,16 @@ def pipeline_sensor(pipeline: Pipeline, job: dg.JobDefinition) -> dg.SensorDefin
             )
         run_key = f"{pipeline.name}:batch-{work.batch_id}"
         if work.replay:
-            finished = context.instance.get_run_records(
-                dg.RunsFilter(tags={PIPELINE_TAG: pipeline.name}), limit=1
-            )
-            after = finished[0].dagster_run.run_id if finished else "none"
+            finished = runs_of(context.instance, pipeline, FINISHED, among=50)
+            after = finished[0].run_id if finished else "none"
             run_key += f":replay-after-{after}"
         context.log.info(f"{pipeline.name}: {work.reason}")
-        return dg.RunRequest(run_key=run_key, tags={PIPELINE_TAG: pipeline.name})
+        return dg.RunRequest(
+            run_key=run_key,
+            tags={PIPELINE_TAG: pipeline.name},
+            run_config={
+                "ops": {asset_op(pipeline): {"config": {"follow_seconds": follow_seconds()}}}
+            },
+        )
 
     return _sensor

@@ -28,6 +28,13 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture(autouse=True)
+def _no_dagster_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI reports batches to the Dagster instance in ``DAGSTER_HOME`` (the Makefile sets
+    one): a test that wants an instance sets its own."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _release_memory(request: pytest.FixtureRequest) -> Iterator[None]:
     """Free what a test leaves in the session the whole suite shares.
 

@@ -33,6 +33,18 @@ class Range:
     end: Offsets
 
 
+def describe_range(start: Offsets, end: Offsets) -> str:
+    """``[start, end)`` as a person reads it: ``partition: first → end (+count)`` for each
+    partition that moved (a single partition by its positions alone)."""
+    moved = [(p, start.get(p, 0), end[p]) for p in sorted(end) if end[p] != start.get(p, 0)]
+    if not moved:
+        return "no new input"
+    if len(end) == 1:
+        ((_, s, e),) = moved
+        return f"{s} → {e} (+{e - s})"
+    return ", ".join(f"{p}: {s} → {e} (+{e - s})" for p, s, e in moved)
+
+
 def read_counts(tagged: bool, good: Column | None) -> list[Column]:
     """A read's ``counts`` metrics (see ``Source``): of one batch's read, ``rows`` and,
     when ``good`` tells good rows from bad, ``bad``; of several batches' (``tagged``),

@@ -172,20 +172,18 @@ class FileStreamSource(Source):
         """
         taken = self._taken(batch)
         found = [self._found(f, batch.batch_id) for f in taken]
-        changed = {f.path: now for f, now in zip(taken, found, strict=True) if _differs(f, now)}
+        changed = [(f, now) for f, now in zip(taken, found, strict=True) if _differs(f, now)]
         if changed and strict:
-            f = next(f for f in taken if f.path in changed)
+            f, now = changed[0]
             raise SourceFileChanged(
                 f"{f.path} (taken by batch {batch.batch_id}) changed since the batch read it "
-                f"({_change(f, changed[f.path])}): what was written from it would not match; "
+                f"({_change(f, now)}): what was written from it would not match; "
                 "put the original back, or start over with `lowmark reset`"
             )
         if changed:
             as_read = {
                 f.path: dataclasses.replace(f, size=now.size, modified_ms=now.modified_ms)
-                for f in taken
-                for now in [changed.get(f.path)]
-                if now is not None
+                for f, now in changed
             }
             self.manifest.record_as_read(list(as_read.values()), batch.batch_id)
             self._known = [as_read.get(f.path, f) for f in self._manifest()]

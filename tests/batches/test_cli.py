@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.cli import main
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.microbatch import MicroBatchRunner
+from orchestration.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")

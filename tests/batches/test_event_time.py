@@ -180,7 +180,7 @@ def test_the_lag_check_fails_on_a_watermark_ahead_of_processing_time(
     pipeline = partitioned(max_future="3650 days")  # lets the year-ahead record through
     drop(data_root, "p0", "a.json", [event("a", 5, 1), YEAR_AHEAD], 0)
     MicroBatchRunner(spark, pipeline, data_root, clock=clock).run_batch()
-    outcome = watermark_lag(spark, pipeline, data_root)
+    outcome = watermark_lag(pipeline, data_root)
     assert not outcome.passed and "AHEAD" in outcome.description
     assert outcome.metadata["lag_seconds"] < 0
 

@@ -128,7 +128,7 @@ def test_set_aside_puts_the_window_state_back_as_the_batch_before_left_it(
     assertDataFrameEqual(sink(spark, skipped_root), reference(spark, reference_root, window))
 
 
-def test_the_sensor_skips_a_poison_batch_with_its_reason(
+def test_the_sensor_skips_a_poison_batch_and_its_failing_check_says_why(
     spark: SparkSession, data_root: Path
 ) -> None:
     _land(data_root)
@@ -144,5 +144,16 @@ def test_the_sensor_skips_a_poison_batch_with_its_reason(
     with dg.DagsterInstance.ephemeral() as instance:
         context = dg.build_sensor_context(instance=instance, resources=resources)
         data = defs.resolve_sensor_def("dividing_sensor").evaluate_tick(context)
+        run = defs.resolve_job_def("dividing_microbatches").execute_in_process(
+            instance=instance, resources=resources, raise_on_error=False
+        )
     assert not data.run_requests
     assert "batch 1 of dividing failed 2 times" in (data.skip_message or "")
+    # A run fails with the reason, and the sink's failing_batch check fails with it.
+    assert not run.success
+    checks = {e.check_name: e for e in run.get_asset_check_evaluations()}
+    failing = checks["failing_batch"]
+    assert not failing.passed and failing.severity == dg.AssetCheckSeverity.ERROR
+    assert "batch 1 failed 2 of 2 allowed times" in (failing.description or "")
+    assert "DIVIDE_BY_ZERO" in (failing.description or "")
+    assert checks["bad_fraction"].passed

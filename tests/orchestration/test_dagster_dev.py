@@ -1,17 +1,25 @@
-"""End to end through a real ``dagster dev`` (webserver + daemon) on a free loopback port:
-the sensor launches runs that commit batches, a SIGKILLed run is replayed by the next
-one, and the UI (headless Chromium) shows the job, the sensor and the successful run."""
+"""End to end through ``lowmark ui`` — a real ``dagster dev`` (webserver, daemon, code
+server) on a free loopback port — and Debian's Chromium driven by Playwright:
+
+- sensor ticks start no Spark; the run a tick launches commits the new file, then follows
+  the source, so a file that lands later is committed by the same run;
+- a SIGKILLed run's batch is replayed by the next run;
+- the UI: the asset page shows the watermark as a time and the sensor as the asset's
+  automation, Materialize launches a micro-batch run, and a backfill of two partitions
+  launched from the UI runs (the following run makes way for it);
+- SIGTERM to ``lowmark ui`` stops the server, its runs and their Spark within 15 s.
+
+The tests share one server and run in file order; the last one stops it.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,19 +30,24 @@ import pytest
 from dagster._core.instance.ref import InstanceRef
 from pyspark.sql import SparkSession
 
+from orchestration.ui import free_port, live_group_members
 from tests.conftest import write_json_lines
 from tests.orchestration.pipelines import HOLD
 from tests.orchestration.test_jobs import tick
 
 REPO = Path(__file__).resolve().parents[2]
-DAGSTER = Path(sys.executable).parent / "dagster"
+LOWMARK = Path(sys.executable).parent / "lowmark"
 CHROMIUM = shutil.which("chromium")
+TICKS = dg.AssetKey(["lowmark", "ticks"])
+SLOW = dg.AssetKey(["lowmark", "slow"])
 
 pytestmark = pytest.mark.slow
 
 
 @dataclass
 class DagsterDev:
+    ui: subprocess.Popen[bytes]
+    """``lowmark ui``."""
     url: str
     home: Path
     data_root: Path
@@ -43,11 +56,41 @@ class DagsterDev:
     def instance(self) -> dg.DagsterInstance:
         return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(self.home)))
 
-    def runs(self, pipeline: str) -> list[dg.DagsterRun]:
-        """Runs of ``pipeline``, oldest first."""
+    def runs(self, **filters: Any) -> list[dg.DagsterRun]:
+        """Runs matching ``filters`` (``dg.RunsFilter``'s), oldest first."""
         with self.instance() as instance:
-            records = instance.get_run_records(dg.RunsFilter(tags={"lowmark/pipeline": pipeline}))
+            records = instance.get_run_records(dg.RunsFilter(**filters))
         return [r.dagster_run for r in reversed(records)]
+
+    def materializations(self, key: dg.AssetKey) -> list[dg.EventLogRecord]:
+        """Unpartitioned materializations of ``key`` (one per batch), oldest first."""
+        with self.instance() as instance:
+            records = instance.fetch_materializations(key, limit=100).records
+        return [r for r in reversed(records) if r.partition_key is None]
+
+    def group(self) -> list[int]:
+        """The processes of ``dagster dev``'s group (it is the child of ``lowmark ui``)."""
+        return [pid for leader in children(self.ui.pid) for pid in live_group_members(leader)]
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def wait_for(what: str, ready: Callable[[], Any], dev: DagsterDev, seconds: float = 300) -> Any:
@@ -59,89 +102,93 @@ def wait_for(what: str, ready: Callable[[], Any], dev: DagsterDev, seconds: floa
             return value
         time.sleep(1)
     tail = "\n".join(dev.log.read_text().splitlines()[-40:])
-    pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}; dagster dev log:\n{tail}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
+    pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}; lowmark ui log:\n{tail}")
 
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
     base = tmp_path_factory.mktemp("dagster_dev")
-    home, data_root, log = base / "home", base / "data", base / "dagster-dev.log"
-    home.mkdir()
+    home, data_root, log = base / "home", base / "data", base / "lowmark-ui.log"
     data_root.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     port = free_port()
     env = {
         **os.environ,
+        "PYTHONPATH": str(REPO),
         "DAGSTER_HOME": str(home),
-        "LOWMARK_PIPELINES": "tests.orchestration.pipelines",
         "LOWMARK_DATA_ROOT": str(data_root),
         "LOWMARK_SENSOR_INTERVAL_SECONDS": "5",
         "LOWMARK_SENSORS": "running",
+        "LOWMARK_FOLLOW_SECONDS": "600",
+        # Each run starts a short-lived Spark JVM: faster without C2 (timing is not asserted).
+        "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     }
     with log.open("w") as out:
-        server = subprocess.Popen(
-            [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        ui = subprocess.Popen(
+            [
+                str(LOWMARK),
+                "--pipelines",
+                "tests.orchestration.pipelines",
+                "ui",
+                "--port",
+                str(port),
+            ],
             cwd=REPO,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
-    dev = DagsterDev(f"http://127.0.0.1:{port}", home, data_root, log)
+    dev = DagsterDev(ui, f"http://127.0.0.1:{port}", home, data_root, log)
     try:
-        wait_for("the webserver", lambda: answers(f"{dev.url}/server_info"), dev, 180)
+        wait_for("the UI's address", lambda: dev.url in log.read_text(), dev, 180)
         yield dev
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        if ui.poll() is None:
+            group = dev.group()
+            ui.send_signal(signal.SIGTERM)
+            try:
+                ui.wait(30)
+            except subprocess.TimeoutExpired:
+                for pid in [ui.pid, *group]:
+                    os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="module")
-def ticks_run(dev: DagsterDev) -> dg.DagsterRun:
-    """New ticks land; the sensor launches a run; it succeeds."""
-    write_json_lines(dev.data_root / "ticks/in", "f0.json", [tick("a", 1, 1), tick("a", 30, 2)], 1)
-    return wait_for(
-        "a successful ticks run",
-        lambda: [r for r in dev.runs("ticks") if r.status == dg.DagsterRunStatus.SUCCESS],
-        dev,
-    )[0]
-
-
-def test_the_sensor_launches_a_run_that_commits_the_new_batch(
-    spark: SparkSession, dev: DagsterDev, ticks_run: dg.DagsterRun
+def test_ticks_start_no_spark_and_a_following_run_takes_files_as_they_land(
+    dev: DagsterDev,
 ) -> None:
-    assert ticks_run.job_name == "ticks_microbatches"
-    assert ticks_run.tags["dagster/run_key"] == "ticks:batch-0"
-    commits = spark.read.format("delta").load(str(dev.data_root / "_lowmark/ticks/commits"))
-    # Batch 0 takes the file; a batch 1 with no input may follow, emitting the window
-    # [0 s, 10 s) that the watermark (30 s) closed.
-    rows_in = {r.batch_id: r.rows_in for r in commits.collect()}
-    assert rows_in[0] == 2 and sum(rows_in.values()) == 2
-    with dev.instance() as instance:
-        records = instance.fetch_materializations(dg.AssetKey(["lowmark", "ticks"]), limit=10)
-    materialized = {
-        r.asset_materialization.metadata["batch_id"].value  # type: ignore[union-attr]
-        for r in records.records
-    }
-    assert materialized == set(rows_in)
+    # Several ticks over empty folders first: no JVM anywhere in the server's processes.
+    wait_for(
+        "two sensor ticks", lambda: dev.log.read_text().count("ticks_sensor skipped") >= 2, dev
+    )
+    assert [p for p in dev.group() if "java" in command_line(p)] == []
+
+    write_json_lines(dev.data_root / "ticks/in", "f0.json", [tick("a", 1, 1), tick("a", 30, 2)], 1)
+    first = wait_for("batch 0 of ticks", lambda: dev.materializations(TICKS), dev)
+    [run] = dev.runs(tags={"lowmark/pipeline": "ticks"})
+    assert run.tags["dagster/run_key"] == "ticks:batch-0"
+    # Hour 3 moves the watermark past hours 0 and 1 (10 s windows, 10 s lateness).
+    write_json_lines(dev.data_root / "ticks/in", "f1.json", [tick("b", 10_800, 4)], 2)
+    landed = wait_for(
+        "the second file's batch",
+        lambda: (m := dev.materializations(TICKS))
+        and any(r.asset_materialization.metadata["rows_in"].value == 1 for r in m)  # type: ignore[union-attr]
+        and m,
+        dev,
+    )
+    assert {r.run_id for r in landed} == {first[0].run_id}  # the same run: no new Spark start
+    assert [r.run_id for r in dev.runs(tags={"lowmark/pipeline": "ticks"})] == [run.run_id]
+
+    def materialized_partitions() -> set[str]:
+        with dev.instance() as instance:
+            return set(instance.get_materialized_partitions(TICKS))
+
+    # Reported by the batch that runs with the new watermark (the emit-only one after it).
+    written = wait_for(
+        "hours 0 and 1 reported final",
+        lambda: {"2026-01-01-00:00", "2026-01-01-01:00"} <= (w := materialized_partitions()) and w,
+        dev,
+        seconds=60,
+    )
+    assert "2026-01-01-03:00" not in written  # not final yet
 
 
 def test_a_run_killed_mid_batch_is_replayed_by_the_next_sensor_run(
@@ -154,16 +201,11 @@ def test_a_run_killed_mid_batch_is_replayed_by_the_next_sensor_run(
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
     (dev.data_root / HOLD).unlink()
 
-    runs = wait_for(
-        "a failed run, then a successful replay",
-        lambda: (r := dev.runs("slow"))
-        and r[0].status == dg.DagsterRunStatus.FAILURE
-        and r[-1].status == dg.DagsterRunStatus.SUCCESS
-        and r,
-        dev,
-    )
-    assert runs[-1].tags["dagster/run_key"] == f"slow:batch-0:replay-after-{runs[0].run_id}"
     checkpoint = dev.data_root / "_lowmark/slow"
+    wait_for("the replayed batch", lambda: dev.materializations(SLOW), dev)
+    runs = dev.runs(tags={"lowmark/pipeline": "slow"})
+    assert runs[0].status == dg.DagsterRunStatus.FAILURE
+    assert runs[-1].tags["dagster/run_key"] == f"slow:batch-0:replay-after-{runs[0].run_id}"
     progress = spark.read.format("delta").load(str(checkpoint / "progress")).collect()
     assert [(r.batch_id, r.replayed) for r in progress] == [(0, True)]
     offsets = spark.read.format("delta").load(str(checkpoint / "offsets")).collect()
@@ -172,22 +214,100 @@ def test_a_run_killed_mid_batch_is_replayed_by_the_next_sensor_run(
     assert sorted(r.id for r in sink) == [1, 2]
 
 
-def test_the_ui_shows_the_job_the_sensor_and_the_successful_run(
-    dev: DagsterDev, ticks_run: dg.DagsterRun, tmp_path: Path
+def test_the_ui_shows_readable_assets_and_launches_batches_and_backfills(
+    dev: DagsterDev, tmp_path: Path
 ) -> None:
     from playwright.sync_api import sync_playwright
 
     assert CHROMIUM is not None, "Debian's chromium is missing: run `make setup`"
+    wait_for("ticks' partitions", lambda: dev.materializations(TICKS), dev)
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
         )
-        page = browser.new_page()
-        page.goto(f"{dev.url}/jobs")
-        page.get_by_text("ticks_microbatches").first.wait_for(timeout=60_000)
-        page.goto(f"{dev.url}/automation")
-        page.get_by_text("ticks_sensor").first.wait_for(timeout=60_000)
-        page.goto(f"{dev.url}/runs/{ticks_run.run_id}")
-        page.get_by_text("Success").first.wait_for(timeout=60_000)
-        page.screenshot(path=str(tmp_path / "run.png"))
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.add_locator_handler(
+            page.get_by_text("Join the Dagster community"),
+            lambda: page.get_by_role("button", name="Skip").click(),
+        )
+        # The sink's page: the newest batch's watermark as a time, the sensor as automation.
+        page.goto(f"{dev.url}/assets/lowmark/ticks")
+        watermark = page.get_by_role("row").filter(has_text="watermark").first
+        watermark.wait_for(timeout=60_000)
+        # The newest event is at 03:00:00 (no out-of-orderness allowed): that time, shown.
+        assert "Jan 1, 3:00:00 AM" in watermark.inner_text(), watermark.inner_text()
+        assert "1767" not in watermark.inner_text()  # not epoch seconds or milliseconds
+        page.get_by_text("ticks_sensor").first.wait_for(timeout=30_000)
+        page.screenshot(path=str(tmp_path / "asset.png"))
+
+        # Materialize on an unpartitioned sink launches a micro-batch run.
+        before = {r.run_id for r in dev.runs()}
+        page.goto(f"{dev.url}/assets/lowmark/slow")
+        page.get_by_role("button").filter(has_text="Materialize").first.click(timeout=60_000)
+        materialized = wait_for(
+            "the Materialize run",
+            lambda: [
+                r
+                for r in dev.runs(statuses=[dg.DagsterRunStatus.SUCCESS])
+                if r.run_id not in before and SLOW in (r.asset_selection or ())
+            ],
+            dev,
+        )
+        assert "lowmark/pipeline" not in materialized[0].tags  # launched by the UI, not a job
+
+        # Materialize on the partitioned sink: a backfill of the two final partitions.
+        page.goto(f"{dev.url}/assets/lowmark/ticks")
+        page.get_by_role("button", name="Materialize…").click(timeout=60_000)
+        page.get_by_text("Show all partitions").click(timeout=30_000)
+        box = page.get_by_role("dialog").locator("input[type=text]").first
+        box.fill("[2026-01-01-00:00...2026-01-01-01:00]")
+        box.press("Enter")
+        page.get_by_role("dialog").get_by_text("2 partitions").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Launch backfill").click()
+        backfilled = wait_for(
+            "two successful backfill runs",
+            lambda: (
+                r := [
+                    run
+                    for run in dev.runs(statuses=[dg.DagsterRunStatus.SUCCESS])
+                    if "dagster/backfill" in run.tags
+                ]
+            )
+            and len(r) == 2
+            and r,
+            dev,
+            seconds=400,
+        )
         browser.close()
+    assert {r.tags["dagster/partition"] for r in backfilled} == {
+        "2026-01-01-00:00",
+        "2026-01-01-01:00",
+    }
+
+
+def test_sigterm_stops_the_ui_its_runs_and_their_spark_within_15_seconds(
+    dev: DagsterDev,
+) -> None:
+    # A new file starts a run that then follows ticks: its Spark JVM is one of the
+    # processes to stop.
+    write_json_lines(dev.data_root / "ticks/in", "f2.json", [tick("c", 10_900, 8)], 3)
+    wait_for(
+        "a following run's Spark",
+        lambda: any("java" in command_line(p) for p in dev.group()),
+        dev,
+    )
+    group = dev.group()
+    started = time.monotonic()
+    dev.ui.send_signal(signal.SIGTERM)
+    dev.ui.wait(30)
+    assert time.monotonic() - started < 15
+    assert [p for p in group if Path(f"/proc/{p}").exists() and live(p)] == []
+    assert "stopped the Dagster UI and its runs" in dev.log.read_text()
+
+
+def live(pid: int) -> bool:
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"

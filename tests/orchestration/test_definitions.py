@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
 import yaml
+from pyspark.sql import SparkSession
 
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import EventTimePartitions
 from orchestration.definitions import build_definitions
+from orchestration.partitions import event_time_partitions
+from tests.conftest import write_json_lines
+from tests.orchestration.pipelines import ticks
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_every_pipeline_gets_a_job_a_sensor_a_sink_asset_and_two_checks(
+def test_every_pipeline_gets_its_assets_jobs_a_sensor_and_checks_that_apply_to_it(
     defs: dg.Definitions,
 ) -> None:
     jobs = {j.name for j in defs.resolve_all_job_defs()}
@@ -21,13 +28,52 @@ def test_every_pipeline_gets_a_job_a_sensor_a_sink_asset_and_two_checks(
     sensor = defs.resolve_sensor_def("ticks_sensor")
     assert sensor.job_name == "ticks_microbatches"
     graph = defs.resolve_asset_graph()
-    assert {dg.AssetKey(["lowmark", "ticks"]), dg.AssetKey(["lowmark", "slow"])} <= set(
-        graph.get_all_asset_keys()
+    keys = {"/".join(k.path) for k in graph.get_all_asset_keys()}
+    assert {
+        "lowmark/ticks", "lowmark/ticks_late", "lowmark/ticks_bad_records",
+        "lowmark/slow", "lowmark/slow_bad_records",
+        "lowmark/sources/files_ticks_in", "lowmark/sources/files_slow_in",
+    } <= keys  # fmt: skip
+    assert "lowmark/slow_late" not in keys  # no event time: nothing is late
+    sink = dg.AssetKey(["lowmark", "ticks"])
+    assert graph.get(sink).parent_keys == {dg.AssetKey(["lowmark", "sources", "files_ticks_in"])}
+    checks = {(k.asset_key.path[-1], k.name) for k in graph.asset_check_keys}
+    assert {
+        ("ticks", "watermark_lag"), ("ticks", "failing_batch"),
+        ("ticks_late", "late_fraction"), ("ticks_bad_records", "bad_fraction"),
+    } <= checks  # fmt: skip
+    # Without event time there is no watermark: no lag check rather than one that passes.
+    assert {name for asset, name in checks if asset.startswith("slow")} == {
+        "failing_batch",
+        "bad_fraction",
+    }
+    partitions = graph.get(sink).partitions_def
+    assert partitions is not None and partitions.get_first_partition_key() == "2026-01-01-00:00"
+
+
+def test_partitions_start_at_the_first_window_in_the_sink_unless_configured(
+    spark: SparkSession, data_root: Path
+) -> None:
+    unset = ticks.model_copy(update={"backfill": EventTimePartitions(granularity="hourly")})
+    before = event_time_partitions(unset, data_root)
+    assert before is not None  # no sink yet: from the hour it loads (none has ended yet)
+    assert before.start >= datetime.now(UTC) - timedelta(hours=1)
+    write_json_lines(
+        data_root / "ticks/in",
+        "f0.json",
+        [
+            {"user": "a", "ts": "2026-03-04T05:06:07Z", "amount": 1},
+            {"user": "a", "ts": "2026-03-04T07:00:00Z", "amount": 1},  # closes the first
+        ],
+        1,
     )
-    checks = {k.name for k in graph.asset_check_keys if k.asset_key.path[-1] == "ticks"}
-    assert checks == {"watermark_lag", "late_fraction"}
-    partitions = defs.resolve_job_def("ticks_backfill").partitions_def
-    assert partitions is not None and "2026-01-01-00:00" in partitions.get_partition_keys()[:1]
+    MicroBatchRunner(spark, unset, data_root).run(max_batches=None)
+    after = event_time_partitions(unset, data_root)
+    assert after is not None and after.get_first_partition_key() == "2026-03-04-05:00"
+    daily = unset.model_copy(update={"backfill": EventTimePartitions(granularity="daily")})
+    assert event_time_partitions(daily, data_root).get_first_partition_key() == "2026-03-04"  # type: ignore[union-attr]
+    fixed = unset.model_copy(update={"backfill": EventTimePartitions(start="2026-01-01")})
+    assert event_time_partitions(fixed, data_root).get_first_partition_key() == "2026-01-01"  # type: ignore[union-attr]
 
 
 def test_the_default_definitions_load_the_demo_pipelines_and_workspace_yaml_points_at_them() -> (
@@ -41,12 +87,13 @@ def test_the_default_definitions_load_the_demo_pipelines_and_workspace_yaml_poin
     assert workspace["load_from"][0]["python_module"]["module_name"] == "orchestration.definitions"
 
 
-def test_runs_are_tagged_with_their_pipeline_so_the_instance_runs_one_at_a_time(
+def test_a_pipelines_runs_share_one_pool_slot_so_they_never_overlap(
     defs: dg.Definitions,
 ) -> None:
     assert defs.resolve_job_def("ticks_microbatches").tags["lowmark/pipeline"] == "ticks"
     assert defs.resolve_job_def("ticks_backfill").tags["lowmark/pipeline"] == "ticks"
-    limits = yaml.safe_load((REPO / "dagster.yaml").read_text())["concurrency"]["runs"]
-    assert limits["tag_concurrency_limits"] == [
-        {"key": "lowmark/pipeline", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
-    ]
+    # Materialize in the UI runs the same op as the jobs: the pool is on the op.
+    assets = defs.resolve_assets_def(dg.AssetKey(["lowmark", "ticks"]))
+    assert {node.pool for node in assets.node_def.iterate_op_defs()} == {"lowmark_ticks"}
+    pools = yaml.safe_load((REPO / "dagster.yaml").read_text())["concurrency"]["pools"]
+    assert pools == {"default_limit": 1, "granularity": "run"}

@@ -1,16 +1,27 @@
-"""A micro-batch run with ``follow_seconds``: after draining it takes files that land later."""
+"""A micro-batch run with ``follow_seconds``: after draining it takes files that land later, and
+it makes way for a run of its pipeline that is queued behind it."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.remote_origin import (
+    InProcessCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster._core.storage.dagster_run import DagsterRun
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pyspark.sql import SparkSession
 
 from batches.follow import FollowResult
-from orchestration import jobs
+from orchestration import runs
+from orchestration.assets import pipeline_assets
 from orchestration.resources import LowmarkResource, SparkResource
 from tests.batches.helpers import drop_file, pipeline, sink_ids
 
@@ -20,7 +31,7 @@ def test_a_run_with_follow_seconds_takes_a_file_that_lands_after_it_caught_up(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     drop_file(data_root, 0)
-    real_follow = jobs.follow
+    real_follow = runs.follow
     followed: list[FollowResult] = []
 
     def land_a_file_then_follow(*args: Any, **kwargs: Any) -> FollowResult:
@@ -28,24 +39,71 @@ def test_a_run_with_follow_seconds_takes_a_file_that_lands_after_it_caught_up(
         followed.append(real_follow(*args, **kwargs))
         return followed[-1]
 
-    monkeypatch.setattr(jobs, "follow", land_a_file_then_follow)
-    result = jobs.microbatch_job(pipeline(name="followed")).execute_in_process(
+    monkeypatch.setattr(runs, "follow", land_a_file_then_follow)
+    result = dg.materialize(
+        [pipeline_assets(pipeline(name="followed"), data_root)],
         resources={"spark": SparkResource(), "lowmark": LowmarkResource(data_root=str(data_root))},
         run_config={
             "ops": {
-                "followed_run_batches": {
-                    "config": {"follow_seconds": 1, "poll_interval_seconds": 0.1}
-                }
+                "followed_batches": {"config": {"follow_seconds": 1, "poll_interval_seconds": 0.1}}
             }
         },
     )
 
     assert result.success
-    materializations = result.asset_materializations_for_node("followed_run_batches")
-    assert [m.metadata["batch_id"] for m in materializations] == [
-        dg.IntMetadataValue(0),
-        dg.IntMetadataValue(1),
+    materializations = result.asset_materializations_for_node("followed_batches")
+    assert [m.metadata["batch"] for m in materializations] == [
+        dg.TextMetadataValue("0"),
+        dg.TextMetadataValue("1"),
     ]
     assert [b.batch_id for b in followed[0].batches] == [1]
     assert followed[0].stopped_by == "max_seconds"
     assert sink_ids(spark, data_root) == [0, 1, 2, 100, 101, 102]
+
+
+@pytest.mark.slow
+def test_a_following_run_makes_way_for_a_queued_run_of_its_pipeline(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drop_file(data_root, 0)
+    real_follow = runs.follow
+    followed: list[FollowResult] = []
+    sink = dg.AssetKey(["lowmark", "yielding"])
+
+    with dg.instance_for_test() as instance:
+
+        def queue_a_materialize_then_follow(*args: Any, **kwargs: Any) -> FollowResult:
+            # What the UI's Materialize leaves in the queue: no lowmark tag, the sink selected.
+            instance.add_run(
+                DagsterRun(
+                    job_name="__ASSET_JOB",
+                    run_id=str(uuid.uuid4()),
+                    status=dg.DagsterRunStatus.QUEUED,
+                    asset_selection=frozenset({sink}),
+                    remote_job_origin=RemoteJobOrigin(
+                        RemoteRepositoryOrigin(
+                            InProcessCodeLocationOrigin(LoadableTargetOrigin(python_file="x.py")),
+                            "__repository__",
+                        ),
+                        "__ASSET_JOB",
+                    ),
+                )
+            )
+            followed.append(real_follow(*args, **kwargs))
+            return followed[-1]
+
+        monkeypatch.setattr(runs, "follow", queue_a_materialize_then_follow)
+        started = time.monotonic()
+        result = dg.materialize(
+            [pipeline_assets(pipeline(name="yielding"), data_root)],
+            instance=instance,
+            resources={
+                "spark": SparkResource(),
+                "lowmark": LowmarkResource(data_root=str(data_root)),
+            },
+            run_config={"ops": {"yielding_batches": {"config": {"follow_seconds": 120}}}},
+        )
+
+    assert result.success
+    assert followed[0].stopped_by == "should_stop"
+    assert time.monotonic() - started < 60  # not the 120 s it would follow otherwise

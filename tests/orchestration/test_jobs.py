@@ -1,5 +1,6 @@
-"""The jobs, executed in process: batches commit, the sink records materializations, checks
-are evaluated, and the backfill job replaces one partition."""
+"""The pipeline's runs, executed in process: batches commit and report readable
+materializations of the sink and its side tables, partitions the stream made final count
+as materialized, checks are evaluated (alone too), and a backfill replaces one partition."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ from typing import Any
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from orchestration.assets import sink_asset
+from batches.demo import orders, user_revenue, write_sample_files
+from batches.health import late_fraction
+from batches.microbatch import MicroBatchRunner
+from orchestration.checks import checks_of
 from state.table import DriverTable
 from tests.conftest import write_json_lines
 from tests.orchestration.pipelines import ticks
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TICKS = dg.AssetKey(["lowmark", "ticks"])
+TICKS_LATE = dg.AssetKey(["lowmark", "ticks_late"])
 
 
 def tick(user: str, second: int, amount: int) -> dict[str, Any]:
@@ -27,7 +32,17 @@ def drop(root: Path, index: int, rows: list[dict[str, Any]]) -> None:
     write_json_lines(root / "ticks/in", f"f{index}.json", rows, 1_700_000_000 + index)
 
 
-def test_a_run_drains_batches_and_records_one_materialization_per_batch(
+def run_ticks(
+    defs: dg.Definitions, instance: dg.DagsterInstance, resources: dict[str, Any], **config: Any
+) -> dg.ExecuteInProcessResult:
+    return defs.resolve_job_def("ticks_microbatches").execute_in_process(
+        instance=instance,
+        resources=resources,
+        run_config={"ops": {"ticks_batches": {"config": config}}},
+    )
+
+
+def test_a_run_records_one_readable_materialization_per_batch(
     spark: SparkSession,
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -36,32 +51,65 @@ def test_a_run_drains_batches_and_records_one_materialization_per_batch(
 ) -> None:
     drop(data_root, 0, [tick("a", 1, 1), tick("b", 2, 2), tick("a", 30, 4)])
     drop(data_root, 1, [tick("a", 3, 8), tick("b", 45, 16)])  # a@3s is late: [0,10) closed
-    result = defs.resolve_job_def("ticks_microbatches").execute_in_process(
-        instance=instance,
-        resources=resources,
-        run_config={"ops": {"ticks_run_batches": {"config": {"max_batches": 1}}}},
-    )
-    assert result.success
-    assert result.dagster_run.tags["lowmark/pipeline"] == "ticks"
-    again = defs.resolve_job_def("ticks_microbatches").execute_in_process(
-        instance=instance, resources=resources
-    )
+    first = run_ticks(defs, instance, resources, max_batches=1)
+    assert first.success
+    assert first.dagster_run.tags["lowmark/pipeline"] == "ticks"
+    again = run_ticks(defs, instance, resources)
     assert again.success
 
     records = instance.fetch_materializations(TICKS, limit=10).records
     metadata = [r.asset_materialization.metadata for r in reversed(records)]  # type: ignore[union-attr]
-    assert [m["batch_id"].value for m in metadata] == [0, 1]
+    assert [m["batch"] for m in metadata] == [dg.TextMetadataValue("0"), dg.TextMetadataValue("1")]
     assert [m["rows_in"].value for m in metadata] == [3, 2]
     assert [m["rows_late"].value for m in metadata] == [0, 1]
-    # The first batch saw events up to 30 s: that is its watermark (no out-of-orderness).
-    assert metadata[0]["watermark_ms"].value == int((T0 + timedelta(seconds=30)).timestamp() * 1000)
+    assert metadata[0]["input"] == dg.TextMetadataValue("0 → 1 (+1)")  # the first file
+    # The first batch saw events up to 30 s: that is its watermark (no out-of-orderness),
+    # shown as a time.
+    assert metadata[0]["watermark"] == dg.TimestampMetadataValue(
+        (T0 + timedelta(seconds=30)).timestamp()
+    )
+    # Plotted (numbers): only rows, the lag and the duration, in seconds.
+    numbers = {
+        k
+        for k, v in metadata[0].items()
+        if isinstance(v, dg.IntMetadataValue | dg.FloatMetadataValue)
+    }
+    assert numbers == {
+        "rows_in", "rows_out", "rows_late", "rows_bad", "lag_seconds", "duration_seconds"
+    }  # fmt: skip
+    lag = metadata[0]["lag_seconds"].value
+    assert isinstance(lag, float) and lag > (datetime.now(UTC) - T0).total_seconds() - 3600
+
+    # The late table is materialized by the batch that appended to it, only.
+    late = instance.fetch_materializations(TICKS_LATE, limit=10).records
+    assert [r.asset_materialization.metadata["rows"].value for r in late] == [1]  # type: ignore[union-attr]
 
     checks = {e.check_name: e for e in again.get_asset_check_evaluations()}
+    assert checks.keys() == {"watermark_lag", "failing_batch", "late_fraction", "bad_fraction"}
     assert not checks["late_fraction"].passed  # 1 of 5 rows late, over the 5 % default
+    assert checks["late_fraction"].asset_key == TICKS_LATE
+    assert checks["late_fraction"].metadata["percent"] == dg.FloatMetadataValue(20.0)
     assert not checks["watermark_lag"].passed  # event time is in 2026-01, far behind the clock
+    assert checks["failing_batch"].passed and checks["bad_fraction"].passed
 
 
-def test_the_on_demand_checks_report_the_same_health(
+def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+) -> None:
+    # Watermark 2 h 30 s after the first batch; the second batch runs with it. Hour 0 is
+    # final at 1 h + 10 s window + 10 s lateness; hour 1 at 2 h 20 s; hour 2 not yet.
+    drop(data_root, 0, [tick("a", 1, 1), tick("a", 7230, 2)])
+    drop(data_root, 1, [tick("a", 7231, 4)])
+    assert run_ticks(defs, instance, resources).success
+    written = instance.get_materialized_partitions(TICKS)
+    assert written == {"2026-01-01-00:00", "2026-01-01-01:00"}
+
+
+def test_checks_run_alone_without_running_a_batch(
     spark: SparkSession,
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -69,24 +117,19 @@ def test_the_on_demand_checks_report_the_same_health(
     data_root: Path,
 ) -> None:
     drop(data_root, 0, [tick("a", 1, 1)])
-    defs.resolve_job_def("ticks_microbatches").execute_in_process(
-        instance=instance, resources=resources
+    assert run_ticks(defs, instance, resources).success
+    drop(data_root, 1, [tick("a", 2, 1)])
+    job = defs.resolve_implicit_global_asset_job_def().get_subset(
+        asset_check_selection={dg.AssetCheckKey(TICKS_LATE, "late_fraction")},
+        asset_selection=set(),
     )
-    ticks_checks = [
-        c
-        for c in (defs.asset_checks or [])
-        if isinstance(c, dg.AssetChecksDefinition)
-        and all(k.asset_key == TICKS for k in c.check_keys)
-    ]
-    evaluations = dg.materialize(
-        [sink_asset(ticks), *ticks_checks],
-        selection=dg.AssetSelection.checks_for_assets(TICKS),
-        resources=resources,
-        instance=instance,
+    evaluations = job.execute_in_process(
+        instance=instance, resources=resources
     ).get_asset_check_evaluations()
-    by_name = {e.check_name: e for e in evaluations}
-    assert by_name["late_fraction"].passed  # nothing late
-    assert "0 of 1 rows late" in (by_name["late_fraction"].description or "")
+    assert [(e.check_name, e.passed) for e in evaluations] == [("late_fraction", True)]
+    assert "0 of 1 rows late" in (evaluations[0].description or "")
+    commits = DriverTable(f"{ticks.checkpoint_location(data_root)}/commits").read()
+    assert commits.num_rows == 1  # the second file waits: no batch ran
 
 
 def test_the_backfill_job_replaces_one_hour_partition(
@@ -98,9 +141,7 @@ def test_the_backfill_job_replaces_one_hour_partition(
 ) -> None:
     drop(data_root, 0, [tick("a", 1, 1), tick("a", 7200, 2)])  # hour 0, then hour 2
     drop(data_root, 1, [tick("a", 2, 4)])  # late for hour 0
-    defs.resolve_job_def("ticks_microbatches").execute_in_process(
-        instance=instance, resources=resources
-    )
+    assert run_ticks(defs, instance, resources).success
     job = defs.resolve_job_def("ticks_backfill")
     done = job.execute_in_process(
         instance=instance, resources=resources, partition_key="2026-01-01-00:00"
@@ -108,6 +149,9 @@ def test_the_backfill_job_replaces_one_hour_partition(
     assert done.success
     out = spark.read.format("delta").load(str(data_root / "ticks/out"))
     assert [(r["count"], r["sum_amount"]) for r in out.collect()] == [(2, 5)]  # the late 4 included
+    [backfilled] = done.asset_materializations_for_node("ticks_batches")
+    assert backfilled.partition == "2026-01-01-00:00"
+    assert backfilled.metadata["written_by"] == dg.TextMetadataValue("backfill")
 
     refused = job.execute_in_process(
         instance=instance,
@@ -136,14 +180,20 @@ def test_the_daily_compact_schedule_runs_checkpoint_maintenance(
 
     for i in range(3):
         drop(data_root, i, [tick("a", 10 * i + 1, i)])
-    ran = defs.resolve_job_def("ticks_microbatches").execute_in_process(
-        instance=instance,
-        resources=resources,
-        run_config={"ops": {"ticks_run_batches": {"config": {"max_batches": 10}}}},
-    )
-    assert ran.success
+    assert run_ticks(defs, instance, resources, max_batches=10).success
     offsets = DriverTable(f"{ticks.checkpoint_location(data_root)}/offsets")
     assert offsets.files() >= 3  # a file per batch
     compacted = job.execute_in_process(instance=instance, resources=resources)
     assert compacted.success
     assert offsets.files() == 1
+
+
+def test_the_demo_passes_its_own_checks(spark: SparkSession, data_root: Path) -> None:
+    write_sample_files(data_root)
+    for pipeline in (orders, user_revenue):
+        MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+        outcomes = {c.name: c.evaluate(pipeline, data_root) for c in checks_of(pipeline)}
+        assert all(o.passed for o in outcomes.values()), outcomes
+    # The straggler is late on purpose: the late check sees it, within the demo's bound.
+    late = late_fraction(user_revenue, data_root)
+    assert 10 < late.metadata["percent"] <= 20

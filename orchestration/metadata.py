@@ -1,0 +1,98 @@
+"""What a committed batch reports to Dagster, in units a person reads.
+
+One unit each: rows as counts, lags and durations in seconds (rounded),
+times as Dagster timestamps (shown as times), offsets as text. Dagster plots
+the integer and float entries across materializations, so only what is worth
+a chart is a number: rows in/out/late/bad, lag, batch duration. The batch id,
+the watermark and the offsets are text and timestamps (shown, not plotted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import dagster as dg
+
+from batches.microbatch import BatchResult
+from batches.pipeline import Pipeline
+from batches.sources.base import describe_range
+from orchestration.keys import bad_records_key, late_key, sink_key
+
+
+def batch_line(pipeline: Pipeline, r: BatchResult) -> str:
+    """The run log's line for one batch."""
+    verb = "replayed" if r.replay else "committed"
+    line = (
+        f"{pipeline.name} batch {r.batch_id} {verb} in {_seconds(r):.1f} s: {r.rows_in} rows "
+        f"in, {r.rows_out} out, {r.rows_late} late, {r.rows_bad} bad; input "
+        f"{describe_range(r.start, r.end)}"
+    )
+    if r.watermark_ms is not None:
+        line += f"; watermark {_iso(r.watermark_ms)}"
+    return line
+
+
+def batch_metadata(r: BatchResult) -> dict[str, dg.RawMetadataValue]:
+    """The sink materialization's metadata for one batch."""
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "batch": dg.MetadataValue.text(str(r.batch_id)),
+        "replayed": r.replay,
+        "input": dg.MetadataValue.text(describe_range(r.start, r.end)),
+        "rows_in": r.rows_in,
+        "rows_out": r.rows_out,
+        "rows_late": r.rows_late,
+        "rows_bad": r.rows_bad,
+        "duration_seconds": round(_seconds(r), 2),
+    }
+    if r.watermark_ms is not None:
+        metadata["watermark"] = dg.MetadataValue.timestamp(r.watermark_ms / 1000)
+    if r.lag_ms is not None:
+        metadata["lag_seconds"] = round(r.lag_ms / 1000, 1)
+    return metadata
+
+
+def batch_materializations(
+    pipeline: Pipeline, r: BatchResult, final_partitions: Iterable[str] = ()
+) -> list[dg.AssetMaterialization]:
+    """The sink's materialization for batch ``r``; the late and bad-records tables' when it
+    appended to them; one per event-time partition of the sink it made final."""
+    batch = dg.MetadataValue.text(str(r.batch_id))
+    # The partitions first: the asset page shows the newest event, the batch's own.
+    events = [
+        dg.AssetMaterialization(
+            sink_key(pipeline),
+            partition=key,
+            description=f"every window of {key} final with batch {r.batch_id}",
+            metadata={"written_by": "stream", "batch": batch},
+        )
+        for key in final_partitions
+    ]
+    if r.rows_late and pipeline.event_time is not None:
+        events.append(
+            dg.AssetMaterialization(
+                late_key(pipeline), metadata={"batch": batch, "rows": r.rows_late}
+            )
+        )
+    if r.rows_bad:
+        events.append(
+            dg.AssetMaterialization(
+                bad_records_key(pipeline), metadata={"batch": batch, "rows": r.rows_bad}
+            )
+        )
+    events.append(
+        dg.AssetMaterialization(
+            sink_key(pipeline),
+            description=f"batch {r.batch_id} {'replayed' if r.replay else 'committed'}",
+            metadata=batch_metadata(r),
+        )
+    )
+    return events
+
+
+def _seconds(r: BatchResult) -> float:
+    return r.durations_ms.get("total", 0) / 1000
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
