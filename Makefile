@@ -7,7 +7,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
 .PHONY: setup demo test lint typecheck unit ui bench soak clean
 
-setup: $(VENV)/.installed jvm/lib/.pom.sha $(VENV)/.smoke $(VENV)/.chromium
+setup: $(VENV)/.installed jvm/lib/.pom.sha jvm/kafka/lib/.pom.sha $(VENV)/.smoke $(VENV)/.chromium
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 jvm/lib/.pom.sha: jvm/pom.xml jvm/fetch-jars $(VENV)/.installed
 	PYTHON=$(BIN)/python jvm/fetch-jars
+
+jvm/kafka/lib/.pom.sha: jvm/kafka/pom.xml jvm/kafka/fetch-broker
+	jvm/kafka/fetch-broker
 
 $(VENV)/.smoke: jvm/lib/.pom.sha
 	$(BIN)/python -m state.smoke

@@ -115,7 +115,7 @@ def list_pipelines(ctx: typer.Context) -> None:
     for p in load_pipelines(ctx.obj.pipelines).values():
         table.add_row(
             p.name,
-            f"{p.source.kind}:{p.source.path}",
+            f"{p.source.kind}:{p.source.label}",
             f"{p.sink.kind}:{p.sink.path} ({p.sink.mode})",
             p.description,
         )

@@ -49,3 +49,8 @@ class SinkHeldElsewhere(LowmarkError):
 
 class PoisonBatch(LowmarkError):
     """A batch failed ``max_failed_attempts`` times: it is not run again by itself."""
+
+
+class SourceDataLost(LowmarkError):
+    """Input a batch must read is gone upstream (a deleted topic, records removed by
+    retention, vacuumed table history)."""

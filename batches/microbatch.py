@@ -103,7 +103,7 @@ class MicroBatchRunner:
         self.fingerprint = pipeline.fingerprint()
         self.checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
         ckpt = self.checkpoint
-        self.source = build_source(spark, pipeline, data_root, ckpt)
+        self.source = build_source(spark, pipeline, data_root, ckpt, self.clock)
         sink = pipeline.sink_config()
         sink_path = resolve(sink.path, data_root)
         self.stage = (
@@ -182,7 +182,10 @@ class MicroBatchRunner:
                     f"commit log of {self.checkpoint.location} has batch {done_id} but the "
                     "offset log is empty: restore offsets/ or start over with `lowmark reset`"
                 )
-            return self._plan_new(0, self.start_offsets, None, None, dry_run)
+            start = self.start_offsets
+            if not dry_run and self.checkpoint.start_offsets is None and start:
+                self.checkpoint.record_start_offsets(start)
+            return self._plan_new(0, start, None, None, dry_run)
         if latest.pipeline_fingerprint != self.fingerprint:
             raise FingerprintMismatch(
                 f"pipeline {self.pipeline.name} changed since its checkpoint "

@@ -10,10 +10,20 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ImportString, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    ImportString,
+    Tag,
+    field_validator,
+    model_validator,
+)
 from pyspark.sql import DataFrame
 
 from batches.durations import DurationMs
@@ -33,6 +43,12 @@ class FileSource(_Config):
     change after they land: write them under a hidden name (``.x``, ``_x``,
     which are ignored) and rename them, or set ``min_file_age``.
     """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"max_files_per_batch", "max_bytes_per_batch", "min_file_age", "processed_files"}
+        | {"archive_dir"}
+    )
+    """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
     kind: Literal["files"] = "files"
     path: str = Field(description="Folder to watch, relative to the data root or absolute.")
@@ -80,6 +96,190 @@ class FileSource(_Config):
         if (self.processed_files == "archive") != (self.archive_dir is not None):
             raise ValueError("`archive_dir` goes with `processed_files: archive`, and only with it")
         return self
+
+    @property
+    def label(self) -> str:
+        """What the source reads, in a few words (its folder)."""
+        return self.path
+
+
+def _start_position(value: str) -> str:
+    """``earliest``, ``latest`` or an ISO time (naive = UTC), as written."""
+    if value not in ("earliest", "latest"):
+        try:
+            datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r}: write 'earliest', 'latest' or a time such as "
+                "'2026-11-24T10:00:00+00:00'"
+            ) from None
+    return value
+
+
+def start_time_ms(value: str) -> int:
+    """Epoch ms of a start position that is a time (see ``_start_position``)."""
+    moment = datetime.fromisoformat(value)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+class KafkaSource(_Config):
+    """Kafka topics, read in exact offset ranges per topic partition.
+
+    Each topic partition is a source partition (offsets, its own watermark).
+    A batch reads ``[start, end)`` of every partition with Spark's Kafka batch
+    reader, so a replay reads the same records. After each commit the
+    committed frontier is committed to ``consumer_group``, so Kafka's own tools
+    show the pipeline's lag (lowmark itself reads positions from its offset
+    log only).
+    """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"bootstrap_servers", "max_offsets_per_batch", "consumer_group", "options"}
+        | {"starting_offsets"}
+    )
+    """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    kind: Literal["kafka"] = "kafka"
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers.")
+    topics: tuple[str, ...] = Field(min_length=1, description="Topics to read.")
+    starting_offsets: str = Field(
+        default="earliest",
+        description="Where batch 0 starts in each partition: 'earliest', 'latest' or a time "
+        "(ISO, UTC if no offset given: the first record at or after it). Partitions that "
+        "appear later start at their earliest offset.",
+    )
+    max_offsets_per_batch: int = Field(
+        default=100_000,
+        ge=1,
+        description="Admission limit: records per batch, split fairly across partitions.",
+    )
+    value_format: Literal["json", "raw"] = Field(
+        default="json",
+        description="json: each value is a JSON object parsed with `schema_ddl` (values that "
+        "do not parse go to bad_records); raw: records keep Kafka's columns (key, value as "
+        "bytes, topic, partition, offset, timestamp) for the transform.",
+    )
+    schema_ddl: str | None = Field(
+        default=None, description="Schema of the JSON values as Spark DDL (json only)."
+    )
+    consumer_group: str | None = Field(
+        default=None,
+        description="Group the committed frontier is committed to; default lowmark-<pipeline>.",
+    )
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Kafka client settings (security, SASL...), e.g. "
+        "{'security.protocol': 'SSL'}: given to Spark's reader and to lowmark's own client.",
+    )
+
+    _check_start = field_validator("starting_offsets")(_start_position)
+
+    @model_validator(mode="after")
+    def _schema_with_json(self) -> KafkaSource:
+        if (self.value_format == "json") != (self.schema_ddl is not None):
+            raise ValueError("`schema_ddl` goes with `value_format: json`, and only with it")
+        return self
+
+    @property
+    def label(self) -> str:
+        """What the source reads, in a few words (its topics)."""
+        return ",".join(self.topics)
+
+
+class SyntheticSource(_Config):
+    """Deterministic events from a seed, for demos, tests and benchmarks.
+
+    Partition ``p``'s record ``i`` is a pure function of the settings, ``p`` and
+    ``i`` (offsets are event counts per partition), so a replay is exact. Its
+    event time is ``start + i / rows_per_second`` shifted back by ``p *
+    partition_skew`` and a random disorder of up to ``max_out_of_orderness``;
+    a ``late_fraction`` of records are ``late_by`` older still. With
+    ``rows_per_second`` the source offers what that rate has produced by now
+    (event time = when it was produced); without it, all ``total_rows`` at once.
+    Columns: ``key`` (``k0`` … ``k<keys-1>``), ``event_time``, ``value`` (1 to 100),
+    ``seq`` (``i``) and ``source_partition`` (``p``); a ``null_fraction`` of
+    records have no event time and a ``malformed_fraction`` are bad records.
+    """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"max_rows_per_batch", "starting_offsets"})
+    """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    seed: int = Field(default=0, description="Same seed, same events.")
+    partitions: int = Field(default=1, ge=1, le=1024, description="Source partitions.")
+    keys: int = Field(default=100, ge=1, description="Distinct keys.")
+    rows_per_second: float | None = Field(
+        default=10,
+        gt=0,
+        description="Per partition, in event time and as offered; None: `total_rows` at once.",
+    )
+    total_rows: int | None = Field(
+        default=None, ge=1, description="Records per partition in all (None: unbounded)."
+    )
+    start: str = Field(
+        default="2026-01-01T00:00:00+00:00",
+        description="Event time of each partition's record 0 (ISO; UTC if no offset given).",
+    )
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        default="latest",
+        description="Batch 0 starts at record 0 (earliest) or at what the rate has produced "
+        "by now (latest).",
+    )
+    max_rows_per_batch: int = Field(
+        default=100_000, ge=1, description="Admission limit, split fairly across partitions."
+    )
+    max_out_of_orderness: DurationMs = Field(
+        default=0, ge=0, description="Records are up to this much older than their slot."
+    )
+    late_fraction: float = Field(default=0, ge=0, le=1, description="Share of late records.")
+    late_by: DurationMs = Field(default=3_600_000, ge=0, description="How late they are.")
+    null_fraction: float = Field(
+        default=0, ge=0, le=1, description="Share of records without an event time."
+    )
+    malformed_fraction: float = Field(
+        default=0, ge=0, le=1, description="Share of records that are malformed (bad records)."
+    )
+    partition_skew: DurationMs = Field(
+        default=0,
+        ge=0,
+        description="Partition p trails partition 0 in event time by p times this.",
+    )
+
+    _check_start = field_validator("start")(_start_position)
+
+    @model_validator(mode="after")
+    def _bounded_or_paced(self) -> SyntheticSource:
+        if self.rows_per_second is None and self.total_rows is None:
+            raise ValueError("without `rows_per_second`, set `total_rows`: the source is finite")
+        if self.start in ("earliest", "latest"):
+            raise ValueError("`start` is a time, e.g. '2026-01-01T00:00:00+00:00'")
+        return self
+
+    @property
+    def label(self) -> str:
+        """What the source reads, in a few words (its seed)."""
+        return f"seed {self.seed}"
+
+
+SOURCE_KINDS = frozenset({"files", "kafka", "synthetic"})
+
+
+def _source_kind(value: Any) -> str:
+    """A source's ``kind``; ``files`` when not given (what every source was before others)."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "files"))
+    return str(getattr(value, "kind", "files"))
+
+
+SourceConfig = Annotated[
+    Annotated[FileSource, Tag("files")]
+    | Annotated[KafkaSource, Tag("kafka")]
+    | Annotated[SyntheticSource, Tag("synthetic")],
+    Discriminator(_source_kind),
+]
+"""Any source a pipeline can read, told apart by ``kind`` (default ``files``)."""
 
 
 class DeltaSink(_Config):
@@ -167,7 +367,7 @@ class Pipeline(_Config):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", description="Unique name.")
     description: str = Field(default="", description="Shown by `lowmark list` and in Dagster.")
-    source: FileSource
+    source: SourceConfig
     transform: ImportString[Transform] | None = Field(
         default=None, description="DataFrame → DataFrame applied to each batch."
     )
@@ -233,22 +433,15 @@ class Pipeline(_Config):
     def fingerprint(self) -> str:
         """Hash of everything that changes what a batch computes.
 
-        Admission limits, what becomes of processed files, descriptions, health-check
-        bounds, backfill partitions, maintenance, read-ahead and failed attempts are left
-        out: changing them on a running checkpoint is safe.
+        The source's operational fields (``OPERATIONAL``: admission limits, what becomes
+        of processed files, where to connect), descriptions, health-check bounds,
+        backfill partitions, maintenance, read-ahead and failed attempts are left out:
+        changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not.
         """
         semantics = {
-            "source": self.source.model_dump(
-                exclude={
-                    "max_files_per_batch",
-                    "max_bytes_per_batch",
-                    "min_file_age",
-                    "processed_files",
-                    "archive_dir",
-                }
-            ),
+            "source": self.source.model_dump(exclude=set(self.source.OPERATIONAL)),
             "transform": self.transform,
             "sink": self.sink.model_dump(),
             "event_time": _event_time_semantics(self.event_time),

@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from batches.errors import PipelineConfigInvalid, PipelineNotFound
-from batches.pipeline import Pipeline
+from batches.pipeline import SOURCE_KINDS, Pipeline
 
 DEFAULT_LOCATION = "batches.demo"
 
@@ -92,7 +92,11 @@ def _from_yaml(path: Path) -> list[Pipeline]:
 
 
 def _first_error(exc: ValidationError) -> str:
-    """``field.path: message`` of the first validation error, on one line."""
+    """``field.path: message`` of the first validation error, on one line (the source's
+    kind, which pydantic puts in the path, left out: ``source.format``)."""
     err = exc.errors()[0]
-    loc = ".".join(str(part) for part in err["loc"]) or "(root)"
-    return f"{loc}: {err['msg']}"
+    parts = [str(part) for part in err["loc"]]
+    parts = [
+        p for i, p in enumerate(parts) if not (i and parts[i - 1] == "source" and p in SOURCE_KINDS)
+    ]
+    return f"{'.'.join(parts) or '(root)'}: {err['msg']}"

@@ -15,6 +15,7 @@ from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.poison import blocked
 from batches.sources import build_source
+from batches.sources.base import waiting
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.session import SparkLike
@@ -59,11 +60,11 @@ def pipeline_status(
         "blocked": None,
     }
     if not Checkpoint.exists(location):
-        source = build_source(spark, pipeline, data_root, location)
+        source = build_source(spark, pipeline, data_root, location, clock)
         backlog = source.backlog(source.initial_offsets())
         status["backlog"] = backlog
-        if backlog["files"]:
-            status["next_batch"] = _next(0, False, False, _waiting(backlog))
+        if waiting(backlog):
+            status["next_batch"] = _next(0, False, False, source.describe_backlog(backlog))
         return status
     runner = MicroBatchRunner(spark, pipeline, data_root, clock)
     ckpt = runner.checkpoint
@@ -88,7 +89,7 @@ def pipeline_status(
             planned.batch_id, False, True, "the watermark moved: windows close without new data"
         )
     else:
-        next_batch = _next(planned.batch_id, False, False, _waiting(backlog))
+        next_batch = _next(planned.batch_id, False, False, runner.source.describe_backlog(backlog))
     status.update(
         checkpoint_exists=True,
         pipeline_id=ckpt.pipeline_id,
@@ -150,10 +151,6 @@ def _partitions(runner: MicroBatchRunner, done: CommitEntry | None) -> list[dict
 
 def _next(batch_id: int, replay: bool, emit_only: bool, reason: str) -> dict[str, Any]:
     return {"batch_id": batch_id, "replay": replay, "emit_only": emit_only, "reason": reason}
-
-
-def _waiting(backlog: dict[str, int]) -> str:
-    return f"{backlog['files']} new files ({backlog['bytes']} bytes) waiting"
 
 
 def pipeline_history(

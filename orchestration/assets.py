@@ -75,7 +75,7 @@ class RunConfig(dg.Config):
 def source_spec(pipeline: Pipeline) -> dg.AssetSpec:
     return dg.AssetSpec(
         source_key(pipeline),
-        description=f"Input of lowmark pipelines: {pipeline.source.kind} {pipeline.source.path} "
+        description=f"Input of lowmark pipelines: {pipeline.source.kind} {pipeline.source.label} "
         "(written by others; lowmark reads it).",
         group_name=GROUP,
         kinds={pipeline.source.kind},

@@ -27,7 +27,7 @@ def bad_records_key(pipeline: Pipeline) -> dg.AssetKey:
 
 def source_key(pipeline: Pipeline) -> dg.AssetKey:
     """The input, named by its kind and path (pipelines reading one folder share it)."""
-    slug = re.sub(r"[^A-Za-z0-9_]+", "_", pipeline.source.path).strip("_")
+    slug = re.sub(r"[^A-Za-z0-9_]+", "_", pipeline.source.label).strip("_")
     return dg.AssetKey([GROUP, "sources", f"{pipeline.source.kind}_{slug}"])
 
 

@@ -50,10 +50,11 @@ _METADATA_SCHEMA = pa.schema(
         pa.field("adopted_from", pa.string(), nullable=True),
     ]
 )
-"""``start_offsets`` (JSON): where batch 0 starts, when not at the source's beginning;
-``adopted_from``: the pipeline id of the checkpoint whose sink writes this one continues.
-Both are set by ``lowmark reset`` (``batches.reset``); checkpoints written before they
-existed have neither."""
+"""``start_offsets`` (JSON): where batch 0 starts, set by ``lowmark reset``
+(``batches.reset``) or, for a source whose start moves (Kafka's latest), when batch 0 is
+first planned; ``adopted_from``: the pipeline id of the checkpoint whose sink writes this
+one continues, set by ``lowmark reset``. Checkpoints written before they existed have
+neither."""
 
 
 class Checkpoint:
@@ -156,6 +157,14 @@ class Checkpoint:
         rows = pa.Table.from_pylist([row], schema=_METADATA_SCHEMA)
         self.metadata.append_once(rows, "lowmark:checkpoint", 0)
         return self._read_pipeline_id()
+
+    def record_start_offsets(self, offsets: Offsets) -> None:
+        """Record where batch 0 starts when the source chose it (a position such as
+        Kafka's latest that moves while no batch ran): every run then starts there."""
+        row = {"pipeline_id": self.pipeline_id, "start_offsets": json.dumps(offsets)}
+        schema = pa.schema([_METADATA_SCHEMA.field(c) for c in row])
+        self.metadata.update(pa.Table.from_pylist([row], schema=schema), "pipeline_id", 0)
+        self.start_offsets = offsets
 
     def _read_pipeline_id(self) -> str:
         rows = self.metadata.read().to_pylist()

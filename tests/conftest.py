@@ -13,6 +13,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from state.session import SparkSettings, get_spark
+from tests.faults.scenarios import KAFKA_ENV
+from tests.kafka_broker import KafkaBroker
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +86,18 @@ def write_json_lines(folder: Path, name: str, rows: list[dict[str, Any]], mtime_
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     os.utime(path, (mtime_s, mtime_s))
     return path
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """One real Kafka broker (tests/kafka_broker.py) shared by the whole session: started by
+    the first test that asks for it (a few seconds), stopped at the end of the session.
+    Tests use topic and group names of their own."""
+    broker = KafkaBroker.start(tmp_path_factory.mktemp("kafka"))
+    # `lowmark` subprocesses of the crash tests find it here (tests.faults.scenarios).
+    os.environ[KAFKA_ENV] = broker.bootstrap
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        os.environ.pop(KAFKA_ENV, None)

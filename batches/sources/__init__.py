@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batches.pipeline import Pipeline, resolve
+from batches.clock import Clock
+from batches.pipeline import FileSource, KafkaSource, Pipeline, resolve
 from batches.sources.base import Source, SourceRead
 from batches.sources.files import FileStreamSource
+from batches.sources.kafka import KafkaStreamSource
+from batches.sources.synthetic import SyntheticStreamSource
 from state.checkpoint import Checkpoint
 from state.manifest import FileManifest
 from state.session import SparkLike
@@ -16,14 +19,23 @@ __all__ = ["Source", "SourceRead", "build_source"]
 
 
 def build_source(
-    spark: SparkLike, pipeline: Pipeline, data_root: Path, checkpoint: Checkpoint | str
+    spark: SparkLike,
+    pipeline: Pipeline,
+    data_root: Path,
+    checkpoint: Checkpoint | str,
+    clock: Clock | None = None,
 ) -> Source:
     """The runtime source for ``pipeline``, keeping its tables in ``checkpoint``.
 
     A location instead of an open checkpoint (a pipeline that never ran)
-    gives a source for read-only questions (its backlog).
+    gives a source for read-only questions (its backlog). ``clock``: what a
+    paced synthetic source reads "now" from.
     """
     config = pipeline.source
+    if isinstance(config, KafkaSource):
+        return KafkaStreamSource(spark, config, config.consumer_group or f"lowmark-{pipeline.name}")
+    if not isinstance(config, FileSource):
+        return SyntheticStreamSource(spark, config, clock)
     if isinstance(checkpoint, str):
         manifest = FileManifest(f"{checkpoint}/files", ":files")
         schema = SourceSchema(f"{checkpoint}/schema", ":schema")

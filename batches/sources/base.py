@@ -45,6 +45,24 @@ def describe_range(start: Offsets, end: Offsets) -> str:
     return ", ".join(f"{p}: {s} → {e} (+{e - s})" for p, s, e in moved)
 
 
+def fair_share(waiting: dict[str, int], limit: int) -> dict[str, int]:
+    """How many of each partition's ``waiting`` records one batch takes under ``limit``.
+
+    Every partition gets an equal share; what a partition does not need goes
+    to the others (partitions with less waiting are served first, ties by
+    name), so a batch takes ``min(limit, total waiting)`` and no partition
+    starves another. Deterministic: the same backlog gives the same split.
+    """
+    taken: dict[str, int] = {}
+    left = limit
+    order = sorted(waiting, key=lambda p: (waiting[p], p))
+    for i, partition in enumerate(order):
+        take = min(max(waiting[partition], 0), left // (len(order) - i))
+        taken[partition] = take
+        left -= take
+    return taken
+
+
 def read_counts(tagged: bool, good: Column | None) -> list[Column]:
     """A read's ``counts`` metrics (see ``Source``): of one batch's read, ``rows`` and,
     when ``good`` tells good rows from bad, ``bad``; of several batches' (``tagged``),
@@ -61,6 +79,11 @@ def read_counts(tagged: bool, good: Column | None) -> list[Column]:
     if good is None:
         return [F.count(F.lit(1)).alias("rows")]
     return [F.count(F.when(good, 1)).alias("rows"), F.count(F.when(~good, 1)).alias("bad")]
+
+
+def waiting(backlog: dict[str, int]) -> bool:
+    """True when a source's ``backlog`` (its first count) says input waits."""
+    return next(iter(backlog.values()), 0) > 0
 
 
 @dataclass(frozen=True)
@@ -147,7 +170,13 @@ class Source(ABC):
 
     @abstractmethod
     def backlog(self, committed_end: Offsets) -> dict[str, int]:
-        """What is waiting past ``committed_end``, without recording anything."""
+        """What is waiting past ``committed_end``, without recording anything: counts by
+        unit, the first one the headline (``files``, ``records``, ``versions``), 0 when
+        nothing waits."""
+
+    def describe_backlog(self, backlog: dict[str, int]) -> str:
+        """``backlog`` in words, e.g. ``120 records waiting``."""
+        return ", ".join(f"{n} {unit}" for unit, n in backlog.items()) + " waiting"
 
     def read_batches(self, batches: Sequence[Range]) -> SourceRead | None:
         """Consecutive ``batches`` in one read, records tagged with their batch; None when

@@ -452,6 +452,9 @@ class FileStreamSource(Source):
         waiting += self._unseen(known)
         return {"files": len(waiting), "bytes": sum(f.size for f in waiting)}
 
+    def describe_backlog(self, backlog: dict[str, int]) -> str:
+        return f"{backlog['files']} new files ({backlog['bytes']} bytes) waiting"
+
     def _admit(self, pending: list[ManifestFile]) -> list[ManifestFile]:
         """Oldest pending files within the limits (at least one file).
 

@@ -70,6 +70,7 @@ def test_every_record_read_is_bad_dropped_late_or_in_a_closed_or_open_window(
             path.write_text("".join(line + "\n" for line in lines))
             os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
         base = windowed(window, max_future="1 hour")
+        assert isinstance(base.source, FileSource)
         p = base.model_copy(
             update={
                 "transform": drop_zero_amounts,

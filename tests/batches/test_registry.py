@@ -8,6 +8,7 @@ import pytest
 
 from batches.demo import clean_orders
 from batches.errors import PipelineConfigInvalid, PipelineNotFound
+from batches.pipeline import KafkaSource
 from batches.registry import get_pipeline, load_pipelines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,6 +23,29 @@ def test_the_example_yaml_resolves_its_transform_by_import_path() -> None:
     p = get_pipeline("latest_orders", str(REPO / "examples/pipelines.yaml"))
     assert p.transform is clean_orders
     assert p.sink.mode == "merge" and p.sink.keys == ("order_id",)
+
+
+def test_the_example_yaml_declares_a_pipeline_for_every_source_kind() -> None:
+    pipelines = load_pipelines(str(REPO / "examples/pipelines.yaml"))
+    kinds = {p.name: p.source.kind for p in pipelines.values()}
+    assert kinds == {
+        "latest_orders": "files",
+        "synthetic_clicks": "synthetic",
+        "kafka_orders": "kafka",
+    }
+    kafka = pipelines["kafka_orders"].source
+    assert isinstance(kafka, KafkaSource) and kafka.topics == ("orders",)
+
+
+def test_a_kafka_source_names_its_mistakes_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipelines:\n- name: k\n  source: {kind: kafka, bootstrap_servers: 'h:1', "
+        "topics: [t], starting_offsets: yesterday, schema_ddl: 'a INT'}\n"
+        "  sink: {kind: delta, path: o}\n"
+    )
+    with pytest.raises(PipelineConfigInvalid, match="'yesterday': write 'earliest', 'latest'"):
+        load_pipelines(str(path))
 
 
 def test_a_python_file_contributes_its_module_level_pipelines(tmp_path: Path) -> None:

@@ -25,16 +25,22 @@ from batches.pipeline import Pipeline
 from tests.faults.harness import Snapshot, kill_run, snapshot
 from tests.faults.scenarios import (
     FIXED_INPUT,
+    KAFKA_TOPIC,
+    kafka_lines,
+    kafka_update,
     plain_append,
     session_update,
+    synthetic_append,
     tumbling_two_partitions,
     write_input,
 )
+from tests.kafka_broker import KafkaBroker
 
-MATRIX = (tumbling_two_partitions, session_update, plain_append)
+MATRIX = (tumbling_two_partitions, session_update, plain_append, kafka_update, synthetic_append)
 """Windows (every write driver-side; tumbling over two source partitions, one idle in each
 batch) and a stateless pipeline (its sink written by Spark), so kills fall between
-driver-side log commits and Spark writes, both ways round."""
+driver-side log commits and Spark writes, both ways round; then the same over the other
+sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -57,14 +63,29 @@ class KillCase:
     process: subprocess.CompletedProcess[str]
 
 
+def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest) -> Pipeline:
+    """Lay out ``pipeline``'s input (files under ``folder``, or the Kafka topic) and return
+    it as this process runs it (a Kafka pipeline pointed at the test broker)."""
+    if pipeline is synthetic_append:
+        return pipeline
+    if pipeline is not kafka_update:
+        write_input(folder / "input", FIXED_INPUT, pipeline)
+        return pipeline
+    kafka: KafkaBroker = request.getfixturevalue("kafka")
+    kafka.create_topic(KAFKA_TOPIC)
+    kafka.produce(KAFKA_TOPIC, kafka_lines())
+    source = pipeline.source.model_copy(update={"bootstrap_servers": kafka.bootstrap})
+    return pipeline.model_copy(update={"source": source})
+
+
 @pytest.fixture(scope="session")
 def references(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> dict[str, Reference]:
     refs = {}
-    for pipeline in MATRIX:
-        folder = tmp_path_factory.mktemp(pipeline.name)
-        write_input(folder / "input", FIXED_INPUT, pipeline)
+    for defined in MATRIX:
+        folder = tmp_path_factory.mktemp(defined.name)
+        pipeline = with_input(defined, folder, request)
         root = folder / "reference"
         runner = MicroBatchRunner(spark, pipeline, root)
         runner.run(max_batches=KILL_BATCH)
@@ -74,12 +95,12 @@ def references(
         # (windowed) late records, with windows left open, and batches come after it.
         windowed = pipeline.aggregation is not None
         killed = rest[0]
-        assert (killed.batch_id, killed.rows_late > 0, killed.rows_bad, killed.rows_out > 0) == (
-            KILL_BATCH,
-            windowed,
-            1,
-            True,
-        )
+        assert (
+            killed.batch_id,
+            killed.rows_late > 0,
+            killed.rows_bad > 0,
+            killed.rows_out > 0,
+        ) == (KILL_BATCH, windowed, True, True)
         assert len(rest) > 1
         batches = KILL_BATCH + len(rest)
         refs[pipeline.name] = Reference(pipeline, folder, snapshot(spark, pipeline, root), batches)

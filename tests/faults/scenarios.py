@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.pipeline import DeltaSink, FileSource, KafkaSource, Pipeline, SyntheticSource
 from batches.windows import (
     Aggregate,
     EventTime,
@@ -86,6 +86,64 @@ sliding_update = _windowed(
 )
 plain_append = Pipeline(name="plain_append", source=_source(), sink=DeltaSink(path=SINK))
 
+KAFKA_ENV = "LOWMARK_TEST_KAFKA"
+"""The test broker's address (``tests.conftest``'s ``kafka`` fixture sets it for subprocesses)."""
+KAFKA_TOPIC = "kill_matrix"
+KAFKA_BATCH = 3
+"""Records per Kafka batch: the topic holds all of ``KAFKA_INPUT`` before the first batch."""
+
+kafka_update = _windowed("kafka_update", Session(gap="5 seconds"), "update").model_copy(
+    update={
+        "source": KafkaSource(
+            bootstrap_servers=os.environ.get(KAFKA_ENV, "127.0.0.1:9"),
+            topics=(KAFKA_TOPIC,),
+            schema_ddl=SCHEMA,
+            max_offsets_per_batch=KAFKA_BATCH,
+        )
+    }
+)
+"""Sessions over a one-partition topic, KAFKA_BATCH records a batch."""
+
+KAFKA_INPUT: list[Event | str] = [
+    ("a", 1, 1), ("b", 2, 2), ("a", 7, 3),
+    ("b", 14, 4), ("a", 14, 5), ("c", 30, 6),  # the watermark moves to 25 s
+    ("b", 18, 7), ("a", 16, 8), ("b", 21, 9),
+    # The batch the kill matrix kills: a@4 is late, a line does not parse, c@33 extends a
+    # session open since batch 1.
+    ("a", 4, 10), '{"user": "b", "ts": oops', ("c", 33, 11),
+    ("a", 40, 12), ("b", 45, 13), ("a", 52, 14),
+    ("c", 60, 15), ("b", 44, 16),
+]  # fmt: skip
+"""The Kafka pipeline's input, one record a line: batch 3 holds late, bad and open-session rows."""
+
+synthetic_append = _windowed("synthetic_append", Tumbling(size="10 seconds"), "append").model_copy(
+    update={
+        "source": SyntheticSource(
+            seed=5,
+            partitions=2,
+            keys=3,
+            rows_per_second=1,
+            total_rows=30,
+            starting_offsets="earliest",
+            max_rows_per_batch=10,
+            max_out_of_orderness="3 seconds",
+            late_fraction=0.15,
+            late_by="40 seconds",
+            malformed_fraction=0.1,
+            partition_skew="2 seconds",
+        ),
+        "event_time": EventTime(
+            column="event_time", max_out_of_orderness="5 seconds", allowed_lateness="10 seconds"
+        ),
+        "aggregation": WindowedAggregation(
+            keys=("key",),
+            window=Tumbling(size="10 seconds"),
+            aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="value")),
+        ),
+    }
+)
+"""Tumbling windows over two synthetic partitions (records 1 s apart, 5 a batch each)."""
+
 PIPELINES = {
     p.name: p
     for p in (
@@ -94,6 +152,8 @@ PIPELINES = {
         session_update,
         sliding_update,
         plain_append,
+        kafka_update,
+        synthetic_append,
     )
 }
 
@@ -129,10 +189,19 @@ def random_input(rng: random.Random, files: int) -> list[File]:
     return result
 
 
+def kafka_lines() -> list[str]:
+    """``KAFKA_INPUT`` as the values to produce."""
+    return [_line(row) for row in KAFKA_INPUT]
+
+
 def write_input(folder: Path, files: list[File], pipeline: Pipeline | None = None) -> None:
     """File i as JSON lines, modified at second i (discovery order = list order); for a
     pipeline with folder partitions, in ``p0/`` and ``p1/`` by turns."""
-    by_folder = pipeline is not None and pipeline.source.partition_by_folder
+    by_folder = (
+        pipeline is not None
+        and isinstance(pipeline.source, FileSource)
+        and pipeline.source.partition_by_folder
+    )
     for i, rows in enumerate(files):
         path = folder / (f"p{i % 2}" if by_folder else "") / f"f{i:03d}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,225 @@
+"""The Kafka source against a real single-node broker (``tests.kafka_broker``): exact ranges,
+fair admission, new partitions, data loss, start positions, the consumer-group frontier, and
+a windowed pipeline over three partitions where one goes idle."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from batches.errors import SourceDataLost
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import DeltaSink, KafkaSource, Pipeline
+from batches.sources.base import PARTITION_COLUMN
+from batches.sources.kafka import KafkaStreamSource
+from batches.status import pipeline_status
+from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from tests.conftest import FakeClock
+from tests.kafka_broker import KafkaBroker
+
+SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+pytestmark = pytest.mark.slow
+
+
+def event(user: str, second: int, amount: int = 1) -> str:
+    ts = (T0 + timedelta(seconds=second)).isoformat()
+    return json.dumps({"user": user, "ts": ts, "amount": amount})
+
+
+def new_topic(kafka: KafkaBroker, partitions: int = 1) -> str:
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(name, partitions)
+    return name
+
+
+def config(kafka: KafkaBroker, topic: str, **overrides: Any) -> KafkaSource:
+    return KafkaSource(
+        bootstrap_servers=kafka.bootstrap, topics=(topic,), schema_ddl=SCHEMA, **overrides
+    )
+
+
+def amounts(read: Any) -> list[tuple[str, int]]:
+    return sorted((r[PARTITION_COLUMN], r.amount) for r in read.records.collect())
+
+
+def test_a_batch_reads_exactly_its_range_split_fairly_and_a_replay_reads_the_same(
+    spark: SparkSession, kafka: KafkaBroker
+) -> None:
+    topic = new_topic(kafka, 3)
+    for p, n in ((0, 2), (1, 10), (2, 10)):
+        kafka.produce(topic, [event("u", i, 100 * p + i) for i in range(n)], partition=p)
+    source = KafkaStreamSource(spark, config(kafka, topic, max_offsets_per_batch=10), "g")
+    start = source.initial_offsets()
+    assert start == {f"{topic}:0": 0, f"{topic}:1": 0, f"{topic}:2": 0}
+    end = source.plan(start, 0)
+    # 10 over three partitions: partition 0 needs 2, the other two share the rest.
+    assert end == {f"{topic}:0": 2, f"{topic}:1": 4, f"{topic}:2": 4}
+    first = amounts(source.read(start, end, 0))
+    assert first == sorted(
+        [(f"{topic}:0", a) for a in (0, 1)]
+        + [(f"{topic}:1", a) for a in (100, 101, 102, 103)]
+        + [(f"{topic}:2", a) for a in (200, 201, 202, 203)]
+    )
+    kafka.produce(topic, [event("u", 50, 999)], partition=0)  # lands after the plan
+    assert amounts(source.read(start, end, 0)) == first  # a replay: the same records
+    assert source.backlog(end) == {"records": 13, "partitions": 3}
+
+
+def test_values_that_do_not_parse_and_tombstones_are_bad_records_with_their_text(
+    spark: SparkSession, kafka: KafkaBroker
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("a", 1), '{"user": "b", "ts": oops', event("c", 2)])
+    kafka.produce(topic, [None])  # a tombstone: no value
+    source = KafkaStreamSource(spark, config(kafka, topic), "g")
+    read = source.read({f"{topic}:0": 0}, {f"{topic}:0": 4}, 5)
+    assert sorted(r.user for r in read.records.collect()) == ["a", "c"]
+    assert read.bad is not None
+    bad = sorted((r.batch_id, r.source_file, r.raw, r.reason) for r in read.bad.collect())
+    assert bad == [
+        (5, f"{topic}:0@1", '{"user": "b", "ts": oops', "malformed JSON or not matching the "
+         "source schema"),
+        (5, f"{topic}:0@3", None, "a Kafka record with no value"),
+    ]  # fmt: skip
+
+
+def test_partitions_added_later_are_read_from_their_start(
+    spark: SparkSession, kafka: KafkaBroker
+) -> None:
+    topic = new_topic(kafka, 1)
+    kafka.produce(topic, [event("a", 1)], partition=0)
+    source = KafkaStreamSource(spark, config(kafka, topic), "g")
+    end = source.plan(source.initial_offsets(), 0)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    admin.create_partitions([NewPartitions(topic, 2)])[topic].result()
+    kafka.produce(topic, [event("b", 2), event("b", 3)], partition=1)
+    nxt = source.plan(end, 1)
+    assert nxt == {f"{topic}:0": 1, f"{topic}:1": 2}
+    assert amounts(source.read(end, nxt, 1)) == [(f"{topic}:1", 1), (f"{topic}:1", 1)]
+
+
+def test_records_deleted_before_they_were_read_and_a_deleted_topic_stop_with_one_line(
+    spark: SparkSession, kafka: KafkaBroker
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("a", i) for i in range(6)])
+    source = KafkaStreamSource(spark, config(kafka, topic), "g")
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    # What retention does: the log now starts at offset 4.
+    for done in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+        done.result()
+    with pytest.raises(SourceDataLost, match=rf"topic {topic} partition 0: offsets 2 to 3 were"):
+        source.plan({f"{topic}:0": 2}, 1)
+    assert source.plan({f"{topic}:0": 4}, 1) == {f"{topic}:0": 6}
+    kafka.delete_topic(topic)
+    with pytest.raises(SourceDataLost, match=f"Kafka topic {topic} does not exist"):
+        source.plan({f"{topic}:0": 6}, 2)
+
+
+def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka)
+    base_ms = int(T0.timestamp() * 1000)
+    for i in range(4):
+        kafka.produce(topic, [event("old", i)], timestamp_ms=base_ms + i * 60_000)
+    at = (T0 + timedelta(minutes=2)).isoformat()
+    by_time = KafkaStreamSource(spark, config(kafka, topic, starting_offsets=at), "g")
+    assert by_time.initial_offsets() == {f"{topic}:0": 2}
+
+    pipeline = Pipeline(
+        name="from_latest",
+        source=config(kafka, topic, starting_offsets="latest"),
+        sink=DeltaSink(path="out"),
+    )
+    assert MicroBatchRunner(spark, pipeline, data_root).run_batch() is None  # nothing new
+    kafka.produce(topic, [event("new", 9)])  # lands between two runs
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
+    assert users == ["new"]
+
+
+def test_each_commit_commits_the_frontier_to_the_consumer_group_and_status_shows_lag(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka, 2)
+    kafka.produce(topic, [event("a", i) for i in range(5)], partition=0)
+    kafka.produce(topic, [event("b", i) for i in range(3)], partition=1)
+    pipeline = Pipeline(
+        name="grouped",
+        source=config(kafka, topic, max_offsets_per_batch=6),
+        sink=DeltaSink(path="out"),
+    )
+    runner = MicroBatchRunner(spark, pipeline, data_root)
+    runner.run_batch()
+    assert kafka.committed("lowmark-grouped", topic) == {0: 3, 1: 3}
+    status = pipeline_status(spark, pipeline, data_root)
+    assert status["backlog"] == {"records": 2, "partitions": 1}
+    assert status["next_batch"]["reason"] == "2 Kafka records waiting in 1 partitions"
+    runner.run(max_batches=None)
+    assert kafka.committed("lowmark-grouped", topic) == {0: 5, 1: 3}
+
+
+def test_a_windowed_pipeline_over_three_partitions_goes_on_when_one_goes_idle(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka, 3)
+    clock = FakeClock()
+    pipeline = Pipeline(
+        name="idle_partition",
+        source=config(kafka, topic),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts", idle_timeout="1 minute"),
+        aggregation=WindowedAggregation(
+            keys=("user",),
+            window=Tumbling(size="10 seconds"),
+            aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="amount")),
+        ),
+    )
+    runner = MicroBatchRunner(spark, pipeline, data_root, clock=clock)
+    for p in range(3):
+        kafka.produce(topic, [event(f"u{p}", s, s) for s in (1, 5, 12)], partition=p)
+    runner.run(max_batches=None)
+    # Partition 2 goes quiet; the others move on by two minutes of event time.
+    for second in (30, 60, 90, 120):
+        clock.advance(20_000)
+        for p in (0, 1):
+            kafka.produce(topic, [event(f"u{p}", second, second)], partition=p)
+        runner.run(max_batches=None)
+    status = pipeline_status(spark, pipeline, data_root, clock)
+    times = {t["partition"]: t for t in status["partitions"]}
+    idle = times[f"{topic}:2"]
+    assert status["watermark_ms"] > idle["max_event_time_ms"]  # partition 2 holds nothing back
+
+    every = spark.createDataFrame(
+        [(f"u{p}", T0 + timedelta(seconds=s), s) for p in range(3) for s in (1, 5, 12)]
+        + [(f"u{p}", T0 + timedelta(seconds=s), s) for p in (0, 1) for s in (30, 60, 90, 120)],
+        SCHEMA,
+    )
+    w = F.window("ts", "10 seconds")
+    expected = (
+        every.groupBy("user", w.alias("w"))
+        .agg(F.count(F.lit(1)).alias("count"), F.sum("amount").alias("sum_amount"))
+        .select(
+            "user",
+            F.col("w.start").alias("window_start"),
+            F.col("w.end").alias("window_end"),
+            "count",
+            "sum_amount",
+        )
+        # Append mode: windows the watermark closed (allowed lateness 0).
+        .where(F.unix_millis("window_end") <= F.lit(status["watermark_ms"]))
+    )
+    assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)
