@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -91,8 +92,10 @@ class KafkaStreamSource(Source):
         self._spark = provider(spark)
         self.config = config
         self.group = group
-        self._client: dict[str, str | int | float | bool] = {
+        # librdkafka's own log lines go through this module's logger, not to stderr.
+        self._client: dict[str, Any] = {
             "bootstrap.servers": config.bootstrap_servers,
+            "logger": log,
             **config.options,
         }
         self._admin: AdminClient | None = None
