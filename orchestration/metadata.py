@@ -3,7 +3,8 @@
 One unit each: rows as counts, lags and durations in seconds (rounded),
 times as Dagster timestamps (shown as times), offsets as text. Dagster plots
 the integer and float entries across materializations, so only what is worth
-a chart is a number: rows in/out/late/bad, lag, batch duration. The batch id,
+a chart is a number: rows in/out/late/bad, lag, batch duration, the source's
+backlog. The batch id,
 the watermark and the offsets are text and timestamps (shown, not plotted).
 """
 
@@ -33,8 +34,10 @@ def batch_line(pipeline: Pipeline, r: BatchResult) -> str:
     return line
 
 
-def batch_metadata(r: BatchResult) -> dict[str, dg.RawMetadataValue]:
-    """The sink materialization's metadata for one batch."""
+def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawMetadataValue]:
+    """The sink materialization's metadata for one batch; ``backlog`` is what the source
+    still held past the batch (``Source.backlog``), plotted by its headline unit:
+    ``backlog_files``, ``backlog_records`` (Kafka: end offsets minus committed)."""
     metadata: dict[str, dg.RawMetadataValue] = {
         "batch": dg.MetadataValue.text(str(r.batch_id)),
         "replayed": r.replay,
@@ -49,11 +52,16 @@ def batch_metadata(r: BatchResult) -> dict[str, dg.RawMetadataValue]:
         metadata["watermark"] = dg.MetadataValue.timestamp(r.watermark_ms / 1000)
     if r.lag_ms is not None:
         metadata["lag_seconds"] = round(r.lag_ms / 1000, 1)
+    for unit, count in list(backlog.items())[:1]:
+        metadata[f"backlog_{unit}"] = count
     return metadata
 
 
 def batch_materializations(
-    pipeline: Pipeline, r: BatchResult, final_partitions: Iterable[str] = ()
+    pipeline: Pipeline,
+    r: BatchResult,
+    backlog: dict[str, int],
+    final_partitions: Iterable[str] = (),
 ) -> list[dg.AssetMaterialization]:
     """The sink's materialization for batch ``r``; the late and bad-records tables' when it
     appended to them; one per event-time partition of the sink it made final."""
@@ -84,7 +92,7 @@ def batch_materializations(
         dg.AssetMaterialization(
             sink_key(pipeline),
             description=f"batch {r.batch_id} {'replayed' if r.replay else 'committed'}",
-            metadata=batch_metadata(r),
+            metadata=batch_metadata(r, backlog),
         )
     )
     return events

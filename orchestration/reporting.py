@@ -29,6 +29,7 @@ class BatchReports:
         partitions: dg.PartitionsDefinition | None,
     ) -> None:
         self.pipeline = pipeline
+        self.source = runner.source
         self.partitions = (
             partitions if isinstance(partitions, dg.TimeWindowPartitionsDefinition) else None
         )
@@ -51,4 +52,4 @@ class BatchReports:
             ]
             self.reported.update(final)
         self.ran_with_ms = r.watermark_ms
-        return batch_materializations(self.pipeline, r, final)
+        return batch_materializations(self.pipeline, r, self.source.backlog(r.end), final)

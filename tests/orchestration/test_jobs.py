@@ -68,14 +68,17 @@ def test_a_run_records_one_readable_materialization_per_batch(
     assert metadata[0]["watermark"] == dg.TimestampMetadataValue(
         (T0 + timedelta(seconds=30)).timestamp()
     )
-    # Plotted (numbers): only rows, the lag and the duration, in seconds.
+    # What the folder still held after each batch: one file, then none.
+    assert [m["backlog_files"].value for m in metadata] == [1, 0]
+    # Plotted (numbers): only rows, the lag, the duration in seconds and the backlog.
     numbers = {
         k
         for k, v in metadata[0].items()
         if isinstance(v, dg.IntMetadataValue | dg.FloatMetadataValue)
     }
     assert numbers == {
-        "rows_in", "rows_out", "rows_late", "rows_bad", "lag_seconds", "duration_seconds"
+        "rows_in", "rows_out", "rows_late", "rows_bad", "lag_seconds", "duration_seconds",
+        "backlog_files",
     }  # fmt: skip
     lag = metadata[0]["lag_seconds"].value
     assert isinstance(lag, float) and lag > (datetime.now(UTC) - T0).total_seconds() - 3600

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
@@ -24,6 +25,8 @@ from batches.sources.base import PARTITION_COLUMN
 from batches.sources.kafka import KafkaStreamSource
 from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from orchestration.assets import pipeline_assets
+from orchestration.resources import LowmarkResource, SparkResource
 from tests.conftest import FakeClock
 from tests.kafka_broker import KafkaBroker
 
@@ -170,6 +173,35 @@ def test_each_commit_commits_the_frontier_to_the_consumer_group_and_status_shows
     assert status["next_batch"]["reason"] == "2 Kafka records waiting in 1 partitions"
     runner.run(max_batches=None)
     assert kafka.committed("lowmark-grouped", topic) == {0: 5, 1: 3}
+
+
+def test_a_dagster_run_reports_the_records_still_waiting_after_each_batch(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka, 2)
+    kafka.produce(topic, [event("a", i) for i in range(4)], partition=0)
+    kafka.produce(topic, [event("b", i) for i in range(3)], partition=1)
+    pipeline = Pipeline(
+        name="kafka_in_dagster",
+        source=config(kafka, topic, max_offsets_per_batch=4),
+        sink=DeltaSink(path="out"),
+    )
+    result = dg.materialize(
+        [pipeline_assets(pipeline, data_root)],
+        resources={"spark": SparkResource(), "lowmark": LowmarkResource(data_root=str(data_root))},
+    )
+    assert result.success
+    metadata = [
+        m.metadata for m in result.asset_materializations_for_node("kafka_in_dagster_batches")
+    ]
+    # 7 records, 4 a batch: 3 wait after the first batch, none after the second.
+    assert [m["backlog_records"] for m in metadata] == [
+        dg.IntMetadataValue(3),
+        dg.IntMetadataValue(0),
+    ]
+    assert metadata[0]["input"] == dg.TextMetadataValue(
+        f"{topic}:0: 0 → 2 (+2), {topic}:1: 0 → 2 (+2)"
+    )
 
 
 def test_a_windowed_pipeline_over_three_partitions_goes_on_when_one_goes_idle(
