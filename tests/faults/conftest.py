@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.faults import STEPS, KillPoint
+from batches.faults import KillPoint
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from tests.faults.harness import Snapshot, kill_run, snapshot
@@ -37,6 +37,13 @@ from tests.faults.scenarios import (
 from tests.kafka_broker import KafkaBroker
 
 MATRIX = (tumbling_two_partitions, session_update, plain_append, kafka_update, synthetic_append)
+SOURCE_STEPS = ("after_plan", "after_offset_log", "after_read", "after_commit")
+"""Where a batch's source code runs or is replayed: planning, the recorded range, the read,
+and the frontier committed upstream after the commit."""
+OTHER_SOURCES = ("kafka_update", "synthetic_append")
+"""Matrix pipelines over the other sources: killed at every step in ``make test-integration``,
+at ``SOURCE_STEPS`` in ``make test`` (their other steps are the same writes of state, sink,
+late rows and logs the folder pipelines are killed at in ``make test``)."""
 """Windows (every write driver-side; tumbling over two source partitions, one idle in each
 batch) and a stateless pipeline (its sink written by Spark), so kills fall between
 driver-side log commits and Spark writes, both ways round; then the same over the other
@@ -114,10 +121,16 @@ class KillCases:
     the test process replays the case before it.
     """
 
-    def __init__(self, references: dict[str, Reference], pool: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        references: dict[str, Reference],
+        pool: ThreadPoolExecutor,
+        order: list[tuple[str, str]],
+    ) -> None:
         self.references = references
         self.pool = pool
-        self.order = [(p.name, step) for step in STEPS for p in MATRIX]
+        self.order = order
+        """(pipeline, step) of the kill cases this session runs, in the order it runs them."""
         self.started: dict[tuple[str, str], Future[KillCase]] = {}
 
     def get(self, name: str, step: str) -> KillCase:
@@ -129,9 +142,18 @@ class KillCases:
 
 
 @pytest.fixture(scope="session")
-def kill_cases(references: dict[str, Reference]) -> Iterator[KillCases]:
+def kill_cases(
+    references: dict[str, Reference], request: pytest.FixtureRequest
+) -> Iterator[KillCases]:
+    # Only the cases selected (`make test` leaves the integration ones out), so no
+    # subprocess is started for a case no test asks for.
+    order = [
+        (item.callspec.params["name"], item.callspec.params["step"])
+        for item in request.session.items
+        if item.get_closest_marker("kill_matrix") and hasattr(item, "callspec")
+    ]
     pool = ThreadPoolExecutor(max_workers=2)
-    yield KillCases(references, pool)
+    yield KillCases(references, pool, order)
     pool.shutdown(cancel_futures=True)
 
 

@@ -2,7 +2,9 @@
 
 For each step of ``batches.faults.STEPS`` and each pipeline of ``MATRIX``
 (append mode with tumbling windows, update mode with sessions, a stateless
-append whose sink Spark writes), a
+append whose sink Spark writes; sessions over a Kafka topic and tumbling
+windows over a synthetic source, whose steps past ``SOURCE_STEPS`` are marked
+``integration``: ``make test-integration``), a
 subprocess dies at that step of batch 3 (late records, final windows, and
 windows and sessions open since earlier batches); a restart in this process
 runs to completion. Every table must equal the fault-free run's: nothing
@@ -15,14 +17,33 @@ import pytest
 from pyspark.sql import SparkSession
 
 from batches.faults import STEPS
-from tests.faults.conftest import KILL_BATCH, MATRIX, KillCases, Reference
+from tests.faults.conftest import (
+    KILL_BATCH,
+    MATRIX,
+    OTHER_SOURCES,
+    SOURCE_STEPS,
+    KillCases,
+    Reference,
+)
 from tests.faults.harness import KILLED, differences, run_to_completion, snapshot
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kill_matrix]
+
+CASES = [
+    pytest.param(
+        step,
+        p.name,
+        marks=[pytest.mark.integration]
+        if p.name in OTHER_SOURCES and step not in SOURCE_STEPS
+        else [],
+        id=f"{step}-{p.name}",
+    )
+    for step in STEPS
+    for p in MATRIX
+]
 
 
-@pytest.mark.parametrize("name", [p.name for p in MATRIX])
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize(("step", "name"), CASES)
 def test_a_run_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
     spark: SparkSession,
     references: dict[str, Reference],
