@@ -53,9 +53,10 @@ unit: setup
 test: lint typecheck unit
 
 # What `make test` leaves out to stay near 15 minutes (tests marked `integration`): the
-# kill matrix's Kafka and synthetic pipelines at the steps past their source's own
-# (state, sink, late rows, watermarks: the writes the folder pipelines are killed at in
-# `make test`). About 4 minutes.
+# kill matrix's Kafka, synthetic and outbox (user-written source) pipelines at the steps
+# past their source's own (state, sink, late rows, watermarks: the writes the folder
+# pipelines are killed at in `make test`), the random in-process crash schedules over
+# those three, and the quick benchmark smoke run. About 8 minutes.
 test-integration: setup
 	$(BIN)/pytest -m integration --durations=10
 
@@ -70,7 +71,8 @@ soak: setup
 # (bench/state_scaling.py), then lowmark vs Structured Streaming vs a plain Spark job
 # on the same data (bench/streaming.py, which includes the first one's output as (c)
 # and writes bench/RESULTS.md), a long history (bench/history.py) and the file-to-sink
-# latency through dagster dev (bench/dagster_latency.py). BENCH_ARGS=--quick for a
+# latency through dagster dev (bench/dagster_latency.py), and a windowed pipeline over
+# Kafka next to Structured Streaming's Kafka source (bench/kafka.py). BENCH_ARGS=--quick for a
 # smoke run of bench/streaming.py (no RESULTS.md).
 # Never part of `make test`.
 BENCH_ARGS ?=
@@ -81,6 +83,7 @@ bench: setup
 	$(BIN)/python -m bench.streaming $(BENCH_ARGS) --state-scaling-log $(BENCH_OUT)/state_scaling.txt
 	bash -o pipefail -c '$(BIN)/python -m bench.history --batches 600 --every 200 | tee $(BENCH_OUT)/history.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.dagster_latency | tee $(BENCH_OUT)/dagster_latency.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.kafka | tee $(BENCH_OUT)/kafka.txt'
 
 clean:
 	rm -rf $(VENV) jvm/lib data .dagster_home

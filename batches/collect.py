@@ -62,8 +62,11 @@ def empty_of(df: DataFrame) -> pa.Table:
     return to_arrow_schema(df.schema, timezone="UTC", prefers_large_types=large).empty_table()
 
 
-def observed(observation: Observation, wait_s: float = 2.0) -> dict[str, Any] | None:
-    """The metrics ``observation`` took in the job that just ran over it, or None.
+def observed(
+    observation: Observation | tuple[Observation, ...], wait_s: float = 2.0
+) -> dict[str, Any] | None:
+    """The metrics ``observation`` took in the job that just ran over it, or None; of
+    several observations (a union's reads), each metric added up, or None if one has none.
 
     Spark hands an observation its metrics from a listener shortly after the
     job ends, and never when the optimizer removed the observed node (a plan
@@ -71,6 +74,15 @@ def observed(observation: Observation, wait_s: float = 2.0) -> dict[str, Any] | 
     ``Observation.get`` would wait forever. So this waits at most ``wait_s``
     and a caller treats None as "count another way".
     """
+    if isinstance(observation, tuple):
+        each = [observed(o, wait_s) for o in observation]
+        if any(m is None for m in each):
+            return None
+        summed: dict[str, Any] = {}
+        for metrics in each:
+            for key, value in (metrics or {}).items():
+                summed[key] = summed.get(key, 0) + (value or 0)
+        return summed or None
     jo: Any = observation._jo  # the JVM observation: its future can be polled
     if jo is None:
         return None

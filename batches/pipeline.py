@@ -36,7 +36,16 @@ class _Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class FileSource(_Config):
+class _SourceConfig(_Config):
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset()
+    """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    def semantics(self) -> dict[str, Any]:
+        """What the pipeline's fingerprint hashes of this source."""
+        return self.model_dump(exclude=set(self.OPERATIONAL))
+
+
+class FileSource(_SourceConfig):
     """A folder that new files keep landing in (like Spark's file stream source).
 
     New files are taken in (modification time, path) order. Files must not
@@ -124,7 +133,7 @@ def start_time_ms(value: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-class KafkaSource(_Config):
+class KafkaSource(_SourceConfig):
     """Kafka topics, read in exact offset ranges per topic partition.
 
     Each topic partition is a source partition (offsets, its own watermark).
@@ -188,7 +197,7 @@ class KafkaSource(_Config):
         return ",".join(self.topics)
 
 
-class SyntheticSource(_Config):
+class SyntheticSource(_SourceConfig):
     """Deterministic events from a seed, for demos, tests and benchmarks.
 
     Partition ``p``'s record ``i`` is a pure function of the settings, ``p`` and
@@ -263,7 +272,39 @@ class SyntheticSource(_Config):
         return f"seed {self.seed}"
 
 
-SOURCE_KINDS = frozenset({"files", "kafka", "synthetic"})
+class CustomSource(_SourceConfig):
+    """A source the user writes for their own system (docs/sources.md).
+
+    ``factory`` is called as ``factory(spark, options, data_root)`` and
+    returns a ``batches.sources.Source``; ``options`` are its settings, part
+    of the fingerprint except the keys named in ``operational``.
+    """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"operational"})
+    """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    kind: Literal["custom"] = "custom"
+    factory: ImportString[Callable[..., Any]] = Field(
+        description="Import path of the function that builds the source (module:function)."
+    )
+    options: dict[str, Any] = Field(default_factory=dict, description="The source's settings.")
+    operational: tuple[str, ...] = Field(
+        default=(),
+        description="Option keys a running checkpoint may change (admission limits, "
+        "connection settings): left out of the fingerprint.",
+    )
+
+    @property
+    def label(self) -> str:
+        """What the source reads, in a few words (its factory)."""
+        return f"{getattr(self.factory, '__module__', '?')}.{self.factory.__name__}"
+
+    def semantics(self) -> dict[str, Any]:
+        options = {k: v for k, v in self.options.items() if k not in self.operational}
+        return super().semantics() | {"options": options}
+
+
+SOURCE_KINDS = frozenset({"files", "kafka", "synthetic", "custom", "union"})
 
 
 def _source_kind(value: Any) -> str:
@@ -273,10 +314,67 @@ def _source_kind(value: Any) -> str:
     return str(getattr(value, "kind", "files"))
 
 
+OneSource = Annotated[
+    Annotated[FileSource, Tag("files")]
+    | Annotated[KafkaSource, Tag("kafka")]
+    | Annotated[SyntheticSource, Tag("synthetic")]
+    | Annotated[CustomSource, Tag("custom")],
+    Discriminator(_source_kind),
+]
+"""A source that reads one system."""
+
+
+class UnionSource(_SourceConfig):
+    """Several sources read as one stream (a union of their records).
+
+    Each named source keeps its own offsets (``<name>/<partition>`` in the
+    offset log), admission limit and partitions; the watermark is the minimum
+    over every partition of every source, and a source gone idle is left out of
+    it like any idle partition. ``transforms`` maps a source's name to a
+    transform applied to its records before the union (so sources of
+    different shapes can meet); after them, every source must have the same
+    columns. At most one ``files`` source (the checkpoint has one file manifest).
+    """
+
+    kind: Literal["union"] = "union"
+    sources: dict[str, OneSource] = Field(
+        min_length=2, description="The sources, by a name of letters, digits and _."
+    )
+    transforms: dict[str, ImportString[Transform]] = Field(
+        default_factory=dict, description="Per source name: DataFrame → DataFrame before the union."
+    )
+
+    @model_validator(mode="after")
+    def _names_and_one_folder(self) -> UnionSource:
+        for name in self.sources:
+            if not name or not all(c.isalnum() or c == "_" for c in name):
+                raise ValueError(f"source name {name!r}: use letters, digits and _")
+        unknown = set(self.transforms) - set(self.sources)
+        if unknown:
+            raise ValueError(f"`transforms` names no source {sorted(unknown)}")
+        if sum(isinstance(c, FileSource) for c in self.sources.values()) > 1:
+            raise ValueError("a union reads at most one `files` source (one file manifest)")
+        return self
+
+    def semantics(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "sources": {n: c.semantics() for n, c in sorted(self.sources.items())},
+            "transforms": {n: _import_path(t) for n, t in sorted(self.transforms.items())},
+        }
+
+    @property
+    def label(self) -> str:
+        """What the source reads, in a few words (its sources)."""
+        return "+".join(self.sources)
+
+
 SourceConfig = Annotated[
     Annotated[FileSource, Tag("files")]
     | Annotated[KafkaSource, Tag("kafka")]
-    | Annotated[SyntheticSource, Tag("synthetic")],
+    | Annotated[SyntheticSource, Tag("synthetic")]
+    | Annotated[CustomSource, Tag("custom")]
+    | Annotated[UnionSource, Tag("union")],
     Discriminator(_source_kind),
 ]
 """Any source a pipeline can read, told apart by ``kind`` (default ``files``)."""
@@ -441,7 +539,7 @@ class Pipeline(_Config):
         (as in Spark), renaming it is not.
         """
         semantics = {
-            "source": self.source.model_dump(exclude=set(self.source.OPERATIONAL)),
+            "source": self.source.semantics(),
             "transform": self.transform,
             "sink": self.sink.model_dump(),
             "event_time": _event_time_semantics(self.event_time),

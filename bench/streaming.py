@@ -243,22 +243,8 @@ def _sss_scenario(spark: SparkSession, name: str, s: dict[str, Any]) -> dict[str
         .json(s["input"])
         .withWatermark("ts", OUT_OF_ORDERNESS)
     )
-    query = (
-        _aggregate(events)
-        .writeStream.format("delta")
-        .outputMode("append")
-        .option("checkpointLocation", str(root / "sss_checkpoint"))
-        .trigger(availableNow=True)
-        .start(str(root / "out"))
-    )
-    query.awaitTermination()
+    progress = run_sss(events, root / "sss_checkpoint", root / "out", name)
     seconds = time.perf_counter() - started
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    for p in progress:
-        _say(
-            f"  SSS {name} batch {p['batchId']}: {p['numInputRows']:,} rows in, "
-            f"{p['durationMs']['triggerExecution'] / 1000:.2f} s"
-        )
     rows_in = sum(int(p["numInputRows"]) for p in progress)
     if rows_in != s["events"]:
         raise RuntimeError(f"SSS {name}: read {rows_in} of {s['events']} events")
@@ -268,6 +254,27 @@ def _sss_scenario(spark: SparkSession, name: str, s: dict[str, Any]) -> dict[str
         "rows_in": rows_in,
         "output": _digest(spark, root / "out"),
     }
+
+
+def run_sss(events: DataFrame, checkpoint: Path, out: Path, name: str) -> list[Any]:
+    """The benchmark's query over ``events`` in Structured Streaming, available-now, into the
+    Delta table ``out``; the progress of each batch that read rows (each one printed)."""
+    query = (
+        _aggregate(events)
+        .writeStream.format("delta")
+        .outputMode("append")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start(str(out))
+    )
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    for p in progress:
+        _say(
+            f"  SSS {name} batch {p['batchId']}: {p['numInputRows']:,} rows in, "
+            f"{p['durationMs']['triggerExecution'] / 1000:.2f} s"
+        )
+    return progress
 
 
 def _plain_scenario(spark: SparkSession, name: str, s: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from orchestration.keys import (
     PIPELINE_TAG,
     asset_op,
     bad_records_key,
+    inputs,
     late_key,
     pool,
     sink_key,
@@ -72,21 +73,25 @@ class RunConfig(dg.Config):
     )
 
 
-def source_spec(pipeline: Pipeline) -> dg.AssetSpec:
-    return dg.AssetSpec(
-        source_key(pipeline),
-        description=f"Input of lowmark pipelines: {pipeline.source.kind} {pipeline.source.label} "
-        "(written by others; lowmark reads it).",
-        group_name=GROUP,
-        kinds={pipeline.source.kind},
-    )
+def source_specs(pipeline: Pipeline) -> list[dg.AssetSpec]:
+    """Each input of ``pipeline`` (each source of a union) as an external asset."""
+    return [
+        dg.AssetSpec(
+            source_key(source),
+            description=f"Input of lowmark pipelines: {source.kind} {source.label} "
+            "(written by others; lowmark reads it).",
+            group_name=GROUP,
+            kinds={source.kind},
+        )
+        for source in inputs(pipeline)
+    ]
 
 
 def pipeline_assets(pipeline: Pipeline, data_root: Path) -> dg.AssetsDefinition:
     """The sink, late and bad-records assets of ``pipeline`` and their checks, computed by
     one op: partitions selected → backfill them; else run micro-batches, evaluating the
     selected checks after each; only checks selected → just those."""
-    upstream = [source_key(pipeline)]
+    upstream = [source_key(source) for source in inputs(pipeline)]
     name = pipeline.name
     specs = [
         dg.AssetSpec(

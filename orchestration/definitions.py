@@ -17,7 +17,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 )
 
 from batches.registry import load_pipelines
-from orchestration.assets import pipeline_assets, source_spec
+from orchestration.assets import pipeline_assets, source_specs
 from orchestration.jobs import backfill_job, compact_job, compact_schedule, microbatch_job
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.sensors import pipeline_sensor
@@ -33,8 +33,8 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
     for pipeline in load_pipelines(location).values():
         tables = pipeline_assets(pipeline, lowmark.root())
         assets.append(tables)
-        source = source_spec(pipeline)
-        sources[source.key] = source  # pipelines reading one folder share its asset
+        for source in source_specs(pipeline):
+            sources[source.key] = source  # pipelines reading one input share its asset
         job = microbatch_job(pipeline, tables)
         jobs.append(job)
         sensors.append(pipeline_sensor(pipeline, job))

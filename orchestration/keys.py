@@ -6,7 +6,7 @@ import re
 
 import dagster as dg
 
-from batches.pipeline import Pipeline
+from batches.pipeline import OneSource, Pipeline, UnionSource
 
 GROUP = "lowmark"
 PIPELINE_TAG = "lowmark/pipeline"
@@ -25,10 +25,16 @@ def bad_records_key(pipeline: Pipeline) -> dg.AssetKey:
     return dg.AssetKey([GROUP, f"{pipeline.name}_bad_records"])
 
 
-def source_key(pipeline: Pipeline) -> dg.AssetKey:
-    """The input, named by its kind and path (pipelines reading one folder share it)."""
-    slug = re.sub(r"[^A-Za-z0-9_]+", "_", pipeline.source.label).strip("_")
-    return dg.AssetKey([GROUP, "sources", f"{pipeline.source.kind}_{slug}"])
+def inputs(pipeline: Pipeline) -> list[OneSource]:
+    """What ``pipeline`` reads: its source, or each source of a union."""
+    source = pipeline.source
+    return list(source.sources.values()) if isinstance(source, UnionSource) else [source]
+
+
+def source_key(source: OneSource) -> dg.AssetKey:
+    """An input, named by its kind and what it reads (pipelines reading one input share it)."""
+    slug = re.sub(r"[^A-Za-z0-9_]+", "_", source.label).strip("_")
+    return dg.AssetKey([GROUP, "sources", f"{source.kind}_{slug}"])
 
 
 def pool(pipeline: Pipeline) -> str:

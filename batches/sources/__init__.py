@@ -5,11 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from batches.clock import Clock
-from batches.pipeline import FileSource, KafkaSource, Pipeline, resolve
+from batches.errors import PipelineConfigInvalid
+from batches.pipeline import (
+    CustomSource,
+    FileSource,
+    KafkaSource,
+    Pipeline,
+    SourceConfig,
+    SyntheticSource,
+    UnionSource,
+    resolve,
+)
 from batches.sources.base import Source, SourceRead
 from batches.sources.files import FileStreamSource
 from batches.sources.kafka import KafkaStreamSource
 from batches.sources.synthetic import SyntheticStreamSource
+from batches.sources.union import SourceUnion
 from state.checkpoint import Checkpoint
 from state.manifest import FileManifest
 from state.session import SparkLike
@@ -31,11 +42,33 @@ def build_source(
     gives a source for read-only questions (its backlog). ``clock``: what a
     paced synthetic source reads "now" from.
     """
-    config = pipeline.source
-    if isinstance(config, KafkaSource):
-        return KafkaStreamSource(spark, config, config.consumer_group or f"lowmark-{pipeline.name}")
-    if not isinstance(config, FileSource):
-        return SyntheticStreamSource(spark, config, clock)
+
+    def build(config: SourceConfig) -> Source:
+        if isinstance(config, UnionSource):
+            parts = {name: build(c) for name, c in config.sources.items()}
+            return SourceUnion(parts, config.transforms)
+        if isinstance(config, CustomSource):
+            source = config.factory(spark, config.options, data_root)
+            if not isinstance(source, Source):
+                raise PipelineConfigInvalid(
+                    f"pipeline {pipeline.name}: source factory {config.label} returned "
+                    f"{type(source).__name__}, not a batches.sources.Source: return your "
+                    "Source subclass (docs/sources.md)"
+                )
+            return source
+        if isinstance(config, KafkaSource):
+            group = config.consumer_group or f"lowmark-{pipeline.name}"
+            return KafkaStreamSource(spark, config, group)
+        if isinstance(config, SyntheticSource):
+            return SyntheticStreamSource(spark, config, clock)
+        return _files(spark, config, data_root, checkpoint)
+
+    return build(pipeline.source)
+
+
+def _files(
+    spark: SparkLike, config: FileSource, data_root: Path, checkpoint: Checkpoint | str
+) -> FileStreamSource:
     if isinstance(checkpoint, str):
         manifest = FileManifest(f"{checkpoint}/files", ":files")
         schema = SourceSchema(f"{checkpoint}/schema", ":schema")

@@ -82,8 +82,8 @@ def read_counts(tagged: bool, good: Column | None) -> list[Column]:
 
 
 def waiting(backlog: dict[str, int]) -> bool:
-    """True when a source's ``backlog`` (its first count) says input waits."""
-    return next(iter(backlog.values()), 0) > 0
+    """True when a source's ``backlog`` says input waits (any count above 0)."""
+    return any(n > 0 for n in backlog.values())
 
 
 @dataclass(frozen=True)
@@ -94,14 +94,15 @@ class SourceRead:
     ``bad`` has the columns of ``state.quarantine.SCHEMA`` (or is None when the
     format cannot hold malformed rows). ``counts`` observes the input as the
     first job over ``records`` reads it: ``rows`` (records) and ``bad`` (bad
-    rows; absent when the format has none). ``cached`` are frames the source
-    persisted (``read(..., cache=True)``); the caller unpersists them when the
-    batch is done.
+    rows; absent when the format has none); a union of reads has one
+    observation per read, which ``batches.collect.observed`` adds up.
+    ``cached`` are frames the source persisted (``read(..., cache=True)``);
+    the caller unpersists them when the batch is done.
     """
 
     records: DataFrame
     bad: DataFrame | None
-    counts: Observation
+    counts: Observation | tuple[Observation, ...]
     cached: tuple[DataFrame, ...] = ()
     explain: Callable[[Exception], LowmarkError | None] = lambda _: None
     """Turns a Spark failure of a job over these frames into the user's error, if it is one

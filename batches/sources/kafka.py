@@ -52,13 +52,13 @@ from batches.sources.base import (
     fair_share,
     read_counts,
 )
+from batches.sources.json_values import parse_json_values
 from state.errors import LowmarkError, first_line
 from state.offset_log import Offsets
 from state.session import SparkLike, provider
 
 log = logging.getLogger(__name__)
 
-CORRUPT = "_corrupt_record"
 TIMEOUT_S = 30.0
 """Longest wait for the brokers on any one request."""
 
@@ -207,9 +207,9 @@ class KafkaStreamSource(Source):
         moved = {k: (start.get(k, 0), e) for k, e in end.items() if e > start.get(k, 0)}
         raw = self._read_raw(moved) if moved else self._spark().createDataFrame([], RAW_SCHEMA)
         part = F.concat_ws(":", F.col("topic"), F.col("partition").cast("string"))
-        counts = Observation()
         explain = self._explain(moved)
         if self.config.value_format == "raw":
+            counts = Observation()
             records = raw.withColumn(PARTITION_COLUMN, part).observe(
                 counts, *read_counts(False, None)
             )
@@ -217,36 +217,11 @@ class KafkaStreamSource(Source):
                 records = records.persist()
             return SourceRead(records, None, counts, (records,) if cache else (), explain)
         assert self.config.schema_ddl is not None
-        schema = StructType.fromDDL(self.config.schema_ddl)
-        assert isinstance(schema, StructType), "a schema DDL is a struct"
-        with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
-        text = F.col("value").cast("string")
-        parsed = raw.select(
-            F.from_json(
-                text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-            ).alias("r"),
-            text.alias("_raw"),
-            part.alias(PARTITION_COLUMN),
-            F.col("offset"),
+        values = raw.select("value", part.alias(PARTITION_COLUMN), "offset")
+        origin = F.concat(F.col(PARTITION_COLUMN), F.lit("@"), F.col("offset").cast("string"))
+        return parse_json_values(
+            values, self.config.schema_ddl, batch_id, origin, cache=cache, explain=explain
         )
-        good = F.col("_raw").isNotNull() & F.col(f"r.{CORRUPT}").isNull()
-        parsed = parsed.withColumn("_good", good).observe(counts, *read_counts(False, good))
-        if cache:
-            parsed = parsed.persist()
-        bad = parsed.where(~F.col("_good")).select(
-            F.lit(batch_id).cast("long").alias("batch_id"),
-            F.concat(F.col(PARTITION_COLUMN), F.lit("@"), F.col("offset").cast("string")).alias(
-                "source_file"
-            ),
-            F.col("_raw").alias("raw"),
-            F.when(F.col("_raw").isNull(), F.lit("a Kafka record with no value"))
-            .otherwise(F.lit("malformed JSON or not matching the source schema"))
-            .alias("reason"),
-        )
-        records = parsed.where(F.col("_good")).select(
-            *[F.col(f"r.`{n}`").alias(n) for n in schema.fieldNames()], PARTITION_COLUMN
-        )
-        return SourceRead(records, bad, counts, (parsed,) if cache else (), explain)
 
     def _read_raw(self, moved: dict[str, tuple[int, int]]) -> DataFrame:
         assign: dict[str, list[int]] = {}

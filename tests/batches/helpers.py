@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.pipeline import DeltaSink, FileSource, Pipeline
@@ -35,3 +35,15 @@ def drop_file(root: Path, index: int, rows: int = 3) -> Path:
 def sink_ids(spark: SparkSession, root: Path, table: str = "out") -> list[int]:
     df = spark.read.format("delta").load(str(root / table))
     return sorted(r["id"] for r in df.select("id").collect())
+
+
+def per_window(df: DataFrame, key: str, window: Column, *aggregates: Column) -> DataFrame:
+    """A plain Spark batch's windowed aggregation of ``df``, shaped as lowmark's sink:
+    ``key``, ``window_start``, ``window_end``, then the (aliased) ``aggregates``."""
+    out = df.groupBy(key, window.alias("w")).agg(*aggregates)
+    return out.select(
+        key,
+        F.col("w.start").alias("window_start"),
+        F.col("w.end").alias("window_end"),
+        *[c for c in out.columns if c not in (key, "w")],
+    )

@@ -32,6 +32,7 @@ def test_the_example_yaml_declares_a_pipeline_for_every_source_kind() -> None:
         "latest_orders": "files",
         "synthetic_clicks": "synthetic",
         "kafka_orders": "kafka",
+        "clicks_two_regions": "union",
     }
     kafka = pipelines["kafka_orders"].source
     assert isinstance(kafka, KafkaSource) and kafka.topics == ("orders",)

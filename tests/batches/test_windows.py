@@ -22,6 +22,7 @@ from batches.windows import (
     UserAggregate,
     WindowedAggregation,
 )
+from tests.batches.helpers import per_window
 from tests.conftest import write_json_lines
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -70,25 +71,15 @@ def reference(spark: SparkSession, root: Path, window: Tumbling | Sliding | Sess
         w = F.window("ts", f"{window.size} milliseconds")
     else:
         w = F.window("ts", f"{window.size} milliseconds", f"{window.slide} milliseconds")
-    return (
-        df.groupBy("user", w.alias("w"))
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum("amount").alias("sum_amount"),
-            F.min("amount").alias("min_amount"),
-            F.max("amount").alias("max_amount"),
-            F.avg("amount").alias("avg_amount"),
-        )
-        .select(
-            "user",
-            F.col("w.start").alias("window_start"),
-            F.col("w.end").alias("window_end"),
-            "count",
-            "sum_amount",
-            "min_amount",
-            "max_amount",
-            "avg_amount",
-        )
+    return per_window(
+        df,
+        "user",
+        w,
+        F.count(F.lit(1)).alias("count"),
+        F.sum("amount").alias("sum_amount"),
+        F.min("amount").alias("min_amount"),
+        F.max("amount").alias("max_amount"),
+        F.avg("amount").alias("avg_amount"),
     )
 
 

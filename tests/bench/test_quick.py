@@ -1,4 +1,7 @@
-"""The streaming benchmark's smoke run fills every row of its table (no timing asserted)."""
+"""The streaming benchmark's smoke run fills every row of its table (no timing asserted).
+
+In `make test-integration` (100 s): it keeps the benchmark from rotting, and proves nothing
+about the engine that the suite does not."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ RATIOS = ("a", "b_sss", "b_plain", "c", "d")
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_the_quick_streaming_benchmark_fills_every_row_of_its_table(tmp_path: Path) -> None:
     report, table = tmp_path / "RESULTS.md", tmp_path / "results.json"
     args = ["--quick", "--results", str(report), "--json", str(table)]

@@ -28,26 +28,36 @@ from tests.faults.scenarios import (
     KAFKA_TOPIC,
     kafka_lines,
     kafka_update,
+    outbox_update,
     plain_append,
     session_update,
     synthetic_append,
     tumbling_two_partitions,
     write_input,
+    write_outbox,
 )
 from tests.kafka_broker import KafkaBroker
 
-MATRIX = (tumbling_two_partitions, session_update, plain_append, kafka_update, synthetic_append)
+MATRIX = (
+    tumbling_two_partitions,
+    session_update,
+    plain_append,
+    kafka_update,
+    synthetic_append,
+    outbox_update,
+)
 SOURCE_STEPS = ("after_plan", "after_offset_log", "after_read", "after_commit")
 """Where a batch's source code runs or is replayed: planning, the recorded range, the read,
 and the frontier committed upstream after the commit."""
-OTHER_SOURCES = ("kafka_update", "synthetic_append")
+OTHER_SOURCES = ("kafka_update", "synthetic_append", "outbox_update")
 """Matrix pipelines over the other sources: killed at every step in ``make test-integration``,
 at ``SOURCE_STEPS`` in ``make test`` (their other steps are the same writes of state, sink,
 late rows and logs the folder pipelines are killed at in ``make test``)."""
 """Windows (every write driver-side; tumbling over two source partitions, one idle in each
 batch) and a stateless pipeline (its sink written by Spark), so kills fall between
 driver-side log commits and Spark writes, both ways round; then the same over the other
-sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions."""
+sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions, and
+sessions over a user-written source (an outbox table, ``examples.outbox_source``)."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -74,6 +84,9 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
     """Lay out ``pipeline``'s input (files under ``folder``, or the Kafka topic) and return
     it as this process runs it (a Kafka pipeline pointed at the test broker)."""
     if pipeline is synthetic_append:
+        return pipeline
+    if pipeline is outbox_update:
+        write_outbox(folder / "input.db")
         return pipeline
     if pipeline is not kafka_update:
         write_input(folder / "input", FIXED_INPUT, pipeline)

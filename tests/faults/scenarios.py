@@ -17,11 +17,19 @@ from __future__ import annotations
 import json
 import os
 import random
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from batches.pipeline import DeltaSink, FileSource, KafkaSource, Pipeline, SyntheticSource
+from batches.pipeline import (
+    CustomSource,
+    DeltaSink,
+    FileSource,
+    KafkaSource,
+    Pipeline,
+    SyntheticSource,
+)
 from batches.windows import (
     Aggregate,
     EventTime,
@@ -116,6 +124,20 @@ KAFKA_INPUT: list[Event | str] = [
 ]  # fmt: skip
 """The Kafka pipeline's input, one record a line: batch 3 holds late, bad and open-session rows."""
 
+OUTBOX = "../input.db"
+"""The outbox pipeline's SQLite file, beside its data roots like the folder pipelines' input."""
+
+outbox_update = _windowed("outbox_update", Session(gap="5 seconds"), "update").model_copy(
+    update={
+        "source": CustomSource(
+            factory="examples.outbox_source:build",
+            options={"database": OUTBOX, "schema_ddl": SCHEMA, "max_rows_per_batch": KAFKA_BATCH},
+            operational=("max_rows_per_batch",),
+        )
+    }
+)
+"""Sessions over a user-written source (``examples.outbox_source``) holding ``KAFKA_INPUT``."""
+
 synthetic_append = _windowed("synthetic_append", Tumbling(size="10 seconds"), "append").model_copy(
     update={
         "source": SyntheticSource(
@@ -155,6 +177,7 @@ PIPELINES = {
         plain_append,
         kafka_update,
         synthetic_append,
+        outbox_update,
     )
 }
 
@@ -193,6 +216,13 @@ def random_input(rng: random.Random, files: int) -> list[File]:
 def kafka_lines() -> list[str]:
     """``KAFKA_INPUT`` as the values to produce."""
     return [_line(row) for row in KAFKA_INPUT]
+
+
+def write_outbox(database: Path) -> None:
+    """``KAFKA_INPUT`` as the rows of an outbox table, ids from 0."""
+    with sqlite3.connect(database) as db:
+        db.execute("CREATE TABLE outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, payload TEXT)")
+        db.executemany("INSERT INTO outbox VALUES (?, ?)", list(enumerate(kafka_lines())))
 
 
 def write_input(folder: Path, files: list[File], pipeline: Pipeline | None = None) -> None:

@@ -15,7 +15,7 @@ import random
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.faults.conftest import MATRIX, Reference
+from tests.faults.conftest import MATRIX, OTHER_SOURCES, Reference
 from tests.faults.harness import (
     differences,
     in_process_crash,
@@ -25,10 +25,17 @@ from tests.faults.harness import (
 )
 
 CRASHES = 16
-"""Per pipeline; with the three of MATRIX, 48 crash-and-recover cases."""
+"""Per pipeline: 48 crash-and-recover cases over the folder pipelines of MATRIX in `make
+test`, 48 more over the other sources' in `make test-integration`."""
 
 
-@pytest.mark.parametrize("name", [p.name for p in MATRIX])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(p.name, marks=[pytest.mark.integration] if p.name in OTHER_SOURCES else [])
+        for p in MATRIX
+    ],
+)
 def test_seeded_random_crashes_at_any_step_of_any_batch_change_no_table(
     spark: SparkSession, references: dict[str, Reference], name: str
 ) -> None:

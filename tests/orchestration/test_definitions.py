@@ -97,3 +97,23 @@ def test_a_pipelines_runs_share_one_pool_slot_so_they_never_overlap(
     assert {node.pool for node in assets.node_def.iterate_op_defs()} == {"lowmark_ticks"}
     pools = yaml.safe_load((REPO / "dagster.yaml").read_text())["concurrency"]["pools"]
     assert pools == {"default_limit": 1, "granularity": "run"}
+
+
+def test_each_source_kind_loads_and_each_source_of_a_union_is_an_upstream_asset() -> None:
+    defs = build_definitions(str(REPO / "examples/pipelines.yaml"))
+    graph = defs.resolve_asset_graph()
+    parents = {
+        name: {"/".join(k.path) for k in graph.get(dg.AssetKey(["lowmark", name])).parent_keys}
+        for name in ("kafka_orders", "synthetic_clicks", "clicks_two_regions")
+    }
+    assert parents == {
+        "kafka_orders": {"lowmark/sources/kafka_orders"},
+        "synthetic_clicks": {"lowmark/sources/synthetic_seed_7"},
+        "clicks_two_regions": {
+            "lowmark/sources/synthetic_seed_1",
+            "lowmark/sources/synthetic_seed_2",
+        },
+    }
+    assert {"kafka_orders_sensor", "clicks_two_regions_sensor"} <= {
+        s.name for s in defs.sensors or ()
+    }

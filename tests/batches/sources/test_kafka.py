@@ -27,6 +27,7 @@ from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from orchestration.assets import pipeline_assets
 from orchestration.resources import LowmarkResource, SparkResource
+from tests.batches.helpers import per_window
 from tests.conftest import FakeClock
 from tests.kafka_broker import KafkaBroker
 
@@ -51,6 +52,11 @@ def config(kafka: KafkaBroker, topic: str, **overrides: Any) -> KafkaSource:
     return KafkaSource(
         bootstrap_servers=kafka.bootstrap, topics=(topic,), schema_ddl=SCHEMA, **overrides
     )
+
+
+def copied(kafka: KafkaBroker, topic: str, name: str, **source: Any) -> Pipeline:
+    """A pipeline copying ``topic`` into ``out``."""
+    return Pipeline(name=name, source=config(kafka, topic, **source), sink=DeltaSink(path="out"))
 
 
 def amounts(read: Any) -> list[tuple[str, int]]:
@@ -94,7 +100,7 @@ def test_values_that_do_not_parse_and_tombstones_are_bad_records_with_their_text
     assert bad == [
         (5, f"{topic}:0@1", '{"user": "b", "ts": oops', "malformed JSON or not matching the "
          "source schema"),
-        (5, f"{topic}:0@3", None, "a Kafka record with no value"),
+        (5, f"{topic}:0@3", None, "a record with no value"),
     ]  # fmt: skip
 
 
@@ -142,11 +148,7 @@ def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
     by_time = KafkaStreamSource(spark, config(kafka, topic, starting_offsets=at), "g")
     assert by_time.initial_offsets() == {f"{topic}:0": 2}
 
-    pipeline = Pipeline(
-        name="from_latest",
-        source=config(kafka, topic, starting_offsets="latest"),
-        sink=DeltaSink(path="out"),
-    )
+    pipeline = copied(kafka, topic, "from_latest", starting_offsets="latest")
     assert MicroBatchRunner(spark, pipeline, data_root).run_batch() is None  # nothing new
     kafka.produce(topic, [event("new", 9)])  # lands between two runs
     MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
@@ -160,11 +162,7 @@ def test_each_commit_commits_the_frontier_to_the_consumer_group_and_status_shows
     topic = new_topic(kafka, 2)
     kafka.produce(topic, [event("a", i) for i in range(5)], partition=0)
     kafka.produce(topic, [event("b", i) for i in range(3)], partition=1)
-    pipeline = Pipeline(
-        name="grouped",
-        source=config(kafka, topic, max_offsets_per_batch=6),
-        sink=DeltaSink(path="out"),
-    )
+    pipeline = copied(kafka, topic, "grouped", max_offsets_per_batch=6)
     runner = MicroBatchRunner(spark, pipeline, data_root)
     runner.run_batch()
     assert kafka.committed("lowmark-grouped", topic) == {0: 3, 1: 3}
@@ -181,11 +179,7 @@ def test_a_dagster_run_reports_the_records_still_waiting_after_each_batch(
     topic = new_topic(kafka, 2)
     kafka.produce(topic, [event("a", i) for i in range(4)], partition=0)
     kafka.produce(topic, [event("b", i) for i in range(3)], partition=1)
-    pipeline = Pipeline(
-        name="kafka_in_dagster",
-        source=config(kafka, topic, max_offsets_per_batch=4),
-        sink=DeltaSink(path="out"),
-    )
+    pipeline = copied(kafka, topic, "kafka_in_dagster", max_offsets_per_batch=4)
     result = dg.materialize(
         [pipeline_assets(pipeline, data_root)],
         resources={"spark": SparkResource(), "lowmark": LowmarkResource(data_root=str(data_root))},
@@ -240,18 +234,13 @@ def test_a_windowed_pipeline_over_three_partitions_goes_on_when_one_goes_idle(
         + [(f"u{p}", T0 + timedelta(seconds=s), s) for p in (0, 1) for s in (30, 60, 90, 120)],
         SCHEMA,
     )
-    w = F.window("ts", "10 seconds")
-    expected = (
-        every.groupBy("user", w.alias("w"))
-        .agg(F.count(F.lit(1)).alias("count"), F.sum("amount").alias("sum_amount"))
-        .select(
-            "user",
-            F.col("w.start").alias("window_start"),
-            F.col("w.end").alias("window_end"),
-            "count",
-            "sum_amount",
-        )
-        # Append mode: windows the watermark closed (allowed lateness 0).
-        .where(F.unix_millis("window_end") <= F.lit(status["watermark_ms"]))
+    expected = per_window(
+        every,
+        "user",
+        F.window("ts", "10 seconds"),
+        F.count(F.lit(1)).alias("count"),
+        F.sum("amount").alias("sum_amount"),
+    ).where(  # append mode: windows the watermark closed (allowed lateness 0)
+        F.unix_millis("window_end") <= F.lit(status["watermark_ms"])
     )
     assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)

@@ -15,6 +15,7 @@ from batches.pipeline import DeltaSink, Pipeline, SyntheticSource
 from batches.sources.base import PARTITION_COLUMN
 from batches.sources.synthetic import SyntheticStreamSource
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from tests.batches.helpers import per_window
 from tests.conftest import FakeClock
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -150,16 +151,11 @@ def test_a_windowed_pipeline_over_it_equals_a_plain_batch_over_the_same_records(
     assert sum(r.rows_late for r in results) == 0  # disorder within the bound
 
     every = SyntheticStreamSource(spark, source).read({}, {"0": 300, "1": 300, "2": 300}, 0)
-    w = F.window("event_time", "30 seconds")
-    expected = (
-        every.records.groupBy("key", w.alias("w"))
-        .agg(F.count(F.lit(1)).alias("count"), F.sum("value").alias("sum_value"))
-        .select(
-            "key",
-            F.col("w.start").alias("window_start"),
-            F.col("w.end").alias("window_end"),
-            "count",
-            "sum_value",
-        )
+    expected = per_window(
+        every.records,
+        "key",
+        F.window("event_time", "30 seconds"),
+        F.count(F.lit(1)).alias("count"),
+        F.sum("value").alias("sum_value"),
     )
     assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)

@@ -1,0 +1,64 @@
+"""JSON text values parsed into records, with the ones that do not parse as bad records.
+
+Shared by sources whose records arrive as JSON text (Kafka values, a user's
+outbox table): every value is parsed with the source schema in PERMISSIVE
+mode; a value that does not parse, does not match the schema or is missing
+becomes a bad record with its text, where it came from and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from batches.sources.base import PARTITION_COLUMN, SourceRead, read_counts
+from state.errors import LowmarkError
+
+CORRUPT = "_corrupt_record"
+
+
+def parse_json_values(
+    values: DataFrame,
+    schema_ddl: str,
+    batch_id: int,
+    origin: Column,
+    cache: bool = False,
+    explain: Callable[[Exception], LowmarkError | None] = lambda _: None,
+) -> SourceRead:
+    """A read of ``values``: a ``value`` column (JSON text, or null) and ``PARTITION_COLUMN``.
+
+    ``origin`` names where each value came from (``bad_records.source_file``,
+    e.g. ``topic:0@12``). ``cache`` persists the parse for a batch that runs
+    several jobs over it.
+    """
+    schema = StructType.fromDDL(schema_ddl)
+    assert isinstance(schema, StructType), "a schema DDL is a struct"
+    with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
+    text = F.col("value").cast("string")
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    parsed = values.select(
+        F.from_json(text, with_corrupt, options).alias("r"),
+        text.alias("_raw"),
+        F.col(PARTITION_COLUMN),
+        origin.alias("_origin"),
+    )
+    good = F.col("_raw").isNotNull() & F.col(f"r.{CORRUPT}").isNull()
+    counts = Observation()
+    parsed = parsed.withColumn("_good", good).observe(counts, *read_counts(False, good))
+    if cache:
+        parsed = parsed.persist()
+    bad = parsed.where(~F.col("_good")).select(
+        F.lit(batch_id).cast("long").alias("batch_id"),
+        F.col("_origin").alias("source_file"),
+        F.col("_raw").alias("raw"),
+        F.when(F.col("_raw").isNull(), F.lit("a record with no value"))
+        .otherwise(F.lit("malformed JSON or not matching the source schema"))
+        .alias("reason"),
+    )
+    records = parsed.where(F.col("_good")).select(
+        *[F.col(f"r.`{n}`").alias(n) for n in schema.fieldNames()], PARTITION_COLUMN
+    )
+    return SourceRead(records, bad, counts, (parsed,) if cache else (), explain)

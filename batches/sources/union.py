@@ -1,0 +1,145 @@
+"""Several sources as one stream (``UnionSource``): their records, unioned.
+
+Offsets of source ``name``'s partition ``p`` are kept as ``"name/p"``, so the
+offset log records each source's offsets and every partition of every source
+has its own watermark (records carry ``name/p`` in ``PARTITION_COLUMN``): the
+pipeline watermark is the minimum over all of them, and an idle source is
+left out of it like any idle partition. Every call is passed to each source
+with its own offsets; admission is each source's own limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import reduce
+
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from batches.errors import PipelineConfigInvalid
+from batches.sources.base import PARTITION_COLUMN, Range, Source, SourceRead
+from state.errors import LowmarkError
+from state.offset_log import Offsets
+
+SEPARATOR = "/"
+
+
+def own(offsets: Offsets, name: str) -> Offsets:
+    """Source ``name``'s part of union ``offsets``, in its own partition names."""
+    prefix = name + SEPARATOR
+    return {k[len(prefix) :]: v for k, v in offsets.items() if k.startswith(prefix)}
+
+
+def named(offsets: Offsets, name: str) -> Offsets:
+    """A source's ``offsets`` as the union names them."""
+    return {f"{name}{SEPARATOR}{k}": v for k, v in offsets.items()}
+
+
+class SourceUnion(Source):
+    """``parts`` by name; ``transforms`` (by name) run on a part's records before the union."""
+
+    def __init__(
+        self,
+        parts: Mapping[str, Source],
+        transforms: Mapping[str, Callable[[DataFrame], DataFrame]],
+    ) -> None:
+        self.parts = dict(parts)
+        self.transforms = dict(transforms)
+
+    def _each(self, offsets: Offsets, ask: Callable[[Source, Offsets], Offsets]) -> Offsets:
+        merged: Offsets = {}
+        for name, part in self.parts.items():
+            merged |= named(ask(part, own(offsets, name)), name)
+        return merged
+
+    def initial_offsets(self) -> Offsets:
+        return self._each({}, lambda part, _: part.initial_offsets())
+
+    def plan(
+        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+    ) -> Offsets:
+        return self._each(start, lambda part, mine: part.plan(mine, batch_id, record, discover))
+
+    def read(
+        self,
+        start: Offsets,
+        end: Offsets,
+        batch_id: int,
+        cache: bool = False,
+        strict: bool = False,
+    ) -> SourceRead:
+        """The reads of the sources whose part of ``[start, end)`` moved (the first source's
+        alone when none did), unioned by column name."""
+        moved = [n for n in self.parts if own(start, n) != own(end, n)] or list(self.parts)[:1]
+        reads = {
+            name: self.parts[name].read(own(start, name), own(end, name), batch_id, cache, strict)
+            for name in moved
+        }
+        frames = [self._records(name, read) for name, read in reads.items()]
+        columns = {name: sorted(df.columns) for name, df in zip(reads, frames, strict=True)}
+        if len({tuple(c) for c in columns.values()}) > 1:
+            shapes = "; ".join(f"{n}: {', '.join(c)}" for n, c in columns.items())
+            raise PipelineConfigInvalid(
+                f"the union's sources give different columns ({shapes}): give each a transform "
+                "(`transforms`) that makes them the same"
+            )
+        bads = [r.bad for r in reads.values() if r.bad is not None]
+        sizes = [r.size_bytes for r in reads.values()]
+
+        def explain(exc: Exception) -> LowmarkError | None:
+            return next((e for r in reads.values() if (e := r.explain(exc)) is not None), None)
+
+        return SourceRead(
+            records=reduce(DataFrame.unionByName, frames),
+            bad=reduce(DataFrame.unionByName, bads) if bads else None,
+            counts=tuple(o for r in reads.values() for o in _observations(r)),
+            cached=tuple(df for r in reads.values() for df in r.cached),
+            explain=explain,
+            size_bytes=None if None in sizes else sum(s for s in sizes if s is not None),
+        )
+
+    def _records(self, name: str, read: SourceRead) -> DataFrame:
+        records = read.records
+        if name in self.transforms:
+            records = self.transforms[name](records)
+        prefix = F.lit(name + SEPARATOR)
+        return records.withColumn(PARTITION_COLUMN, F.concat(prefix, F.col(PARTITION_COLUMN)))
+
+    def inputs(self, start: Offsets, end: Offsets) -> list[str]:
+        return [
+            f"{name}: {line}"
+            for name, part in self.parts.items()
+            for line in part.inputs(own(start, name), own(end, name))
+        ]
+
+    def confirm(self, batch: Range) -> None:
+        for name, part in self.parts.items():
+            part.confirm(Range(batch.batch_id, own(batch.start, name), own(batch.end, name)))
+
+    def commit(self, end: Offsets) -> None:
+        for name, part in self.parts.items():
+            part.commit(own(end, name))
+
+    def retire(self, committed_end: Offsets, batch_id: int) -> None:
+        for name, part in self.parts.items():
+            part.retire(own(committed_end, name), batch_id)
+
+    def backlog(self, committed_end: Offsets) -> dict[str, int]:
+        """Each source's backlog, its units named ``<source>.<unit>``."""
+        return {
+            f"{name}.{unit}": n
+            for name, part in self.parts.items()
+            for unit, n in part.backlog(own(committed_end, name)).items()
+        }
+
+    def describe_backlog(self, backlog: dict[str, int]) -> str:
+        described = []
+        for name, part in self.parts.items():
+            prefix = name + "."
+            mine = {k[len(prefix) :]: n for k, n in backlog.items() if k.startswith(prefix)}
+            described.append(f"{name}: {part.describe_backlog(mine)}")
+        return "; ".join(described)
+
+
+def _observations(read: SourceRead) -> tuple[Observation, ...]:
+    return read.counts if isinstance(read.counts, tuple) else (read.counts,)
