@@ -197,6 +197,73 @@ class KafkaSource(_SourceConfig):
         return ",".join(self.topics)
 
 
+class DeltaSource(_SourceConfig):
+    """A Delta table other jobs write (an upstream lowmark sink, say), read version by version.
+
+    Offsets are the next version to read (``version``) and, inside a version
+    too large for one batch, how many of its added files were taken
+    (``index``). ``read: appends`` takes the rows each version appended; a
+    version that updated or deleted rows fails the batch (``on_change: fail``,
+    as Spark's Delta source does) or is passed over (``skip``); OPTIMIZE and
+    other rewrites that change no rows are passed over. ``read: changes``
+    takes each version's row changes from the table's change data feed
+    (``_change_type``: insert, update_preimage, update_postimage, delete, with
+    ``_commit_version`` and ``_commit_timestamp``), whole versions a batch.
+    """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"max_versions_per_batch", "max_files_per_batch", "max_rows_per_batch"}
+        | {"starting_version"}
+    )
+    """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    kind: Literal["delta"] = "delta"
+    path: str = Field(description="Table folder, relative to the data root or absolute.")
+    read: Literal["appends", "changes"] = Field(
+        default="appends",
+        description="appends: the rows each version appended; changes: the change data feed "
+        "(the table needs delta.enableChangeDataFeed from the first version read).",
+    )
+    on_change: Literal["fail", "skip"] = Field(
+        default="fail",
+        description="appends only: what a version that updated or deleted rows does: fail "
+        "the batch (naming it), or skip it (its rows are not read).",
+    )
+    starting_version: int | Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="Where batch 0 starts: version 0 (earliest), the version after the "
+        "newest one when the pipeline first runs (latest), or a version number.",
+    )
+    max_versions_per_batch: int | None = Field(
+        default=None, ge=1, description="Admission limit: versions (None: no limit)."
+    )
+    max_files_per_batch: int = Field(
+        default=1000,
+        ge=1,
+        description="Admission limit: data files (appends may split a version; the change "
+        "feed takes whole versions).",
+    )
+    max_rows_per_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="Admission limit: rows, from the files' statistics (None: no limit). "
+        "A batch takes at least one file (appends) or one version (changes).",
+    )
+
+    @model_validator(mode="after")
+    def _skip_with_appends(self) -> DeltaSource:
+        if self.read == "changes" and self.on_change != "fail":
+            raise ValueError("`on_change` applies to `read: appends` only")
+        if isinstance(self.starting_version, int) and self.starting_version < 0:
+            raise ValueError("`starting_version` is a version (0 or more), 'earliest' or 'latest'")
+        return self
+
+    @property
+    def label(self) -> str:
+        """What the source reads, in a few words (its table)."""
+        return self.path
+
+
 class SyntheticSource(_SourceConfig):
     """Deterministic events from a seed, for demos, tests and benchmarks.
 
@@ -304,7 +371,7 @@ class CustomSource(_SourceConfig):
         return super().semantics() | {"options": options}
 
 
-SOURCE_KINDS = frozenset({"files", "kafka", "synthetic", "custom", "union"})
+SOURCE_KINDS = frozenset({"files", "kafka", "delta", "synthetic", "custom", "union"})
 
 
 def _source_kind(value: Any) -> str:
@@ -317,6 +384,7 @@ def _source_kind(value: Any) -> str:
 OneSource = Annotated[
     Annotated[FileSource, Tag("files")]
     | Annotated[KafkaSource, Tag("kafka")]
+    | Annotated[DeltaSource, Tag("delta")]
     | Annotated[SyntheticSource, Tag("synthetic")]
     | Annotated[CustomSource, Tag("custom")],
     Discriminator(_source_kind),
@@ -372,6 +440,7 @@ class UnionSource(_SourceConfig):
 SourceConfig = Annotated[
     Annotated[FileSource, Tag("files")]
     | Annotated[KafkaSource, Tag("kafka")]
+    | Annotated[DeltaSource, Tag("delta")]
     | Annotated[SyntheticSource, Tag("synthetic")]
     | Annotated[CustomSource, Tag("custom")]
     | Annotated[UnionSource, Tag("union")],

@@ -8,6 +8,7 @@ from batches.clock import Clock
 from batches.errors import PipelineConfigInvalid
 from batches.pipeline import (
     CustomSource,
+    DeltaSource,
     FileSource,
     KafkaSource,
     Pipeline,
@@ -17,6 +18,7 @@ from batches.pipeline import (
     resolve,
 )
 from batches.sources.base import Source, SourceRead
+from batches.sources.delta_table import DeltaStreamSource
 from batches.sources.files import FileStreamSource
 from batches.sources.kafka import KafkaStreamSource
 from batches.sources.synthetic import SyntheticStreamSource
@@ -59,6 +61,8 @@ def build_source(
         if isinstance(config, KafkaSource):
             group = config.consumer_group or f"lowmark-{pipeline.name}"
             return KafkaStreamSource(spark, config, group)
+        if isinstance(config, DeltaSource):
+            return DeltaStreamSource(spark, config, resolve(config.path, data_root))
         if isinstance(config, SyntheticSource):
             return SyntheticStreamSource(spark, config, clock)
         return _files(spark, config, data_root, checkpoint)

@@ -1,0 +1,290 @@
+"""A Delta table as a source: the versions other jobs commit, read exactly once.
+
+Offsets are ``{"version": v}`` (everything before version ``v`` taken) or,
+inside a version with more added files than one batch takes,
+``{"version": v, "index": i}`` (its first ``i`` files, in path order, taken).
+The table's history does not change, so a replay of a range reads the same
+rows. Planning and the backlog read the commit files of the versions
+involved on the driver (``batches.sources.delta_log``): no Spark job, and no
+cost that grows with the table.
+
+- ``read: appends``: a batch reads exactly the data files its versions added,
+  with Spark's Parquet reader (partition values from the log), so its cost is
+  what was appended, not the table. A version that changed rows (UPDATE,
+  DELETE, MERGE, an overwrite) fails the batch, naming it, or with
+  ``on_change: skip`` is passed over; OPTIMIZE and other rewrites that
+  change no rows contribute nothing.
+- ``read: changes``: a batch reads its versions' change data feed with
+  Spark's Delta reader (``readChangeFeed``, ``startingVersion`` to
+  ``endingVersion``), whole versions at a time.
+- Lost history: a version whose log was cleaned up, or whose files were
+  vacuumed, before a batch read it stops with one line naming the table and
+  versions, and the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from functools import reduce
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from batches.errors import PipelineConfigInvalid, SourceDataLost
+from batches.pipeline import DeltaSource
+from batches.sources.base import PARTITION_COLUMN, Source, SourceRead, read_counts
+from batches.sources.delta_log import Commit, DataFile, DeltaLog, Metadata
+from state.errors import LowmarkError, first_line
+from state.offset_log import Offsets
+from state.session import SparkLike, provider
+
+PARTITION = "table"
+"""The one source partition (and watermark partition) of a table."""
+CHANGE_FIELDS = (
+    StructField("_change_type", StringType()),
+    StructField("_commit_version", LongType()),
+    StructField("_commit_timestamp", TimestampType()),
+)
+"""The columns the change feed adds to the table's."""
+
+
+def position(offsets: Offsets) -> tuple[int, int]:
+    """(version, index) of ``offsets``."""
+    return offsets["version"], offsets.get("index", 0)
+
+
+def offsets_at(version: int, index: int) -> Offsets:
+    """The offsets of (version, index): ``index`` only when inside a version."""
+    return {"version": version, "index": index} if index else {"version": version}
+
+
+class DeltaStreamSource(Source):
+    """The table at ``table`` (resolved path) as ``config`` reads it."""
+
+    def __init__(self, spark: SparkLike, config: DeltaSource, table: str) -> None:
+        self._spark = provider(spark)
+        self.config = config
+        self.log = DeltaLog(table)
+
+    # -- what each version holds for this source --------------------------------------
+
+    def taken(self, commit: Commit) -> tuple[DataFile, ...]:
+        """The files a batch reads of ``commit``; raises for a version this source cannot
+        read (a change with ``on_change: fail``, a change feed that was off)."""
+        if self.config.read == "changes":
+            if not self.log.metadata_at(commit.version).change_feed:
+                raise PipelineConfigInvalid(
+                    f"Delta table {self.log.table} has no change data feed at version "
+                    f"{commit.version}: set its property delta.enableChangeDataFeed = true "
+                    "(it records changes from then on) and start after that version "
+                    "(`starting_version`), or read `appends`"
+                )
+            return commit.change_files
+        if commit.changes_rows:
+            if self.config.on_change == "skip":
+                return ()
+            raise PipelineConfigInvalid(
+                f"Delta table {self.log.table} version {commit.version} ({commit.operation}) "
+                "changed existing rows, which reading appends cannot follow: set the source's "
+                "`on_change: skip` to pass such versions over, or read the table's change "
+                "feed (`read: changes`)"
+            )
+        return commit.added
+
+    def _versions(self, start: Offsets, end: Offsets) -> Iterator[tuple[Commit, list[DataFile]]]:
+        """Each version of ``[start, end)`` with the files of it the range takes."""
+        version, index = position(start)
+        last, upto = position(end)
+        while version < last or (version == last and upto > 0):
+            commit = self.log.commit(version)
+            if commit is None:
+                raise SourceDataLost(
+                    f"Delta table {self.log.table} has no version {version}, which a batch "
+                    "took: the table was replaced or its log deleted; `lowmark reset` the "
+                    "pipeline"
+                )
+            files = self.taken(commit)
+            yield commit, list(files[index : upto if version == last else len(files)])
+            version, index = version + 1, 0
+
+    # -- the contract ---------------------------------------------------------------------
+
+    def initial_offsets(self) -> Offsets:
+        """Batch 0's start: ``starting_version`` (``latest`` resolved now; the runner
+        records it, so a later run starts from the same place)."""
+        start = self.config.starting_version
+        if start == "latest":
+            return offsets_at(self._latest(0) + 1, 0)
+        return offsets_at(0 if start == "earliest" else start, 0)
+
+    def _latest(self, at_least: int) -> int:
+        """The table's newest version (``at_least - 1`` if it has not reached that one)."""
+        self._check_exists()
+        return self.log.latest_version(at_least)
+
+    def _check_exists(self) -> None:
+        if not self.log.exists():
+            raise SourceDataLost(
+                f"no Delta table at {self.log.table}: create it, or point the source's `path` at it"
+            )
+
+    def plan(
+        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+    ) -> Offsets:
+        """The next batch's end: whole versions (changes) or added files in path order
+        (appends), up to the limits; a batch takes at least one file or version, and
+        versions with nothing to read are passed over. Nothing is recorded."""
+        self._check_exists()
+        version, index = position(start)
+        files = rows = versions = 0
+        whole = self.config.read == "changes"
+        while (commit := self.log.commit(version)) is not None:
+            left = list(self.taken(commit)[index:])
+            if not left:
+                version, index = version + 1, 0
+                continue
+            if whole:
+                if versions and self._full(files + len(left) - 1, rows, versions, left[-1]):
+                    break
+                files, rows = files + len(left), rows + sum(f.rows or 0 for f in left)
+                versions += 1
+                version += 1
+                continue
+            if versions and self._full(files, rows, versions, None):
+                break
+            versions += 1
+            for f in left:
+                if files and self._full(files, rows, 0, f):
+                    return offsets_at(version, index)
+                files, rows, index = files + 1, rows + (f.rows or 0), index + 1
+            version, index = version + 1, 0
+        return offsets_at(version, index)
+
+    def _full(self, files: int, rows: int, versions: int, next_file: DataFile | None) -> bool:
+        """Would one more version (``versions`` taken) or file (``next_file``) pass a limit?"""
+        c = self.config
+        if c.max_versions_per_batch is not None and versions >= c.max_versions_per_batch:
+            return True
+        if next_file is None:
+            return files >= c.max_files_per_batch
+        if files + 1 > c.max_files_per_batch:
+            return True
+        return (
+            c.max_rows_per_batch is not None
+            and rows + (next_file.rows if next_file.rows is not None else c.max_rows_per_batch)
+            > c.max_rows_per_batch
+        )
+
+    def read(
+        self,
+        start: Offsets,
+        end: Offsets,
+        batch_id: int,
+        cache: bool = False,
+        strict: bool = False,
+    ) -> SourceRead:
+        """Exactly the rows of ``[start, end)``; ``strict`` changes nothing (a version
+        never changes)."""
+        read = [(c, files) for c, files in self._versions(start, end) if files]
+        last, index = position(end)
+        meta = self.log.metadata_at(max(last if index else last - 1, 0))
+        explain = self._explain(start, end)
+        if self.config.read == "changes":
+            records = self._changes(meta.schema, position(start)[0], last - 1)
+        else:
+            records = self._appends(meta, [f for _, files in read for f in files], explain)
+        counts = Observation()
+        records = records.withColumn(PARTITION_COLUMN, F.lit(PARTITION)).observe(
+            counts, *read_counts(False, None)
+        )
+        if cache:
+            records = records.persist()
+        size = sum(f.size for _, files in read for f in files)
+        return SourceRead(records, None, counts, (records,) if cache else (), explain, size)
+
+    def _appends(
+        self,
+        meta: Metadata,
+        files: list[DataFile],
+        explain: Callable[[Exception], LowmarkError | None],
+    ) -> DataFrame:
+        """The rows of ``files`` (added files), with the table's columns as ``meta`` says;
+        ``explain`` names a file that is gone."""
+        if meta.column_mapping != "none":
+            raise PipelineConfigInvalid(
+                f"Delta table {self.log.table} uses column mapping ({meta.column_mapping}), "
+                "whose data files name columns by physical name: read the table's change feed "
+                "(`read: changes`) instead of its appends"
+            )
+        spark = self._spark()
+        if not files:
+            return spark.createDataFrame([], meta.schema)
+        partitioned = set(meta.partition_columns)
+        data_schema = StructType([f for f in meta.schema.fields if f.name not in partitioned])
+        groups: dict[tuple[tuple[str, str | None], ...], list[str]] = {}
+        for f in files:
+            groups.setdefault(f.partition_values, []).append(self.log.file_uri(f.path))
+        frames = []
+        for values, uris in groups.items():
+            given = dict(values)
+            columns = [
+                F.lit(given.get(f.name)).cast(f.dataType).alias(f.name)
+                if f.name in partitioned
+                else F.col(f"`{f.name}`")
+                for f in meta.schema.fields
+            ]
+            try:
+                frames.append(spark.read.schema(data_schema).parquet(*uris).select(*columns))
+            except AnalysisException as exc:
+                raise explain(exc) or exc from exc
+        return reduce(DataFrame.union, frames)
+
+    def _changes(self, schema: StructType, first: int, last: int) -> DataFrame:
+        """The change feed of versions ``first`` to ``last`` (none when ``last < first``)."""
+        spark = self._spark()
+        if last < first:
+            return spark.createDataFrame([], StructType([*schema.fields, *CHANGE_FIELDS]))
+        return (
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", first)
+            .option("endingVersion", last)
+            .load(self.log.table)
+        )
+
+    def _explain(self, start: Offsets, end: Offsets) -> Callable[[Exception], LowmarkError | None]:
+        """A read of files vacuumed away, as the user's error."""
+
+        def explain(exc: Exception) -> LowmarkError | None:
+            text = str(exc)
+            if not any(s in text for s in ("FileNotFound", "FILE_NOT_EXIST", "PATH_NOT_FOUND")):
+                return None
+            first, (last, index) = position(start)[0], position(end)
+            last = last if index else last - 1
+            versions = f"version {first}" if first == last else f"versions {first} to {last}"
+            return SourceDataLost(
+                f"Delta table {self.log.table}: files of {versions} were "
+                f"removed (VACUUM) before lowmark read them ({first_line(exc)}): keep them "
+                "longer (the table's delta.deletedFileRetentionDuration, or VACUUM's "
+                "RETAIN); to go on without them, `lowmark reset` the pipeline"
+            )
+
+        return explain
+
+    def inputs(self, start: Offsets, end: Offsets) -> list[str]:
+        return [
+            f"version {c.version} ({c.operation}): {len(files)} files"
+            for c, files in self._versions(start, end)
+            if files
+        ]
+
+    def backlog(self, committed_end: Offsets) -> dict[str, int]:
+        """Versions past ``committed_end`` (a version partly taken counts)."""
+        version, _ = position(committed_end) if committed_end else (0, 0)
+        latest = self._latest(version)
+        return {"versions": max(latest - version + 1, 0)}
+
+    def describe_backlog(self, backlog: dict[str, int]) -> str:
+        return f"{backlog['versions']} Delta versions waiting"

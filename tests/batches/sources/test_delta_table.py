@@ -1,0 +1,216 @@
+"""A Delta table as a source (``kind: delta``): admission in versions, files and rows, exact
+appends and change-feed reads while another writer appends, updates and OPTIMIZEs the
+table, and one-line errors for versions it cannot read or no longer can."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from batches.errors import PipelineConfigInvalid, SourceDataLost
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import DeltaSink, DeltaSource, Pipeline
+from batches.sources.delta_table import PARTITION, DeltaStreamSource
+
+
+def append(spark: SparkSession, table: Path, first: int, rows: int, files: int) -> None:
+    """Ids ``first`` .. ``first + rows - 1`` in exactly ``files`` files (one per ``part``),
+    partitioned by ``part`` = id % files."""
+    df = spark.range(first, first + rows).withColumn("part", F.col("id") % files)
+    df.repartition(files, "part").write.format("delta").mode("append").partitionBy("part").save(
+        str(table)
+    )
+
+
+def source(table: Path, spark: SparkSession, **config: object) -> DeltaStreamSource:
+    return DeltaStreamSource(spark, DeltaSource(path=str(table), **config), str(table))
+
+
+def ends(src: DeltaStreamSource, start: dict[str, int], batches: int) -> list[dict[str, int]]:
+    """The end offsets of ``batches`` consecutive plans from ``start``."""
+    found = []
+    for batch in range(batches):
+        start = src.plan(start, batch)
+        found.append(start)
+    return found
+
+
+def test_a_batch_takes_versions_files_and_rows_up_to_the_limits(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    append(spark, table, 0, 4, files=2)  # v0: 2 files
+    append(spark, table, 100, 9, files=3)  # v1: 3 files of 3 rows
+    append(spark, table, 200, 1, files=1)  # v2: 1 file
+    spark.sql(f"OPTIMIZE delta.`{table}`")  # v3: rewrites, changes no row
+    append(spark, table, 300, 4, files=2)  # v4: 2 files
+
+    # Whole versions; the OPTIMIZE, with nothing to read, goes with the batch before it;
+    # then nothing new.
+    assert ends(source(table, spark, max_versions_per_batch=1), {"version": 0}, 5) == [
+        {"version": 1}, {"version": 2}, {"version": 4}, {"version": 5}, {"version": 5},
+    ]  # fmt: skip
+    # Two files a batch: version 1 is split after its second file.
+    assert ends(source(table, spark, max_files_per_batch=2), {"version": 0}, 4) == [
+        {"version": 1}, {"version": 1, "index": 2}, {"version": 4}, {"version": 5},
+    ]  # fmt: skip
+    # Rows from the files' statistics: 3 rows a file in version 1, so 4 rows take one file
+    # (then its last file and version 2's one row); version 4's files hold 2 rows each.
+    assert ends(source(table, spark, max_rows_per_batch=4), {"version": 1}, 4) == [
+        {"version": 1, "index": 1}, {"version": 1, "index": 2}, {"version": 4},
+        {"version": 5},
+    ]  # fmt: skip
+    # Nothing past the newest version; the backlog counts versions.
+    src = source(table, spark)
+    assert src.plan({"version": 0}, 0) == {"version": 5}
+    assert src.backlog({"version": 2}) == {"versions": 3}
+    assert src.backlog({"version": 5}) == {"versions": 0}
+
+
+def test_reads_exactly_the_rows_of_a_range_with_partition_values(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    append(spark, table, 0, 4, files=2)
+    append(spark, table, 100, 9, files=3)
+    append(spark, table, 200, 1, files=1)
+    src = source(table, spark, max_files_per_batch=2)
+    start: dict[str, int] = {"version": 0}
+    read: list[DataFrame] = []
+    for batch in range(4):
+        end = src.plan(start, batch)
+        read.append(src.read(start, end, batch).records)
+        start = end
+    everything = read[0].unionByName(read[1]).unionByName(read[2]).unionByName(read[3])
+    expected = spark.read.format("delta").load(str(table)).withColumn("_p", F.lit(PARTITION))
+    assertDataFrameEqual(everything.withColumnRenamed("_lowmark_partition", "_p"), expected)
+    # A split version: its first two files (sorted by path: part=0, part=1) in one batch.
+    assert sorted(r.id % 3 for r in read[1].collect()) == [0, 0, 0, 1, 1, 1]
+
+
+def writer(spark: SparkSession, table: Path, appended: list[tuple[int, str]]) -> None:
+    """Another job: appends (ids and labels it records in ``appended``), updates the labels
+    of some rows, deletes some and OPTIMIZEs, one commit at a time."""
+    for step in range(8):
+        rows = [(step * 10 + i, f"v{step}") for i in range(5)]
+        spark.createDataFrame(rows, "id LONG, label STRING").write.format("delta").mode(
+            "append"
+        ).save(str(table))
+        appended.extend(rows)
+        if step % 4 == 1:
+            spark.sql(f"UPDATE delta.`{table}` SET label = 'updated' WHERE id % 10 = {step % 5}")
+        if step % 4 == 3:
+            spark.sql(f"OPTIMIZE delta.`{table}`")
+        if step % 6 == 5:
+            spark.sql(f"DELETE FROM delta.`{table}` WHERE id = {step * 10}")
+
+
+def test_a_table_written_while_the_pipelines_run_is_read_exactly_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "upstream"
+    spark.createDataFrame([], "id LONG, label STRING").write.format("delta").option(
+        "delta.enableChangeDataFeed", "true"
+    ).save(str(table))
+    appends = Pipeline(
+        name="appends",
+        source=DeltaSource(path=str(table), on_change="skip", max_files_per_batch=1),
+        sink=DeltaSink(path="appends_out"),
+    )
+    changes = Pipeline(
+        name="changes",
+        source=DeltaSource(path=str(table), read="changes", max_versions_per_batch=2),
+        sink=DeltaSink(path="changes_out"),
+    )
+    root = tmp_path / "data"
+    runners = [MicroBatchRunner(spark, p, root) for p in (appends, changes)]
+    appended: list[tuple[int, str]] = []
+    other = threading.Thread(target=writer, args=(spark, table, appended))
+    other.start()
+    batches = 0
+    while other.is_alive():
+        batches += sum(len(r.run(max_batches=1)) for r in runners)
+    other.join()
+    for r in runners:
+        r.run(max_batches=None)
+    assert batches > 2, "the pipelines ran while the table was written"
+
+    # Appends, with the versions that updated or deleted rows passed over: every row
+    # as appended, once.
+    got = spark.read.format("delta").load(str(root / "appends_out"))
+    assertDataFrameEqual(got, spark.createDataFrame(appended, "id LONG, label STRING"))
+    # The change feed: what a plain Spark read of the whole feed returns, once.
+    feed = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", 0)
+        .load(str(table))
+    )
+    assertDataFrameEqual(spark.read.format("delta").load(str(root / "changes_out")), feed)
+    kinds = {r[0] for r in feed.select("_change_type").distinct().collect()}
+    assert kinds == {"insert", "update_preimage", "update_postimage", "delete"}
+
+
+def test_a_version_that_changed_rows_stops_reading_appends_naming_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    append(spark, table, 0, 4, files=2)
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE id = 1")
+    with pytest.raises(PipelineConfigInvalid) as failed:
+        source(table, spark).plan({"version": 0}, 0)
+    assert f"Delta table {table} version 1 (DELETE) changed existing rows" in str(failed.value)
+    assert "`on_change: skip`" in str(failed.value)
+    assert source(table, spark, on_change="skip").plan({"version": 0}, 0) == {"version": 2}
+
+
+def test_the_change_feed_of_a_table_without_one_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    append(spark, table, 0, 4, files=2)
+    with pytest.raises(PipelineConfigInvalid, match="has no change data feed at version 0"):
+        source(table, spark, read="changes").plan({"version": 0}, 0)
+    with pytest.raises(SourceDataLost, match="no Delta table at"):
+        source(tmp_path / "missing", spark).plan({"version": 0}, 0)
+
+
+def test_vacuumed_files_and_cleaned_up_log_are_clear_errors(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    for i in range(12):  # Spark writes a checkpoint at version 10
+        append(spark, table, i * 10, 2, files=1)
+    src = source(table, spark, max_versions_per_batch=1)
+
+    # Version 3's file is rewritten by OPTIMIZE, then vacuumed.
+    spark.sql(f"OPTIMIZE delta.`{table}`")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+    with pytest.raises(SourceDataLost) as lost:
+        read = src.read({"version": 3}, {"version": 4}, 3)
+        try:
+            read.records.collect()
+        except Exception as exc:
+            raise read.explain(exc) or exc from exc
+    assert f"Delta table {table}: files of version 3 were removed (VACUUM)" in str(lost.value)
+
+    # The log before the checkpoint is cleaned up (log retention).
+    for version in range(10):
+        (table / "_delta_log" / f"{version:020d}.json").unlink()
+    with pytest.raises(SourceDataLost) as cleaned:
+        source(table, spark).plan({"version": 3}, 3)
+    assert (
+        f"Delta table {table}: the log of version 3 was cleaned up (log retention) before "
+        "lowmark read it; the oldest version kept is 10"
+    ) in str(cleaned.value)
+    shutil.rmtree(table)
