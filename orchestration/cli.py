@@ -5,15 +5,20 @@
   records), so the assets' history holds every batch however it ran.
 - ``lowmark ui`` runs the Dagster UI with a clean start and stop
   (``orchestration.ui``).
+- ``lowmark init DIR`` makes a project of one's own (``orchestration.scaffold``); run in
+  a project, ``lowmark`` uses it (``orchestration.project``).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -24,8 +29,11 @@ import typer
 from batches import cli
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.registry import load_pipelines
+from orchestration.errors import ProjectFileInvalid
 from orchestration.partitions import event_time_partitions
+from orchestration.project import find_project
 from orchestration.reporting import BatchReports
+from orchestration.scaffold import FILES, command_lines, init_project
 from orchestration.ui import PROJECT, DagsterDev, prepare_home
 
 
@@ -54,8 +62,12 @@ def ui(
     port: Annotated[int, typer.Option(envvar="LOWMARK_UI_PORT", help="Port to serve on.")] = 3000,
     host: Annotated[str, typer.Option(help="Interface to serve on.")] = "127.0.0.1",
     workspace: Annotated[
-        Path, typer.Option(help="Dagster workspace file that loads the pipelines.")
-    ] = PROJECT / "workspace.yaml",
+        Path | None,
+        typer.Option(
+            help="Dagster workspace file that loads the pipelines. Default: the project's "
+            "workspace.yaml in a lowmark project, else lowmark's own.",
+        ),
+    ] = None,
 ) -> None:
     """Open the Dagster UI over the pipelines: webserver, daemon (sensors, schedules, run
     queue) and code server, with the instance in DAGSTER_HOME (default ./.dagster_home).
@@ -69,6 +81,9 @@ def ui(
     if c.pipelines:
         env["LOWMARK_PIPELINES"] = c.pipelines
     names = list(load_pipelines(c.pipelines))
+    if workspace is None:
+        project = find_project(Path.cwd())
+        workspace = project.workspace if project else PROJECT / "workspace.yaml"
     cli.err.print(f"starting the Dagster UI (instance {home})…")
     dev = DagsterDev.start(home, port, host, workspace, env)
     stopping: list[str] = []
@@ -99,6 +114,44 @@ def ui(
     cli.err.print(f"stopped the Dagster UI and its runs in {took:.1f} s")
 
 
+@cli.app.command()
+def init(
+    folder: Annotated[Path, typer.Argument(help="A new or empty folder for the project.")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print what was created as JSON.")
+    ] = False,
+) -> None:
+    """Start a project of your own in FOLDER, ready to run: one example pipeline (JSON files
+    of page views → views per page per minute, a Delta table) and a sample file to feed it,
+    lowmark.toml, Dagster's workspace.yaml and instance, a data folder and a README.
+
+    Run in FOLDER (or below it), `lowmark` uses the project's pipelines, data root and
+    Dagster instance with no flags; a flag or an environment variable still wins (flag >
+    LOWMARK_PIPELINES / LOWMARK_DATA_ROOT / DAGSTER_HOME > lowmark.toml > the demo).
+    FOLDER must be new or empty: nothing is overwritten.
+    """
+    made = init_project(folder, datetime.now(UTC))
+    if as_json:
+        print(made.to_json())
+        return
+    width = max(len(path) for path, _ in FILES)
+    lines = [f"created a lowmark project in {made.root}:"]
+    lines += [f"  {path:<{width}}  {what}" for path, what in FILES]
+    lines += ["next:", f"  cd {shlex.quote(str(folder))}"]
+    lines += [f"  {line}" for line in command_lines()]
+    if shutil.which("lowmark") is None:
+        lines.append(f"(lowmark is not on your PATH: add {Path(sys.executable).parent} to it)")
+    cli.out.print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """The ``lowmark`` console entry point."""
+    """The ``lowmark`` console entry point. Run in a lowmark project, its ``lowmark.toml``
+    fills in the unset LOWMARK_PIPELINES, LOWMARK_DATA_ROOT and DAGSTER_HOME first."""
+    try:
+        project = find_project(Path.cwd())
+    except ProjectFileInvalid as exc:
+        cli.err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    if project is not None:
+        project.use()
     cli.main(argv if argv is not None else sys.argv[1:], listeners=(report_to_dagster,))

@@ -1,0 +1,17 @@
+"""Errors a user can cause around a lowmark project (``lowmark init``, ``lowmark.toml``).
+
+One line each, naming the file or folder and the way out. ``LowmarkError`` is the
+common base the CLI turns into a clean message.
+"""
+
+from __future__ import annotations
+
+from state.errors import LowmarkError
+
+
+class ProjectFileInvalid(LowmarkError):
+    """A project's ``lowmark.toml`` is not valid TOML or fails validation."""
+
+
+class ProjectFolderNotEmpty(LowmarkError):
+    """``lowmark init`` was pointed at a folder that holds something (it never overwrites)."""
