@@ -1,34 +1,39 @@
-# Every target the README names. Set-up steps are idempotent: a fresh clone
-# needs only python3.11, Java 17 and mvn (plus the package registries).
+# Every target the README names. `make setup` is what `make demo` and `make ui` need, and
+# needs only python3.11, Java 17 (or 21, 25) and mvn: the venv with the pinned packages, the
+# Spark jars (Delta, the Kafka connector) via mvn, and a smoke check. `make test-setup` adds
+# what the tests need: the Kafka test broker's jars and a browser for the UI test.
+# scripts/setup runs the steps, one line each: it asks make whether each marker file below is
+# current (`make -q`), builds it with its output in .venv/setup.log, and on failure prints
+# that log's last lines. A missing or wrong tool is one line naming what to install.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup demo test test-integration lint typecheck unit ui bench soak clean
+.PHONY: setup test-setup demo test test-integration lint typecheck unit ui bench soak clean
 
-setup: $(VENV)/.installed jvm/lib/.pom.sha jvm/kafka/lib/.pom.sha $(VENV)/.smoke $(VENV)/.chromium
+setup:
+	@PYTHON='$(PYTHON)' scripts/setup demo
 
+test-setup: setup
+	@scripts/setup test
+
+# The set-up steps' markers (scripts/setup builds them in this order).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -c constraints.txt -e '.[dev]'
 	touch $@
 
 jvm/lib/.pom.sha: jvm/pom.xml jvm/fetch-jars $(VENV)/.installed
-	PYTHON=$(BIN)/python jvm/fetch-jars
-
-jvm/kafka/lib/.pom.sha: jvm/kafka/pom.xml jvm/kafka/fetch-broker
-	jvm/kafka/fetch-broker
+	PYTHON=$(BIN)/python jvm/fetch-jars jvm --spark
 
 $(VENV)/.smoke: jvm/lib/.pom.sha
 	$(BIN)/python -m state.smoke
 	touch $@
 
-# The UI test drives Debian's chromium (Playwright's own browser download is not used).
-$(VENV)/.chromium:
-	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
-	touch $@
+jvm/kafka/lib/.pom.sha: jvm/kafka/pom.xml jvm/fetch-jars
+	jvm/fetch-jars jvm/kafka
 
 # The Dagster UI on http://127.0.0.1:3000 (LOWMARK_UI_PORT) with the project's instance
 # (SQLite in .dagster_home). Ctrl-C stops the webserver, daemon, code server and runs.
@@ -47,24 +52,24 @@ typecheck: setup
 	$(BIN)/mypy
 
 # The 15 slowest tests are listed at the end: where the suite's 15 minutes go.
-unit: setup
+unit: test-setup
 	$(BIN)/pytest -m "not integration" --durations=15
 
-test: lint typecheck unit
+test: test-setup lint typecheck unit
 
 # What `make test` leaves out to stay near 15 minutes (tests marked `integration`): the
 # kill matrix's Kafka, synthetic and outbox (user-written source) pipelines at the steps
 # past their source's own (state, sink, late rows, watermarks: the writes the folder
 # pipelines are killed at in `make test`), the random in-process crash schedules over
 # those three, and the quick benchmark smoke run. About 8 minutes.
-test-integration: setup
+test-integration: test-setup
 	$(BIN)/pytest -m integration --durations=10
 
 # Random crash schedules with real SIGKILLs of `lowmark run` (tests/faults/soak.py);
 # prints `cases: N, differences: D` and fails if D > 0.
 SOAK_SCHEDULES ?= 12
 SOAK_SEED ?= 0
-soak: setup
+soak: test-setup
 	$(BIN)/python -m tests.faults.soak --schedules $(SOAK_SCHEDULES) --seed $(SOAK_SEED)
 
 # Small-batch time with 10 k vs 1 M open windows, lowmark vs Structured Streaming
@@ -77,7 +82,7 @@ soak: setup
 # Never part of `make test`.
 BENCH_ARGS ?=
 BENCH_OUT := data/bench
-bench: setup
+bench: test-setup
 	mkdir -p $(BENCH_OUT)
 	bash -o pipefail -c '$(BIN)/python -m bench.state_scaling $(BENCH_ARGS) | tee $(BENCH_OUT)/state_scaling.txt'
 	$(BIN)/python -m bench.streaming $(BENCH_ARGS) --state-scaling-log $(BENCH_OUT)/state_scaling.txt
@@ -86,4 +91,4 @@ bench: setup
 	bash -o pipefail -c '$(BIN)/python -m bench.kafka | tee $(BENCH_OUT)/kafka.txt'
 
 clean:
-	rm -rf $(VENV) jvm/lib data .dagster_home
+	rm -rf $(VENV) jvm/lib jvm/kafka/lib data .dagster_home

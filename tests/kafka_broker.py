@@ -1,7 +1,7 @@
 """A real single-node Kafka broker for tests, and a small client library to feed it.
 
 The broker is Apache Kafka itself (KRaft mode: one process is both broker and controller;
-no ZooKeeper, no Docker), run with ``java`` from the jars ``make setup`` copies into
+no ZooKeeper, no Docker), run with ``java`` from the jars ``make test-setup`` copies into
 ``jvm/kafka/lib`` (see ``jvm/kafka/pom.xml``). It listens on a free loopback port and keeps
 all its data in the folder it is started in. The helpers talk to it with confluent-kafka
 (librdkafka), the client the engine itself uses on the driver.
@@ -59,7 +59,7 @@ class KafkaBroker:
         """Format fresh storage in ``folder`` and start a broker on two free loopback ports
         (clients and controller). Returns once an admin client can list its topics.
 
-        Raises RuntimeError if the jars are missing (run ``make setup``), or if the broker
+        Raises RuntimeError if the jars are missing (run ``make test-setup``), or if the broker
         exits or is not ready within ``timeout_s`` (the message holds the last 30 lines of
         ``folder/broker.log``; the process is killed first).
         """
@@ -260,7 +260,7 @@ class KafkaBroker:
 
 def _classpath() -> str:
     if not any(KAFKA_LIB.glob("kafka_2.13-*.jar")):
-        raise RuntimeError(f"no Kafka broker jars in {KAFKA_LIB}: run `make setup`")
+        raise RuntimeError(f"no Kafka broker jars in {KAFKA_LIB}: run `make test-setup`")
     return f"{KAFKA_LIB}/*"
 
 

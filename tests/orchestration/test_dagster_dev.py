@@ -219,7 +219,7 @@ def test_the_ui_shows_readable_assets_and_launches_batches_and_backfills(
 ) -> None:
     from playwright.sync_api import sync_playwright
 
-    assert CHROMIUM is not None, "Debian's chromium is missing: run `make setup`"
+    assert CHROMIUM is not None, "chromium is not on PATH: run `make test-setup`"
     wait_for("ticks' partitions", lambda: dev.materializations(TICKS), dev)
     with sync_playwright() as p:
         browser = p.chromium.launch(
