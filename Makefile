@@ -1,5 +1,5 @@
 # Every target the README names. `make setup` is what `make demo` and `make ui` need, and
-# needs only python3.11, Java 17 (or 21, 25) and mvn: the venv with the pinned packages, the
+# needs only python3.11, Java 17 (or 21, 25.0.3+) and mvn: the venv with the pinned packages, the
 # Spark jars (Delta, the Kafka connector) via mvn, and a smoke check. `make test-setup` adds
 # what the tests need: the Kafka test broker's jars and a browser for the UI test.
 # scripts/setup runs the steps, one line each: it asks make whether each marker file below is
