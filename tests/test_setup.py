@@ -36,7 +36,7 @@ def tool_path(
 ) -> dict[str, str]:
     """An environment whose PATH is a folder of links to python3.11 (this venv's base
     interpreter), java, mvn and ``SHELL_TOOLS``, except ``leave_out``; ``fakes`` maps a tool's
-    name to a shell script standing in for it (an old java, say)."""
+    name to a shell script standing in for it (an old java, say) or added to them."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     java_home = os.environ.get("JAVA_HOME")
@@ -52,7 +52,7 @@ def tool_path(
             (bin_dir / name).symlink_to(target)
     for name, script in (fakes or {}).items():
         fake = bin_dir / name
-        fake.unlink()
+        fake.unlink(missing_ok=True)
         fake.write_text(f"#!/bin/sh\n{script}\n")
         fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in {"JAVA_HOME", "PYTHON"}}
@@ -170,6 +170,18 @@ def test_test_setup_without_apt_get_or_a_browser_is_one_line_naming_chromium(
         "chromium not found on PATH and apt-get is not available: install Chromium so that "
         "`chromium` is on PATH, and rerun"
     ]
+
+
+def test_test_setup_of_a_user_who_is_not_root_does_not_run_apt_get(tmp_path: Path) -> None:
+    ran = tmp_path / "apt-get ran"
+    env = tool_path(tmp_path, fakes={"id": "echo 1000", "apt-get": f"touch '{ran}'"})
+    done = run([str(SETUP), "test"], env)
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[1:] == [
+        "chromium not found on PATH and apt-get needs root: run `sudo apt-get install chromium` "
+        "and rerun"
+    ]
+    assert not ran.exists()
 
 
 def test_a_failing_step_prints_the_end_of_its_log_and_one_line_naming_it(tmp_path: Path) -> None:
