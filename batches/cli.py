@@ -7,11 +7,11 @@ trace; everything committed before the error stays committed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,10 +19,11 @@ import typer
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from rich.console import Console
-from rich.table import Table
 
+from batches.clock import Clock, SystemClock
 from batches.compaction import compact_checkpoint
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
+from batches.display import duration, iso_utc, moment, print_fields, print_json, print_table
 from batches.durations import parse_duration_ms
 from batches.follow import follow
 from batches.microbatch import BatchResult, MicroBatchRunner
@@ -31,7 +32,7 @@ from batches.poison import set_aside
 from batches.registry import get_pipeline, load_pipelines
 from batches.reset import reset as reset_pipeline
 from batches.sources.base import describe_range
-from batches.status import pipeline_history, pipeline_status
+from batches.status import pipeline_history, pipeline_plan, pipeline_status
 from state.errors import LowmarkError
 from state.session import SparkSettings, get_spark
 
@@ -48,9 +49,14 @@ err = Console(stderr=True)
 BatchListener = Callable[[MicroBatchRunner, Path], Callable[[BatchResult], None] | None]
 """Given a runner and the data root, what to call with each batch it commits (None: nothing)."""
 
+JsonFlag = Annotated[
+    bool, typer.Option("--json", help="Print JSON instead of text (keys in the README).")
+]
+
 
 class Context:
-    """Options shared by every command, and who hears of committed batches."""
+    """Options shared by every command, who hears of committed batches, and the clock
+    that every "now" of a command is read from."""
 
     def __init__(
         self,
@@ -58,22 +64,28 @@ class Context:
         data_root: Path,
         master: str | None,
         listeners: Sequence[BatchListener] = (),
+        clock: Clock | None = None,
     ) -> None:
         self.pipelines = pipelines
         self.data_root = data_root.resolve()
         self.settings = SparkSettings(master=master) if master else SparkSettings()
         self.listeners = listeners
+        self.clock = clock or SystemClock()
 
     def spark(self) -> SparkSession:
         with err.status("starting Spark…"):
             return get_spark(self.settings)
 
-    def on_batch(self, runner: MicroBatchRunner) -> Callable[[BatchResult], None]:
-        """Prints each batch ``runner`` commits and tells the listeners."""
+    def on_batch(
+        self, runner: MicroBatchRunner, show: Callable[[BatchResult], None] | None
+    ) -> Callable[[BatchResult], None]:
+        """Shows each batch ``runner`` commits with ``show`` (None: not at all) and tells
+        the listeners."""
         heard = [h for listen in self.listeners if (h := listen(runner, self.data_root))]
 
         def each(r: BatchResult) -> None:
-            _print_batch(r)
+            if show is not None:
+                show(r)
             for hear in heard:
                 hear(r)
 
@@ -102,24 +114,37 @@ def main_options(
         typer.Option(help="Spark master URL. Env: LOWMARK_SPARK_MASTER; default local[*]."),
     ] = None,
 ) -> None:
-    ctx.obj = Context(pipelines, data_root, master, listeners=ctx.obj or ())
+    ctx.obj = Context(pipelines, data_root, master, **(ctx.obj or {}))
 
 
 @app.command("list")
-def list_pipelines(ctx: typer.Context) -> None:
+def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """List the registered pipelines."""
-    table = Table()
-    for name in ("pipeline", "source", "sink"):
-        table.add_column(name, no_wrap=True)
-    table.add_column("description")
-    for p in load_pipelines(ctx.obj.pipelines).values():
-        table.add_row(
+    pipelines = list(load_pipelines(ctx.obj.pipelines).values())
+    if as_json:
+        print_json(
+            out,
+            [
+                {
+                    "name": p.name,
+                    "description": p.description,
+                    "source": {"kind": p.source.kind, "label": p.source.label},
+                    "sink": {"kind": p.sink.kind, "path": p.sink.path, "mode": p.sink.mode},
+                }
+                for p in pipelines
+            ],
+        )
+        return
+    rows = [
+        (
             p.name,
             f"{p.source.kind}:{p.source.label}",
             f"{p.sink.kind}:{p.sink.path} ({p.sink.mode})",
             p.description,
         )
-    out.print(table)
+        for p in pipelines
+    ]
+    print_table(out, ("pipeline", "source", "sink", "description"), rows)
 
 
 @app.command()
@@ -161,6 +186,13 @@ def run(
             "fixing its transform).",
         ),
     ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print each committed batch as one line of JSON (JSON Lines; keys in the README).",
+        ),
+    ] = False,
 ) -> None:
     """Run micro-batches of PIPELINE: one by default, N, until caught up, or --follow.
 
@@ -185,15 +217,16 @@ def run(
     if poll_s <= 0:
         raise typer.BadParameter("--poll-interval must be more than 0")
     p = get_pipeline(pipeline, c.pipelines)
-    runner = MicroBatchRunner(c.spark(), p, c.data_root)
+    runner = MicroBatchRunner(c.spark(), p, c.data_root, c.clock)
+    show = _print_batch_json if as_json else _print_batch
     if follow_source:
-        _follow(runner, c.on_batch(runner), poll_s, limit_s)
+        _follow(runner, c.on_batch(runner, show), poll_s, limit_s, as_json)
         return
     limit = max_batches or (None if until_caught_up else 1)
     with err.status(f"running {pipeline}…"):
-        results = runner.run(max_batches=limit, on_batch=c.on_batch(runner), retry=retry)
+        results = runner.run(max_batches=limit, on_batch=c.on_batch(runner, show), retry=retry)
     if not results:
-        out.print(f"{pipeline}: caught up, no new data")
+        (err if as_json else out).print(f"{pipeline}: caught up, no new data")
 
 
 def _follow(
@@ -201,6 +234,7 @@ def _follow(
     on_batch: Callable[[BatchResult], None],
     poll_s: float,
     max_seconds: float | None,
+    as_json: bool,
 ) -> None:
     pipeline = runner.pipeline.name
     limit = "until stopped" if max_seconds is None else f"for at most {max_seconds:g} s"
@@ -211,7 +245,7 @@ def _follow(
     )
     with err.status(f"following {pipeline}…"):
         result = follow(runner, poll_s, max_seconds, on_batch=on_batch)
-    out.print(f"{pipeline}: {result.describe()}", soft_wrap=True)
+    (err if as_json else out).print(f"{pipeline}: {result.describe()}", soft_wrap=True)
 
 
 def _seconds(option: str, value: str) -> float:
@@ -232,33 +266,173 @@ def _is_number(value: str) -> bool:
 
 def _print_batch(r: BatchResult) -> None:
     what = "replayed" if r.replay else "committed"
+    lag = f"; event-time lag {duration(r.lag_ms)}" if r.lag_ms is not None else ""
     out.print(
         f"batch {r.batch_id} {what}: {r.rows_in} rows in, {r.rows_out} out, "
-        f"{r.rows_bad} bad, {r.rows_late} late, input {describe_range(r.start, r.end)}, "
-        f"{r.durations_ms['total'] / 1000:.2f} s",
+        f"{r.rows_bad} bad, {r.rows_late} late; input: {describe_range(r.start, r.end)}"
+        f"{lag}; took {duration(r.durations_ms['total'])}",
         soft_wrap=True,
+        highlight=False,
     )
+
+
+def _batch_json(r: BatchResult) -> dict[str, Any]:
+    """A committed batch as JSON: ``BatchResult``'s fields and ``input`` (the range in words)."""
+    return dataclasses.asdict(r) | {"input": describe_range(r.start, r.end)}
+
+
+def _print_batch_json(r: BatchResult) -> None:
+    print_json(out, _batch_json(r), indent=None)
 
 
 @app.command()
 def status(
     ctx: typer.Context,
     pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in README).")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
-    """Show PIPELINE's last committed batch, pending and next batch, offsets and backlog.
+    """Show PIPELINE's position: last committed batch, pending and next batch, watermark and
+    event-time lag, backlog, and where every record read went (last batch and in total).
 
     Reads the checkpoint on the driver: no Spark is started.
     """
     c: Context = ctx.obj
-    s = pipeline_status(c.spark, get_pipeline(pipeline, c.pipelines), c.data_root)
+    p = get_pipeline(pipeline, c.pipelines)
+    s = pipeline_status(c.spark, p, c.data_root, c.clock)
     if as_json:
-        print(json.dumps(s, indent=2))
+        print_json(out, s)
         return
-    table = Table(show_header=False)
-    for key, value in s.items():
-        table.add_row(key, _show(value))
-    out.print(table)
+    now = s["as_of_ms"]
+    last = s["last_batch"]
+    pending = s["pending_batch"]
+    nxt = s["next_batch"]
+    checkpoint = (
+        f"{s['checkpoint']} (id {s['pipeline_id']})"
+        if s["checkpoint_exists"]
+        else f"none yet: the first batch creates {s['checkpoint']}"
+    )
+    fields = [
+        ("pipeline", p.name),
+        ("checkpoint", checkpoint),
+        (
+            "last committed",
+            f"batch {last['batch_id']}, {moment(last['committed_at_ms'], now)}; "
+            f"input: {last['input']}"
+            if last
+            else "none yet",
+        ),
+        (
+            "pending batch",
+            f"batch {pending} (uncommitted: a run replays it)" if pending is not None else "none",
+        ),
+        ("next batch", f"batch {nxt['batch_id']}: {nxt['reason']}" if nxt else "none: caught up"),
+    ]
+    if s["blocked"]:
+        fields.append(("blocked", s["blocked"]))
+    fields.append(("backlog", s["backlog_described"]))
+    if p.event_time is not None:
+        fields += _watermark_fields(s)
+    if last:
+        held = last["closed_windows_held"]
+        closed = f"; the windows it closed held {held} records" if held is not None else ""
+        fields.append((f"batch {last['batch_id']}", _went(last["accounting"]) + closed))
+    fields.append(("all batches", _went(s["accounting"])))
+    print_fields(out, fields)
+
+
+def _watermark_fields(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The watermark, the event-time lag and each partition's times of status ``s``."""
+    now, watermark = s["as_of_ms"], s["watermark_ms"]
+    if watermark is None:
+        return [("watermark", "none yet: no event time committed")]
+    fields = [
+        ("watermark", moment(watermark, now)),
+        ("event-time lag", duration(s["event_time_lag_ms"])),
+    ]
+    for part in s["partitions"]:
+        fields.append(
+            (
+                f"partition {part['partition']}",
+                f"max event time {moment(part['max_event_time_ms'], now)}; watermark "
+                f"{iso_utc(part['watermark_ms'])}; last data {moment(part['last_seen_ms'], now)}",
+            )
+        )
+    return fields
+
+
+_WENT = {
+    "bad": "bad",
+    "dropped_by_transform": "dropped by the transform",
+    "late": "late",
+    "in_sink": "in the sink",
+    "into_windows": "into windows",
+    "in_closed_windows": "in closed windows (the sink)",
+    "in_open_windows": "in open windows (the state)",
+}
+
+
+def _went(accounting: dict[str, int]) -> str:
+    """An accounting of ``batches.status`` in words: ``read 80 = 2 bad + 9 dropped ...``
+    (records a transform added show as ``- 3 added by the transform``)."""
+    text = f"read {accounting['read']} ="
+    for i, (key, n) in enumerate((k, n) for k, n in accounting.items() if k != "read"):
+        if key == "dropped_by_transform" and n < 0:
+            text += f" - {-n} added by the transform"
+        else:
+            text += f"{' +' if i else ''} {n} {_WENT[key]}"
+    return text
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show what PIPELINE's next batch would take, writing nothing (a dry run).
+
+    Its input (offsets, and the files or offset ranges in them), the
+    watermark it would run with, and what kind of batch it is: new input, a
+    replay of an uncommitted batch (exactly the offsets and watermark in the
+    offset log), or an emit-only batch (no input; the watermark moved and
+    closes windows); or nothing to do. The runner's own planning rule, asked
+    without recording anything; no Spark is started for local folders.
+    """
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    planned = pipeline_plan(c.spark, p, c.data_root, c.clock)
+    if as_json:
+        print_json(out, planned)
+        return
+    now, batch_id = planned["as_of_ms"], planned["batch_id"]
+    if batch_id is None:
+        out.print(f"{p.name}: {planned['reason']}", soft_wrap=True, highlight=False)
+        return
+    if planned["replay"]:
+        first = moment(planned["planned_at_ms"], now)
+        what = (
+            f"batch {batch_id} replays: it is uncommitted, and runs again with the offsets and "
+            f"watermark its offset-log entry holds (planned {first})"
+        )
+    elif planned["emit_only"]:
+        what = f"batch {batch_id} takes no input: {planned['reason']}"
+    else:
+        what = f"batch {batch_id} takes new input ({planned['reason']})"
+    out.print(f"{p.name}: {what}", soft_wrap=True, highlight=False)
+    fields = [("  input", planned["input"])]
+    if planned["inputs"]:
+        fields.append(("  inputs", "\n".join(planned["inputs"])))
+    if p.event_time is not None:
+        watermark = planned["watermark_ms"]
+        fields.append(
+            (
+                "  watermark",
+                moment(watermark, now) if watermark is not None else "none yet (no event time)",
+            )
+        )
+    if planned["blocked"]:
+        fields.append(("  blocked", planned["blocked"]))
+    print_fields(out, fields)
 
 
 @app.command()
@@ -266,32 +440,37 @@ def history(
     ctx: typer.Context,
     pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
     last: Annotated[int | None, typer.Option(min=1, help="Only the newest N batches.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in README).")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Show PIPELINE's per-batch progress (the checkpoint's progress table)."""
     c: Context = ctx.obj
-    rows = pipeline_history(get_pipeline(pipeline, c.pipelines), c.data_root, last)
+    p = get_pipeline(pipeline, c.pipelines)
+    rows = pipeline_history(p, c.data_root, last)
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print_json(out, rows)
         return
-    table = Table("batch", "at", "replayed", "rows in", "out", "bad", "total ms")
+    now = c.clock.now_ms()
+    lag = p.event_time is not None  # without event time there is no lag to show
+    headers = ("batch", "committed", "rows in", "out", "bad", "late")
+    shown = []
     for r in rows:
-        table.add_row(
-            str(r["batch_id"]),
-            r["created_at"][:19],
-            "yes" if r["replayed"] else "",
-            str(r["rows_in"]),
-            str(r["rows_out"]),
-            str(r["rows_bad"]),
-            str(r["durations_ms"].get("total", "")),
-        )
-    out.print(table)
+        committed = round(datetime.fromisoformat(r["created_at"]).timestamp() * 1000)
+        cells = [
+            f"{r['batch_id']}{' (replay)' if r['replayed'] else ''}",
+            moment(committed, now),
+            *(str(r[k]) for k in ("rows_in", "rows_out", "rows_bad", "rows_late")),
+        ]
+        if lag:
+            cells.append(duration(r["lag_ms"]) if r["lag_ms"] is not None else "-")
+        shown.append((*cells, duration(r["durations_ms"]["total"])))
+    print_table(out, (*headers, *(["event-time lag"] if lag else []), "took"), shown)
 
 
 @app.command()
 def compact(
     ctx: typer.Context,
     pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    as_json: JsonFlag = False,
 ) -> None:
     """Tidy PIPELINE's checkpoint now: old log entries go, small files merge, old files and
     Delta log files are removed.
@@ -304,6 +483,22 @@ def compact(
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
     done = compact_checkpoint(c.spark, p, c.data_root)
+    if as_json:
+        counts = (
+            dataclasses.asdict(done)
+            if done
+            else dict.fromkeys(("tables", "first_kept", "last_committed"))
+        )
+        print_json(
+            out,
+            {
+                "pipeline": p.name,
+                "checkpoint": p.checkpoint_location(c.data_root),
+                "compacted": done is not None,
+            }
+            | counts,
+        )
+        return
     if done is None:
         out.print(f"{p.name}: no committed batch yet: nothing to compact")
         return
@@ -319,6 +514,7 @@ def skip_batch(
     pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
     batch: Annotated[int, typer.Argument(help="The uncommitted batch to set aside.")],
     reason: Annotated[str, typer.Option(help="Why (recorded with its input).")],
+    as_json: JsonFlag = False,
 ) -> None:
     """Set aside the input of PIPELINE's uncommitted BATCH (a poison batch) and go on.
 
@@ -329,7 +525,12 @@ def skip_batch(
     """
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
-    done = set_aside(MicroBatchRunner(c.spark, p, c.data_root), batch, reason)
+    done = set_aside(MicroBatchRunner(c.spark, p, c.data_root, c.clock), batch, reason)
+    if as_json:
+        print_json(
+            out, {"pipeline": p.name} | dataclasses.asdict(done) | {"next_batch": done.batch_id + 1}
+        )
+        return
     restored = (
         f"; window state put back to version {done.state_restored_to}"
         if done.state_restored_to is not None
@@ -362,7 +563,7 @@ def reset(
             help="Start after the data the sink holds (pipelines without windows).",
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Start PIPELINE over on a new checkpoint without writing the sink's data twice.
 
@@ -378,7 +579,7 @@ def reset(
     p = get_pipeline(pipeline, c.pipelines)
     done = reset_pipeline(c.spark, p, c.data_root, "truncate" if truncate_sink else "after")
     if as_json:
-        print(json.dumps(dataclasses.asdict(done), indent=2))
+        print_json(out, dataclasses.asdict(done))
         return
     if done.moved_to:
         out.print(f"{p.name}: old checkpoint moved to {done.moved_to}", soft_wrap=True)
@@ -397,7 +598,7 @@ def reset(
 
 
 @app.command()
-def demo(ctx: typer.Context) -> None:
+def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Write sample orders, run both demo pipelines until caught up, show what landed.
 
     `orders` cleans each order into a Delta table; `user_revenue` counts
@@ -405,49 +606,77 @@ def demo(ctx: typer.Context) -> None:
     the straggler file's orders to its late table.
     """
     c: Context = ctx.obj
-    written = write_sample_files(c.data_root)
-    out.print(f"sample data: {len(written)} new files in {c.data_root / INCOMING}")
+    now = datetime.fromtimestamp(c.clock.now_ms() / 1000, UTC)
+    written = write_sample_files(c.data_root, now=now)
+    if not as_json:
+        out.print(f"sample data: {len(written)} new files in {c.data_root / INCOMING}")
     spark = c.spark()
+    ran = []
     for pipeline in (orders, user_revenue):
-        out.print(f"[bold]{pipeline.name}[/]: {pipeline.description}")
+        if not as_json:
+            out.print(f"[bold]{pipeline.name}[/]: {pipeline.description}", soft_wrap=True)
         with err.status(f"running {pipeline.name}…"):
-            runner = MicroBatchRunner(spark, pipeline, c.data_root)
-            runner.run(max_batches=None, on_batch=c.on_batch(runner))
-        s = pipeline_status(spark, pipeline, c.data_root)
-        sink = spark.read.format("delta").load(resolve(pipeline.sink.path, c.data_root))
-        out.print(
-            f"  sink {resolve(pipeline.sink.path, c.data_root)}: {sink.count()} rows; "
-            f"{s['totals']['rows_bad']} bad records, {s['totals']['rows_late']} late records; "
-            f"last committed batch {s['last_committed_batch']}"
+            runner = MicroBatchRunner(spark, pipeline, c.data_root, c.clock)
+            show = None if as_json else _print_batch
+            results = runner.run(max_batches=None, on_batch=c.on_batch(runner, show))
+        s = pipeline_status(spark, pipeline, c.data_root, c.clock)
+        sink = resolve(pipeline.sink.path, c.data_root)
+        ran.append(
+            {
+                "pipeline": pipeline.name,
+                "batches": [_batch_json(r) for r in results],
+                "sink": sink,
+                "sink_rows": spark.read.format("delta").load(sink).count(),
+                "rows_bad": s["totals"]["rows_bad"],
+                "rows_late": s["totals"]["rows_late"],
+                "last_committed_batch": s["last_committed_batch"],
+            }
         )
-    table = Table("user", "minute", "orders", "revenue", title="user_revenue (first minutes)")
+        if not as_json:
+            last = ran[-1]
+            out.print(
+                f"  sink {sink}: {last['sink_rows']} rows; {last['rows_bad']} bad records, "
+                f"{last['rows_late']} late records; last committed batch "
+                f"{last['last_committed_batch']}",
+                soft_wrap=True,
+            )
     windows = spark.read.format("delta").load(resolve(user_revenue.sink.path, c.data_root))
-    for row in windows.orderBy("window_start", "user").limit(10).collect():
-        table.add_row(
-            row["user"],
-            row["window_start"].strftime("%H:%M"),
-            str(row["orders"]),
-            f"{row['revenue']:.2f}",
+    first = [
+        {
+            "user": row["user"],
+            "window_start": iso_utc(round(row["window_start"].timestamp() * 1000)),
+            "orders": row["orders"],
+            "revenue": row["revenue"],
+        }
+        for row in windows.orderBy("window_start", "user").limit(10).collect()
+    ]
+    if as_json:
+        written_paths = [str(path) for path in written]
+        print_json(
+            out,
+            {"data_root": str(c.data_root), "sample_files_written": written_paths}
+            | {"pipelines": ran, "first_windows": first},
         )
-    out.print(table)
+        return
+    out.print("user_revenue, the first windows:")
+    print_table(
+        out,
+        ("user", "window start", "orders", "revenue"),
+        [(w["user"], w["window_start"], str(w["orders"]), f"{w['revenue']:.2f}") for w in first],
+    )
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items())
-    if isinstance(value, list):
-        return "\n".join(_show(v) for v in value) or "-"
-    if value is None:
-        return "-"
-    return str(value)
-
-
-def main(argv: list[str] | None = None, listeners: Sequence[BatchListener] = ()) -> None:
+def main(
+    argv: list[str] | None = None,
+    listeners: Sequence[BatchListener] = (),
+    clock: Clock | None = None,
+) -> None:
     """Console entry point: run the app, turning user errors into one line. ``listeners``
-    hear of every batch a command commits."""
+    hear of every batch a command commits; ``clock`` (default: the wall clock) is what
+    every command reads "now" from."""
     logging.basicConfig(level=os.environ.get("LOWMARK_LOG_LEVEL", "WARNING"))
     try:
-        app(args=argv, prog_name="lowmark", obj=listeners)
+        app(args=argv, prog_name="lowmark", obj={"listeners": listeners, "clock": clock})
     except LowmarkError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -27,6 +27,7 @@ import dagster as dg
 import typer
 
 from batches import cli
+from batches.display import print_json
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.registry import load_pipelines
 from orchestration.errors import ProjectFileInvalid
@@ -68,6 +69,13 @@ def ui(
             "workspace.yaml in a lowmark project, else lowmark's own.",
         ),
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Once the UI is up, print one line of JSON: url, dagster_home, pipelines.",
+        ),
+    ] = False,
 ) -> None:
     """Open the Dagster UI over the pipelines: webserver, daemon (sensors, schedules, run
     queue) and code server, with the instance in DAGSTER_HOME (default ./.dagster_home).
@@ -96,7 +104,10 @@ def ui(
     if not dev.wait_until_up() and not stopping:
         dev.stop()
         raise typer.Exit(1)
-    if not stopping:
+    if not stopping and as_json:
+        up = {"url": dev.url, "dagster_home": str(home), "pipelines": names}
+        print_json(cli.out, up, indent=None)
+    elif not stopping:
         example = names[0] if names else "<pipeline>"
         cli.out.print(
             f"\n[bold]lowmark UI: {dev.url}[/]\n"
