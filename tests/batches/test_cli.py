@@ -238,8 +238,8 @@ def test_status_of_a_windowed_pipeline_reads_its_checkpoint_without_starting_spa
 def test_demo_writes_samples_runs_both_pipelines_and_prints_the_sinks(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], data_root: Path
 ) -> None:
-    code, out, _ = lowmark(capsys, data_root, "demo")
-    assert code == 0
+    code, out, err = lowmark(capsys, data_root, "demo")
+    assert code == 0, err
     assert f"{expected_demo_orders(data_root)} rows; 2 bad records, 0 late records" in out
     # The straggler (last file) is ten minutes behind a watermark that allows
     # 30 s of disorder and 1 minute of lateness: every order in it is late.
@@ -248,6 +248,18 @@ def test_demo_writes_samples_runs_both_pipelines_and_prints_the_sinks(
     windows = spark.read.format("delta").load(str(data_root / "demo/user_revenue"))
     on_time = expected_demo_orders(data_root, slice(0, -1))
     assert 0 < windows.agg({"orders": "sum"}).first()[0] <= on_time  # type: ignore[index]
+
+    # Again, as JSON: the files are there, the pipelines caught up.
+    code, out, _ = lowmark(capsys, data_root, "demo", "--json")
+    again = json.loads(out)
+    assert code == 0 and again["sample_files_written"] == []
+    assert [(p["pipeline"], p["batches"], p["rows_bad"]) for p in again["pipelines"]] == [
+        ("orders", [], 2),
+        ("user_revenue", [], 2),
+    ]
+    assert again["pipelines"][0]["sink_rows"] == expected_demo_orders(data_root)
+    assert again["pipelines"][1]["rows_late"] == straggler
+    assert len(again["first_windows"]) == 10
 
 
 @pytest.mark.parametrize(

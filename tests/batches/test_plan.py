@@ -18,11 +18,14 @@ from batches.microbatch import MicroBatchRunner
 from tests.batches.test_cli import lowmark
 from tests.batches.test_event_time import at, drop, partitioned
 from tests.batches.test_windows import event
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, write_json_lines
+from tests.faults.test_poison import SPARK_ERRORS, dividing
 
 idle_partitions = partitioned(idle_timeout="30 seconds")
 """A windowed pipeline (named ``p``) whose silent partitions stop holding the watermark."""
 HERE = __name__
+POISON = "tests.faults.test_poison"
+"""Where ``dividing`` is defined: a pipeline whose transform fails on a zero amount."""
 
 
 def snapshot(root: Path) -> dict[str, object]:
@@ -164,3 +167,37 @@ def test_the_plan_of_an_emit_only_batch_takes_no_input_and_says_so(
     _, out, _ = lowmark(capsys, data_root, "--pipelines", HERE, "plan", "p", clock=clock)
     assert out.startswith("p: batch 1 takes no input: the watermark moved: windows close")
     assert snapshot(data_root) == before
+
+
+def test_the_plan_of_a_poison_batch_says_why_it_is_blocked_until_skip_batch_sets_it_aside(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], data_root: Path
+) -> None:
+    for i, amount in enumerate([1, 0, 3]):  # file 1's zero amount fails the transform
+        rows = [{"id": i, "amount": amount}]
+        write_json_lines(data_root / "in", f"f{i:03d}.json", rows, 1_700_000_000 + i)
+    MicroBatchRunner(spark, dividing, data_root).run_batch()
+    for _ in range(dividing.max_failed_attempts):
+        with pytest.raises(SPARK_ERRORS):
+            MicroBatchRunner(spark, dividing, data_root).run_batch()
+    before = snapshot(data_root)
+    plan = plan_json(capsys, data_root, "--pipelines", POISON, "plan", "dividing")
+    assert (plan["batch_id"], plan["replay"]) == (1, True)
+    assert f"failed {dividing.max_failed_attempts} times" in plan["blocked"]
+    assert len(plan["inputs"]) == 1 and plan["inputs"][0].endswith("f001.json")
+    assert snapshot(data_root) == before
+
+    code, out, err = lowmark(
+        capsys, data_root, "--pipelines", POISON, "skip-batch", "dividing", "1", "--reason",
+        "a zero amount", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out) == {
+        "pipeline": "dividing",
+        "batch_id": 1,
+        "inputs": plan["inputs"],
+        "state_restored_to": None,
+        "next_batch": 2,
+    }
+    plan = plan_json(capsys, data_root, "--pipelines", POISON, "plan", "dividing")
+    assert (plan["batch_id"], plan["replay"], plan["blocked"]) == (2, False, None)
+    assert plan["inputs"][0].endswith("f002.json")
