@@ -325,7 +325,7 @@ def status(
             "pending batch",
             f"batch {pending} (uncommitted: a run replays it)" if pending is not None else "none",
         ),
-        ("next batch", f"batch {nxt['batch_id']}: {nxt['reason']}" if nxt else "none: caught up"),
+        ("next batch", _next_words(nxt)),
     ]
     if s["blocked"]:
         fields.append(("blocked", s["blocked"]))
@@ -338,6 +338,15 @@ def status(
         fields.append((f"batch {last['batch_id']}", _went(last["accounting"]) + closed))
     fields.append(("all batches", _went(s["accounting"])))
     print_fields(out, fields)
+
+
+def _next_words(nxt: dict[str, Any] | None) -> str:
+    """Status's ``next_batch`` in words."""
+    if nxt is None:
+        return "none: caught up"
+    if nxt["replay"]:
+        return f"batch {nxt['batch_id']}, the replay of the uncommitted batch"
+    return f"batch {nxt['batch_id']}: {nxt['reason']}"
 
 
 def _watermark_fields(s: dict[str, Any]) -> list[tuple[str, str]]:

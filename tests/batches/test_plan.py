@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,10 @@ def test_the_plan_of_an_uncommitted_batch_is_its_replay_with_the_offset_log_entr
     _, out, _ = lowmark(capsys, data_root, "plan", "user_revenue", clock=clock)
     assert out.startswith("user_revenue: batch 1 replays: it is uncommitted")
     assert "(planned " + moment(clock.now_ms() - 60_000, clock.now_ms()) + ")" in out
+    _, out, _ = lowmark(capsys, data_root, "status", "user_revenue", clock=clock)
+    shown = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
+    assert shown["pending batch"] == "batch 1 (uncommitted: a run replays it)"
+    assert shown["next batch"] == "batch 1, the replay of the uncommitted batch"
     assert snapshot(data_root) == before
 
 
