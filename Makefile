@@ -58,10 +58,11 @@ unit: test-setup
 test: test-setup lint typecheck unit
 
 # What `make test` leaves out to stay near 15 minutes (tests marked `integration`): the
-# kill matrix's Kafka, synthetic and outbox (user-written source) pipelines at the steps
-# past their source's own (state, sink, late rows, watermarks: the writes the folder
-# pipelines are killed at in `make test`), the random in-process crash schedules over
-# those three, and the quick benchmark smoke run. About 8 minutes.
+# kill matrix's Kafka, synthetic, outbox (user-written source), Delta table and union
+# pipelines at the steps past their source's own (state, sink, late rows, watermarks: the
+# writes the folder pipelines are killed at in `make test`), the random in-process crash
+# schedules over Kafka, synthetic and outbox, and the quick benchmark smoke run. About
+# 12 minutes.
 test-integration: test-setup
 	$(BIN)/pytest -m integration --durations=10
 

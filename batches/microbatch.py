@@ -547,7 +547,7 @@ class MicroBatchRunner:
         out = self._transformed(read, batch)
         frames = (
             self.stage.batch_frames(
-                out, watermark_ms, batch.batch_id, _read_partitions(batch), now_ms, observe
+                out, watermark_ms, batch.batch_id, self._partitions_of(batch), now_ms, observe
             )
             if self.stage is not None
             else None
@@ -557,11 +557,19 @@ class MicroBatchRunner:
     def _transformed(self, read: SourceRead, batch: Range) -> DataFrame:
         """The records of ``read`` (of ``batch``'s range) after the pipeline's transform."""
         out = self.pipeline.transform(read.records) if self.pipeline.transform else read.records
-        if PARTITION_COLUMN not in out.columns and len(batch.end) == 1:
-            # A transform that selected its columns dropped the partition; with one
-            # partition there is nothing to lose by putting it back.
-            out = out.withColumn(PARTITION_COLUMN, F.lit(next(iter(batch.end))))
+        if PARTITION_COLUMN not in out.columns:
+            # A transform that selected its columns dropped the partition; when the batch
+            # reads one partition (or none: no records) there is nothing to lose by
+            # putting it back.
+            moved = self._partitions_of(batch)
+            if len(moved) <= 1:
+                partition = F.lit(moved[0] if moved else None).cast("string")
+                out = out.withColumn(PARTITION_COLUMN, partition)
         return out
+
+    def _partitions_of(self, batch: Range) -> tuple[str, ...]:
+        """The source partitions ``batch`` takes records from."""
+        return self.source.partitions(batch.start, batch.end)
 
     def _unwatermarked(
         self, batches: Sequence[Range], now_ms: int
@@ -583,7 +591,7 @@ class MicroBatchRunner:
         if not row_by_row(out, read.records):
             return None
         frames = self.stage.batch_frames(
-            out, None, whole.batch_id, _read_partitions(whole), now_ms, observe=False
+            out, None, whole.batch_id, self._partitions_of(whole), now_ms, observe=False
         )
         return read, frames
 
@@ -734,11 +742,6 @@ class _Input:
     """The transformed records."""
     frames: BatchFrames | None
     """Windowed: the stage's frames over ``out``."""
-
-
-def _read_partitions(batch: Range) -> tuple[str, ...]:
-    """The source partitions the batch takes records from."""
-    return tuple(sorted(p for p, n in batch.end.items() if batch.start.get(p) != n))
 
 
 def _explained(read: SourceRead, job: Callable[[], T]) -> T:

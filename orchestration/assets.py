@@ -35,6 +35,7 @@ from orchestration.checks import check_evaluations, check_results, check_specs
 from orchestration.keys import (
     GROUP,
     PIPELINE_TAG,
+    Sinks,
     asset_op,
     bad_records_key,
     inputs,
@@ -73,25 +74,31 @@ class RunConfig(dg.Config):
     )
 
 
-def source_specs(pipeline: Pipeline) -> list[dg.AssetSpec]:
-    """Each input of ``pipeline`` (each source of a union) as an external asset."""
+def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.AssetSpec]:
+    """Each input of ``pipeline`` (each source of a union) as an external asset, but for
+    the sinks of other pipelines (``sinks``), which are assets already."""
+    keys = [source_key(source, data_root, sinks) for source in inputs(pipeline)]
     return [
         dg.AssetSpec(
-            source_key(source),
+            key,
             description=f"Input of lowmark pipelines: {source.kind} {source.label} "
             "(written by others; lowmark reads it).",
             group_name=GROUP,
             kinds={source.kind},
         )
-        for source in inputs(pipeline)
+        for source, key in zip(inputs(pipeline), keys, strict=True)
+        if key not in sinks.values()
     ]
 
 
-def pipeline_assets(pipeline: Pipeline, data_root: Path) -> dg.AssetsDefinition:
+def pipeline_assets(
+    pipeline: Pipeline, data_root: Path, sinks: Sinks | None = None
+) -> dg.AssetsDefinition:
     """The sink, late and bad-records assets of ``pipeline`` and their checks, computed by
     one op: partitions selected → backfill them; else run micro-batches, evaluating the
-    selected checks after each; only checks selected → just those."""
-    upstream = [source_key(source) for source in inputs(pipeline)]
+    selected checks after each; only checks selected → just those. ``sinks``: other
+    pipelines' sink assets, upstream of a pipeline that reads their tables."""
+    upstream = [source_key(source, data_root, sinks or {}) for source in inputs(pipeline)]
     name = pipeline.name
     specs = [
         dg.AssetSpec(

@@ -19,6 +19,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 from batches.registry import load_pipelines
 from orchestration.assets import pipeline_assets, source_specs
 from orchestration.jobs import backfill_job, compact_job, compact_schedule, microbatch_job
+from orchestration.keys import sink_locations
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.sensors import pipeline_sensor
 
@@ -30,10 +31,12 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
     sources: dict[dg.AssetKey, dg.AssetSpec] = {}
     jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition] = []
     sensors, schedules = [], []
-    for pipeline in load_pipelines(location).values():
-        tables = pipeline_assets(pipeline, lowmark.root())
+    pipelines = load_pipelines(location).values()
+    sinks = sink_locations(pipelines, lowmark.root())
+    for pipeline in pipelines:
+        tables = pipeline_assets(pipeline, lowmark.root(), sinks)
         assets.append(tables)
-        for source in source_specs(pipeline):
+        for source in source_specs(pipeline, lowmark.root(), sinks):
             sources[source.key] = source  # pipelines reading one input share its asset
         job = microbatch_job(pipeline, tables)
         jobs.append(job)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import dagster as dg
 
-from batches.pipeline import OneSource, Pipeline, UnionSource
+from batches.pipeline import DeltaSource, OneSource, Pipeline, UnionSource, resolve
 
 GROUP = "lowmark"
 PIPELINE_TAG = "lowmark/pipeline"
@@ -31,8 +33,23 @@ def inputs(pipeline: Pipeline) -> list[OneSource]:
     return list(source.sources.values()) if isinstance(source, UnionSource) else [source]
 
 
-def source_key(source: OneSource) -> dg.AssetKey:
-    """An input, named by its kind and what it reads (pipelines reading one input share it)."""
+Sinks = Mapping[str, dg.AssetKey]
+"""Sink assets by the location of their table (``sink_locations``)."""
+
+
+def sink_locations(pipelines: Iterable[Pipeline], data_root: Path) -> dict[str, dg.AssetKey]:
+    """Each pipeline's sink asset, by where its table lives."""
+    return {resolve(p.sink.path, data_root): sink_key(p) for p in pipelines}
+
+
+def source_key(source: OneSource, data_root: Path, sinks: Sinks) -> dg.AssetKey:
+    """An input: a Delta table another pipeline writes is that pipeline's sink asset (so
+    the asset graph shows one pipeline feeding the next); any other input is named by its
+    kind and what it reads (pipelines reading one input share it)."""
+    if isinstance(source, DeltaSource):
+        upstream = sinks.get(resolve(source.path, data_root))
+        if upstream is not None:
+            return upstream
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", source.label).strip("_")
     return dg.AssetKey([GROUP, "sources", f"{source.kind}_{slug}"])
 

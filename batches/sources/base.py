@@ -135,7 +135,9 @@ class Source(ABC):
       source records the input as it reads it now, so that a replay reads the
       same. Records
       carry their source partition in ``PARTITION_COLUMN`` (per-partition
-      watermarks need it); lowmark drops it before the sink.
+      watermarks need it; ``partitions(start, end)`` names those a range
+      takes, by default the offsets' keys that moved); lowmark drops it
+      before the sink.
     - ``read_batches(batches)`` (optional) reads consecutive batches in one
       scan, each record tagged with its batch in ``BATCH_COLUMN``; ``counts``
       then observes ``untagged``, the records it could not tag (the read is
@@ -183,6 +185,12 @@ class Source(ABC):
         """Consecutive ``batches`` in one read, records tagged with their batch; None when
         this source cannot (each batch is then read on its own)."""
         return None
+
+    def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
+        """The source partitions records of ``[start, end)`` name in ``PARTITION_COLUMN``
+        (each has its own watermark), sorted; by default the offsets' partitions that
+        moved."""
+        return tuple(sorted(p for p, n in end.items() if start.get(p) != n))
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """What the range ``[start, end)`` holds, one item a line, as an operator would name

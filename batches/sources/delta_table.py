@@ -273,6 +273,10 @@ class DeltaStreamSource(Source):
 
         return explain
 
+    def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
+        """The table is one partition: a range that moved reads it."""
+        return (PARTITION,) if start != end else ()
+
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         return [
             f"version {c.version} ({c.operation}): {len(files)} files"

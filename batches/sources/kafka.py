@@ -108,7 +108,7 @@ class KafkaStreamSource(Source):
             self._admin = AdminClient(self._client)
         return self._admin
 
-    def partitions(self) -> list[str]:
+    def topic_partitions(self) -> list[str]:
         """Every partition of the configured topics now; a missing topic is an error."""
         metadata = self.admin().list_topics(timeout=TIMEOUT_S)
         keys = []
@@ -146,7 +146,7 @@ class KafkaStreamSource(Source):
     def initial_offsets(self) -> Offsets:
         """Where batch 0 starts: ``starting_offsets`` resolved now (the runner records it,
         so a later run starts from the same place)."""
-        keys = self.partitions()
+        keys = self.topic_partitions()
         start = self.config.starting_offsets
         if start == "earliest":
             return self.earliest(keys)
@@ -166,7 +166,7 @@ class KafkaStreamSource(Source):
         Nothing is recorded (the offset log holds the plan). ``discover`` is
         ignored: every plan asks the brokers.
         """
-        keys = sorted(set(self.partitions()) | set(start))
+        keys = sorted(set(self.topic_partitions()) | set(start))
         earliest = self.earliest(keys)
         latest = self.latest(keys)
         self._check_kept(start, earliest)
@@ -271,7 +271,7 @@ class KafkaStreamSource(Source):
 
     def backlog(self, committed_end: Offsets) -> dict[str, int]:
         """Records past ``committed_end`` in all partitions, and partitions behind."""
-        keys = sorted(set(self.partitions()) | set(committed_end))
+        keys = sorted(set(self.topic_partitions()) | set(committed_end))
         latest = self.latest(keys)
         behind = {k: latest[k] - committed_end.get(k, 0) for k in keys}
         behind = {k: n for k, n in behind.items() if n > 0}

@@ -105,6 +105,15 @@ class SourceUnion(Source):
         prefix = F.lit(name + SEPARATOR)
         return records.withColumn(PARTITION_COLUMN, F.concat(prefix, F.col(PARTITION_COLUMN)))
 
+    def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
+        return tuple(
+            sorted(
+                f"{name}{SEPARATOR}{p}"
+                for name, part in self.parts.items()
+                for p in part.partitions(own(start, name), own(end, name))
+            )
+        )
+
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         return [
             f"{name}: {line}"

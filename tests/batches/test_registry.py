@@ -33,6 +33,7 @@ def test_the_example_yaml_declares_a_pipeline_for_every_source_kind() -> None:
         "synthetic_clicks": "synthetic",
         "kafka_orders": "kafka",
         "clicks_two_regions": "union",
+        "clicks_per_hour": "delta",
     }
     kafka = pipelines["kafka_orders"].source
     assert isinstance(kafka, KafkaSource) and kafka.topics == ("orders",)

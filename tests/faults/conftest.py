@@ -26,6 +26,7 @@ from tests.faults.harness import Snapshot, kill_run, snapshot
 from tests.faults.scenarios import (
     FIXED_INPUT,
     KAFKA_TOPIC,
+    delta_update,
     kafka_lines,
     kafka_update,
     outbox_update,
@@ -33,8 +34,10 @@ from tests.faults.scenarios import (
     session_update,
     synthetic_append,
     tumbling_two_partitions,
+    union_append,
     write_input,
     write_outbox,
+    write_table,
 )
 from tests.kafka_broker import KafkaBroker
 
@@ -45,19 +48,30 @@ MATRIX = (
     kafka_update,
     synthetic_append,
     outbox_update,
+    delta_update,
+    union_append,
 )
 SOURCE_STEPS = ("after_plan", "after_offset_log", "after_read", "after_commit")
 """Where a batch's source code runs or is replayed: planning, the recorded range, the read,
 and the frontier committed upstream after the commit."""
-OTHER_SOURCES = ("kafka_update", "synthetic_append", "outbox_update")
+OTHER_SOURCES = (
+    "kafka_update",
+    "synthetic_append",
+    "outbox_update",
+    "delta_update",
+    "union_append",
+)
 """Matrix pipelines over the other sources: killed at every step in ``make test-integration``,
 at ``SOURCE_STEPS`` in ``make test`` (their other steps are the same writes of state, sink,
 late rows and logs the folder pipelines are killed at in ``make test``)."""
+NO_BAD_ROWS = ("delta_update",)
+"""Pipelines whose source has no malformed rows (a Delta table's rows are typed)."""
 """Windows (every write driver-side; tumbling over two source partitions, one idle in each
 batch) and a stateless pipeline (its sink written by Spark), so kills fall between
 driver-side log commits and Spark writes, both ways round; then the same over the other
 sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions, and
-sessions over a user-written source (an outbox table, ``examples.outbox_source``)."""
+sessions over a user-written source (an outbox table, ``examples.outbox_source``), sessions
+over a Delta table, and tumbling windows over a union of the folder and the table."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -87,6 +101,10 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
         return pipeline
     if pipeline is outbox_update:
         write_outbox(folder / "input.db")
+        return pipeline
+    if pipeline in (delta_update, union_append):
+        write_table(request.getfixturevalue("spark"), folder / "input_table")
+    if pipeline is delta_update:
         return pipeline
     if pipeline is not kafka_update:
         write_input(folder / "input", FIXED_INPUT, pipeline)
@@ -120,7 +138,7 @@ def references(
             killed.rows_late > 0,
             killed.rows_bad > 0,
             killed.rows_out > 0,
-        ) == (KILL_BATCH, windowed, True, True)
+        ) == (KILL_BATCH, windowed, pipeline.name not in NO_BAD_ROWS, True)
         assert len(rest) > 1
         batches = KILL_BATCH + len(rest)
         refs[pipeline.name] = Reference(pipeline, folder, snapshot(spark, pipeline, root), batches)

@@ -22,13 +22,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import SparkSession
+
 from batches.pipeline import (
     CustomSource,
     DeltaSink,
+    DeltaSource,
     FileSource,
     KafkaSource,
     Pipeline,
     SyntheticSource,
+    UnionSource,
 )
 from batches.windows import (
     Aggregate,
@@ -167,6 +171,25 @@ synthetic_append = _windowed("synthetic_append", Tumbling(size="10 seconds"), "a
 """Tumbling windows over two synthetic partitions (records 1 s apart, 10 a batch each); with
 seed 1, batch 3 holds late, bad and emitted rows (the kill matrix's premise, checked there)."""
 
+INPUT_TABLE = "../input_table"
+"""The Delta pipelines' input table, beside their data roots like the folder pipelines' input."""
+
+delta_update = _windowed("delta_update", Session(gap="5 seconds"), "update").model_copy(
+    update={"source": DeltaSource(path=INPUT_TABLE, max_versions_per_batch=1)}
+)
+"""Sessions over a Delta table written one version per Kafka batch of ``KAFKA_INPUT`` (its
+malformed line left out: a table's rows are typed), a version a batch."""
+
+union_append = _windowed("union_append", Tumbling(size="10 seconds"), "append").model_copy(
+    update={
+        "source": UnionSource(
+            sources={"files": _source(), "table": delta_update.source},
+        )
+    }
+)
+"""Tumbling windows over the folder's ``FIXED_INPUT`` and the Delta table, a file and a
+version a batch: the watermark is the lower of the two sources'."""
+
 PIPELINES = {
     p.name: p
     for p in (
@@ -178,8 +201,13 @@ PIPELINES = {
         kafka_update,
         synthetic_append,
         outbox_update,
+        delta_update,
+        union_append,
     )
 }
+
+FOLDER_PIPELINES = frozenset(n for n, p in PIPELINES.items() if isinstance(p.source, FileSource))
+"""The pipelines that read only the input folder (random input files are enough for them)."""
 
 FIXED_INPUT: list[File] = [
     [("a", 1, 1), ("b", 2, 2)],
@@ -216,6 +244,23 @@ def random_input(rng: random.Random, files: int) -> list[File]:
 def kafka_lines() -> list[str]:
     """``KAFKA_INPUT`` as the values to produce."""
     return [_line(row) for row in KAFKA_INPUT]
+
+
+def table_versions() -> list[list[Event]]:
+    """``KAFKA_INPUT`` as the Delta input table's versions: a Kafka batch's records each,
+    without the line that does not parse."""
+    return [
+        [row for row in KAFKA_INPUT[i : i + KAFKA_BATCH] if not isinstance(row, str)]
+        for i in range(0, len(KAFKA_INPUT), KAFKA_BATCH)
+    ]
+
+
+def write_table(spark: SparkSession, table: Path) -> None:
+    """The Delta input table: one version of one file per ``table_versions()`` entry."""
+    for rows in table_versions():
+        records = [(user, T0 + timedelta(seconds=second), amount) for user, second, amount in rows]
+        df = spark.createDataFrame(records, SCHEMA).coalesce(1)
+        df.write.format("delta").mode("append").save(str(table))
 
 
 def write_outbox(database: Path) -> None:

@@ -28,7 +28,7 @@ from tests.faults.harness import (
     snapshot,
     subprocess_crash,
 )
-from tests.faults.scenarios import PIPELINES, random_input, write_input
+from tests.faults.scenarios import FOLDER_PIPELINES, PIPELINES, random_input, write_input
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = found = 0
     for n in range(args.schedules):
         rng = random.Random(f"soak-{args.seed}-{n}")
-        pipeline = PIPELINES[rng.choice(sorted(PIPELINES))]
+        pipeline = PIPELINES[rng.choice(sorted(FOLDER_PIPELINES))]
         folder = Path(tempfile.mkdtemp(prefix=f"lowmark-soak-{n}-"))
         try:
             write_input(folder / "input", random_input(rng, args.files), pipeline)

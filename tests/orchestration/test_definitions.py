@@ -104,9 +104,12 @@ def test_each_source_kind_loads_and_each_source_of_a_union_is_an_upstream_asset(
     graph = defs.resolve_asset_graph()
     parents = {
         name: {"/".join(k.path) for k in graph.get(dg.AssetKey(["lowmark", name])).parent_keys}
-        for name in ("kafka_orders", "synthetic_clicks", "clicks_two_regions")
+        for name in ("kafka_orders", "synthetic_clicks", "clicks_two_regions", "clicks_per_hour")
     }
+    # A Delta source that is another pipeline's sink is that sink's asset, not a source.
+    assert not any(k.path[-1].startswith("delta_") for k in graph.get_all_asset_keys())
     assert parents == {
+        "clicks_per_hour": {"lowmark/synthetic_clicks"},
         "kafka_orders": {"lowmark/sources/kafka_orders"},
         "synthetic_clicks": {"lowmark/sources/synthetic_seed_7"},
         "clicks_two_regions": {
