@@ -431,6 +431,8 @@ def plan(
     fields = [("  input", planned["input"])]
     if planned["inputs"]:
         fields.append(("  inputs", "\n".join(planned["inputs"])))
+    if planned["bytes"] is not None:
+        fields.append(("  bytes", f"{planned['bytes']:,}"))
     if p.event_time is not None:
         watermark = planned["watermark_ms"]
         fields.append(

@@ -144,7 +144,8 @@ def pipeline_plan(
     closes windows), reason (in words, also when there is nothing to do),
     start_offsets and end_offsets (the batch's range ``[start, end)``), input
     (that range in words), inputs (what the source names in it, one item each:
-    files, offset ranges; ``Source.inputs``), watermark_ms (the watermark the
+    files, offset ranges; ``Source.inputs``), bytes (their size, if the
+    source knows it; ``Source.input_bytes``), watermark_ms (the watermark the
     batch runs with: records with earlier event times are late), planned_at_ms
     (the processing time it is planned at; a replay: when it was first
     planned), blocked (as in ``pipeline_status``). With nothing to do,
@@ -173,6 +174,7 @@ def pipeline_plan(
                     "start_offsets",
                     "end_offsets",
                     "input",
+                    "bytes",
                     "watermark_ms",
                     "planned_at_ms",
                     "blocked",
@@ -188,6 +190,7 @@ def pipeline_plan(
             "end_offsets": planned.end,
             "input": describe_range(planned.start, planned.end),
             "inputs": source.inputs(planned.start, planned.end),
+            "bytes": source.input_bytes(planned.start, planned.end),
             "watermark_ms": planned.watermark_ms,
             "planned_at_ms": planned.planned_at_ms,
             "blocked": _blocked(dry),

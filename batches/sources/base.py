@@ -81,11 +81,6 @@ def read_counts(tagged: bool, good: Column | None) -> list[Column]:
     return [F.count(F.when(good, 1)).alias("rows"), F.count(F.when(~good, 1)).alias("bad")]
 
 
-def waiting(backlog: dict[str, int]) -> bool:
-    """True when a source's ``backlog`` says input waits (any count above 0)."""
-    return any(n > 0 for n in backlog.values())
-
-
 @dataclass(frozen=True)
 class SourceRead:
     """What ``read`` returns: parsed records and the rows that would not parse.
@@ -194,8 +189,14 @@ class Source(ABC):
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """What the range ``[start, end)`` holds, one item a line, as an operator would name
-        it (a file; by default, the offsets)."""
+        it (a file; by default, the offsets): of any range ``plan`` returned, a dry run's
+        (``record=False``) included."""
         return [f"offsets {start} -> {end}"]
+
+    def input_bytes(self, start: Offsets, end: Offsets) -> int | None:
+        """How many bytes ``[start, end)`` holds, if the source knows without reading it (of
+        any range ``plan`` returned, a dry run's included); None by default."""
+        return None
 
     def confirm(self, batch: Range) -> None:  # noqa: B027 - optional hook, no-op by default
         """Raises when ``batch``'s input changed since ``read`` read it."""

@@ -201,7 +201,7 @@ class DeltaStreamSource(Source):
         )
         if cache:
             records = records.persist()
-        size = sum(f.size for _, files in read for f in files)
+        size = sum(f.size for _, files in read for f in files)  # input_bytes, read once
         return SourceRead(records, None, counts, (records,) if cache else (), explain, size)
 
     def _appends(
@@ -283,6 +283,9 @@ class DeltaStreamSource(Source):
             for c, files in self._versions(start, end)
             if files
         ]
+
+    def input_bytes(self, start: Offsets, end: Offsets) -> int:
+        return sum(f.size for _, files in self._versions(start, end) for f in files)
 
     def backlog(self, committed_end: Offsets) -> dict[str, int]:
         """Versions past ``committed_end`` (a version partly taken counts)."""

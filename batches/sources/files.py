@@ -90,6 +90,8 @@ class FileStreamSource(Source):
         self._fixed_schema: StructType | None = None
         self._known: list[ManifestFile] | None = None
         """The manifest as this source last read or wrote it: one read per runner."""
+        self._unrecorded: list[ManifestFile] = []
+        """Files a dry-run ``plan`` found and numbered without recording them."""
 
     @property
     def spark(self) -> SparkSession:
@@ -116,7 +118,8 @@ class FileStreamSource(Source):
             )
         found = self._unseen(known) if discover else []
         if found and not record:
-            known = known + numbered(found, known)
+            self._unrecorded = numbered(found, known)
+            known = known + self._unrecorded
         elif found:
             # Recorded against the table's newest version (this runner's copy may be
             # stale: another runner may have recorded some of them), then the table's
@@ -390,10 +393,17 @@ class FileStreamSource(Source):
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """The paths of the files of ``[start, end)``."""
+        return [f.path for f in self._in_range(start, end)]
+
+    def input_bytes(self, start: Offsets, end: Offsets) -> int:
+        return sum(f.size for f in self._in_range(start, end))
+
+    def _in_range(self, start: Offsets, end: Offsets) -> list[ManifestFile]:
+        """The files of ``[start, end)``: recorded, or numbered by a dry-run ``plan``."""
         known = self._manifest(refresh=True)
-        return [
-            f.path for f in known if start.get(f.partition, 0) <= f.seq < end.get(f.partition, 0)
-        ]
+        recorded = {f.path for f in known}
+        files = known + [f for f in self._unrecorded if f.path not in recorded]
+        return [f for f in files if start.get(f.partition, 0) <= f.seq < end.get(f.partition, 0)]
 
     @staticmethod
     def _unreadable(batch_id: int) -> Callable[[Exception], LowmarkError | None]:

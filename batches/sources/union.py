@@ -121,6 +121,10 @@ class SourceUnion(Source):
             for line in part.inputs(own(start, name), own(end, name))
         ]
 
+    def input_bytes(self, start: Offsets, end: Offsets) -> int | None:
+        sizes = [part.input_bytes(own(start, n), own(end, n)) for n, part in self.parts.items()]
+        return None if None in sizes else sum(s for s in sizes if s is not None)
+
     def confirm(self, batch: Range) -> None:
         for name, part in self.parts.items():
             part.confirm(Range(batch.batch_id, own(batch.start, name), own(batch.end, name)))

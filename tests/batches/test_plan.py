@@ -80,6 +80,9 @@ def test_the_plan_of_a_pipeline_that_never_ran_is_batch_0_and_creates_nothing(
     assert plan["input"] == "0 → 2 (+2)"
     assert "3 new files" in plan["reason"] and f"{size} bytes" in plan["reason"]
     assert plan["checkpoint_exists"] is False and plan["watermark_ms"] is None
+    first_two = sorted((data_root / demo.INCOMING).iterdir())[:2]
+    assert [Path(i).name for i in plan["inputs"]] == [f.name for f in first_two]
+    assert plan["bytes"] == sum(f.stat().st_size for f in first_two)
     assert snapshot(data_root) == before
     assert not (data_root / "_lowmark").exists()
 
@@ -106,6 +109,7 @@ def test_the_plan_names_the_files_and_the_watermark_of_the_next_batch_and_writes
     # The source names a file by its path (as a URI for a local folder).
     assert len(plan["inputs"]) == 2
     assert all(i.endswith(str(f)) for i, f in zip(plan["inputs"], files[2:4], strict=True))
+    assert plan["bytes"] == sum(f.stat().st_size for f in files[2:4])
     assert plan["watermark_ms"] == watermark_ms
 
     code, out, _ = lowmark(capsys, data_root, "plan", "user_revenue", clock=clock)
@@ -115,7 +119,8 @@ def test_the_plan_names_the_files_and_the_watermark_of_the_next_batch_and_writes
     assert lines[1].split() == ["input", "2", "→", "4", "(+2)"]
     assert lines[2].split() == ["inputs", plan["inputs"][0]]
     assert lines[3].strip() == plan["inputs"][1]
-    assert lines[4].split(maxsplit=1) == ["watermark", moment(watermark_ms, clock.now_ms())]
+    assert lines[4].split() == ["bytes", f"{plan['bytes']:,}"]
+    assert lines[5].split(maxsplit=1) == ["watermark", moment(watermark_ms, clock.now_ms())]
     assert snapshot(data_root) == before
 
 

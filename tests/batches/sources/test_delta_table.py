@@ -49,7 +49,9 @@ def test_a_batch_takes_versions_files_and_rows_up_to_the_limits(
     append(spark, table, 100, 9, files=3)  # v1: 3 files of 3 rows
     append(spark, table, 200, 1, files=1)  # v2: 1 file
     spark.sql(f"OPTIMIZE delta.`{table}`")  # v3: rewrites, changes no row
+    before = set(table.rglob("*.parquet"))
     append(spark, table, 300, 4, files=2)  # v4: 2 files
+    v4 = set(table.rglob("*.parquet")) - before
 
     # Whole versions; the OPTIMIZE, with nothing to read, goes with the batch before it;
     # then nothing new.
@@ -66,9 +68,11 @@ def test_a_batch_takes_versions_files_and_rows_up_to_the_limits(
         {"version": 1, "index": 1}, {"version": 1, "index": 2}, {"version": 4},
         {"version": 5},
     ]  # fmt: skip
-    # Nothing past the newest version; the backlog counts versions.
+    # Nothing past the newest version; the backlog counts versions; the bytes of a range
+    # are its files' sizes on disk.
     src = source(table, spark)
     assert src.plan({"version": 0}, 0) == {"version": 5}
+    assert src.input_bytes({"version": 4}, {"version": 5}) == sum(p.stat().st_size for p in v4)
     assert src.backlog({"version": 2}) == {"versions": 3}
     assert src.backlog({"version": 5}) == {"versions": 0}
 
