@@ -146,9 +146,10 @@ class DeltaStreamSource(Source):
                 version, index = version + 1, 0
                 continue
             if whole:
-                if versions and self._full(files + len(left) - 1, rows, versions, left[-1]):
+                more = sum(f.rows or 0 for f in left)
+                if versions and self._over(files + len(left), rows + more, versions + 1):
                     break
-                files, rows = files + len(left), rows + sum(f.rows or 0 for f in left)
+                files, rows = files + len(left), rows + more
                 versions += 1
                 version += 1
                 continue
@@ -161,6 +162,15 @@ class DeltaStreamSource(Source):
                 files, rows, index = files + 1, rows + (f.rows or 0), index + 1
             version, index = version + 1, 0
         return offsets_at(version, index)
+
+    def _over(self, files: int, rows: int, versions: int) -> bool:
+        """Do ``files``, ``rows`` and ``versions`` pass a limit (whole versions, changes)?"""
+        c = self.config
+        return (
+            files > c.max_files_per_batch
+            or (c.max_versions_per_batch is not None and versions > c.max_versions_per_batch)
+            or (c.max_rows_per_batch is not None and rows > c.max_rows_per_batch)
+        )
 
     def _full(self, files: int, rows: int, versions: int, next_file: DataFile | None) -> bool:
         """Would one more version (``versions`` taken) or file (``next_file``) pass a limit?"""
