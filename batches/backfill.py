@@ -2,10 +2,10 @@
 
 A partition is a UTC interval ``[start, end)`` (a day or an hour, see
 ``EventTimePartitions``). Backfilling it recomputes every window that STARTS
-in it from the source's committed history — every file the checkpoint's
-batches took, late records included — and replaces exactly that slice of the
-sink in one Delta transaction (``replaceWhere``). Windows outside the slice
-are never touched.
+in it from the source's committed history — everything the checkpoint's
+batches took, from where batch 0 started, late records included — and
+replaces exactly that slice of the sink in one Delta transaction
+(``replaceWhere``). Windows outside the slice are never touched.
 
 The sink of a windowed pipeline is written on the driver with delta-rs (its
 one writer engine, see ``batches.sinks.delta``), and so is the backfill. It
@@ -44,13 +44,14 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches.errors import PartitionNotClosed, PipelineConfigInvalid
+from batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
 from batches.event_time import WindowedStage
 from batches.pipeline import Pipeline, resolve
 from batches.sources import build_source
 from batches.sources.base import Range
 from batches.windows import Session
 from state.checkpoint import Checkpoint
+from state.offset_log import Offsets
 from state.table import DriverTable, micros_literal
 from state.window_state import WindowState
 
@@ -91,7 +92,8 @@ def backfill_partition(
     Step 1. Read the checkpoint: last committed batch, its end offsets and watermark.
     Step 2. Refuse a partition the watermark has not closed (unless ``force``), or
             whose windows are still in state.
-    Step 3. Read the committed history from the source and transform it.
+    Step 3. Read the committed history from the source (refused, the sink unchanged, when
+            the source no longer holds all of it) and transform it.
     Step 4. Aggregate it as one batch; keep the windows that start in the partition.
     Step 5. Replace the slice of the sink, idempotently.
     """
@@ -136,9 +138,18 @@ def backfill_partition(
             f"{pipeline.name}`), then backfill"
         )
 
-    # Step 3. Committed history.
+    # Step 3. Committed history: from where batch 0 started, not where the source starts
+    # now (Kafka's or Delta's latest, retention), and refused if the source lost any of it.
     source = build_source(spark, pipeline, data_root, ckpt)
-    history = Range(done.batch_id, source.initial_offsets(), committed.end_offsets)
+    partition = f"partition {_iso(start)}..{_iso(end)} of {pipeline.name}"
+    history = Range(done.batch_id, history_start(ckpt, partition), committed.end_offsets)
+    missing = source.missing(history.start, history.end)
+    if missing is not None:
+        raise BackfillHistoryLost(
+            f"{partition} not backfilled, the sink is unchanged: {missing}; the batches up to "
+            f"{done.batch_id} read it, and the windows the stream wrote from it stay as they "
+            "are: restore that input to backfill"
+        )
     read = source.read(history.start, history.end, done.batch_id, strict=True)
     records = pipeline.transform(read.records) if pipeline.transform else read.records
 
@@ -164,6 +175,23 @@ def backfill_partition(
     return BackfillResult(
         start, end, done.batch_id, rows.num_rows, skipped=not wrote, sink_version=sink.version()
     )
+
+
+def history_start(ckpt: Checkpoint, partition: str) -> Offsets:
+    """Where batch 0 of ``ckpt`` started: as the checkpoint recorded it, or, in a checkpoint
+    from before that was recorded, as the offset log's batch 0 says; ``partition`` names the
+    backfill refused when neither is there."""
+    if ckpt.start_offsets is not None:
+        return ckpt.start_offsets
+    first = ckpt.offsets.get(0)
+    if first is None:
+        raise BackfillHistoryLost(
+            f"{partition} not backfilled, the sink is unchanged: checkpoint {ckpt.location} "
+            "does not record where batch 0 started (it predates that record) and its offset "
+            "log no longer holds batch 0, so the history its windows were computed from is "
+            "unknown: the windows the stream wrote stay as they are"
+        )
+    return first.start_offsets
 
 
 def _ms(moment: datetime) -> int:

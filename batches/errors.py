@@ -51,6 +51,12 @@ class PoisonBatch(LowmarkError):
     """A batch failed ``max_failed_attempts`` times: it is not run again by itself."""
 
 
+class BackfillHistoryLost(LowmarkError):
+    """A backfill cannot read all the history the checkpoint's batches read (where batch 0
+    started is not recorded, or the source no longer holds some input): refused, the sink
+    unchanged."""
+
+
 class SourceDataLost(LowmarkError):
     """Input a batch must read is gone upstream (a deleted topic, records removed by
     retention, vacuumed table history)."""

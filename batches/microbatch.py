@@ -145,9 +145,10 @@ class MicroBatchRunner:
 
     @property
     def start_offsets(self) -> Offsets:
-        """Where batch 0 starts: the source's beginning, unless ``lowmark reset`` recorded
-        another start in the checkpoint."""
-        return self.checkpoint.start_offsets or self.source.initial_offsets()
+        """Where batch 0 starts: as the checkpoint recorded it (the first plan records it;
+        ``lowmark reset`` may record another start), else the source's beginning now."""
+        recorded = self.checkpoint.start_offsets
+        return recorded if recorded is not None else self.source.initial_offsets()
 
     def plan_next_batch(self, dry_run: bool = False) -> PlannedBatch | None:
         """Decide which batch runs next, or None when there is nothing to do.
@@ -183,7 +184,7 @@ class MicroBatchRunner:
                     "offset log is empty: restore offsets/ or start over with `lowmark reset`"
                 )
             start = self.start_offsets
-            if not dry_run and self.checkpoint.start_offsets is None and start:
+            if not dry_run and self.checkpoint.start_offsets is None:
                 self.checkpoint.record_start_offsets(start)
             return self._plan_new(0, start, None, None, dry_run)
         if latest.pipeline_fingerprint != self.fingerprint:

@@ -24,7 +24,7 @@ import dagster as dg
 from pyspark.sql import SparkSession
 
 from batches.backfill import backfill_partition
-from batches.errors import PartitionNotClosed
+from batches.errors import BackfillHistoryLost, PartitionNotClosed
 from batches.follow import follow
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline
@@ -132,7 +132,7 @@ def backfill(
     window = context.partition_time_window
     try:
         result = backfill_partition(session, pipeline, data_root, window.start, window.end, force)
-    except PartitionNotClosed as exc:
+    except (PartitionNotClosed, BackfillHistoryLost) as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     verb = "already backfilled from" if result.skipped else "replaced from"
     context.log.info(

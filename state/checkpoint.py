@@ -51,10 +51,10 @@ _METADATA_SCHEMA = pa.schema(
     ]
 )
 """``start_offsets`` (JSON): where batch 0 starts, set by ``lowmark reset``
-(``batches.reset``) or, for a source whose start moves (Kafka's latest), when batch 0 is
-first planned; ``adopted_from``: the pipeline id of the checkpoint whose sink writes this
-one continues, set by ``lowmark reset``. Checkpoints written before they existed have
-neither."""
+(``batches.reset``) or when batch 0 is first planned (a source's start may move: Kafka's
+latest, retention; a backfill reads from here); ``adopted_from``: the pipeline id of the
+checkpoint whose sink writes this one continues, set by ``lowmark reset``. Checkpoints
+written before they existed have neither."""
 
 
 class Checkpoint:
@@ -150,7 +150,9 @@ class Checkpoint:
             "pipeline_id": str(uuid.uuid4()),
             "pipeline_name": self.pipeline_name,
             "created_at": utc_now(),
-            "start_offsets": json.dumps(self.start_offsets) if self.start_offsets else None,
+            "start_offsets": json.dumps(self.start_offsets)
+            if self.start_offsets is not None
+            else None,
             "adopted_from": self.adopted_from,
         }
         # Two runners creating at once: transaction version 0 lets only the first row land.
@@ -160,7 +162,8 @@ class Checkpoint:
 
     def record_start_offsets(self, offsets: Offsets) -> None:
         """Record where batch 0 starts when the source chose it (a position such as
-        Kafka's latest that moves while no batch ran): every run then starts there."""
+        Kafka's latest moves while no batch ran): every run, and every backfill, then starts
+        there."""
         row = {"pipeline_id": self.pipeline_id, "start_offsets": json.dumps(offsets)}
         schema = pa.schema([_METADATA_SCHEMA.field(c) for c in row])
         self.metadata.update(pa.Table.from_pylist([row], schema=schema), "pipeline_id", 0)

@@ -17,6 +17,7 @@ which reads committed batches, reads both.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 
@@ -41,6 +42,9 @@ class ManifestFile:
     path: str
     size: int
     modified_ms: int
+    retired: bool = False
+    """Read from the history: the file left the folder (a file there by its name now is
+    another one, recorded again under a new ``seq``)."""
 
 
 class FileManifest:
@@ -54,19 +58,21 @@ class FileManifest:
 
     def files(self, retired: bool = False) -> list[ManifestFile]:
         """The files the manifest keeps for planning (with ``retired``, every file ever
-        recorded), by (partition, seq); empty before the first ``record``."""
+        recorded), by (partition, seq); empty before the first ``record``.
+
+        A file is its (partition, seq), not its path: a name that left the folder
+        may land again as a new file, recorded under a new ``seq`` beside the
+        retired one.
+        """
         if not self.table.exists():
             return []
         rows = self.table.read().to_pylist()
+        found = {(r["partition"], r["seq"]): _file(r, retired=False) for r in rows}
         if retired and self.history.exists():
-            # A retirement cut short leaves a row twice: the newest copy counts.
-            by_path = {r["path"]: r for r in self.history.read().to_pylist()}
-            rows = list((by_path | {r["path"]: r for r in rows}).values())
-        found = [
-            ManifestFile(r["partition"], r["seq"], r["path"], r["size"], r["modified_ms"])
-            for r in rows
-        ]
-        return sorted(found, key=lambda f: (f.partition, f.seq))
+            # A retirement cut short leaves a row in both tables: the table's copy counts.
+            old = (_file(r, retired=True) for r in self.history.read().to_pylist())
+            found = {(f.partition, f.seq): f for f in old} | found
+        return sorted(found.values(), key=lambda f: (f.partition, f.seq))
 
     def retire(self, below: dict[str, int], batch_id: int) -> None:
         """Move the rows of partition ``p`` with ``seq < below[p]`` to the history, at the
@@ -135,6 +141,12 @@ class FileManifest:
             schema=pa.schema([SCHEMA.field(n) for n in ("path", "size", "modified_ms")]),
         )
         self.table.update(rows, "path", batch_id)
+
+
+def _file(row: dict[str, Any], retired: bool) -> ManifestFile:
+    return ManifestFile(
+        row["partition"], row["seq"], row["path"], row["size"], row["modified_ms"], retired
+    )
 
 
 def numbered(new: list[ManifestFile], known: list[ManifestFile]) -> list[ManifestFile]:

@@ -139,6 +139,10 @@ class Source(ABC):
       then of no use), and ``bad_from`` and ``bad_to``, the first and last
       batch with bad rows, if any (the caller counts each batch's records in
       its own aggregation: a metric per batch costs a pass over every record).
+    - ``missing(start, end)`` says what of ``[start, end)`` the source no longer
+      holds (a backfill reads the whole committed history again): None by
+      default, for input that cannot be lost or whose ``read`` refuses what is
+      gone before any job runs.
     - ``confirm(batch)``, called after a read's jobs and before anything is
       written from them, raises when the input changed while it was read.
       Optional; a no-op by default (input that cannot change).
@@ -196,6 +200,11 @@ class Source(ABC):
     def input_bytes(self, start: Offsets, end: Offsets) -> int | None:
         """How many bytes ``[start, end)`` holds, if the source knows without reading it (of
         any range ``plan`` returned, a dry run's included); None by default."""
+        return None
+
+    def missing(self, start: Offsets, end: Offsets) -> str | None:
+        """What of ``[start, end)`` the source no longer holds, in words naming the source,
+        what is gone and the setting that keeps it longer; None when it holds all of it."""
         return None
 
     def confirm(self, batch: Range) -> None:  # noqa: B027 - optional hook, no-op by default

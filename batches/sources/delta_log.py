@@ -218,6 +218,14 @@ class DeltaLog:
             dict(meta.configuration),
         )
 
+    def holds(self, path: str) -> bool:
+        """Is the data file ``path`` (as the log names it) still there (not vacuumed)?"""
+        if "://" in path:
+            filesystem, where = fs.FileSystem.from_uri(unquote(path))
+        else:
+            filesystem, where = self._fs, f"{self._root}/{unquote(path)}"
+        return bool(filesystem.get_file_info(where).type != fs.FileType.NotFound)
+
     def file_uri(self, path: str) -> str:
         """A data file's location as Spark reads it."""
         if "://" in path:

@@ -273,15 +273,42 @@ class DeltaStreamSource(Source):
                 return None
             first, (last, index) = position(start)[0], position(end)
             last = last if index else last - 1
-            versions = f"version {first}" if first == last else f"versions {first} to {last}"
             return SourceDataLost(
-                f"Delta table {self.log.table}: files of {versions} were "
+                f"Delta table {self.log.table}: files of {_versions(first, last)} were "
                 f"removed (VACUUM) before lowmark read them ({first_line(exc)}): keep them "
                 "longer (the table's delta.deletedFileRetentionDuration, or VACUUM's "
                 "RETAIN); to go on without them, `lowmark reset` the pipeline"
             )
 
         return explain
+
+    def missing(self, start: Offsets, end: Offsets) -> str | None:
+        """Versions of ``[start, end)`` whose log was cleaned up, or whose files of the
+        range were vacuumed."""
+        first, (last, index) = position(start)[0], position(end)
+        last = last if index else last - 1
+        if last < first:
+            return None
+        kept = self.log.oldest_version()
+        if kept is None or kept > first:
+            cleaned = last if kept is None else min(kept - 1, last)
+            return (
+                f"Delta table {self.log.table} no longer holds the log of "
+                f"{_versions(first, cleaned)} (log retention): keep it longer with the table's "
+                "delta.logRetentionDuration"
+            )
+        vacuumed = [
+            commit.version
+            for commit, files in self._versions(start, end)
+            if not all(self.log.holds(f.path) for f in files)
+        ]
+        if not vacuumed:
+            return None
+        return (
+            f"Delta table {self.log.table} no longer holds files of "
+            f"{_versions(vacuumed[0], vacuumed[-1])} (VACUUM): keep them longer with the table's "
+            "delta.deletedFileRetentionDuration, or VACUUM's RETAIN"
+        )
 
     def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
         """The table is one partition: a range that moved reads it."""
@@ -305,3 +332,8 @@ class DeltaStreamSource(Source):
 
     def describe_backlog(self, backlog: dict[str, int]) -> str:
         return f"{backlog['versions']} Delta versions waiting"
+
+
+def _versions(first: int, last: int) -> str:
+    """``version 3``, or ``versions 3 to 5``."""
+    return f"version {first}" if first == last else f"versions {first} to {last}"

@@ -237,7 +237,7 @@ class FileStreamSource(Source):
         for listed in self._list():
             f = known.get(listed.path)
             if f is not None and f.seq < end.get(f.partition, 0):
-                self._set_aside(f.path)
+                self._set_aside(f)
 
     def retire(self, committed_end: Offsets, batch_id: int) -> None:
         """Retire from the manifest planning reads (``FileManifest.retire``) each
@@ -260,8 +260,11 @@ class FileStreamSource(Source):
         self.manifest.retire(below, batch_id)
         self._known = None
 
-    def _set_aside(self, path: str) -> None:
-        """Delete ``path``, or move it to its place under ``archive_dir``."""
+    def _set_aside(self, f: ManifestFile) -> None:
+        """Delete ``f``, or move it to its place under ``archive_dir``: its path below the
+        folder, or, when an earlier file of that name is archived there, its own
+        (``_archived``), so that every batch's files stay readable."""
+        path = f.path
         local = _local_path(path)
         if self.config.processed_files == "delete":
             if local is not None:
@@ -271,6 +274,8 @@ class FileStreamSource(Source):
                 fs.delete(hpath, False)
             return
         target = self._archived(path)
+        if self._stat(target) is not None:
+            target = self._archived(path, reused=f.seq)
         target_local = _local_path(target)
         if local is not None and target_local is not None:
             os.makedirs(os.path.dirname(target_local), exist_ok=True)
@@ -282,23 +287,28 @@ class FileStreamSource(Source):
         if not fs.rename(hpath, htarget):
             raise LowmarkError(f"could not move processed file {path} to {target}")
 
-    def _archived(self, path: str) -> str:
+    def _archived(self, path: str, reused: int | None = None) -> str:
         """Where ``processed_files: archive`` moves ``path``: its path below the source
-        folder, below ``archive_dir``."""
+        folder, below ``archive_dir`` (and below ``_reused/<seq>/`` for the file of ``seq``
+        ``reused`` whose name an earlier archived file has: a name that landed again)."""
         assert self.archive is not None
         below = _below(_path_part(path), _path_part(self.folder))
         assert below is not None, f"{path} is not in {self.folder}"
-        return f"{self.archive.rstrip('/')}/{below}"
+        again = "" if reused is None else f"_reused/{reused}/"
+        return f"{self.archive.rstrip('/')}/{again}{below}"
 
     def _found(self, f: ManifestFile, batch_id: int) -> ManifestFile:
         """``f`` where it is now, with the size and modification time it has now: in the
         folder or, once archived, in the archive (a backfill reads committed batches);
-        SourceFileMissing when it is in neither."""
-        now = self._stat(f.path)
+        SourceFileMissing when it is in neither. A retired file left the folder: a file of
+        its name there now is another one."""
+        now = None if f.retired else self._stat(f.path)
         if now is None and self.config.processed_files == "archive":
-            archived = self._archived(f.path)
-            now = self._stat(archived)
-            f = dataclasses.replace(f, path=archived)
+            for archived in (self._archived(f.path, reused=f.seq), self._archived(f.path)):
+                now = self._stat(archived)
+                if now is not None:
+                    f = dataclasses.replace(f, path=archived)
+                    break
         if now is None and self.config.processed_files == "delete":
             raise SourceFileMissing(
                 f"{f.path} (taken by batch {batch_id}) was deleted once its batch "

@@ -262,6 +262,29 @@ class KafkaStreamSource(Source):
 
         return explain
 
+    def missing(self, start: Offsets, end: Offsets) -> str | None:
+        """A topic of ``[start, end)`` that is gone, or offsets of it retention deleted."""
+        moved = {k: (start.get(k, 0), e) for k, e in sorted(end.items()) if e > start.get(k, 0)}
+        topics = self.admin().list_topics(timeout=TIMEOUT_S).topics
+        gone = sorted({split_key(k)[0] for k in moved if split_key(k)[0] not in topics})
+        if gone:
+            return (
+                f"Kafka topic(s) {', '.join(gone)} no longer exist on "
+                f"{self.config.bootstrap_servers}"
+            )
+        earliest = self.earliest(list(moved))
+        lost = [
+            f"{k} offsets {s} to {min(earliest[k], e) - 1}"
+            for k, (s, e) in moved.items()
+            if earliest[k] > s
+        ]
+        if not lost:
+            return None
+        return (
+            f"Kafka deleted records the batches read ({', '.join(lost)}; retention): keep them "
+            "longer with the topic's retention.ms"
+        )
+
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         return [
             f"{k} offsets {start.get(k, 0)} to {e - 1}"

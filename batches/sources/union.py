@@ -125,6 +125,14 @@ class SourceUnion(Source):
         sizes = [part.input_bytes(own(start, n), own(end, n)) for n, part in self.parts.items()]
         return None if None in sizes else sum(s for s in sizes if s is not None)
 
+    def missing(self, start: Offsets, end: Offsets) -> str | None:
+        gone = [
+            f"{name}: {lost}"
+            for name, part in self.parts.items()
+            if (lost := part.missing(own(start, name), own(end, name))) is not None
+        ]
+        return "; ".join(gone) or None
+
     def confirm(self, batch: Range) -> None:
         for name, part in self.parts.items():
             part.confirm(Range(batch.batch_id, own(batch.start, name), own(batch.end, name)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,22 @@ def per_window(df: DataFrame, key: str, window: Column, *aggregates: Column) -> 
         F.col("w.end").alias("window_end"),
         *[c for c in out.columns if c not in (key, "w")],
     )
+
+
+def append_events(spark: SparkSession, table: Path, events: list[dict[str, Any]]) -> None:
+    """Append ``events`` (``user``, ``ts`` as ISO text, ``amount``) to the Delta table
+    ``table`` as one version."""
+    rows = [(e["user"], datetime.fromisoformat(e["ts"]), e["amount"]) for e in events]
+    df = spark.createDataFrame(rows, "user STRING, ts TIMESTAMP, amount LONG")
+    df.write.format("delta").mode("append").save(str(table))
+
+
+def vacuum_every_version(spark: SparkSession, table: Path) -> None:
+    """OPTIMIZE the Delta table ``table`` into new files, then VACUUM with no retention: the
+    files every earlier version added are gone."""
+    spark.sql(f"OPTIMIZE delta.`{table}`")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")

@@ -7,16 +7,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from batches.backfill import backfill_partition
-from batches.errors import PartitionNotClosed, SourceFileMissing
+from batches.errors import BackfillHistoryLost, PartitionNotClosed, SourceFileMissing
 from batches.faults import InjectedCrash, KillPoint, crash_at
 from batches.microbatch import MicroBatchRunner
-from batches.pipeline import EventTimePartitions, Maintenance
+from batches.pipeline import DeltaSource, EventTimePartitions, Maintenance
 from batches.windows import Tumbling
+from tests.batches.helpers import append_events, vacuum_every_version
 from tests.batches.test_windows import T0, drop_batches, event, reference, sink, windowed
 from tests.conftest import write_json_lines
 
@@ -204,3 +206,88 @@ def test_a_backfill_reads_archived_files_and_names_deleted_ones(
     assert backfill_partition(spark, p, tmp_path, *hour(0)).windows == 3
     expected = in_hour(reference(spark, tmp_path / "all", WINDOW), 0)
     assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)
+
+
+FROM_LATEST = PIPELINE.model_copy(
+    update={"source": DeltaSource(path="src", starting_version="latest", max_versions_per_batch=1)}
+)
+BEFORE_START = [event("z", 7, 1000), event("a", 1, 2000)]  # the table's, not the pipeline's
+AFTER_START = [  # one Delta version (one batch) each
+    [event("a", 1, 1), event("a", 15, 2), event("b", 3, 4), event("a", 1800, 8), event("c", 2, 16)],
+    [event("a", HOUR + 5, 32)],
+    [event("b", 3 * HOUR, 64)],
+]
+
+
+def stream_from_latest(spark: SparkSession, root: Path) -> None:
+    """A Delta table with a version before the pipeline's first run, which starts at
+    ``latest``, then three versions it streams; ``root/ref/in`` holds what it read."""
+    append_events(spark, root / "src", BEFORE_START)
+    runner = MicroBatchRunner(spark, FROM_LATEST, root)
+    assert runner.run_batch() is None  # nothing past latest yet: only where batch 0 starts
+    for rows in AFTER_START:
+        append_events(spark, root / "src", rows)
+    runner.run(max_batches=None)
+    read = [r for rows in AFTER_START for r in rows]
+    write_json_lines(root / "ref" / "in", "read.json", read, 1_700_000_000)
+
+
+def test_a_backfill_of_a_pipeline_that_started_at_latest_reads_from_where_its_checkpoint_started(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stream_from_latest(spark, tmp_path)
+    expected = in_hour(reference(spark, tmp_path / "ref", WINDOW), 0)
+    assert expected.count() == 5
+    assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)  # as streamed
+    # "latest" now is past every version: the history is where batch 0 started, and not
+    # the version before it (z's window would appear) either.
+    result = backfill_partition(spark, FROM_LATEST, tmp_path, *hour(0))
+    assert result.windows == 5 and not result.skipped
+    assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)
+
+
+def test_a_backfill_whose_history_the_source_no_longer_holds_is_refused_leaving_the_sink(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stream_from_latest(spark, tmp_path)
+    before = DeltaTable(str(tmp_path / "out"))
+    rows = sink(spark, tmp_path).collect()
+    vacuum_every_version(spark, tmp_path / "src")
+    with pytest.raises(
+        BackfillHistoryLost,
+        match=r"partition 2026-01-01 00:00\.\.2026-01-01 01:00 of w not backfilled, the sink is "
+        r"unchanged: Delta table .*/src no longer holds files of versions 1 to 3 \(VACUUM\)",
+    ):
+        backfill_partition(spark, FROM_LATEST, tmp_path, *hour(0))
+    assert DeltaTable(str(tmp_path / "out")).version() == before.version()
+    assertDataFrameEqual(sink(spark, tmp_path), rows)
+
+
+def test_an_archived_file_name_that_lands_again_is_backfilled_as_each_batch_took_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = PIPELINE.source.model_copy(
+        update={"processed_files": "archive", "archive_dir": "archive"}
+    )
+    p = PIPELINE.model_copy(update={"source": source, "maintenance": Maintenance(every_batches=1)})
+    drop_batches(tmp_path, SCHEDULE[:3])
+    shutil.copytree(tmp_path / "in", tmp_path / "all" / "in")  # for the reference
+    runner = MicroBatchRunner(spark, p, tmp_path)
+    runner.run(max_batches=None)
+    # b000.json was archived and its manifest row retired; a new file of that name lands,
+    # with a record late for hour 0 and one that moves time on.
+    assert len(runner.checkpoint.files.files()) == 1
+    again = [event("a", 2, 500), event("c", 2 * HOUR + 30, 1000)]
+    write_json_lines(tmp_path / "in", "b000.json", again, 1_700_000_100)
+    write_json_lines(tmp_path / "all" / "in", "b000-again.json", again, 1_700_000_100)
+    runner.run(max_batches=None)
+    assert list((tmp_path / "in").iterdir()) == []
+    assert backfill_partition(spark, p, tmp_path, *hour(0)).windows == 3
+    expected = in_hour(reference(spark, tmp_path / "all", WINDOW), 0)
+    assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)
+    # Both files of that name are in the manifest's history, and both in the archive.
+    assert [f.path.rsplit("/", 1)[1] for f in runner.checkpoint.files.files(retired=True)] == [
+        "b000.json", "b001.json", "b002.json", "b000.json",
+    ]  # fmt: skip
+    assert (tmp_path / "archive" / "b000.json").exists()
+    assert (tmp_path / "archive" / "_reused" / "3" / "b000.json").exists()
