@@ -14,13 +14,15 @@ import dagster as dg
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.errors import SourceDataLost
+from batches.backfill import backfill_partition
+from batches.errors import BackfillHistoryLost, SourceDataLost
 from batches.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, KafkaSource, Pipeline
+from batches.pipeline import DeltaSink, EventTimePartitions, KafkaSource, Pipeline
 from batches.sources.base import PARTITION_COLUMN
 from batches.sources.kafka import KafkaStreamSource
 from batches.status import pipeline_status
@@ -244,3 +246,52 @@ def test_a_windowed_pipeline_over_three_partitions_goes_on_when_one_goes_idle(
         F.unix_millis("window_end") <= F.lit(status["watermark_ms"])
     )
     assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)
+
+
+def test_a_backfill_of_a_pipeline_started_at_latest_reads_from_its_start_until_retention_ends_it(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("old", 2, 1000), event("u", 4, 2000)])  # before the start
+    pipeline = Pipeline(
+        name="backfilled",
+        source=config(kafka, topic, starting_offsets="latest"),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts"),
+        aggregation=WindowedAggregation(
+            keys=("user",),
+            window=Tumbling(size="10 seconds"),
+            aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="amount")),
+        ),
+        backfill=EventTimePartitions(granularity="hourly", start="2026-01-01"),
+    )
+    runner = MicroBatchRunner(spark, pipeline, data_root)
+    assert runner.run_batch() is None  # nothing past latest: only where batch 0 starts
+    read = [("u", 1, 1), ("u", 5, 2), ("v", 3, 4), ("u", 1800, 8), ("w", 3 * 3600, 16)]
+    kafka.produce(topic, [event(user, s, amount) for user, s, amount in read])
+    runner.run(max_batches=None)
+
+    hour_0 = (T0, T0 + timedelta(hours=1))
+    expected = per_window(
+        spark.createDataFrame([(u, T0 + timedelta(seconds=s), a) for u, s, a in read], SCHEMA),
+        "user",
+        F.window("ts", "10 seconds"),
+        F.count(F.lit(1)).alias("count"),
+        F.sum("amount").alias("sum_amount"),
+    ).where(F.col("window_start") < F.lit(hour_0[1]))
+    assert backfill_partition(spark, pipeline, data_root, *hour_0).windows == 3
+    out = spark.read.format("delta").load(str(data_root / "out"))
+    assertDataFrameEqual(out.where(F.col("window_start") < F.lit(hour_0[1])), expected)
+
+    # Retention deletes the first record the pipeline read: a backfill would lose it.
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for done in admin.delete_records([TopicPartition(topic, 0, 3)]).values():
+        done.result()
+    version = DeltaTable(str(data_root / "out")).version()
+    with pytest.raises(
+        BackfillHistoryLost,
+        match=rf"of backfilled not backfilled, the sink is unchanged: Kafka deleted records the "
+        rf"batches read \({topic}:0 offsets 2 to 2; retention\)",
+    ):
+        backfill_partition(spark, pipeline, data_root, *hour_0)
+    assert DeltaTable(str(data_root / "out")).version() == version
