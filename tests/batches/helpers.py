@@ -6,10 +6,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.pipeline import DeltaSink, FileSource, Pipeline
+from state.checkpoint import Checkpoint
 from tests.conftest import write_json_lines
 
 
@@ -67,3 +69,12 @@ def vacuum_every_version(spark: SparkSession, table: Path) -> None:
         spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
     finally:
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+
+
+def forget_start_offsets(checkpoint: Checkpoint) -> None:
+    """Make ``checkpoint`` look as one written before it recorded where batch 0 started."""
+    rows = pa.Table.from_pylist(
+        [{"pipeline_id": checkpoint.pipeline_id, "start_offsets": None}],
+        schema=pa.schema([("pipeline_id", pa.string()), ("start_offsets", pa.string())]),
+    )
+    checkpoint.metadata.update(rows, "pipeline_id", 0)

@@ -18,7 +18,7 @@ from batches.faults import InjectedCrash, KillPoint, crash_at
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSource, EventTimePartitions, Maintenance
 from batches.windows import Tumbling
-from tests.batches.helpers import append_events, vacuum_every_version
+from tests.batches.helpers import append_events, forget_start_offsets, vacuum_every_version
 from tests.batches.test_windows import T0, drop_batches, event, reference, sink, windowed
 from tests.conftest import write_json_lines
 
@@ -291,3 +291,20 @@ def test_an_archived_file_name_that_lands_again_is_backfilled_as_each_batch_took
     ]  # fmt: skip
     assert (tmp_path / "archive" / "b000.json").exists()
     assert (tmp_path / "archive" / "_reused" / "3" / "b000.json").exists()
+
+
+def test_a_checkpoint_that_predates_recording_its_start_backfills_from_batch_0_or_refuses(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stream_from_latest(spark, tmp_path)
+    ckpt = MicroBatchRunner(spark, FROM_LATEST, tmp_path).checkpoint
+    forget_start_offsets(ckpt)
+    expected = in_hour(reference(spark, tmp_path / "ref", WINDOW), 0)
+    assert backfill_partition(spark, FROM_LATEST, tmp_path, *hour(0)).windows == 5
+    assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)
+    # Maintenance dropped batch 0 from the offset log: where the history begins is unknown.
+    ckpt.offsets.table.delete('"batch_id" = 0', 0)
+    version = DeltaTable(str(tmp_path / "out")).version()
+    with pytest.raises(BackfillHistoryLost, match="does not record where batch 0 started"):
+        backfill_partition(spark, FROM_LATEST, tmp_path, *hour(0))
+    assert DeltaTable(str(tmp_path / "out")).version() == version

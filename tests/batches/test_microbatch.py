@@ -9,6 +9,7 @@ from pyspark.sql import SparkSession
 
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import FileSource
+from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, ConcurrentRunner, FingerprintMismatch
 from state.offset_log import OffsetEntry
@@ -228,3 +229,15 @@ def test_run_stops_when_its_time_budget_is_spent(
     runner = MicroBatchRunner(spark, pipeline(source=ONE_FILE), data_root, clock=clock)
     assert len(runner.run(max_batches=None, max_seconds=2)) == 1
     assert len(runner.run(max_batches=None, max_seconds=1_000)) == 1
+
+
+def test_the_first_plan_records_where_batch_0_starts_even_a_start_with_no_partitions_yet(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A backfill reads the history from there: every source kind records it."""
+    source = FileSource(
+        path="in", format="json", schema_ddl="id LONG, amount LONG", partition_by_folder=True
+    )
+    runner = MicroBatchRunner(spark, pipeline(source=source), tmp_path)
+    assert runner.run_batch() is None  # no folder yet: nothing to run
+    assert Checkpoint(runner.checkpoint.location, "t").start_offsets == {}
