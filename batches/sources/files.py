@@ -261,9 +261,9 @@ class FileStreamSource(Source):
         self._known = None
 
     def _set_aside(self, f: ManifestFile) -> None:
-        """Delete ``f``, or move it to its place under ``archive_dir``: its path below the
-        folder, or, when an earlier file of that name is archived there, its own
-        (``_archived``), so that every batch's files stay readable."""
+        """Delete ``f``, or move it to its place under ``archive_dir`` (``_archived``): below
+        ``_reused/<seq>/`` when an earlier file of its name is archived already, never over
+        it, so that every batch's files stay readable."""
         path = f.path
         local = _local_path(path)
         if self.config.processed_files == "delete":
