@@ -122,12 +122,12 @@ class DriverTable:
             else:
                 self._handle.update_incremental()
             return self._handle
-        except TableNotFoundError as exc:
-            self._handle = None
-            raise self.missing() from exc
         except Exception as exc:  # delta-rs raises plain exceptions for damaged logs
             self._handle = None
-            if not self.exists():
+            # A table that is there but no longer has the version asked for (its log was
+            # cleaned up) is "not found" to delta-rs: it is not missing, that version is.
+            asked_for_version = version is not None and self.exists()
+            if not asked_for_version and (isinstance(exc, TableNotFoundError) or not self.exists()):
                 raise self.missing() from exc
             at = f" as of version {version}" if version is not None else ""
             raise CheckpointCorrupt(
@@ -309,23 +309,27 @@ class DriverTable:
 
         self._commit(write, None, batch_id)
 
-    def tidy(self, drop_where: str | None, keep_hours: int) -> None:
+    def tidy(
+        self, drop_where: str | None, keep_hours: int, keep_version: int | None = None
+    ) -> None:
         """Maintenance: checkpoint the log and delete expired log files, then delete the rows
         matching ``drop_where`` (if any), merge small files, and delete data files removed
         over ``keep_hours`` ago.
 
-        The log is checkpointed at the current version — run right after a
-        commit, the version that commit recorded, which is what a replay of the
-        next batch reads — and only log files below that checkpoint and older
-        than the log retention are deleted, before anything else commits. Not a
-        batch's write (no application transaction): repeating it is harmless.
-        Readers of the current version are unaffected, and so are readers of
-        any version since the checkpoint (data files: less than ``keep_hours``
-        old).
+        ``keep_version`` (default: the current version) is the version a pending replay
+        or a backfill reads: the one the last commit recorded. The log is checkpointed
+        there and only log files below it and older than the log retention are deleted,
+        before anything else commits; VACUUM keeps its data files however long ago a
+        later version removed them. So it stays readable whatever committed since (a
+        crashed batch's own write, an earlier maintenance's OPTIMIZE) and however long
+        ago. Not a batch's write (no application transaction): repeating it is harmless.
+        Readers of the current version are unaffected, and so are readers of any version
+        since ``keep_version`` (data files: less than ``keep_hours`` old).
         """
         table = self.open()
-        table.create_checkpoint()
-        table.cleanup_metadata()
+        kept = table if keep_version is None else self.open(keep_version)
+        kept.create_checkpoint()
+        kept.cleanup_metadata()
         quiet = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
         config = table.metadata().configuration
         if any(config.get(k) != v for k, v in TABLE_CONFIGURATION.items()):
@@ -338,6 +342,7 @@ class DriverTable:
             dry_run=False,
             enforce_retention_duration=False,
             post_commithook_properties=quiet,
+            keep_versions=[int(kept.version())],
         )
         self._handle = None
 
