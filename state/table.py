@@ -86,11 +86,20 @@ class DriverTable:
     """
 
     def __init__(
-        self, path: str, schema: pa.Schema | None = None, what: str = "checkpoint table"
+        self,
+        path: str,
+        schema: pa.Schema | None = None,
+        what: str = "checkpoint table",
+        properties: dict[str, str] | None = None,
     ) -> None:
+        """``properties`` None: a checkpoint table, created with ``TABLE_CONFIGURATION``,
+        its commits running ``HOOKS``. A dict: a user's table (a sink), created with exactly
+        those properties, everything else (log retention, log clean-up) Delta's defaults."""
         self.path = path.rstrip("/")
         self.schema = schema
         self.what = what
+        self.configuration = TABLE_CONFIGURATION if properties is None else properties
+        self.hooks = HOOKS if properties is None else None
         self._handle: DeltaTable | None = None
 
     def exists(self) -> bool:
@@ -106,7 +115,7 @@ class DriverTable:
                 self.path,
                 self.schema.empty_table(),
                 mode="ignore",
-                configuration=TABLE_CONFIGURATION,
+                configuration=self.configuration,
             )
         except (CommitFailedError, DeltaError):
             if not self.exists():
@@ -191,9 +200,9 @@ class DriverTable:
             write_deltalake(
                 table if table is not None else self.path,
                 rows,
-                configuration=TABLE_CONFIGURATION,
+                configuration=self.configuration,
                 commit_properties=commit,
-                post_commithook_properties=HOOKS,
+                post_commithook_properties=self.hooks,
                 **options,
             )
 
@@ -227,7 +236,7 @@ class DriverTable:
             if table is None:
                 self._writer(rows, "append")(None, commit)
                 return
-            _merge_on(key, table, rows, commit).when_not_matched_insert_all().execute()
+            self._merge_on(key, table, rows, commit).when_not_matched_insert_all().execute()
 
         return self.write_once(write, app_id, version)
 
@@ -274,7 +283,7 @@ class DriverTable:
                     target_alias="t",
                     merge_schema=True,  # a column added since (the window state's row counts)
                     commit_properties=commit,
-                    post_commithook_properties=HOOKS,
+                    post_commithook_properties=self.hooks,
                 )
                 .when_matched_delete(predicate=f"s.{OP} = 'delete'")
                 .when_matched_update(updates=values, predicate=f"s.{OP} = 'upsert'")
@@ -295,7 +304,7 @@ class DriverTable:
 
         def write(table: DeltaTable | None, commit: CommitProperties) -> None:
             assert table is not None, f"{self.path}: no rows to update"
-            _merge_on(key, table, rows, commit).when_matched_update(updates=values).execute()
+            self._merge_on(key, table, rows, commit).when_matched_update(updates=values).execute()
 
         self._commit(write, None, batch_id)
 
@@ -305,7 +314,7 @@ class DriverTable:
 
         def write(table: DeltaTable | None, commit: CommitProperties) -> None:
             assert table is not None, f"{self.path}: no rows to delete"
-            table.delete(where, commit_properties=commit, post_commithook_properties=HOOKS)
+            table.delete(where, commit_properties=commit, post_commithook_properties=self.hooks)
 
         self._commit(write, None, batch_id)
 
@@ -326,6 +335,7 @@ class DriverTable:
         Readers of the current version are unaffected, and so are readers of any version
         since ``keep_version`` (data files: less than ``keep_hours`` old).
         """
+        assert self.hooks is HOOKS, f"{self.path}: maintenance tidies checkpoint tables only"
         table = self.open()
         kept = table if keep_version is None else self.open(keep_version)
         kept.create_checkpoint()
@@ -345,6 +355,19 @@ class DriverTable:
             keep_versions=[int(kept.version())],
         )
         self._handle = None
+
+    def _merge_on(
+        self, key: str, table: DeltaTable, rows: pa.Table, commit: CommitProperties
+    ) -> TableMerger:
+        """A MERGE of ``rows`` into ``table`` matching on the column ``key`` (add the clauses)."""
+        return table.merge(
+            rows,
+            predicate=f't."{key}" = s."{key}"',
+            source_alias="s",
+            target_alias="t",
+            commit_properties=commit,
+            post_commithook_properties=self.hooks,
+        )
 
     def files(self) -> int:
         """Data files in the table's current version."""
@@ -397,18 +420,6 @@ class DriverTable:
                 time.sleep(pause)
                 pause *= 2
         raise AssertionError("unreachable")
-
-
-def _merge_on(key: str, table: DeltaTable, rows: pa.Table, commit: CommitProperties) -> TableMerger:
-    """A MERGE of ``rows`` into ``table`` matching on the column ``key`` (add the clauses)."""
-    return table.merge(
-        rows,
-        predicate=f't."{key}" = s."{key}"',
-        source_alias="s",
-        target_alias="t",
-        commit_properties=commit,
-        post_commithook_properties=HOOKS,
-    )
 
 
 def _landed(table: DeltaTable, app_id: str, version: int) -> bool:
