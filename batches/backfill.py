@@ -164,7 +164,8 @@ def backfill_partition(
     source.confirm(history)
 
     # Step 5. Replace the slice.
-    sink = DriverTable(resolve(pipeline.sink.path, data_root), None, "sink")
+    sink_path = resolve(pipeline.sink.path, data_root)
+    sink = DriverTable(sink_path, None, "sink", pipeline.sink.properties)
     slice_sql = (
         f'"window_start" >= {micros_literal(start_ms * 1000)} '
         f'AND "window_start" < {micros_literal(end_ms * 1000)}'

@@ -489,7 +489,8 @@ def compact(
     What a batch does by itself every `maintenance.every_batches` batches,
     with the pipeline's `maintenance` retention. Starts no Spark over a local
     folder; safe while the pipeline runs (a table a batch is writing is left
-    for next time).
+    for next time) and between a crash and its replay (the window state the
+    last commit recorded, which the replay and backfills read, is kept).
     """
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)

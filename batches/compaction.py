@@ -1,9 +1,10 @@
 """Checkpoint maintenance of one pipeline on demand (``lowmark compact``, the daily Dagster
 schedule): what a batch does by itself every ``maintenance.every_batches`` batches.
 
-Starts no Spark over local folders, and is safe while the pipeline runs: it never drops the
-latest log entries, and a table a batch is writing at that moment is left
-for the next time (``state.maintenance``).
+Starts no Spark over local folders, and is safe while the pipeline runs or waits for a replay:
+it never drops the latest log entries, keeps the window state version the last commit recorded
+(what a pending replay and a backfill read), and a table a batch is writing at that moment is
+left for the next time (``state.maintenance``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def compact_checkpoint(spark: SparkLike, pipeline: Pipeline, data_root: Path) ->
     offsets = ckpt.offsets.get(done.batch_id)
     assert offsets is not None, "a committed batch always has its offsets"
     batch = Range(done.batch_id, offsets.start_offsets, offsets.end_offsets)
-    tables = tidy_after(ckpt, source, batch, upkeep, state)
+    tables = tidy_after(ckpt, source, batch, upkeep, state, done.table_versions.get("state"))
     return Compaction(tables, max(0, done.batch_id - upkeep.log_batches + 1), done.batch_id)
 
 
@@ -54,9 +55,11 @@ def tidy_after(
     committed: Range,
     upkeep: Maintenance,
     state: DriverTable | None,
+    state_version: int | None,
 ) -> int:
     """Tidy ``checkpoint`` after batch ``committed`` with ``upkeep``'s retention: the
-    source's bookkeeping first (``Source.retire``), then every table; tables tidied."""
+    source's bookkeeping first (``Source.retire``), then every table, keeping the window
+    state at ``state_version`` (the one ``committed``'s commit recorded); tables tidied."""
     source.retire(committed.end, committed.batch_id)
     keep = Retention(upkeep.log_batches, upkeep.progress_batches)
-    return tidy(checkpoint, committed.batch_id, keep, state)
+    return tidy(checkpoint, committed.batch_id, keep, state, state_version)

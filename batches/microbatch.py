@@ -461,7 +461,7 @@ class MicroBatchRunner:
         upkeep = self.pipeline.maintenance
         if (batch_id + 1) % upkeep.every_batches == 0:
             state = self.stage.state.table if self.stage else None
-            tidy_after(ckpt, self.source, batch, upkeep, state)
+            tidy_after(ckpt, self.source, batch, upkeep, state, versions.get("state"))
             timer.lap("maintenance")
         ckpt.progress.add(
             ProgressEntry(

@@ -458,6 +458,21 @@ class DeltaSink(_Config):
         default="append", description="append rows, or MERGE (upsert) on `keys`."
     )
     keys: tuple[str, ...] = Field(default=(), description="Merge keys (mode=merge only).")
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="Delta table properties the sink is created with (e.g. "
+        "`delta.enableChangeDataFeed: 'true'`); unset ones keep Delta's defaults. Applied "
+        "when lowmark creates the table only: change an existing sink's with ALTER TABLE.",
+    )
+
+    @field_validator("properties")
+    @classmethod
+    def _table_properties_only(cls, properties: dict[str, str]) -> dict[str, str]:
+        # Spark takes only `delta.*` write options as table properties; others are options.
+        other = sorted(k for k in properties if not k.startswith("delta."))
+        if other:
+            raise ValueError(f"{other} are not Delta table properties: name them `delta.*`")
+        return properties
 
     @model_validator(mode="after")
     def _keys_match_mode(self) -> DeltaSink:
@@ -602,7 +617,8 @@ class Pipeline(_Config):
 
         The source's operational fields (``OPERATIONAL``: admission limits, what becomes
         of processed files, where to connect), descriptions, health-check bounds,
-        backfill partitions, maintenance, read-ahead and failed attempts are left out:
+        backfill partitions, maintenance, read-ahead, failed attempts and the sink's table
+        properties are left out:
         changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not.
@@ -610,7 +626,8 @@ class Pipeline(_Config):
         semantics = {
             "source": self.source.semantics(),
             "transform": self.transform,
-            "sink": self.sink.model_dump(),
+            # Properties apply when the sink is created, and change no batch's rows.
+            "sink": self.sink.model_dump(exclude={"properties"}),
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }

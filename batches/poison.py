@@ -39,7 +39,7 @@ from batches.errors import (
 )
 from state import quarantine
 from state.commit_log import CommitEntry
-from state.errors import LowmarkError
+from state.errors import CheckpointCorrupt, LowmarkError
 from state.table import DriverTable
 
 if TYPE_CHECKING:
@@ -162,5 +162,13 @@ def _restore_state(runner: MicroBatchRunner, planned: PlannedBatch) -> int | Non
     if recorded is None:  # no state before this batch: it held no windows
         table.delete()
         return None
-    table.restore(recorded)
+    try:
+        table.restore(recorded)
+    except Exception as exc:  # delta-rs raises plain exceptions for a log or files gone
+        raise CheckpointCorrupt(
+            f"window state table {stage.state.path} no longer has version {recorded}, the "
+            f"state batch {planned.batch_id} is set aside to (a VACUUM with a retention shorter "
+            "than the time since the crash removed its files): restore them from backup, or "
+            "start over with `lowmark reset`"
+        ) from exc
     return recorded

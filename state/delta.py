@@ -24,13 +24,18 @@ TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-def append_once(df: DataFrame, path: str, app_id: str, version: int) -> None:
-    """Append ``df`` to the Delta table at ``path`` unless (app_id, version) landed."""
+def append_once(
+    df: DataFrame, path: str, app_id: str, version: int, properties: dict[str, str] | None = None
+) -> None:
+    """Append ``df`` to the Delta table at ``path`` unless (app_id, version) landed; a table
+    this creates gets the table ``properties`` (``delta.*`` options: Delta applies them when
+    a write creates the table)."""
 
     def append() -> None:
         (
             df.write.format("delta")
             .mode("append")
+            .options(**(properties or {}))
             .option("txnAppId", app_id)
             .option("txnVersion", version)
             .option("userMetadata", writer_metadata(app_id, version))

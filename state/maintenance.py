@@ -20,10 +20,13 @@ Before all that, the source retires what planning no longer needs
 files that left the folder to the manifest history).
 
 What it never loses: the entries recovery or a replay reads (the latest
-ones), and the window state as of the last commit. That version's files are
-removed from the current version by this very compaction and vacuumed no
-sooner than ``KEEP_HOURS`` later by a later maintenance, which runs only
-after later batches committed. The rows of the file manifest and its
+ones), and the window state as of the last commit, which a pending replay
+and a backfill read. That version stays readable however long maintenance
+runs after it, batches pending or not (``lowmark compact`` and the daily
+schedule run at any time, between a crash and its replay too): its log is
+checkpointed and kept, and VACUUM keeps its files, however long ago a
+crashed batch's write or an earlier maintenance's OPTIMIZE removed them
+from the current version. The rows of the file manifest and its
 history (a backfill reads the whole committed history), of the bad and late
 records, and the sink (the user's table: OPTIMIZE and VACUUM it as any Delta
 table) are kept.
@@ -55,26 +58,37 @@ class Retention:
     progress_batches: int
 
 
-def tidy(checkpoint: Checkpoint, batch_id: int, keep: Retention, state: DriverTable | None) -> int:
-    """Tidy every table of ``checkpoint`` after batch ``batch_id`` committed; tables tidied."""
+def tidy(
+    checkpoint: Checkpoint,
+    batch_id: int,
+    keep: Retention,
+    state: DriverTable | None,
+    state_version: int | None,
+) -> int:
+    """Tidy every table of ``checkpoint`` after batch ``batch_id`` committed; tables tidied.
+
+    ``state_version`` is the window state version that commit recorded (None: none):
+    the state table keeps it readable (``DriverTable.tidy``) for a replay of the next
+    batch and for a backfill, whatever was written to the table since.
+    """
     logs = batch_id - keep.log_batches + 1
     progress = batch_id - keep.progress_batches + 1
-    plan: list[tuple[DriverTable, str | None]] = [
-        (checkpoint.offsets.table, f'"batch_id" < {logs}'),
-        (checkpoint.commits.table, f'"batch_id" < {logs}'),
-        (checkpoint.watermarks.table, f'"batch_id" < {logs}'),
-        (checkpoint.progress.table, f'"batch_id" < {progress}'),
-        (checkpoint.files.table, None),
-        (checkpoint.files.history, None),
-        (checkpoint.bad_records, None),
-        (checkpoint.late, None),
+    plan: list[tuple[DriverTable, str | None, int | None]] = [
+        (checkpoint.offsets.table, f'"batch_id" < {logs}', None),
+        (checkpoint.commits.table, f'"batch_id" < {logs}', None),
+        (checkpoint.watermarks.table, f'"batch_id" < {logs}', None),
+        (checkpoint.progress.table, f'"batch_id" < {progress}', None),
+        (checkpoint.files.table, None, None),
+        (checkpoint.files.history, None, None),
+        (checkpoint.bad_records, None, None),
+        (checkpoint.late, None, None),
     ]
     if state is not None and state.exists():
-        plan.append((state, None))
+        plan.append((state, None, state_version))
     tidied = 0
-    for table, drop_where in plan:
+    for table, drop_where, keep_version in plan:
         try:
-            table.tidy(drop_where, KEEP_HOURS)
+            table.tidy(drop_where, KEEP_HOURS, keep_version)
             tidied += 1
         except (CommitFailedError, DeltaError) as exc:
             log.warning("maintenance of %s skipped until next time: %s", table.path, exc)

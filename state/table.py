@@ -86,11 +86,20 @@ class DriverTable:
     """
 
     def __init__(
-        self, path: str, schema: pa.Schema | None = None, what: str = "checkpoint table"
+        self,
+        path: str,
+        schema: pa.Schema | None = None,
+        what: str = "checkpoint table",
+        properties: dict[str, str] | None = None,
     ) -> None:
+        """``properties`` None: a checkpoint table, created with ``TABLE_CONFIGURATION``,
+        its commits running ``HOOKS``. A dict: a user's table (a sink), created with exactly
+        those properties, everything else (log retention, log clean-up) Delta's defaults."""
         self.path = path.rstrip("/")
         self.schema = schema
         self.what = what
+        self.configuration = TABLE_CONFIGURATION if properties is None else properties
+        self.hooks = HOOKS if properties is None else None
         self._handle: DeltaTable | None = None
 
     def exists(self) -> bool:
@@ -106,7 +115,7 @@ class DriverTable:
                 self.path,
                 self.schema.empty_table(),
                 mode="ignore",
-                configuration=TABLE_CONFIGURATION,
+                configuration=self.configuration,
             )
         except (CommitFailedError, DeltaError):
             if not self.exists():
@@ -122,12 +131,12 @@ class DriverTable:
             else:
                 self._handle.update_incremental()
             return self._handle
-        except TableNotFoundError as exc:
-            self._handle = None
-            raise self.missing() from exc
         except Exception as exc:  # delta-rs raises plain exceptions for damaged logs
             self._handle = None
-            if not self.exists():
+            # A table that is there but no longer has the version asked for (its log was
+            # cleaned up) is "not found" to delta-rs: it is not missing, that version is.
+            asked_for_version = version is not None and self.exists()
+            if not asked_for_version and (isinstance(exc, TableNotFoundError) or not self.exists()):
                 raise self.missing() from exc
             at = f" as of version {version}" if version is not None else ""
             raise CheckpointCorrupt(
@@ -191,9 +200,9 @@ class DriverTable:
             write_deltalake(
                 table if table is not None else self.path,
                 rows,
-                configuration=TABLE_CONFIGURATION,
+                configuration=self.configuration,
                 commit_properties=commit,
-                post_commithook_properties=HOOKS,
+                post_commithook_properties=self.hooks,
                 **options,
             )
 
@@ -227,7 +236,7 @@ class DriverTable:
             if table is None:
                 self._writer(rows, "append")(None, commit)
                 return
-            _merge_on(key, table, rows, commit).when_not_matched_insert_all().execute()
+            self._merge_on(key, table, rows, commit).when_not_matched_insert_all().execute()
 
         return self.write_once(write, app_id, version)
 
@@ -274,7 +283,7 @@ class DriverTable:
                     target_alias="t",
                     merge_schema=True,  # a column added since (the window state's row counts)
                     commit_properties=commit,
-                    post_commithook_properties=HOOKS,
+                    post_commithook_properties=self.hooks,
                 )
                 .when_matched_delete(predicate=f"s.{OP} = 'delete'")
                 .when_matched_update(updates=values, predicate=f"s.{OP} = 'upsert'")
@@ -295,7 +304,7 @@ class DriverTable:
 
         def write(table: DeltaTable | None, commit: CommitProperties) -> None:
             assert table is not None, f"{self.path}: no rows to update"
-            _merge_on(key, table, rows, commit).when_matched_update(updates=values).execute()
+            self._merge_on(key, table, rows, commit).when_matched_update(updates=values).execute()
 
         self._commit(write, None, batch_id)
 
@@ -305,27 +314,32 @@ class DriverTable:
 
         def write(table: DeltaTable | None, commit: CommitProperties) -> None:
             assert table is not None, f"{self.path}: no rows to delete"
-            table.delete(where, commit_properties=commit, post_commithook_properties=HOOKS)
+            table.delete(where, commit_properties=commit, post_commithook_properties=self.hooks)
 
         self._commit(write, None, batch_id)
 
-    def tidy(self, drop_where: str | None, keep_hours: int) -> None:
+    def tidy(
+        self, drop_where: str | None, keep_hours: int, keep_version: int | None = None
+    ) -> None:
         """Maintenance: checkpoint the log and delete expired log files, then delete the rows
         matching ``drop_where`` (if any), merge small files, and delete data files removed
         over ``keep_hours`` ago.
 
-        The log is checkpointed at the current version — run right after a
-        commit, the version that commit recorded, which is what a replay of the
-        next batch reads — and only log files below that checkpoint and older
-        than the log retention are deleted, before anything else commits. Not a
-        batch's write (no application transaction): repeating it is harmless.
-        Readers of the current version are unaffected, and so are readers of
-        any version since the checkpoint (data files: less than ``keep_hours``
-        old).
+        ``keep_version`` (default: the current version) is the version a pending replay
+        or a backfill reads: the one the last commit recorded. The log is checkpointed
+        there and only log files below it and older than the log retention are deleted,
+        before anything else commits; VACUUM keeps its data files however long ago a
+        later version removed them. So it stays readable whatever committed since (a
+        crashed batch's own write, an earlier maintenance's OPTIMIZE) and however long
+        ago. Not a batch's write (no application transaction): repeating it is harmless.
+        Readers of the current version are unaffected, and so are readers of any version
+        since ``keep_version`` (data files: less than ``keep_hours`` old).
         """
+        assert self.hooks is HOOKS, f"{self.path}: maintenance tidies checkpoint tables only"
         table = self.open()
-        table.create_checkpoint()
-        table.cleanup_metadata()
+        kept = table if keep_version is None else self.open(keep_version)
+        kept.create_checkpoint()
+        kept.cleanup_metadata()
         quiet = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
         config = table.metadata().configuration
         if any(config.get(k) != v for k, v in TABLE_CONFIGURATION.items()):
@@ -338,8 +352,22 @@ class DriverTable:
             dry_run=False,
             enforce_retention_duration=False,
             post_commithook_properties=quiet,
+            keep_versions=[int(kept.version())],
         )
         self._handle = None
+
+    def _merge_on(
+        self, key: str, table: DeltaTable, rows: pa.Table, commit: CommitProperties
+    ) -> TableMerger:
+        """A MERGE of ``rows`` into ``table`` matching on the column ``key`` (add the clauses)."""
+        return table.merge(
+            rows,
+            predicate=f't."{key}" = s."{key}"',
+            source_alias="s",
+            target_alias="t",
+            commit_properties=commit,
+            post_commithook_properties=self.hooks,
+        )
 
     def files(self) -> int:
         """Data files in the table's current version."""
@@ -392,18 +420,6 @@ class DriverTable:
                 time.sleep(pause)
                 pause *= 2
         raise AssertionError("unreachable")
-
-
-def _merge_on(key: str, table: DeltaTable, rows: pa.Table, commit: CommitProperties) -> TableMerger:
-    """A MERGE of ``rows`` into ``table`` matching on the column ``key`` (add the clauses)."""
-    return table.merge(
-        rows,
-        predicate=f't."{key}" = s."{key}"',
-        source_alias="s",
-        target_alias="t",
-        commit_properties=commit,
-        post_commithook_properties=HOOKS,
-    )
 
 
 def _landed(table: DeltaTable, app_id: str, version: int) -> bool:

@@ -9,6 +9,11 @@ sink table has one writer engine, fixed by the pipeline's kind:
 - ``WindowSink``: a windowed pipeline's emitted windows, a few per batch,
   already on the driver, written there with delta-rs (no Spark job). Its
   backfills write with delta-rs too.
+
+A sink is the user's table, not a checkpoint table: either engine creates it
+with the properties of ``DeltaSink.properties`` and Delta's defaults for the
+rest (log retention, clean-up of expired log files), and lowmark's
+maintenance never touches it.
 """
 
 from __future__ import annotations
@@ -51,11 +56,20 @@ class DeltaTableSink(Sink):
 
     def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> int:
         try:
+            properties = self.config.properties
             if self.config.mode == "append":
-                append_once(df, self.path, self.txn_app_id, batch_id)
+                append_once(df, self.path, self.txn_app_id, batch_id, properties)
             else:
-                keys = self.config.keys
-                upsert_once(self.session, self.path, df, retract, keys, self.txn_app_id, batch_id)
+                upsert_once(
+                    self.session,
+                    self.path,
+                    df,
+                    retract,
+                    self.config.keys,
+                    self.txn_app_id,
+                    batch_id,
+                    properties=properties,
+                )
         except AnalysisException as exc:
             first = str(exc).strip().splitlines()[0]
             raise SinkWriteFailed(
@@ -77,7 +91,7 @@ class WindowSink:
 
     def __init__(self, config: DeltaSink, path: str, txn_app_id: str) -> None:
         self.config = config
-        self.table = DriverTable(path, None, "sink")
+        self.table = DriverTable(path, None, "sink", config.properties)
         self.path = self.table.path
         self.txn_app_id = txn_app_id
 

@@ -11,6 +11,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from state.checkpoint import Checkpoint
 from tests.conftest import write_json_lines
 
@@ -27,6 +28,27 @@ def pipeline(**overrides: Any) -> Pipeline:
     }
     fields.update(overrides)
     return Pipeline(**fields)
+
+
+def amount_as_seconds(df: DataFrame) -> DataFrame:
+    """``drop_file``'s records with an event time: ``amount`` seconds after the epoch."""
+    return df.withColumn("ts", F.timestamp_seconds("amount"))
+
+
+def counted_per_window(**overrides: Any) -> Pipeline:
+    """``pipeline`` with windows: records per id in 10-second windows of ``ts``, upserted
+    (update mode: every window a batch changes is written at once)."""
+    windows: dict[str, Any] = {
+        "transform": amount_as_seconds,
+        "event_time": EventTime(column="ts"),
+        "aggregation": WindowedAggregation(
+            keys=("id",),
+            window=Tumbling(size="10 seconds"),
+            aggregates=(Aggregate(fn="count"),),
+            output_mode="update",
+        ),
+    }
+    return pipeline(**(windows | overrides))
 
 
 def drop_file(root: Path, index: int, rows: int = 3) -> Path:

@@ -13,14 +13,17 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from batches.backfill import backfill_partition
+from batches.compaction import compact_checkpoint
 from batches.errors import BackfillHistoryLost, PartitionNotClosed, SourceFileMissing
 from batches.faults import InjectedCrash, KillPoint, crash_at
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSource, EventTimePartitions, Maintenance
 from batches.windows import Tumbling
+from state.table import DriverTable
 from tests.batches.helpers import append_events, forget_start_offsets, vacuum_every_version
 from tests.batches.test_windows import T0, drop_batches, event, reference, sink, windowed
 from tests.conftest import write_json_lines
+from tests.faults.harness import an_hour_passes
 
 HOUR = 3600
 WINDOW = Tumbling(size="10 seconds")
@@ -48,19 +51,19 @@ SCHEDULE = [  # one file per batch; hour 0's late record comes after hour 1 bega
 ]
 
 
+STREAMED = [
+    [event("a", 1, 1), event("a", 15, 2), event("b", 3, 4)],
+    [event("a", HOUR + 5, 8)],
+    [event("a", 2, 16), event("b", HOUR + 30, 32)],
+    [event("c", 3 * HOUR, 64)],
+]
+
+
 @pytest.fixture(scope="module")
 def streamed(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four batches: hour 0, hour 1, a record late for hour 0, then time moves to hour 3."""
     root = tmp_path_factory.mktemp("streamed")
-    drop_batches(
-        root,
-        [
-            [event("a", 1, 1), event("a", 15, 2), event("b", 3, 4)],
-            [event("a", HOUR + 5, 8)],
-            [event("a", 2, 16), event("b", HOUR + 30, 32)],
-            [event("c", 3 * HOUR, 64)],
-        ],
-    )
+    drop_batches(root, STREAMED)
     results = MicroBatchRunner(spark, PIPELINE, root).run(max_batches=None)
     assert sum(r.rows_late for r in results) == 1  # a@2s: its window [0,10) had closed
     return root
@@ -308,3 +311,22 @@ def test_a_checkpoint_that_predates_recording_its_start_backfills_from_batch_0_o
     with pytest.raises(BackfillHistoryLost, match="does not record where batch 0 started"):
         backfill_partition(spark, FROM_LATEST, tmp_path, *hour(0))
     assert DeltaTable(str(tmp_path / "out")).version() == version
+
+
+def test_a_backfill_after_two_compactions_of_an_idle_pipeline_reads_the_state_of_the_last_commit(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Last, a window far from the open one: its MERGE adds a state file beside the other's.
+    drop_batches(tmp_path, [*STREAMED, [event("d", 3 * HOUR + 12, 1)]])
+    MicroBatchRunner(spark, PIPELINE, tmp_path).run(max_batches=None)
+    state = DriverTable(PIPELINE.checkpoint_location(tmp_path) + "/state_windows")
+    recorded = state.version()
+    assert state.files() >= 2
+    assert compact_checkpoint(spark, PIPELINE, tmp_path) is not None
+    assert state.version() > recorded  # its OPTIMIZE left the recorded version behind
+    # The next day's compaction, on a pipeline that ran no batch since.
+    an_hour_passes(PIPELINE.checkpoint_location(tmp_path), monkeypatch)
+    assert compact_checkpoint(spark, PIPELINE, tmp_path) is not None
+    assert backfill_partition(spark, PIPELINE, tmp_path, *hour(0)).windows == 3
+    expected = in_hour(reference(spark, tmp_path, WINDOW), 0)
+    assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)

@@ -17,16 +17,19 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from functools import reduce
 from pathlib import Path
 
+import pytest
 from delta.tables import DeltaTable
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from batches import cli
 from batches.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline, resolve
@@ -131,6 +134,26 @@ def in_process_crash(spark: SparkSession, pipeline: Pipeline) -> Crash:
         return False
 
     return crash
+
+
+def an_hour_passes(checkpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if an hour passed since ``checkpoint`` was last written, for its maintenance: every
+    Delta log file is an hour old (past the one-minute log retention), and so is every data
+    file a commit removed (maintenance vacuums files removed over ``KEEP_HOURS`` ago, and
+    Delta stamps removals with the wall clock, so the retention is what moves)."""
+    hour_ago = time.time() - 3600
+    for log_file in Path(checkpoint).glob("*/_delta_log/*"):
+        os.utime(log_file, (hour_ago, hour_ago))
+    monkeypatch.setattr("state.maintenance.KEEP_HOURS", 0)
+
+
+def lowmark_compact(root: Path, pipeline: Pipeline) -> None:
+    """`lowmark compact` of a ``tests.faults.scenarios`` pipeline, in this process (so it
+    sees what the test changed, e.g. ``an_hour_passes``); it must succeed."""
+    args = ["--pipelines", "tests.faults.scenarios", "--data-root", str(root)]
+    with pytest.raises(SystemExit) as done:
+        cli.main([*args, "compact", pipeline.name])
+    assert not done.value.code, f"lowmark compact {pipeline.name} failed"
 
 
 def random_schedule(rng: random.Random, batches: int, crashes: int) -> list[KillPoint]:

@@ -13,11 +13,14 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from batches import faults
+from batches.compaction import compact_checkpoint
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Maintenance
+from batches.poison import set_aside
 from batches.windows import Tumbling
 from state.errors import CheckpointCorrupt
 from tests.batches.test_windows import drop_batches, event, reference, sink, windowed
+from tests.faults.harness import an_hour_passes
 
 WINDOW = Tumbling(size="10 seconds")
 BATCHES = [[event("a", 5 * i + 1, i), event("b", 5 * i + 3, 2 * i)] for i in range(12)]
@@ -149,3 +152,35 @@ def test_a_replay_after_a_zero_retention_vacuum_resumes_or_names_what_is_gone(
             with pytest.raises(CheckpointCorrupt, match="VACUUM") as error:
                 replay.run(max_batches=None)
             assert "\n" not in str(error.value)
+
+
+def test_a_compaction_between_a_crash_after_the_state_write_and_its_replay_keeps_what_it_reads(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drop_batches(data_root, BATCHES)
+    p = windowed(WINDOW, "update")
+    runner = MicroBatchRunner(spark, p, data_root)
+    with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_state", 5)):
+        runner.run(max_batches=None)
+    # An hour later, `lowmark compact` (or the daily schedule) runs before the replay.
+    an_hour_passes(runner.checkpoint.location, monkeypatch)
+    assert compact_checkpoint(spark, p, data_root) is not None
+    replayed = MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    assert replayed[0].replay and replayed[0].batch_id == 5
+    assertDataFrameEqual(sink(spark, data_root), reference(spark, data_root, WINDOW))
+
+
+def test_setting_aside_a_batch_whose_earlier_state_was_vacuumed_says_so_in_one_line(
+    spark: SparkSession, data_root: Path
+) -> None:
+    drop_batches(data_root, BATCHES)
+    p = windowed(WINDOW, "update")
+    runner = MicroBatchRunner(spark, p, data_root)
+    assert runner.stage is not None
+    with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_state", 5)):
+        runner.run(max_batches=None)
+    # Someone's zero-retention VACUUM removed the files of the state skip-batch puts back.
+    _optimize_and_vacuum_now(runner.stage.state.path)
+    with pytest.raises(CheckpointCorrupt, match="version") as error:
+        set_aside(MicroBatchRunner(spark, p, data_root), 5, "test")
+    assert "\n" not in str(error.value)

@@ -9,9 +9,12 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from batches.errors import SinkWriteFailed
-from batches.pipeline import DeltaSink
+from batches.microbatch import MicroBatchRunner
+from batches.pipeline import DeltaSink, Maintenance
 from batches.sinks.delta import DeltaTableSink
 from state.delta import TXN_APP_ID_CONF, idempotent_dml
+from state.table import TABLE_CONFIGURATION
+from tests.batches.helpers import counted_per_window, drop_file, pipeline
 
 
 def test_append_of_the_same_batch_twice_lands_once(spark: SparkSession, tmp_path: Path) -> None:
@@ -63,3 +66,32 @@ def test_a_merge_in_one_thread_never_takes_or_unsets_another_pipelines_transacti
         assert a.session.conf.get(TXN_APP_ID_CONF) == "A:sink"
     assert DeltaTable(str(tmp_path / "b")).transaction_version("A:sink") is None
     assert DeltaTable(str(tmp_path / "b")).transaction_version("B:sink") == 1
+
+
+@pytest.mark.parametrize("windowed", [False, True], ids=["written-by-spark", "written-by-delta-rs"])
+def test_a_sink_has_deltas_defaults_and_the_properties_its_user_set_never_the_checkpoints(
+    spark: SparkSession, tmp_path: Path, windowed: bool
+) -> None:
+    change_feed = {"delta.enableChangeDataFeed": "true"}
+    for name, properties in (("defaults", {}), ("change_feed", change_feed)):
+        root = tmp_path / name
+        # Maintenance after every batch: it tidies the checkpoint, never the sink.
+        fields = {
+            "sink": DeltaSink(path="out", properties=properties),
+            "maintenance": Maintenance(every_batches=1),
+        }
+        p = counted_per_window(**fields) if windowed else pipeline(**fields)
+        for index in range(2):  # the second batch writes to the table the first created
+            drop_file(root, index)
+            assert len(MicroBatchRunner(spark, p, root).run(max_batches=None)) == 1
+        config = DeltaTable(str(root / "out")).metadata().configuration
+        assert set(config) & set(TABLE_CONFIGURATION) == set(), config
+        assert config.items() >= properties.items()
+    # Six records, one per id (a window each): six rows inserted, as the change feed says.
+    changes = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", 0)
+        .load(str(tmp_path / "change_feed" / "out"))
+    )
+    assert changes.where("_change_type = 'insert'").count() == 6
