@@ -32,12 +32,12 @@ from batches.pipeline import Pipeline, resolve
 from batches.poison import counts_as_failure, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
-from batches.sources.base import PARTITION_COLUMN, Range, SourceRead
+from batches.sources.base import PARTITION_COLUMN, Range, SourceRead, check_identity
 from batches.watermarks import PartitionTime, observe, pipeline_watermark
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch, first_line
-from state.offset_log import OffsetEntry, Offsets
+from state.offset_log import Identity, OffsetEntry, Offsets
 from state.ownership import last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
@@ -61,6 +61,8 @@ class PlannedBatch:
     """Processing time the batch was planned (recorded as the offsets' created_at)."""
     previous: CommitEntry | None
     """The commit of batch_id - 1 (its state version and partition times are this batch's input)."""
+    identity: Identity = field(default_factory=dict)
+    """What the source's offsets point into (``Source.identity``), recorded with them."""
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,10 @@ class MicroBatchRunner:
         A new batch is planned only if the source has data past the committed
         end, or if the watermark (re-evaluated now, so idle partitions stop
         holding it back) would close windows: an empty batch that emits. The
-        pipeline fingerprint of the latest entry must match. ``position``
-        reads the two entries.
+        pipeline fingerprint of the latest entry must match, and so must the
+        source's identity it recorded (a replaced source stops the pipeline:
+        its offsets point into the old one). ``position`` reads the two
+        entries.
         """
         latest, done = self.position()
         done_id = done.batch_id if done else None
@@ -198,6 +202,7 @@ class MicroBatchRunner:
             return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
             previous = done if done_id == latest.batch_id - 1 else None
+            self._check_identity(latest)
             return PlannedBatch(
                 latest.batch_id,
                 latest.start_offsets,
@@ -206,6 +211,7 @@ class MicroBatchRunner:
                 replay=True,
                 planned_at_ms=_ms(latest.created_at),
                 previous=previous,
+                identity=latest.source_identity,
             )
         raise CheckpointCorrupt(
             f"checkpoint {self.checkpoint.location} is inconsistent: latest offsets batch "
@@ -222,6 +228,7 @@ class MicroBatchRunner:
         done: CommitEntry | None,
         dry_run: bool,
     ) -> PlannedBatch | None:
+        identity = self._check_identity(latest)
         now = self.clock.now_ms()
         watermark = done.next_watermark_ms if done else None
         if self.pipeline.event_time is not None and done is not None:
@@ -235,7 +242,14 @@ class MicroBatchRunner:
             state_version = LATEST if done and "state" in done.table_versions else None
             if not self.stage.would_emit(state_version, watermark):
                 return None
-        return PlannedBatch(batch_id, start, end, watermark, False, now, done)
+        return PlannedBatch(batch_id, start, end, watermark, False, now, done, identity)
+
+    def _check_identity(self, latest: OffsetEntry | None) -> Identity:
+        """The source's identity now, after checking it is the one ``latest`` recorded."""
+        identity = self.source.identity()
+        if latest is not None:
+            check_identity(latest.source_identity, identity, latest.batch_id, self.pipeline.name)
+        return identity
 
     def position(self) -> tuple[OffsetEntry | None, CommitEntry | None]:
         """The latest offset-log and commit-log entries.
@@ -334,6 +348,7 @@ class MicroBatchRunner:
             end_offsets=planned.end,
             batch_watermark_ms=planned.watermark_ms,
             pipeline_fingerprint=self.fingerprint,
+            source_identity=planned.identity,
         )
         if not planned.replay:
             if batch_id == 0:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
+from batches.errors import SourceReplaced
 from state.errors import LowmarkError
-from state.offset_log import Offsets
+from state.offset_log import Identity, Offsets
 
 PARTITION_COLUMN = "_lowmark_partition"
 """Every record a source returns names its source partition here (a string)."""
@@ -43,6 +44,20 @@ def describe_range(start: Offsets, end: Offsets) -> str:
         ((_, s, e),) = moved
         return f"{s} → {e} (+{e - s})"
     return ", ".join(f"{p}: {s} → {e} (+{e - s})" for p, s, e in moved)
+
+
+def check_identity(recorded: Identity, now: Identity, batch_id: int, pipeline: str) -> None:
+    """Raise ``SourceReplaced`` if something batch ``batch_id`` recorded the identity of
+    (``Source.identity``) has another one now. What the batch did not record (an entry
+    written before identities were, a source without one) is not compared."""
+    for key in sorted(recorded.keys() & now.keys()):
+        if recorded[key] != now[key]:
+            raise SourceReplaced(
+                f"{key} was replaced (deleted and created again) since batch {batch_id} of "
+                f"{pipeline} read it (id {recorded[key]} -> {now[key]}); the checkpoint's "
+                f"offsets point into the old one: put the old one back, or read the new one "
+                f"from its start with `lowmark reset {pipeline} --truncate-sink`"
+            )
 
 
 def fair_share(waiting: dict[str, int], limit: int) -> dict[str, int]:
@@ -146,6 +161,11 @@ class Source(ABC):
       processed and may be discarded: the resumption frontier. Optional; a no-op by default.
     - ``retire(committed_end, batch_id)``, run by checkpoint maintenance,
       keeps what planning reads bounded. Optional; a no-op by default.
+    - ``identity()`` names what the offsets point into (a Kafka topic's id, a
+      Delta table's id). The runner records it with each batch's offsets and
+      stops when it changes: a source deleted and created again under the
+      same name is another source. Optional; none by default (a folder of
+      files has no id).
     """
 
     @abstractmethod
@@ -197,6 +217,12 @@ class Source(ABC):
         """How many bytes ``[start, end)`` holds, if the source knows without reading it (of
         any range ``plan`` returned, a dry run's included); None by default."""
         return None
+
+    def identity(self) -> Identity:
+        """What the offsets point into now, by a readable name of each thing read (its
+        partitions' positions mean nothing in another one); what cannot be found now
+        (a deleted topic) is left out, for ``plan`` to report. Empty by default."""
+        return {}
 
     def confirm(self, batch: Range) -> None:  # noqa: B027 - optional hook, no-op by default
         """Raises when ``batch``'s input changed since ``read`` read it."""

@@ -144,6 +144,26 @@ class DeltaLog:
         info = self._fs.get_file_info(f"{self._root}/{LOG}")
         return bool(info.type == fs.FileType.Directory)
 
+    def table_id(self) -> str:
+        """The table's id (``metaData.id``), read now: a table dropped and created again at
+        the same path has a new one. Version 0's commit file holds it (one small read);
+        once log retention removed that, delta-rs reads it from the newest checkpoint."""
+        text = self._read(f"{0:020d}.json")
+        for line in (text or "").splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "metaData" in action:
+                return str(action["metaData"]["id"])
+        return str(DeltaTable(self.table).metadata().id)
+
+    def reached(self, version: int) -> bool:
+        """Whether the table has reached ``version``, asked of storage now (never of the
+        commits kept in memory, which a table created again at this path would
+        contradict): its commit file is there, or a checkpoint at or past it."""
+        if version <= self.last_checkpoint():
+            return True
+        info = self._fs.get_file_info(self._log_file(f"{version:020d}.json"))
+        return bool(info.type == fs.FileType.File)
+
     def commit(self, version: int) -> Commit | None:
         """Version ``version``; None when the table has not reached it. Raises
         ``SourceDataLost`` when the log no longer holds it (log retention). The newest

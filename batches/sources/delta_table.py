@@ -32,12 +32,12 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from batches.errors import PipelineConfigInvalid, SourceDataLost
+from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
 from batches.pipeline import DeltaSource
 from batches.sources.base import PARTITION_COLUMN, Source, SourceRead, read_counts
 from batches.sources.delta_log import Commit, DataFile, DeltaLog, Metadata
 from state.errors import LowmarkError, first_line
-from state.offset_log import Offsets
+from state.offset_log import Identity, Offsets
 from state.session import SparkLike, provider
 
 PARTITION = "table"
@@ -130,6 +130,30 @@ class DeltaStreamSource(Source):
                 f"no Delta table at {self.log.table}: create it, or point the source's `path` at it"
             )
 
+    def identity(self) -> Identity:
+        """The table's id (``Delta table <path>``); none while there is no table (``plan``
+        says so)."""
+        if not self.log.exists():
+            return {}
+        return {f"Delta table {self.log.table}": self.log.table_id()}
+
+    def _check_not_behind(self, start: Offsets) -> None:
+        """Refuse a table whose newest version is below what lowmark already read of it: it
+        is not the history those offsets were read from (a table dropped and created
+        again). A start the user chose (``starting_version``) may lie ahead."""
+        version, index = position(start)
+        chosen = self.config.starting_version
+        if isinstance(chosen, int) and start == offsets_at(chosen, 0):
+            return
+        needed = version if index else version - 1
+        if needed >= 0 and not self.log.reached(needed):
+            raise SourceReplaced(
+                f"Delta table {self.log.table} has no version {needed}, which lowmark already "
+                "read: the table was dropped and created again, and the checkpoint's offsets "
+                "point into the old one; read the new one from its start with `lowmark reset` "
+                "(`--truncate-sink`)"
+            )
+
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
     ) -> Offsets:
@@ -137,6 +161,7 @@ class DeltaStreamSource(Source):
         (appends), up to the limits; a batch takes at least one file or version, and
         versions with nothing to read are passed over. Nothing is recorded."""
         self._check_exists()
+        self._check_not_behind(start)
         version, index = position(start)
         files = rows = versions = 0
         whole = self.config.read == "changes"

@@ -28,7 +28,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
@@ -42,7 +47,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from batches.errors import SourceDataLost
+from batches.errors import SourceDataLost, SourceReplaced
 from batches.pipeline import KafkaSource, start_time_ms
 from batches.sources.base import (
     PARTITION_COLUMN,
@@ -54,7 +59,7 @@ from batches.sources.base import (
 )
 from batches.sources.json_values import parse_json_values
 from state.errors import LowmarkError, first_line
-from state.offset_log import Offsets
+from state.offset_log import Identity, Offsets
 from state.session import SparkLike, provider
 
 log = logging.getLogger(__name__)
@@ -135,6 +140,20 @@ class KafkaStreamSource(Source):
             found[partition_key(tp.topic, tp.partition)] = int(future.result().offset)
         return found
 
+    def identity(self) -> Identity:
+        """Each configured topic's id (``Kafka topic <name>``): a topic deleted and created
+        again under its name has a new one. A topic not found is left out (``plan`` says
+        it is missing)."""
+        asked = TopicCollection(list(self.config.topics))
+        futures = self.admin().describe_topics(asked, request_timeout=TIMEOUT_S)
+        found = {}
+        for topic, future in futures.items():
+            try:
+                found[f"Kafka topic {topic}"] = str(future.result().topic_id)
+            except KafkaException:
+                continue
+        return found
+
     def earliest(self, keys: list[str]) -> Offsets:
         return self._offsets(keys, OffsetSpec.earliest)
 
@@ -170,6 +189,7 @@ class KafkaStreamSource(Source):
         earliest = self.earliest(keys)
         latest = self.latest(keys)
         self._check_kept(start, earliest)
+        self._check_not_behind(start, latest)
         # A new partition starts at its earliest offset: one that starts past 0 is
         # registered there first (a batch that takes none of its records).
         registered = {k: earliest[k] for k in keys if k not in start and earliest[k] > 0}
@@ -192,6 +212,19 @@ class KafkaStreamSource(Source):
                     f"{earliest[key] - 1} were deleted (retention) before lowmark read them: "
                     "raise the topic's retention; to go on without them, `lowmark reset` "
                     "the pipeline"
+                )
+
+    def _check_not_behind(self, start: Offsets, latest: Offsets) -> None:
+        """Refuse a partition whose end is below what lowmark already read of it: it is not
+        the log those offsets were read from (a topic deleted and created again)."""
+        for key, offset in sorted(start.items()):
+            if latest[key] < offset:
+                topic, partition = split_key(key)
+                raise SourceReplaced(
+                    f"Kafka topic {topic} partition {partition} ends at offset {latest[key]}, "
+                    f"below offset {offset} lowmark already read up to: the topic was deleted "
+                    "and created again, and the checkpoint's offsets point into the old one; "
+                    "read the new one from its start with `lowmark reset` (`--truncate-sink`)"
                 )
 
     def read(

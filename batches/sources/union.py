@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from batches.errors import PipelineConfigInvalid
 from batches.sources.base import PARTITION_COLUMN, Range, Source, SourceRead
 from state.errors import LowmarkError
-from state.offset_log import Offsets
+from state.offset_log import Identity, Offsets
 
 SEPARATOR = "/"
 
@@ -124,6 +124,14 @@ class SourceUnion(Source):
     def input_bytes(self, start: Offsets, end: Offsets) -> int | None:
         sizes = [part.input_bytes(own(start, n), own(end, n)) for n, part in self.parts.items()]
         return None if None in sizes else sum(s for s in sizes if s is not None)
+
+    def identity(self) -> Identity:
+        """Each source's identity, its keys named ``<source>/<key>``."""
+        return {
+            f"{name}{SEPARATOR}{key}": value
+            for name, part in self.parts.items()
+            for key, value in part.identity().items()
+        }
 
     def confirm(self, batch: Range) -> None:
         for name, part in self.parts.items():

@@ -13,9 +13,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.errors import PipelineConfigInvalid, SourceDataLost
+from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
 from batches.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, DeltaSource, Pipeline
+from batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
 from batches.sources.delta_table import PARTITION, DeltaStreamSource
 
 
@@ -218,3 +218,64 @@ def test_vacuumed_files_and_cleaned_up_log_are_clear_errors(
         "lowmark read it; the oldest version kept is 10"
     ) in str(cleaned.value)
     shutil.rmtree(table)
+
+
+def test_a_table_dropped_and_created_again_at_its_path_stops_the_pipeline_in_one_line(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table, root = tmp_path / "t", tmp_path / "data"
+    for i in range(4):  # versions 0-3
+        append(spark, table, i * 10, 2, files=1)
+    pipeline = Pipeline(
+        name="replaced", source=DeltaSource(path=str(table)), sink=DeltaSink(path="out")
+    )
+    MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    shutil.rmtree(table)
+    for i in range(6):  # versions 0-5 of another table: a plan from version 4 skips 0-3
+        append(spark, table, 100 + i * 10, 2, files=1)
+
+    with pytest.raises(SourceReplaced) as replaced:
+        MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    message = str(replaced.value)
+    assert message.startswith(f"Delta table {table} was replaced (deleted and created again)")
+    assert "\n" not in message
+    ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
+    assert ids == [0, 1, 10, 11, 20, 21, 30, 31]  # the old table's rows only
+
+
+def test_a_table_whose_newest_version_is_below_the_offsets_already_read_stops_planning(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    for i in range(2):  # versions 0-1
+        append(spark, table, i * 10, 2, files=1)
+    src = source(table, spark)
+    # Offsets recorded before identities were (an older checkpoint): versions 0-3 taken.
+    with pytest.raises(SourceReplaced, match=f"Delta table {table} has no version 3, which"):
+        src.plan({"version": 4}, 1)
+    # A start the user chose may lie ahead: it waits for that version.
+    assert source(table, spark, starting_version=4).plan({"version": 4}, 0) == {"version": 4}
+
+
+def test_a_union_records_each_sources_identity_and_names_the_one_replaced(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    kept, replaced, root = tmp_path / "kept", tmp_path / "replaced", tmp_path / "data"
+    append(spark, kept, 0, 2, files=1)
+    append(spark, replaced, 10, 2, files=1)
+    union = UnionSource(
+        sources={"a": DeltaSource(path=str(kept)), "b": DeltaSource(path=str(replaced))}
+    )
+    pipeline = Pipeline(name="both", source=union, sink=DeltaSink(path="out"))
+    runner = MicroBatchRunner(spark, pipeline, root)
+    runner.run(max_batches=None)
+    recorded = runner.checkpoint.offsets.get_latest()
+    assert recorded is not None
+    assert sorted(recorded.source_identity) == [
+        f"a/Delta table {kept}",
+        f"b/Delta table {replaced}",
+    ]
+    shutil.rmtree(replaced)
+    append(spark, replaced, 20, 2, files=1)
+    with pytest.raises(SourceReplaced, match=f"^b/Delta table {replaced} was replaced"):
+        MicroBatchRunner(spark, pipeline, root).run(max_batches=None)

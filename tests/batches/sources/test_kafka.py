@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.errors import SourceDataLost
+from batches.errors import SourceDataLost, SourceReplaced
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, KafkaSource, Pipeline
 from batches.sources.base import PARTITION_COLUMN
@@ -135,6 +135,43 @@ def test_records_deleted_before_they_were_read_and_a_deleted_topic_stop_with_one
     kafka.delete_topic(topic)
     with pytest.raises(SourceDataLost, match=f"Kafka topic {topic} does not exist"):
         source.plan({f"{topic}:0": 6}, 2)
+
+
+def test_a_topic_deleted_and_created_again_stops_the_pipeline_in_one_line_reading_none_of_it(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("old", i) for i in range(10)])
+    pipeline = copied(kafka, topic, "replaced_topic")
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    kafka.delete_topic(topic)
+    kafka.create_topic(topic)
+    kafka.produce(topic, [event("new", i) for i in range(14)])
+
+    runner = MicroBatchRunner(spark, pipeline, data_root)
+    with pytest.raises(SourceReplaced) as replaced:
+        runner.run(max_batches=None)
+    message = str(replaced.value)
+    assert message.startswith(f"Kafka topic {topic} was replaced (deleted and created again)")
+    assert "\n" not in message and "lowmark reset replaced_topic --truncate-sink" in message
+    # Nothing of the new topic was read: the sink holds the old topic's ten records only.
+    users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
+    assert users == ["old"] * 10
+    assert runner.checkpoint.offsets.get_latest().batch_id == 0  # type: ignore[union-attr]
+
+
+def test_a_partition_ending_below_the_offsets_already_read_stops_planning(
+    spark: SparkSession, kafka: KafkaBroker
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("new", i) for i in range(3)])
+    source = KafkaStreamSource(spark, config(kafka, topic), "g")
+    # Offsets recorded before identities were (an older checkpoint): only the positions
+    # tell that the log they were read from is not this one.
+    with pytest.raises(
+        SourceReplaced, match=rf"Kafka topic {topic} partition 0 ends at offset 3, below offset 10"
+    ):
+        source.plan({f"{topic}:0": 10}, 1)
 
 
 def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
