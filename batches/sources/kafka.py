@@ -16,6 +16,11 @@ and the committed frontier use a small client on the driver
 - Data loss: a partition whose next offset retention already deleted, or a
   topic that is gone, stops the batch with one line naming topic, partition
   and offsets, and the way out.
+- ``isolation.level=read_committed`` (in ``options``): batches end at the
+  last stable offset, never inside a transaction still open, and Spark's
+  reader reads with the same level (``kafka.isolation.level``), so a batch
+  holds committed records only and the records of a transaction committed
+  later are read once, by a later batch.
 - After each commit the frontier is committed to the consumer group, so
   ``kafka-consumer-groups --describe`` shows the pipeline's lag. lowmark
   never reads it back: its offset log is the truth.
@@ -30,6 +35,7 @@ from typing import Any
 
 from confluent_kafka import (
     Consumer,
+    IsolationLevel,
     KafkaException,
     TopicCollection,
     TopicPartition,
@@ -105,6 +111,10 @@ class KafkaStreamSource(Source):
         }
         self._admin: AdminClient | None = None
         self._consumer: Consumer | None = None
+        committed_only = config.options.get("isolation.level") == "read_committed"
+        self._isolation = (
+            IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
+        )
 
     # -- the brokers, on the driver ------------------------------------------------
 
@@ -134,7 +144,9 @@ class KafkaStreamSource(Source):
         if not keys:
             return {}
         asked = {TopicPartition(*split_key(k)): spec() for k in keys}
-        futures = self.admin().list_offsets(asked, request_timeout=TIMEOUT_S)
+        futures = self.admin().list_offsets(
+            asked, isolation_level=self._isolation, request_timeout=TIMEOUT_S
+        )
         found = {}
         for tp, future in futures.items():
             found[partition_key(tp.topic, tp.partition)] = int(future.result().offset)
@@ -158,6 +170,9 @@ class KafkaStreamSource(Source):
         return self._offsets(keys, OffsetSpec.earliest)
 
     def latest(self, keys: list[str]) -> Offsets:
+        """Where each partition ends for this source: its high watermark, or, reading
+        committed records only, its last stable offset (the first offset of the oldest
+        transaction still open)."""
         return self._offsets(keys, OffsetSpec.latest)
 
     # -- the contract ---------------------------------------------------------------

@@ -174,6 +174,32 @@ def test_a_partition_ending_below_the_offsets_already_read_stops_planning(
         source.plan({f"{topic}:0": 10}, 1)
 
 
+def test_read_committed_stops_a_batch_at_an_open_transaction_and_reads_it_once_committed(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("before", i) for i in range(3)])  # offsets 0-2
+    open_transaction = kafka.produce_in_open_transaction(
+        topic, [event("in_transaction", i) for i in range(4)]
+    )  # offsets 3-6, not committed
+    committed_only = {"isolation.level": "read_committed"}
+    source = KafkaStreamSource(spark, config(kafka, topic, options=committed_only), "g")
+    # The last stable offset is 3: the open transaction's first record.
+    assert source.plan({f"{topic}:0": 0}, 0) == {f"{topic}:0": 3}
+
+    pipeline = copied(kafka, topic, "committed_only", options=committed_only)
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    out = str(data_root / "out")
+    assert sorted(r.user for r in spark.read.format("delta").load(out).collect()) == ["before"] * 3
+
+    open_transaction.commit_transaction(30)
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    got = sorted((r.user, r.ts) for r in spark.read.format("delta").load(out).collect())
+    expected = [("before", T0 + timedelta(seconds=i)) for i in range(3)]
+    expected += [("in_transaction", T0 + timedelta(seconds=i)) for i in range(4)]
+    assert got == sorted((u, t.replace(tzinfo=None)) for u, t in expected)
+
+
 def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
     spark: SparkSession, kafka: KafkaBroker, data_root: Path
 ) -> None:
