@@ -31,9 +31,10 @@ class OffsetEntry(LogEntry):
         pa.field("batch_watermark_ms", pa.int64()),
         pa.field("pipeline_fingerprint", pa.string(), nullable=False),
         pa.field("source_identity", pa.string()),
+        pa.field("input_skipped", pa.string()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {"start_offsets", "end_offsets", "source_identity"}
+        {"start_offsets", "end_offsets", "source_identity", "input_skipped"}
     )
 
     start_offsets: Offsets
@@ -43,6 +44,9 @@ class OffsetEntry(LogEntry):
     source_identity: Identity = Field(default_factory=dict)
     """The source's identity when the batch was planned (empty in entries written before
     lowmark recorded it: the next batch records it)."""
+    input_skipped: dict[str, int] = Field(default_factory=dict)
+    """Input upstream lost between the previous batch's end and this batch's start, which
+    the batch passed over (``on_data_loss: skip``), by units (``{"records": 10}``)."""
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

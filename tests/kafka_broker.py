@@ -218,6 +218,14 @@ class KafkaBroker:
             raise RuntimeError(f"producing to {topic!r}: {pending} records not delivered")
         return producer
 
+    def delete_records_before(self, topic: str, partition: int, offset: int) -> None:
+        """What retention does: ``topic``'s ``partition`` starts at ``offset`` from now on
+        (its records before it are deleted). Raises KafkaException on failure."""
+        admin = self._admin()  # kept until the request is done
+        futures = admin.delete_records([TopicPartition(topic, partition, offset)])
+        for done in futures.values():
+            done.result(timeout=CLIENT_TIMEOUT_S)
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Every partition of ``topic`` mapped to its high watermark: the offset the next
         record will get (0 for an empty partition). Raises KafkaException on failure."""

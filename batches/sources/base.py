@@ -34,6 +34,18 @@ class Range:
     end: Offsets
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Input upstream lost before lowmark read it, passed over (``on_data_loss: skip``)."""
+
+    start: Offsets
+    """Where the batch starts instead: the first position upstream still holds."""
+    counts: dict[str, int]
+    """What was passed over, by unit (``{"records": 10}``, ``{"versions": 3}``)."""
+    what: str
+    """The lost input, as an operator names it."""
+
+
 def describe_range(start: Offsets, end: Offsets) -> str:
     """``[start, end)`` as a person reads it: ``partition: first → end (+count)`` for each
     partition that moved (a single partition by its positions alone)."""
@@ -161,6 +173,11 @@ class Source(ABC):
       processed and may be discarded: the resumption frontier. Optional; a no-op by default.
     - ``retire(committed_end, batch_id)``, run by checkpoint maintenance,
       keeps what planning reads bounded. Optional; a no-op by default.
+    - ``past_lost(start)`` (optional) is what a source configured to go on
+      past lost history (``on_data_loss: skip``) passes over: None when
+      upstream still holds ``start``, else where the next batch starts
+      instead and what it skips there (the runner records both). A source
+      configured to fail reports the loss from ``plan`` or ``read``.
     - ``identity()`` names what the offsets point into (a Kafka topic's id, a
       Delta table's id). The runner records it with each batch's offsets and
       stops when it changes: a source deleted and created again under the
@@ -216,6 +233,11 @@ class Source(ABC):
     def input_bytes(self, start: Offsets, end: Offsets) -> int | None:
         """How many bytes ``[start, end)`` holds, if the source knows without reading it (of
         any range ``plan`` returned, a dry run's included); None by default."""
+        return None
+
+    def past_lost(self, start: Offsets) -> Skipped | None:
+        """What a batch starting at ``start`` passes over because upstream no longer holds
+        it, when this source goes on past lost history; None by default."""
         return None
 
     def identity(self) -> Identity:

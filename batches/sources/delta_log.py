@@ -155,14 +155,25 @@ class DeltaLog:
                 return str(action["metaData"]["id"])
         return str(DeltaTable(self.table).metadata().id)
 
+    def cleaned_up(self, version: int) -> bool:
+        """Whether log retention removed ``version``'s commit (it is at or below the newest
+        checkpoint, and its commit file is gone)."""
+        return version <= self.last_checkpoint() and not self._is_file(f"{version:020d}.json")
+
+    def _is_file(self, name: str) -> bool:
+        return bool(self._fs.get_file_info(self._log_file(name)).type == fs.FileType.File)
+
+    def holds(self, data_file: DataFile) -> bool:
+        """Whether ``data_file`` is still in storage (VACUUM deletes files)."""
+        path = unquote(data_file.path)
+        where = _strip_file_scheme(path) if "://" in path else f"{self._root}/{path}"
+        return bool(self._fs.get_file_info(where).type == fs.FileType.File)
+
     def reached(self, version: int) -> bool:
         """Whether the table has reached ``version``, asked of storage now (never of the
         commits kept in memory, which a table created again at this path would
         contradict): its commit file is there, or a checkpoint at or past it."""
-        if version <= self.last_checkpoint():
-            return True
-        info = self._fs.get_file_info(self._log_file(f"{version:020d}.json"))
-        return bool(info.type == fs.FileType.File)
+        return version <= self.last_checkpoint() or self._is_file(f"{version:020d}.json")
 
     def commit(self, version: int) -> Commit | None:
         """Version ``version``; None when the table has not reached it. Raises
@@ -177,8 +188,9 @@ class DeltaLog:
                     f"Delta table {self.table}: the log of version {version} was cleaned up "
                     f"(log retention) before lowmark read it; the oldest version kept is "
                     f"{self.oldest_version()}: raise the table's delta.logRetentionDuration; to "
-                    "go on without it, `lowmark reset` the pipeline with `starting_version` "
-                    "at a version still kept"
+                    "go on without it, set the source's `on_data_loss: skip` (the versions "
+                    "passed over are counted), or, for a batch already planned over it, set "
+                    "its input aside with `lowmark skip-batch`"
                 )
             return None
         commit = parse_commit(version, text.splitlines())

@@ -15,7 +15,11 @@ and the committed frontier use a small client on the driver
   one the plan saw.
 - Data loss: a partition whose next offset retention already deleted, or a
   topic that is gone, stops the batch with one line naming topic, partition
-  and offsets, and the way out.
+  and offsets, and the way out. With ``on_data_loss: skip`` the next batch
+  starts at the earliest offset kept instead (``past_lost``), and a batch
+  whose recorded range lost records since reads what is left of it; the
+  records passed over are counted in a log line (and, when planning, in
+  the batch's progress row).
 - ``isolation.level=read_committed`` (in ``options``): batches end at the
   last stable offset, never inside a transaction still open, and Spark's
   reader reads with the same level (``kafka.isolation.level``), so a batch
@@ -57,6 +61,7 @@ from batches.errors import SourceDataLost, SourceReplaced
 from batches.pipeline import KafkaSource, start_time_ms
 from batches.sources.base import (
     PARTITION_COLUMN,
+    Skipped,
     Source,
     SourceRead,
     describe_range,
@@ -225,9 +230,24 @@ class KafkaStreamSource(Source):
                 raise SourceDataLost(
                     f"Kafka topic {topic} partition {partition}: offsets {offset} to "
                     f"{earliest[key] - 1} were deleted (retention) before lowmark read them: "
-                    "raise the topic's retention; to go on without them, `lowmark reset` "
-                    "the pipeline"
+                    "raise the topic's retention; to go on without them, set the source's "
+                    "`on_data_loss: skip` (the records passed over are counted)"
                 )
+
+    def past_lost(self, start: Offsets) -> Skipped | None:
+        """With ``on_data_loss: skip``: the partitions of ``start`` whose next records
+        retention deleted, moved to their earliest offset kept."""
+        if self.config.on_data_loss != "skip" or not start:
+            return None
+        earliest = self.earliest(sorted(start))
+        lost = {k: (s, earliest[k]) for k, s in sorted(start.items()) if earliest[k] > s}
+        if not lost:
+            return None
+        return Skipped(
+            {**start, **{k: e for k, (_, e) in lost.items()}},
+            {"records": sum(e - s for s, e in lost.values())},
+            _lost(lost),
+        )
 
     def _check_not_behind(self, start: Offsets, latest: Offsets) -> None:
         """Refuse a partition whose end is below what lowmark already read of it: it is not
@@ -253,9 +273,11 @@ class KafkaStreamSource(Source):
         """Exactly ``[start, end)`` of every partition that moved; ``strict`` changes
         nothing (a Kafka record never changes)."""
         moved = {k: (start.get(k, 0), e) for k, e in end.items() if e > start.get(k, 0)}
+        if moved and self.config.on_data_loss == "skip":
+            moved = self._kept(moved, batch_id)
         raw = self._read_raw(moved) if moved else self._spark().createDataFrame([], RAW_SCHEMA)
         part = F.concat_ws(":", F.col("topic"), F.col("partition").cast("string"))
-        explain = self._explain(moved)
+        explain = self._explain(moved, batch_id)
         if self.config.value_format == "raw":
             counts = Observation()
             records = raw.withColumn(PARTITION_COLUMN, part).observe(
@@ -270,6 +292,23 @@ class KafkaStreamSource(Source):
         return parse_json_values(
             values, self.config.schema_ddl, batch_id, origin, cache=cache, explain=explain
         )
+
+    def _kept(self, moved: dict[str, tuple[int, int]], batch_id: int) -> dict[str, tuple[int, int]]:
+        """``moved`` without the records retention deleted since the batch was planned (a
+        replay), which are passed over and counted in a log line."""
+        earliest = self.earliest(sorted(moved))
+        lost = {k: (s, min(earliest[k], e)) for k, (s, e) in moved.items() if earliest[k] > s}
+        if not lost:
+            return moved
+        log.warning(
+            "batch %d passes over %d Kafka records deleted before it read them "
+            "(on_data_loss: skip): %s",
+            batch_id,
+            sum(e - s for s, e in lost.values()),
+            _lost(lost),
+        )
+        kept = {k: (max(s, earliest[k]), e) for k, (s, e) in moved.items()}
+        return {k: (s, e) for k, (s, e) in kept.items() if e > s}
 
     def _read_raw(self, moved: dict[str, tuple[int, int]]) -> DataFrame:
         assign: dict[str, list[int]] = {}
@@ -294,7 +333,9 @@ class KafkaStreamSource(Source):
         return reader.load().select(*RAW_SCHEMA.fieldNames())
 
     @staticmethod
-    def _explain(moved: dict[str, tuple[int, int]]) -> Callable[[Exception], LowmarkError | None]:
+    def _explain(
+        moved: dict[str, tuple[int, int]], batch_id: int
+    ) -> Callable[[Exception], LowmarkError | None]:
         """A read of offsets the broker no longer holds, as the user's error."""
 
         def explain(exc: Exception) -> LowmarkError | None:
@@ -303,9 +344,10 @@ class KafkaStreamSource(Source):
                 return None
             ranges = ", ".join(f"{k} {s} to {e - 1}" for k, (s, e) in sorted(moved.items()))
             return SourceDataLost(
-                f"Kafka no longer holds records this batch must read ({ranges}): "
-                f"{first_line(exc)}; raise the topic's retention; to go on without them, "
-                "`lowmark reset` the pipeline"
+                f"Kafka no longer holds records batch {batch_id} must read ({ranges}): "
+                f"{first_line(exc)}; raise the topic's retention; to go on without them, set "
+                f"the batch's input aside with `lowmark skip-batch` (batch {batch_id}), or set "
+                "the source's `on_data_loss: skip` and run again (what is gone is counted)"
             )
 
         return explain
@@ -345,3 +387,8 @@ class KafkaStreamSource(Source):
                 self.group,
                 exc,
             )
+
+
+def _lost(lost: dict[str, tuple[int, int]]) -> str:
+    """Lost ``{partition: (first, end)}`` ranges as an operator names them."""
+    return ", ".join(f"{k} offsets {s} to {e - 1}" for k, (s, e) in sorted(lost.items()))

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from batches.errors import PipelineConfigInvalid
-from batches.sources.base import PARTITION_COLUMN, Range, Source, SourceRead
+from batches.sources.base import PARTITION_COLUMN, Range, Skipped, Source, SourceRead
 from state.errors import LowmarkError
 from state.offset_log import Identity, Offsets
 
@@ -124,6 +124,25 @@ class SourceUnion(Source):
     def input_bytes(self, start: Offsets, end: Offsets) -> int | None:
         sizes = [part.input_bytes(own(start, n), own(end, n)) for n, part in self.parts.items()]
         return None if None in sizes else sum(s for s in sizes if s is not None)
+
+    def past_lost(self, start: Offsets) -> Skipped | None:
+        """What each source passes over, its units named ``<source>.<unit>`` (as in the
+        backlog)."""
+        lost = {
+            name: skipped
+            for name, part in self.parts.items()
+            if (skipped := part.past_lost(own(start, name))) is not None
+        }
+        if not lost:
+            return None
+        moved = dict(start)
+        for name, skipped in lost.items():
+            moved |= named(skipped.start, name)
+        return Skipped(
+            moved,
+            {f"{n}.{unit}": count for n, s in lost.items() for unit, count in s.counts.items()},
+            "; ".join(f"{n}: {s.what}" for n, s in lost.items()),
+        )
 
     def identity(self) -> Identity:
         """Each source's identity, its keys named ``<source>/<key>``."""

@@ -5,6 +5,7 @@ a windowed pipeline over three partitions where one goes idle."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,7 +13,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -125,11 +125,11 @@ def test_records_deleted_before_they_were_read_and_a_deleted_topic_stop_with_one
     topic = new_topic(kafka)
     kafka.produce(topic, [event("a", i) for i in range(6)])
     source = KafkaStreamSource(spark, config(kafka, topic), "g")
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    # What retention does: the log now starts at offset 4.
-    for done in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
-        done.result()
+    kafka.delete_records_before(topic, 0, 4)  # what retention does
     with pytest.raises(SourceDataLost, match=rf"topic {topic} partition 0: offsets 2 to 3 were"):
+        source.plan({f"{topic}:0": 2}, 1)
+    # No batch holds the lost records yet: the way on is to skip them, not to start over.
+    with pytest.raises(SourceDataLost, match=r"set the source's `on_data_loss: skip`"):
         source.plan({f"{topic}:0": 2}, 1)
     assert source.plan({f"{topic}:0": 4}, 1) == {f"{topic}:0": 6}
     kafka.delete_topic(topic)
@@ -198,6 +198,53 @@ def test_read_committed_stops_a_batch_at_an_open_transaction_and_reads_it_once_c
     expected = [("before", T0 + timedelta(seconds=i)) for i in range(3)]
     expected += [("in_transaction", T0 + timedelta(seconds=i)) for i in range(4)]
     assert got == sorted((u, t.replace(tzinfo=None)) for u, t in expected)
+
+
+def test_with_on_data_loss_skip_records_deleted_before_they_were_read_are_passed_over_and_counted(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("u", i, amount=i) for i in range(6)])
+    pipeline = copied(kafka, topic, "skips", max_offsets_per_batch=2, on_data_loss="skip")
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=1)  # offsets 0-1
+    kafka.delete_records_before(topic, 0, 4)  # offsets 2-3 are never read
+    caplog.set_level(logging.WARNING)
+
+    runner = MicroBatchRunner(spark, pipeline, data_root)
+    runner.run(max_batches=None)
+    out = spark.read.format("delta").load(str(data_root / "out"))
+    assert sorted(r.amount for r in out.collect()) == [0, 1, 4, 5]
+    second = runner.checkpoint.offsets.get(1)
+    assert second is not None and second.start_offsets == {f"{topic}:0": 4}  # the gap, recorded
+    assert [p.input_skipped for p in runner.checkpoint.progress.get_range()] == [
+        {},
+        {"records": 2},
+    ]
+    assert (
+        f"skips batch 1 passes over input lost before it was read (on_data_loss: skip): "
+        f"{topic}:0 offsets 2 to 3 (2 records)" in caplog.text
+    )
+
+
+def test_records_deleted_after_their_batch_was_planned_fail_with_skip_batch_or_are_skipped(
+    spark: SparkSession, kafka: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("u", i, amount=i) for i in range(6)])
+    kafka.delete_records_before(topic, 0, 4)
+    start, end = {f"{topic}:0": 0}, {f"{topic}:0": 6}  # batch 3, planned before the deletion
+    read = KafkaStreamSource(spark, config(kafka, topic), "g").read(start, end, 3)
+    with pytest.raises(SourceDataLost) as lost:
+        try:
+            read.records.collect()
+        except Exception as exc:
+            raise read.explain(exc) or exc from exc
+    assert "set the batch's input aside with `lowmark skip-batch` (batch 3)" in str(lost.value)
+
+    caplog.set_level(logging.WARNING)
+    skipping = KafkaStreamSource(spark, config(kafka, topic, on_data_loss="skip"), "g")
+    assert sorted(r.amount for r in skipping.read(start, end, 3).records.collect()) == [4, 5]
+    assert "batch 3 passes over 4 Kafka records deleted before it read them" in caplog.text
 
 
 def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
