@@ -253,10 +253,15 @@ class MicroBatchRunner:
         return PlannedBatch(batch_id, start, end, watermark, False, now, done, identity, skipped)
 
     def _check_identity(self, latest: OffsetEntry | None) -> Identity:
-        """The source's identity now, after checking it is the one ``latest`` recorded."""
+        """The source's identity now, after checking it is the one ``latest`` recorded (or,
+        before batch 0, the one the checkpoint's start offsets were read from)."""
         identity = self.source.identity()
         if latest is not None:
-            check_identity(latest.source_identity, identity, latest.batch_id, self.pipeline.name)
+            read_up_to = f"batch {latest.batch_id}"
+            check_identity(latest.source_identity, identity, read_up_to, self.pipeline.name)
+        else:
+            read_up_to = "the start offsets of this checkpoint (`lowmark reset --after-sink`)"
+            check_identity(self.checkpoint.start_identity, identity, read_up_to, self.pipeline.name)
         return identity
 
     def position(self) -> tuple[OffsetEntry | None, CommitEntry | None]:

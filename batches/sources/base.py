@@ -58,17 +58,17 @@ def describe_range(start: Offsets, end: Offsets) -> str:
     return ", ".join(f"{p}: {s} → {e} (+{e - s})" for p, s, e in moved)
 
 
-def check_identity(recorded: Identity, now: Identity, batch_id: int, pipeline: str) -> None:
-    """Raise ``SourceReplaced`` if something batch ``batch_id`` recorded the identity of
-    (``Source.identity``) has another one now. What the batch did not record (an entry
-    written before identities were, a source without one) is not compared."""
+def check_identity(recorded: Identity, now: Identity, read_up_to: str, pipeline: str) -> None:
+    """Raise ``SourceReplaced`` if something recorded with the offsets ``read_up_to`` names
+    (``batch 7``) has another identity (``Source.identity``) now. What was not recorded (an
+    entry written before identities were, a source without one) is not compared."""
     for key in sorted(recorded.keys() & now.keys()):
         if recorded[key] != now[key]:
             raise SourceReplaced(
-                f"{key} was replaced (deleted and created again) since batch {batch_id} of "
-                f"{pipeline} read it (id {recorded[key]} -> {now[key]}); the checkpoint's "
-                f"offsets point into the old one: put the old one back, or read the new one "
-                f"from its start with `lowmark reset {pipeline} --truncate-sink`"
+                f"{key} was replaced (deleted and created again) after {pipeline} read it up "
+                f"to {read_up_to} (id {recorded[key]} -> {now[key]}); the checkpoint's offsets "
+                "point into the old one: put the old one back, or read the new one from its "
+                f"start with `lowmark reset {pipeline} --truncate-sink`"
             )
 
 

@@ -17,6 +17,7 @@ from pyspark.testing import assertDataFrameEqual
 from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
+from batches.reset import reset
 from batches.sources.delta_table import PARTITION, DeltaStreamSource
 
 
@@ -249,6 +250,27 @@ def test_a_table_dropped_and_created_again_at_its_path_stops_the_pipeline_in_one
     assert "\n" not in message
     ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
     assert ids == [0, 1, 10, 11, 20, 21, 30, 31]  # the old table's rows only
+
+
+def test_a_checkpoint_reset_to_go_on_after_the_sink_refuses_a_table_created_again_since(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table, root = tmp_path / "t", tmp_path / "data"
+    for i in range(2):  # versions 0-1
+        append(spark, table, i * 10, 2, files=1)
+    pipeline = Pipeline(
+        name="continued", source=DeltaSource(path=str(table)), sink=DeltaSink(path="out")
+    )
+    MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    shutil.rmtree(table)
+    for i in range(4):  # versions 0-3 of another table: starting at version 2 skips 0-1
+        append(spark, table, 100 + i * 10, 2, files=1)
+    reset(spark, pipeline, root, "after")  # the new checkpoint starts at version 2
+
+    with pytest.raises(SourceReplaced, match=f"^Delta table {table} was replaced .* start offsets"):
+        MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
+    assert ids == [0, 1, 10, 11]
 
 
 def test_a_table_whose_newest_version_is_below_the_offsets_already_read_stops_planning(
