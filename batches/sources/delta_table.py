@@ -23,6 +23,10 @@ cost that grows with the table.
   starts at the oldest version kept instead (``past_lost``), and a batch
   reading appends passes over files VACUUM removed; what is passed over is
   counted in a log line (and, when planning, in the batch's progress row).
+- A replaced table: its id (``metaData.id``) is the source's identity (the
+  runner records it with the offsets and stops when it changes), and a table
+  that has not reached a version already read stops planning
+  (``SourceReplaced``).
 """
 
 from __future__ import annotations
