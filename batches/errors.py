@@ -60,3 +60,8 @@ class BackfillHistoryLost(LowmarkError):
 class SourceDataLost(LowmarkError):
     """Input a batch must read is gone upstream (a deleted topic, records removed by
     retention, vacuumed table history)."""
+
+
+class SourceReplaced(LowmarkError):
+    """The source is not the one the offset log's positions point into: a topic or table
+    deleted and created again under its name, or an end offset below the start."""

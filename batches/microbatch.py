@@ -32,12 +32,12 @@ from batches.pipeline import Pipeline, resolve
 from batches.poison import counts_as_failure, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
-from batches.sources.base import PARTITION_COLUMN, Range, SourceRead
+from batches.sources.base import PARTITION_COLUMN, Range, Skipped, SourceRead, check_identity
 from batches.watermarks import PartitionTime, observe, pipeline_watermark
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch, first_line
-from state.offset_log import OffsetEntry, Offsets
+from state.offset_log import Identity, OffsetEntry, Offsets
 from state.ownership import last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
@@ -61,6 +61,11 @@ class PlannedBatch:
     """Processing time the batch was planned (recorded as the offsets' created_at)."""
     previous: CommitEntry | None
     """The commit of batch_id - 1 (its state version and partition times are this batch's input)."""
+    identity: Identity = field(default_factory=dict)
+    """What the source's offsets point into (``Source.identity``), recorded with them."""
+    skipped: Skipped | None = None
+    """Input upstream lost past the previous batch's end, which this batch (starting after
+    it) passes over (``on_data_loss: skip``)."""
 
 
 @dataclass(frozen=True)
@@ -172,8 +177,10 @@ class MicroBatchRunner:
         A new batch is planned only if the source has data past the committed
         end, or if the watermark (re-evaluated now, so idle partitions stop
         holding it back) would close windows: an empty batch that emits. The
-        pipeline fingerprint of the latest entry must match. ``position``
-        reads the two entries.
+        pipeline fingerprint of the latest entry must match, and so must the
+        source's identity it recorded (a replaced source stops the pipeline:
+        its offsets point into the old one). ``position`` reads the two
+        entries.
         """
         latest, done = self.position()
         done_id = done.batch_id if done else None
@@ -199,6 +206,7 @@ class MicroBatchRunner:
             return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
             previous = done if done_id == latest.batch_id - 1 else None
+            self._check_identity(latest)
             return PlannedBatch(
                 latest.batch_id,
                 latest.start_offsets,
@@ -207,6 +215,8 @@ class MicroBatchRunner:
                 replay=True,
                 planned_at_ms=_ms(latest.created_at),
                 previous=previous,
+                identity=latest.source_identity,
+                skipped=_recorded_skip(latest),
             )
         raise CheckpointCorrupt(
             f"checkpoint {self.checkpoint.location} is inconsistent: latest offsets batch "
@@ -223,20 +233,37 @@ class MicroBatchRunner:
         done: CommitEntry | None,
         dry_run: bool,
     ) -> PlannedBatch | None:
+        identity = self._check_identity(latest)
         now = self.clock.now_ms()
         watermark = done.next_watermark_ms if done else None
         if self.pipeline.event_time is not None and done is not None:
             parts = self.partition_times(done)
             watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark)
+        # Lost input is passed over by starting after it: the offset log shows the gap.
+        skipped = self.source.past_lost(start)
+        if skipped is not None:
+            start = skipped.start
         end = self.source.plan(start, batch_id, record=not dry_run)
-        if end == start:
+        if end == start and skipped is None:
             previous_watermark = latest.batch_watermark_ms if latest else None
             if watermark is None or watermark == previous_watermark or self.stage is None:
                 return None
             state_version = LATEST if done and "state" in done.table_versions else None
             if not self.stage.would_emit(state_version, watermark):
                 return None
-        return PlannedBatch(batch_id, start, end, watermark, False, now, done)
+        return PlannedBatch(batch_id, start, end, watermark, False, now, done, identity, skipped)
+
+    def _check_identity(self, latest: OffsetEntry | None) -> Identity:
+        """The source's identity now, after checking it is the one ``latest`` recorded (or,
+        before batch 0, the one the checkpoint's start offsets were read from)."""
+        identity = self.source.identity()
+        if latest is not None:
+            read_up_to = f"batch {latest.batch_id}"
+            check_identity(latest.source_identity, identity, read_up_to, self.pipeline.name)
+        else:
+            read_up_to = "the start offsets of this checkpoint (`lowmark reset --after-sink`)"
+            check_identity(self.checkpoint.start_identity, identity, read_up_to, self.pipeline.name)
+        return identity
 
     def position(self) -> tuple[OffsetEntry | None, CommitEntry | None]:
         """The latest offset-log and commit-log entries.
@@ -335,11 +362,22 @@ class MicroBatchRunner:
             end_offsets=planned.end,
             batch_watermark_ms=planned.watermark_ms,
             pipeline_fingerprint=self.fingerprint,
+            source_identity=planned.identity,
+            input_skipped=planned.skipped.counts if planned.skipped else {},
         )
         if not planned.replay:
             if batch_id == 0:
                 self._check_sink_is_ours()
             ckpt.offsets.claim(offsets)
+            if planned.skipped is not None:
+                log.warning(
+                    "pipeline %s batch %d passes over input lost before it was read "
+                    "(on_data_loss: skip): %s (%s)",
+                    self.pipeline.name,
+                    batch_id,
+                    planned.skipped.what,
+                    ", ".join(f"{n} {unit}" for unit, n in planned.skipped.counts.items()),
+                )
         timer.lap("offset_log")
         faults.reached("after_offset_log", batch_id)
 
@@ -475,6 +513,7 @@ class MicroBatchRunner:
                 rows_late=rows_late,
                 watermark_ms=planned.watermark_ms,
                 lag_ms=lag_ms,
+                input_skipped=planned.skipped.counts if planned.skipped else {},
             )
         )
         log.info("pipeline %s committed batch %d", self.pipeline.name, batch_id)
@@ -755,6 +794,13 @@ def _explained(read: SourceRead, job: Callable[[], T]) -> T:
             raise
         read.unpersist()
         raise error from exc
+
+
+def _recorded_skip(entry: OffsetEntry) -> Skipped | None:
+    """The input batch ``entry`` passed over, as its offset-log entry recorded it."""
+    if not entry.input_skipped:
+        return None
+    return Skipped(entry.start_offsets, entry.input_skipped, "as recorded in the offset log")
 
 
 def _total(table: pa.Table, column: str) -> int:

@@ -146,7 +146,7 @@ class KafkaSource(_SourceConfig):
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
         {"bootstrap_servers", "max_offsets_per_batch", "consumer_group", "options"}
-        | {"starting_offsets"}
+        | {"starting_offsets", "on_data_loss"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
@@ -176,6 +176,12 @@ class KafkaSource(_SourceConfig):
     consumer_group: str | None = Field(
         default=None,
         description="Group the committed frontier is committed to; default lowmark-<pipeline>.",
+    )
+    on_data_loss: Literal["fail", "skip"] = Field(
+        default="fail",
+        description="Records retention deleted before a batch read them: fail (stop, naming "
+        "them), or skip (go on from the earliest offset kept, counting the records passed "
+        "over in the log and the batch's progress row).",
     )
     options: dict[str, str] = Field(
         default_factory=dict,
@@ -213,7 +219,7 @@ class DeltaSource(_SourceConfig):
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
         {"max_versions_per_batch", "max_files_per_batch", "max_rows_per_batch"}
-        | {"starting_version"}
+        | {"starting_version", "on_data_loss"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
@@ -228,6 +234,13 @@ class DeltaSource(_SourceConfig):
         default="fail",
         description="appends only: what a version that updated or deleted rows does: fail "
         "the batch (naming it), or skip it (its rows are not read).",
+    )
+    on_data_loss: Literal["fail", "skip"] = Field(
+        default="fail",
+        description="History lost before a batch read it (versions whose log was cleaned up; "
+        "appends: files VACUUM removed): fail (stop, naming them), or skip (go on from the "
+        "oldest version kept, without the removed files, counting what was passed over in "
+        "the log and the batch's progress row).",
     )
     starting_version: int | Literal["earliest", "latest"] = Field(
         default="earliest",

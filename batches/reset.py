@@ -115,7 +115,14 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
         history = DriverTable(f"{staging}/files_history", retired.schema, "manifest history")
         history.append_once(retired, "lowmark:reset", 0)
     schema = _schema_json(old)
-    new = Checkpoint(staging, pipeline.name, start_offsets=end, adopted_from=writer.pipeline_id)
+    # The old source's identity goes with its offsets: batch 0 refuses a replaced source.
+    new = Checkpoint(
+        staging,
+        pipeline.name,
+        start_offsets=end,
+        adopted_from=writer.pipeline_id,
+        start_identity=entry.source_identity,
+    )
     if schema is not None:
         new.schema.fix(schema)
     moved = _move_aside(location)

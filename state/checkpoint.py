@@ -35,7 +35,7 @@ from state.errors import CheckpointMissing
 from state.failures import FailureLog
 from state.log import utc_now
 from state.manifest import FileManifest
-from state.offset_log import OffsetEntry, OffsetLog, Offsets
+from state.offset_log import Identity, OffsetEntry, OffsetLog, Offsets
 from state.progress import ProgressEntry, ProgressLog
 from state.source_schema import SourceSchema
 from state.table import UTC_MICROS, DriverTable
@@ -48,13 +48,16 @@ _METADATA_SCHEMA = pa.schema(
         pa.field("created_at", UTC_MICROS, nullable=False),
         pa.field("start_offsets", pa.string(), nullable=True),
         pa.field("adopted_from", pa.string(), nullable=True),
+        pa.field("start_identity", pa.string(), nullable=True),
     ]
 )
 """``start_offsets`` (JSON): where batch 0 starts, set by ``lowmark reset``
 (``batches.reset``) or when batch 0 is first planned (a source's start may move: Kafka's
 latest, retention; a backfill reads from here); ``adopted_from``: the pipeline id of the
-checkpoint whose sink writes this one continues, set by ``lowmark reset``. Checkpoints
-written before they existed have neither."""
+checkpoint whose sink writes this one continues, set by ``lowmark reset``; ``start_identity``
+(JSON): the identity of the source ``start_offsets`` were read from (``lowmark reset
+--after-sink``), which batch 0 checks. Checkpoints written before they existed have none of
+them."""
 
 
 class Checkpoint:
@@ -66,15 +69,17 @@ class Checkpoint:
         pipeline_name: str,
         start_offsets: Offsets | None = None,
         adopted_from: str | None = None,
+        start_identity: Identity | None = None,
     ) -> None:
-        """Open the checkpoint, or create it (``start_offsets`` and ``adopted_from`` are
-        recorded only by a creation: see ``_METADATA_SCHEMA``)."""
+        """Open the checkpoint, or create it (``start_offsets``, ``adopted_from`` and
+        ``start_identity`` are recorded only by a creation: see ``_METADATA_SCHEMA``)."""
         self.location = location.rstrip("/")
         self.pipeline_name = pipeline_name
         self.metadata = DriverTable(self.table("checkpoint"), _METADATA_SCHEMA)
         self.pipeline_id = ""
         self.start_offsets = start_offsets
         self.adopted_from = adopted_from
+        self.start_identity = start_identity or {}
         self._handles("")
         self.pipeline_id = self._open_or_create()
         self._handles(self.pipeline_id)
@@ -154,6 +159,7 @@ class Checkpoint:
             if self.start_offsets is not None
             else None,
             "adopted_from": self.adopted_from,
+            "start_identity": json.dumps(self.start_identity) if self.start_identity else None,
         }
         # Two runners creating at once: transaction version 0 lets only the first row land.
         rows = pa.Table.from_pylist([row], schema=_METADATA_SCHEMA)
@@ -180,4 +186,6 @@ class Checkpoint:
         start = row.get("start_offsets")
         self.start_offsets = json.loads(start) if start else None
         self.adopted_from = row.get("adopted_from")
+        identity = row.get("start_identity")  # no such column in older checkpoints
+        self.start_identity = json.loads(identity) if identity else {}
         return str(row["pipeline_id"])

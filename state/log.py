@@ -74,7 +74,8 @@ class LogEntry(BaseModel):
             )
         try:
             for name in cls.JSON_FIELDS:
-                values[name] = json.loads(values[name])
+                if values.get(name) is not None:  # null: a column added after the row
+                    values[name] = json.loads(values[name])
             values["created_at"] = values["created_at"].astimezone(UTC)
             # A column added after a row was written is null in it: the field's default.
             return cls.model_validate({k: v for k, v in values.items() if v is not None})

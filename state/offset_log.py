@@ -9,11 +9,17 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pyarrow as pa
+from pydantic import Field
 
 from state.log import LogEntry, MetadataLog
 
 Offsets = dict[str, int]
 """Source position per source partition, exclusive: ``{"0": 42}`` = records 0..41 taken."""
+
+Identity = dict[str, str]
+"""What a source's data is, by what it reads (``{"Kafka topic clicks": "<topic id>"}``): a
+source deleted and created again under the same name has a new identity, and offsets
+recorded against the old one mean nothing in it."""
 
 
 class OffsetEntry(LogEntry):
@@ -24,13 +30,23 @@ class OffsetEntry(LogEntry):
         pa.field("end_offsets", pa.string(), nullable=False),
         pa.field("batch_watermark_ms", pa.int64()),
         pa.field("pipeline_fingerprint", pa.string(), nullable=False),
+        pa.field("source_identity", pa.string()),
+        pa.field("input_skipped", pa.string()),
     ]
-    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"start_offsets", "end_offsets"})
+    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"start_offsets", "end_offsets", "source_identity", "input_skipped"}
+    )
 
     start_offsets: Offsets
     end_offsets: Offsets
     batch_watermark_ms: int | None = None
     pipeline_fingerprint: str
+    source_identity: Identity = Field(default_factory=dict)
+    """The source's identity when the batch was planned (empty in entries written before
+    lowmark recorded it: the next batch records it)."""
+    input_skipped: dict[str, int] = Field(default_factory=dict)
+    """Input upstream lost between the previous batch's end and this batch's start, which
+    the batch passed over (``on_data_loss: skip``), by units (``{"records": 10}``)."""
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

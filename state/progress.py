@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pyarrow as pa
+from pydantic import Field
 
 from state.log import LogEntry, MetadataLog
 
@@ -25,8 +26,9 @@ class ProgressEntry(LogEntry):
         pa.field("rows_late", pa.int64(), nullable=False),
         pa.field("watermark_ms", pa.int64()),
         pa.field("lag_ms", pa.int64()),
+        pa.field("input_skipped", pa.string()),
     ]
-    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"durations_ms"})
+    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"durations_ms", "input_skipped"})
 
     replayed: bool = False
     durations_ms: dict[str, int]
@@ -36,6 +38,10 @@ class ProgressEntry(LogEntry):
     rows_late: int = 0
     watermark_ms: int | None = None
     lag_ms: int | None = None
+    input_skipped: dict[str, int] = Field(default_factory=dict)
+    """Input upstream lost before the batch read it, passed over by units (``{"records":
+    10}``): the gap between the previous batch's end and this batch's start
+    (``on_data_loss: skip``)."""
 
 
 class ProgressLog(MetadataLog[ProgressEntry]):

@@ -194,6 +194,38 @@ class KafkaBroker:
         if pending:
             raise RuntimeError(f"producing to {topic!r}: {pending} records not delivered")
 
+    def produce_in_open_transaction(
+        self, topic: str, values: Sequence[bytes | str], partition: int = 0
+    ) -> Producer:
+        """Append ``values`` to ``topic``'s ``partition`` in a transaction left open: they are
+        on the broker (past the last stable offset) but not committed. Returns the
+        transactional producer: ``commit_transaction()`` or ``abort_transaction()`` ends it."""
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": f"test-{os.getpid()}-{time.monotonic_ns()}",
+                "linger.ms": 0,
+                # Open until the test ends it, however slow the batches in between.
+                "transaction.timeout.ms": 900_000,
+            }
+        )
+        producer.init_transactions(CLIENT_TIMEOUT_S)
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value=_bytes(value), partition=partition)
+        pending = producer.flush(CLIENT_TIMEOUT_S)
+        if pending:
+            raise RuntimeError(f"producing to {topic!r}: {pending} records not delivered")
+        return producer
+
+    def delete_records_before(self, topic: str, partition: int, offset: int) -> None:
+        """What retention does: ``topic``'s ``partition`` starts at ``offset`` from now on
+        (its records before it are deleted). Raises KafkaException on failure."""
+        admin = self._admin()  # kept until the request is done
+        futures = admin.delete_records([TopicPartition(topic, partition, offset)])
+        for done in futures.values():
+            done.result(timeout=CLIENT_TIMEOUT_S)
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Every partition of ``topic`` mapped to its high watermark: the offset the next
         record will get (0 for an empty partition). Raises KafkaException on failure."""

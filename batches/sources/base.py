@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
+from batches.errors import SourceReplaced
 from state.errors import LowmarkError
-from state.offset_log import Offsets
+from state.offset_log import Identity, Offsets
 
 PARTITION_COLUMN = "_lowmark_partition"
 """Every record a source returns names its source partition here (a string)."""
@@ -33,6 +34,18 @@ class Range:
     end: Offsets
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Input upstream lost before lowmark read it, passed over (``on_data_loss: skip``)."""
+
+    start: Offsets
+    """Where the batch starts instead: the first position upstream still holds."""
+    counts: dict[str, int]
+    """What was passed over, by unit (``{"records": 10}``, ``{"versions": 3}``)."""
+    what: str
+    """The lost input, as an operator names it."""
+
+
 def describe_range(start: Offsets, end: Offsets) -> str:
     """``[start, end)`` as a person reads it: ``partition: first → end (+count)`` for each
     partition that moved (a single partition by its positions alone)."""
@@ -43,6 +56,20 @@ def describe_range(start: Offsets, end: Offsets) -> str:
         ((_, s, e),) = moved
         return f"{s} → {e} (+{e - s})"
     return ", ".join(f"{p}: {s} → {e} (+{e - s})" for p, s, e in moved)
+
+
+def check_identity(recorded: Identity, now: Identity, read_up_to: str, pipeline: str) -> None:
+    """Raise ``SourceReplaced`` if something recorded with the offsets ``read_up_to`` names
+    (``batch 7``) has another identity (``Source.identity``) now. What was not recorded (an
+    entry written before identities were, a source without one) is not compared."""
+    for key in sorted(recorded.keys() & now.keys()):
+        if recorded[key] != now[key]:
+            raise SourceReplaced(
+                f"{key} was replaced (deleted and created again) after {pipeline} read it up "
+                f"to {read_up_to} (id {recorded[key]} -> {now[key]}); the checkpoint's offsets "
+                "point into the old one: put the old one back, or read the new one from its "
+                f"start with `lowmark reset {pipeline} --truncate-sink`"
+            )
 
 
 def fair_share(waiting: dict[str, int], limit: int) -> dict[str, int]:
@@ -150,6 +177,16 @@ class Source(ABC):
       processed and may be discarded: the resumption frontier. Optional; a no-op by default.
     - ``retire(committed_end, batch_id)``, run by checkpoint maintenance,
       keeps what planning reads bounded. Optional; a no-op by default.
+    - ``past_lost(start)`` (optional) is what a source configured to go on
+      past lost history (``on_data_loss: skip``) passes over: None when
+      upstream still holds ``start``, else where the next batch starts
+      instead and what it skips there (the runner records both). A source
+      configured to fail reports the loss from ``plan`` or ``read``.
+    - ``identity()`` names what the offsets point into (a Kafka topic's id, a
+      Delta table's id). The runner records it with each batch's offsets and
+      stops when it changes: a source deleted and created again under the
+      same name is another source. Optional; none by default (a folder of
+      files has no id).
     """
 
     @abstractmethod
@@ -206,6 +243,17 @@ class Source(ABC):
         """What of ``[start, end)`` the source no longer holds, in words naming the source,
         what is gone and the setting that keeps it longer; None when it holds all of it."""
         return None
+
+    def past_lost(self, start: Offsets) -> Skipped | None:
+        """What a batch starting at ``start`` passes over because upstream no longer holds
+        it, when this source goes on past lost history; None by default."""
+        return None
+
+    def identity(self) -> Identity:
+        """What the offsets point into now, by a readable name of each thing read (its
+        partitions' positions mean nothing in another one); what cannot be found now
+        (a deleted topic) is left out, for ``plan`` to report. Empty by default."""
+        return {}
 
     def confirm(self, batch: Range) -> None:  # noqa: B027 - optional hook, no-op by default
         """Raises when ``batch``'s input changed since ``read`` read it."""

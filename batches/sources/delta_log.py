@@ -144,6 +144,31 @@ class DeltaLog:
         info = self._fs.get_file_info(f"{self._root}/{LOG}")
         return bool(info.type == fs.FileType.Directory)
 
+    def table_id(self) -> str:
+        """The table's id (``metaData.id``), read now: a table dropped and created again at
+        the same path has a new one. Version 0's commit file holds it (one small read);
+        once log retention removed that, delta-rs reads it from the newest checkpoint."""
+        text = self._read(f"{0:020d}.json")
+        for line in (text or "").splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "metaData" in action:
+                return str(action["metaData"]["id"])
+        return str(DeltaTable(self.table).metadata().id)
+
+    def cleaned_up(self, version: int) -> bool:
+        """Whether log retention removed ``version``'s commit (it is at or below the newest
+        checkpoint, and its commit file is gone)."""
+        return version <= self.last_checkpoint() and not self._is_file(f"{version:020d}.json")
+
+    def _is_file(self, name: str) -> bool:
+        return bool(self._fs.get_file_info(self._log_file(name)).type == fs.FileType.File)
+
+    def reached(self, version: int) -> bool:
+        """Whether the table has reached ``version``, asked of storage now (never of the
+        commits kept in memory, which a table created again at this path would
+        contradict): its commit file is there, or a checkpoint at or past it."""
+        return version <= self.last_checkpoint() or self._is_file(f"{version:020d}.json")
+
     def commit(self, version: int) -> Commit | None:
         """Version ``version``; None when the table has not reached it. Raises
         ``SourceDataLost`` when the log no longer holds it (log retention). The newest
@@ -157,8 +182,9 @@ class DeltaLog:
                     f"Delta table {self.table}: the log of version {version} was cleaned up "
                     f"(log retention) before lowmark read it; the oldest version kept is "
                     f"{self.oldest_version()}: raise the table's delta.logRetentionDuration; to "
-                    "go on without it, `lowmark reset` the pipeline with `starting_version` "
-                    "at a version still kept"
+                    "go on without it, set the source's `on_data_loss: skip` (the versions "
+                    "passed over are counted), or, for a batch already planned over it, set "
+                    "its input aside with `lowmark skip-batch`"
                 )
             return None
         commit = parse_commit(version, text.splitlines())
@@ -219,7 +245,8 @@ class DeltaLog:
         )
 
     def holds(self, path: str) -> bool:
-        """Is the data file ``path`` (as the log names it) still there (not vacuumed)?"""
+        """Whether the data file ``path`` (as the log names it) is still in storage (VACUUM
+        deletes files)."""
         if "://" in path:
             filesystem, where = fs.FileSystem.from_uri(unquote(path))
         else:

@@ -19,11 +19,19 @@ cost that grows with the table.
   ``endingVersion``), whole versions at a time.
 - Lost history: a version whose log was cleaned up, or whose files were
   vacuumed, before a batch read it stops with one line naming the table and
-  versions, and the way out.
+  versions, and the way out. With ``on_data_loss: skip`` the next batch
+  starts at the oldest version kept instead (``past_lost``), and a batch
+  reading appends passes over files VACUUM removed; what is passed over is
+  counted in a log line (and, when planning, in the batch's progress row).
+- A replaced table: its id (``metaData.id``) is the source's identity (the
+  runner records it with the offsets and stops when it changes), and a table
+  that has not reached a version already read stops planning
+  (``SourceReplaced``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from functools import reduce
 
@@ -32,13 +40,15 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from batches.errors import PipelineConfigInvalid, SourceDataLost
+from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
 from batches.pipeline import DeltaSource
-from batches.sources.base import PARTITION_COLUMN, Source, SourceRead, read_counts
+from batches.sources.base import PARTITION_COLUMN, Skipped, Source, SourceRead, read_counts
 from batches.sources.delta_log import Commit, DataFile, DeltaLog, Metadata
 from state.errors import LowmarkError, first_line
-from state.offset_log import Offsets
+from state.offset_log import Identity, Offsets
 from state.session import SparkLike, provider
+
+log = logging.getLogger(__name__)
 
 PARTITION = "table"
 """The one source partition (and watermark partition) of a table."""
@@ -130,6 +140,46 @@ class DeltaStreamSource(Source):
                 f"no Delta table at {self.log.table}: create it, or point the source's `path` at it"
             )
 
+    def identity(self) -> Identity:
+        """The table's id (``Delta table <path>``); none while there is no table (``plan``
+        says so)."""
+        if not self.log.exists():
+            return {}
+        return {f"Delta table {self.log.table}": self.log.table_id()}
+
+    def past_lost(self, start: Offsets) -> Skipped | None:
+        """With ``on_data_loss: skip``: when log retention removed the version ``start``
+        is in, the oldest version kept."""
+        version, _ = position(start)
+        if self.config.on_data_loss != "skip" or not self.log.cleaned_up(version):
+            return None
+        oldest = self.log.oldest_version()
+        if oldest is None:
+            return None  # no commit left at all: planning reports the table
+        versions = (
+            f"version {version}" if oldest == version + 1 else f"versions {version} to {oldest - 1}"
+        )
+        return Skipped(
+            offsets_at(oldest, 0), {"versions": oldest - version}, f"{self.log.table} {versions}"
+        )
+
+    def _check_not_behind(self, start: Offsets) -> None:
+        """Refuse a table whose newest version is below what lowmark already read of it: it
+        is not the history those offsets were read from (a table dropped and created
+        again). A start the user chose (``starting_version``) may lie ahead."""
+        version, index = position(start)
+        chosen = self.config.starting_version
+        if isinstance(chosen, int) and start == offsets_at(chosen, 0):
+            return
+        needed = version if index else version - 1
+        if needed >= 0 and not self.log.reached(needed):
+            raise SourceReplaced(
+                f"Delta table {self.log.table} has no version {needed}, which lowmark already "
+                "read: the table was dropped and created again, and the checkpoint's offsets "
+                "point into the old one; read the new one from its start with `lowmark reset` "
+                "(`--truncate-sink`)"
+            )
+
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
     ) -> Offsets:
@@ -137,6 +187,7 @@ class DeltaStreamSource(Source):
         (appends), up to the limits; a batch takes at least one file or version, and
         versions with nothing to read are passed over. Nothing is recorded."""
         self._check_exists()
+        self._check_not_behind(start)
         version, index = position(start)
         files = rows = versions = 0
         whole = self.config.read == "changes"
@@ -198,9 +249,11 @@ class DeltaStreamSource(Source):
         """Exactly the rows of ``[start, end)``; ``strict`` changes nothing (a version
         never changes)."""
         read = [(c, files) for c, files in self._versions(start, end) if files]
+        if self.config.on_data_loss == "skip" and self.config.read == "appends":
+            read = self._held(read, batch_id)
         last, index = position(end)
         meta = self.log.metadata_at(max(last if index else last - 1, 0))
-        explain = self._explain(start, end)
+        explain = self._explain(start, end, batch_id)
         if self.config.read == "changes":
             records = self._changes(meta.schema, position(start)[0], last - 1)
         else:
@@ -213,6 +266,30 @@ class DeltaStreamSource(Source):
             records = records.persist()
         size = sum(f.size for _, files in read for f in files)  # input_bytes, read once
         return SourceRead(records, None, counts, (records,) if cache else (), explain, size)
+
+    def _held(
+        self, read: list[tuple[Commit, list[DataFile]]], batch_id: int
+    ) -> list[tuple[Commit, list[DataFile]]]:
+        """``read`` without the files VACUUM removed, which are passed over and counted in a
+        log line."""
+        held = [(c, [f for f in files if self.log.holds(f.path)]) for c, files in read]
+        gone = [
+            (c.version, f)
+            for (c, files), (_, kept) in zip(read, held, strict=True)
+            for f in files
+            if f not in kept
+        ]
+        if gone:
+            log.warning(
+                "batch %d passes over %d files (%s rows) of Delta table %s removed before it "
+                "read them (on_data_loss: skip): %s",
+                batch_id,
+                len(gone),
+                sum(f.rows or 0 for _, f in gone),
+                self.log.table,
+                ", ".join(f"version {v} {f.path}" for v, f in gone),
+            )
+        return [(c, files) for c, files in held if files]
 
     def _appends(
         self,
@@ -264,8 +341,16 @@ class DeltaStreamSource(Source):
             .load(self.log.table)
         )
 
-    def _explain(self, start: Offsets, end: Offsets) -> Callable[[Exception], LowmarkError | None]:
+    def _explain(
+        self, start: Offsets, end: Offsets, batch_id: int
+    ) -> Callable[[Exception], LowmarkError | None]:
         """A read of files vacuumed away, as the user's error."""
+        # Reading appends, the source itself can pass over the removed files.
+        skip = (
+            ", or set the source's `on_data_loss: skip` and run again (they are counted)"
+            if self.config.read == "appends"
+            else ""
+        )
 
         def explain(exc: Exception) -> LowmarkError | None:
             text = str(exc)
@@ -277,7 +362,8 @@ class DeltaStreamSource(Source):
                 f"Delta table {self.log.table}: files of {_versions(first, last)} were "
                 f"removed (VACUUM) before lowmark read them ({first_line(exc)}): keep them "
                 "longer (the table's delta.deletedFileRetentionDuration, or VACUUM's "
-                "RETAIN); to go on without them, `lowmark reset` the pipeline"
+                f"RETAIN); to go on without them, set the batch's input aside with "
+                f"`lowmark skip-batch` (batch {batch_id}){skip}"
             )
 
         return explain

@@ -15,7 +15,19 @@ and the committed frontier use a small client on the driver
   one the plan saw.
 - Data loss: a partition whose next offset retention already deleted, or a
   topic that is gone, stops the batch with one line naming topic, partition
-  and offsets, and the way out.
+  and offsets, and the way out. With ``on_data_loss: skip`` the next batch
+  starts at the earliest offset kept instead (``past_lost``), and a batch
+  whose recorded range lost records since reads what is left of it; the
+  records passed over are counted in a log line (and, when planning, in
+  the batch's progress row).
+- A replaced topic: each topic's id is the source's identity (the runner
+  records it with the offsets and stops when it changes), and a partition
+  ending below the offset already read stops planning (``SourceReplaced``).
+- ``isolation.level=read_committed`` (in ``options``): batches end at the
+  last stable offset, never inside a transaction still open, and Spark's
+  reader reads with the same level (``kafka.isolation.level``), so a batch
+  holds committed records only and the records of a transaction committed
+  later are read once, by a later batch.
 - After each commit the frontier is committed to the consumer group, so
   ``kafka-consumer-groups --describe`` shows the pipeline's lag. lowmark
   never reads it back: its offset log is the truth.
@@ -28,7 +40,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
@@ -42,10 +60,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from batches.errors import SourceDataLost
+from batches.errors import SourceDataLost, SourceReplaced
 from batches.pipeline import KafkaSource, start_time_ms
 from batches.sources.base import (
     PARTITION_COLUMN,
+    Skipped,
     Source,
     SourceRead,
     describe_range,
@@ -54,7 +73,7 @@ from batches.sources.base import (
 )
 from batches.sources.json_values import parse_json_values
 from state.errors import LowmarkError, first_line
-from state.offset_log import Offsets
+from state.offset_log import Identity, Offsets
 from state.session import SparkLike, provider
 
 log = logging.getLogger(__name__)
@@ -100,6 +119,10 @@ class KafkaStreamSource(Source):
         }
         self._admin: AdminClient | None = None
         self._consumer: Consumer | None = None
+        committed_only = config.options.get("isolation.level") == "read_committed"
+        self._isolation = (
+            IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
+        )
 
     # -- the brokers, on the driver ------------------------------------------------
 
@@ -124,21 +147,46 @@ class KafkaStreamSource(Source):
             keys += [partition_key(topic, p) for p in sorted(found.partitions)]
         return keys
 
-    def _offsets(self, keys: list[str], spec: Callable[[], OffsetSpec]) -> Offsets:
-        """The ``spec`` offset (earliest, latest, for a time) of each partition."""
+    def _offsets(
+        self,
+        keys: list[str],
+        spec: Callable[[], OffsetSpec],
+        isolation: IsolationLevel | None = None,
+    ) -> Offsets:
+        """The ``spec`` offset (earliest, latest, for a time) of each partition, as this
+        source reads (or at ``isolation``)."""
         if not keys:
             return {}
         asked = {TopicPartition(*split_key(k)): spec() for k in keys}
-        futures = self.admin().list_offsets(asked, request_timeout=TIMEOUT_S)
+        futures = self.admin().list_offsets(
+            asked, isolation_level=isolation or self._isolation, request_timeout=TIMEOUT_S
+        )
         found = {}
         for tp, future in futures.items():
             found[partition_key(tp.topic, tp.partition)] = int(future.result().offset)
+        return found
+
+    def identity(self) -> Identity:
+        """Each configured topic's id (``Kafka topic <name>``): a topic deleted and created
+        again under its name has a new one. A topic not found is left out (``plan`` says
+        it is missing)."""
+        asked = TopicCollection(list(self.config.topics))
+        futures = self.admin().describe_topics(asked, request_timeout=TIMEOUT_S)
+        found = {}
+        for topic, future in futures.items():
+            try:
+                found[f"Kafka topic {topic}"] = str(future.result().topic_id)
+            except KafkaException:
+                continue
         return found
 
     def earliest(self, keys: list[str]) -> Offsets:
         return self._offsets(keys, OffsetSpec.earliest)
 
     def latest(self, keys: list[str]) -> Offsets:
+        """Where each partition ends for this source: its high watermark, or, reading
+        committed records only, its last stable offset (the first offset of the oldest
+        transaction still open)."""
         return self._offsets(keys, OffsetSpec.latest)
 
     # -- the contract ---------------------------------------------------------------
@@ -169,7 +217,11 @@ class KafkaStreamSource(Source):
         keys = sorted(set(self.topic_partitions()) | set(start))
         earliest = self.earliest(keys)
         latest = self.latest(keys)
-        self._check_kept(start, earliest)
+        if self.config.on_data_loss == "fail":
+            # (skip: the runner starts a batch past what is lost; a range planned ahead
+            # over records lost since is read without them, counted)
+            self._check_kept(start, earliest)
+        self._check_not_behind(start, latest)
         # A new partition starts at its earliest offset: one that starts past 0 is
         # registered there first (a batch that takes none of its records).
         registered = {k: earliest[k] for k in keys if k not in start and earliest[k] > 0}
@@ -190,9 +242,43 @@ class KafkaStreamSource(Source):
                 raise SourceDataLost(
                     f"Kafka topic {topic} partition {partition}: offsets {offset} to "
                     f"{earliest[key] - 1} were deleted (retention) before lowmark read them: "
-                    "raise the topic's retention; to go on without them, `lowmark reset` "
-                    "the pipeline"
+                    "raise the topic's retention; to go on without them, set the source's "
+                    "`on_data_loss: skip` (the records passed over are counted)"
                 )
+
+    def past_lost(self, start: Offsets) -> Skipped | None:
+        """With ``on_data_loss: skip``: the partitions of ``start`` whose next records
+        retention deleted, moved to their earliest offset kept."""
+        if self.config.on_data_loss != "skip" or not start:
+            return None
+        earliest = self.earliest(sorted(start))
+        lost = {k: (s, earliest[k]) for k, s in sorted(start.items()) if earliest[k] > s}
+        if not lost:
+            return None
+        return Skipped(
+            {**start, **{k: e for k, (_, e) in lost.items()}},
+            {"records": sum(e - s for s, e in lost.values())},
+            _lost(lost),
+        )
+
+    def _check_not_behind(self, start: Offsets, latest: Offsets) -> None:
+        """Refuse a partition whose end is below what lowmark already read of it: it is not
+        the log those offsets were read from (a topic deleted and created again)."""
+        behind = {k: offset for k, offset in start.items() if latest[k] < offset}
+        if behind and self._isolation == IsolationLevel.READ_COMMITTED:
+            # A stable offset below the start is no proof: a batch planned before the
+            # source read committed records only may end inside a transaction still open.
+            ends = self._offsets(sorted(behind), OffsetSpec.latest, IsolationLevel.READ_UNCOMMITTED)
+            behind = {k: offset for k, offset in behind.items() if ends[k] < offset}
+        if behind:
+            key = min(behind)
+            topic, partition = split_key(key)
+            raise SourceReplaced(
+                f"Kafka topic {topic} partition {partition} ends at offset {latest[key]}, "
+                f"below offset {behind[key]} lowmark already read up to: the topic was deleted "
+                "and created again, and the checkpoint's offsets point into the old one; "
+                "read the new one from its start with `lowmark reset` (`--truncate-sink`)"
+            )
 
     def read(
         self,
@@ -205,9 +291,11 @@ class KafkaStreamSource(Source):
         """Exactly ``[start, end)`` of every partition that moved; ``strict`` changes
         nothing (a Kafka record never changes)."""
         moved = {k: (start.get(k, 0), e) for k, e in end.items() if e > start.get(k, 0)}
+        if moved and self.config.on_data_loss == "skip":
+            moved = self._kept(moved, batch_id)
         raw = self._read_raw(moved) if moved else self._spark().createDataFrame([], RAW_SCHEMA)
         part = F.concat_ws(":", F.col("topic"), F.col("partition").cast("string"))
-        explain = self._explain(moved)
+        explain = self._explain(moved, batch_id)
         if self.config.value_format == "raw":
             counts = Observation()
             records = raw.withColumn(PARTITION_COLUMN, part).observe(
@@ -222,6 +310,23 @@ class KafkaStreamSource(Source):
         return parse_json_values(
             values, self.config.schema_ddl, batch_id, origin, cache=cache, explain=explain
         )
+
+    def _kept(self, moved: dict[str, tuple[int, int]], batch_id: int) -> dict[str, tuple[int, int]]:
+        """``moved`` without the records retention deleted since the batch was planned (a
+        replay), which are passed over and counted in a log line."""
+        earliest = self.earliest(sorted(moved))
+        lost = {k: (s, min(earliest[k], e)) for k, (s, e) in moved.items() if earliest[k] > s}
+        if not lost:
+            return moved
+        log.warning(
+            "batch %d passes over %d Kafka records deleted before it read them "
+            "(on_data_loss: skip): %s",
+            batch_id,
+            sum(e - s for s, e in lost.values()),
+            _lost(lost),
+        )
+        kept = {k: (max(s, earliest[k]), e) for k, (s, e) in moved.items()}
+        return {k: (s, e) for k, (s, e) in kept.items() if e > s}
 
     def _read_raw(self, moved: dict[str, tuple[int, int]]) -> DataFrame:
         assign: dict[str, list[int]] = {}
@@ -246,7 +351,9 @@ class KafkaStreamSource(Source):
         return reader.load().select(*RAW_SCHEMA.fieldNames())
 
     @staticmethod
-    def _explain(moved: dict[str, tuple[int, int]]) -> Callable[[Exception], LowmarkError | None]:
+    def _explain(
+        moved: dict[str, tuple[int, int]], batch_id: int
+    ) -> Callable[[Exception], LowmarkError | None]:
         """A read of offsets the broker no longer holds, as the user's error."""
 
         def explain(exc: Exception) -> LowmarkError | None:
@@ -255,9 +362,10 @@ class KafkaStreamSource(Source):
                 return None
             ranges = ", ".join(f"{k} {s} to {e - 1}" for k, (s, e) in sorted(moved.items()))
             return SourceDataLost(
-                f"Kafka no longer holds records this batch must read ({ranges}): "
-                f"{first_line(exc)}; raise the topic's retention; to go on without them, "
-                "`lowmark reset` the pipeline"
+                f"Kafka no longer holds records batch {batch_id} must read ({ranges}): "
+                f"{first_line(exc)}; raise the topic's retention; to go on without them, set "
+                f"the batch's input aside with `lowmark skip-batch` (batch {batch_id}), or set "
+                "the source's `on_data_loss: skip` and run again (what is gone is counted)"
             )
 
         return explain
@@ -320,3 +428,8 @@ class KafkaStreamSource(Source):
                 self.group,
                 exc,
             )
+
+
+def _lost(lost: dict[str, tuple[int, int]]) -> str:
+    """Lost ``{partition: (first, end)}`` ranges as an operator names them."""
+    return ", ".join(f"{k} offsets {s} to {e - 1}" for k, (s, e) in sorted(lost.items()))

@@ -17,9 +17,9 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from batches.errors import PipelineConfigInvalid
-from batches.sources.base import PARTITION_COLUMN, Range, Source, SourceRead
+from batches.sources.base import PARTITION_COLUMN, Range, Skipped, Source, SourceRead
 from state.errors import LowmarkError
-from state.offset_log import Offsets
+from state.offset_log import Identity, Offsets
 
 SEPARATOR = "/"
 
@@ -132,6 +132,33 @@ class SourceUnion(Source):
             if (lost := part.missing(own(start, name), own(end, name))) is not None
         ]
         return "; ".join(gone) or None
+
+    def past_lost(self, start: Offsets) -> Skipped | None:
+        """What each source passes over, its units named ``<source>.<unit>`` (as in the
+        backlog)."""
+        lost = {
+            name: skipped
+            for name, part in self.parts.items()
+            if (skipped := part.past_lost(own(start, name))) is not None
+        }
+        if not lost:
+            return None
+        moved = dict(start)
+        for name, skipped in lost.items():
+            moved |= named(skipped.start, name)
+        return Skipped(
+            moved,
+            {f"{n}.{unit}": count for n, s in lost.items() for unit, count in s.counts.items()},
+            "; ".join(f"{n}: {s.what}" for n, s in lost.items()),
+        )
+
+    def identity(self) -> Identity:
+        """Each source's identity, its keys named ``<source>/<key>``."""
+        return {
+            f"{name}{SEPARATOR}{key}": value
+            for name, part in self.parts.items()
+            for key, value in part.identity().items()
+        }
 
     def confirm(self, batch: Range) -> None:
         for name, part in self.parts.items():

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
+import pyarrow as pa
 import pytest
 
 from state.checkpoint import Checkpoint
@@ -71,6 +73,26 @@ def test_entries_from_a_newer_format_are_refused_not_misread(
     future.add(FutureEntry(**entry(0).model_dump()))
     with pytest.raises(UnsupportedLogFormat, match="format 99"):
         OffsetLog(path, OffsetEntry, "app:offsets").get_latest()
+
+
+def test_entries_written_before_the_source_identity_was_recorded_read_as_having_none(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "offsets")
+
+    class EntryWithoutIdentity(OffsetEntry):
+        COLUMNS: ClassVar[list[pa.Field]] = [
+            c for c in OffsetEntry.COLUMNS if c.name != "source_identity"
+        ]
+
+    old = OffsetLog(path, EntryWithoutIdentity, "app:offsets")
+    old.create()
+    old.add(EntryWithoutIdentity(**entry(0).model_dump()))
+    log = OffsetLog(path, OffsetEntry, "app:offsets")
+    assert log.get(0).source_identity == {}  # type: ignore[union-attr]
+    # From now on it is recorded: the column is added to the table.
+    log.add(entry(1).model_copy(update={"source_identity": {"Kafka topic t": "id-1"}}))
+    assert [e.source_identity for e in log.get_range()] == [{}, {"Kafka topic t": "id-1"}]
 
 
 def test_commit_entries_keep_their_json_maps(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ table, and one-line errors for versions it cannot read or no longer can."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 from pathlib import Path
@@ -13,9 +14,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.errors import PipelineConfigInvalid, SourceDataLost
+from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
 from batches.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, DeltaSource, Pipeline
+from batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
+from batches.reset import reset
 from batches.sources.delta_table import PARTITION, DeltaStreamSource
 
 
@@ -207,6 +209,12 @@ def test_vacuumed_files_and_cleaned_up_log_are_clear_errors(
         except Exception as exc:
             raise read.explain(exc) or exc from exc
     assert f"Delta table {table}: files of version 3 were removed (VACUUM)" in str(lost.value)
+    # The batch is planned (its range is in the offset log): it can be set aside, or the
+    # source can pass over what is gone.
+    assert (
+        "set the batch's input aside with `lowmark skip-batch` (batch 3), or set the "
+        "source's `on_data_loss: skip`" in str(lost.value)
+    )
 
     # The log before the checkpoint is cleaned up (log retention).
     for version in range(10):
@@ -217,4 +225,131 @@ def test_vacuumed_files_and_cleaned_up_log_are_clear_errors(
         f"Delta table {table}: the log of version 3 was cleaned up (log retention) before "
         "lowmark read it; the oldest version kept is 10"
     ) in str(cleaned.value)
+    assert "set the source's `on_data_loss: skip`" in str(cleaned.value)
     shutil.rmtree(table)
+
+
+def test_a_table_dropped_and_created_again_at_its_path_stops_the_pipeline_in_one_line(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table, root = tmp_path / "t", tmp_path / "data"
+    for i in range(4):  # versions 0-3
+        append(spark, table, i * 10, 2, files=1)
+    pipeline = Pipeline(
+        name="replaced", source=DeltaSource(path=str(table)), sink=DeltaSink(path="out")
+    )
+    MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    shutil.rmtree(table)
+    for i in range(6):  # versions 0-5 of another table: a plan from version 4 skips 0-3
+        append(spark, table, 100 + i * 10, 2, files=1)
+
+    with pytest.raises(SourceReplaced) as replaced:
+        MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    message = str(replaced.value)
+    assert message.startswith(f"Delta table {table} was replaced (deleted and created again)")
+    assert "\n" not in message
+    ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
+    assert ids == [0, 1, 10, 11, 20, 21, 30, 31]  # the old table's rows only
+
+
+def test_a_checkpoint_reset_to_go_on_after_the_sink_refuses_a_table_created_again_since(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table, root = tmp_path / "t", tmp_path / "data"
+    for i in range(2):  # versions 0-1
+        append(spark, table, i * 10, 2, files=1)
+    pipeline = Pipeline(
+        name="continued", source=DeltaSource(path=str(table)), sink=DeltaSink(path="out")
+    )
+    MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    shutil.rmtree(table)
+    for i in range(4):  # versions 0-3 of another table: starting at version 2 skips 0-1
+        append(spark, table, 100 + i * 10, 2, files=1)
+    reset(spark, pipeline, root, "after")  # the new checkpoint starts at version 2
+
+    with pytest.raises(SourceReplaced, match=f"^Delta table {table} was replaced .* start offsets"):
+        MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
+    assert ids == [0, 1, 10, 11]
+
+
+def test_a_table_whose_newest_version_is_below_the_offsets_already_read_stops_planning(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    for i in range(2):  # versions 0-1
+        append(spark, table, i * 10, 2, files=1)
+    src = source(table, spark)
+    # Offsets recorded before identities were (an older checkpoint): versions 0-3 taken.
+    with pytest.raises(SourceReplaced, match=f"Delta table {table} has no version 3, which"):
+        src.plan({"version": 4}, 1)
+    # A start the user chose may lie ahead: it waits for that version.
+    assert source(table, spark, starting_version=4).plan({"version": 4}, 0) == {"version": 4}
+
+
+def test_a_union_records_each_sources_identity_and_names_the_one_replaced(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    kept, replaced, root = tmp_path / "kept", tmp_path / "replaced", tmp_path / "data"
+    append(spark, kept, 0, 2, files=1)
+    append(spark, replaced, 10, 2, files=1)
+    union = UnionSource(
+        sources={"a": DeltaSource(path=str(kept)), "b": DeltaSource(path=str(replaced))}
+    )
+    pipeline = Pipeline(name="both", source=union, sink=DeltaSink(path="out"))
+    runner = MicroBatchRunner(spark, pipeline, root)
+    runner.run(max_batches=None)
+    recorded = runner.checkpoint.offsets.get_latest()
+    assert recorded is not None
+    assert sorted(recorded.source_identity) == [
+        f"a/Delta table {kept}",
+        f"b/Delta table {replaced}",
+    ]
+    shutil.rmtree(replaced)
+    append(spark, replaced, 20, 2, files=1)
+    with pytest.raises(SourceReplaced, match=f"^b/Delta table {replaced} was replaced"):
+        MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+
+
+def test_with_on_data_loss_skip_cleaned_up_versions_and_vacuumed_files_are_passed_over_and_counted(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    table, root = tmp_path / "t", tmp_path / "data"
+    for i in range(3):  # versions 0-2
+        append(spark, table, i * 10, 2, files=1)
+    pipeline = Pipeline(
+        name="skips",
+        source=DeltaSource(path=str(table), max_versions_per_batch=1, on_data_loss="skip"),
+        sink=DeltaSink(path="out"),
+    )
+    MicroBatchRunner(spark, pipeline, root).run(max_batches=1)  # version 0
+    for i in range(3, 12):  # versions 3-11; Spark writes a checkpoint at version 10
+        append(spark, table, i * 10, 2, files=1)
+    for version in range(10):  # log retention: versions 1-9 were never read
+        (table / "_delta_log" / f"{version:020d}.json").unlink()
+    caplog.set_level(logging.WARNING)
+
+    runner = MicroBatchRunner(spark, pipeline, root)
+    runner.run(max_batches=None)
+    ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
+    assert ids == [0, 1, 100, 101, 110, 111]
+    second = runner.checkpoint.offsets.get(1)
+    assert second is not None and second.start_offsets == {"version": 10}  # the gap, recorded
+    skipped = [p.input_skipped for p in runner.checkpoint.progress.get_range()]
+    assert skipped == [{}, {"versions": 9}, {}]
+    assert f"{table} versions 1 to 9 (9 versions)" in caplog.text
+
+    # Files VACUUM removed before a batch read them: OPTIMIZE rewrote every small file
+    # into one, so versions 3 and 4's files are gone.
+    other = tmp_path / "other"
+    for i in range(5):
+        append(spark, other, i * 10, 2, files=1)
+    spark.sql(f"OPTIMIZE delta.`{other}`")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{other}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+    read = source(other, spark, on_data_loss="skip").read({"version": 3}, {"version": 5}, 3)
+    assert read.records.collect() == []
+    assert f"batch 3 passes over 2 files (4 rows) of Delta table {other}" in caplog.text

@@ -5,6 +5,7 @@ a windowed pipeline over three partitions where one goes idle."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,7 +13,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from batches.backfill import backfill_partition
-from batches.errors import BackfillHistoryLost, SourceDataLost
+from batches.errors import BackfillHistoryLost, SourceDataLost, SourceReplaced
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, EventTimePartitions, KafkaSource, Pipeline
 from batches.sources.base import PARTITION_COLUMN
@@ -127,16 +127,129 @@ def test_records_deleted_before_they_were_read_and_a_deleted_topic_stop_with_one
     topic = new_topic(kafka)
     kafka.produce(topic, [event("a", i) for i in range(6)])
     source = KafkaStreamSource(spark, config(kafka, topic), "g")
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    # What retention does: the log now starts at offset 4.
-    for done in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
-        done.result()
+    kafka.delete_records_before(topic, 0, 4)  # what retention does
     with pytest.raises(SourceDataLost, match=rf"topic {topic} partition 0: offsets 2 to 3 were"):
+        source.plan({f"{topic}:0": 2}, 1)
+    # No batch holds the lost records yet: the way on is to skip them, not to start over.
+    with pytest.raises(SourceDataLost, match=r"set the source's `on_data_loss: skip`"):
         source.plan({f"{topic}:0": 2}, 1)
     assert source.plan({f"{topic}:0": 4}, 1) == {f"{topic}:0": 6}
     kafka.delete_topic(topic)
     with pytest.raises(SourceDataLost, match=f"Kafka topic {topic} does not exist"):
         source.plan({f"{topic}:0": 6}, 2)
+
+
+def test_a_topic_deleted_and_created_again_stops_the_pipeline_in_one_line_reading_none_of_it(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("old", i) for i in range(10)])
+    pipeline = copied(kafka, topic, "replaced_topic")
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    kafka.delete_topic(topic)
+    kafka.create_topic(topic)
+    kafka.produce(topic, [event("new", i) for i in range(14)])
+
+    runner = MicroBatchRunner(spark, pipeline, data_root)
+    with pytest.raises(SourceReplaced) as replaced:
+        runner.run(max_batches=None)
+    message = str(replaced.value)
+    assert message.startswith(f"Kafka topic {topic} was replaced (deleted and created again)")
+    assert "\n" not in message and "lowmark reset replaced_topic --truncate-sink" in message
+    # Nothing of the new topic was read: the sink holds the old topic's ten records only.
+    users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
+    assert users == ["old"] * 10
+    assert runner.checkpoint.offsets.get_latest().batch_id == 0  # type: ignore[union-attr]
+
+
+def test_a_partition_ending_below_the_offsets_already_read_stops_planning(
+    spark: SparkSession, kafka: KafkaBroker
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("new", i) for i in range(3)])
+    source = KafkaStreamSource(spark, config(kafka, topic), "g")
+    # Offsets recorded before identities were (an older checkpoint): only the positions
+    # tell that the log they were read from is not this one.
+    with pytest.raises(
+        SourceReplaced, match=rf"Kafka topic {topic} partition 0 ends at offset 3, below offset 10"
+    ):
+        source.plan({f"{topic}:0": 10}, 1)
+
+
+def test_read_committed_stops_a_batch_at_an_open_transaction_and_reads_it_once_committed(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("before", i) for i in range(3)])  # offsets 0-2
+    open_transaction = kafka.produce_in_open_transaction(
+        topic, [event("in_transaction", i) for i in range(4)]
+    )  # offsets 3-6, not committed
+    committed_only = {"isolation.level": "read_committed"}
+    source = KafkaStreamSource(spark, config(kafka, topic, options=committed_only), "g")
+    # The last stable offset is 3: the open transaction's first record.
+    assert source.plan({f"{topic}:0": 0}, 0) == {f"{topic}:0": 3}
+    # A batch planned before the source read committed records only may end inside the
+    # transaction: it waits for it, it is no sign of a replaced topic.
+    assert source.plan({f"{topic}:0": 7}, 5) == {f"{topic}:0": 7}
+
+    pipeline = copied(kafka, topic, "committed_only", options=committed_only)
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    out = str(data_root / "out")
+    assert sorted(r.user for r in spark.read.format("delta").load(out).collect()) == ["before"] * 3
+
+    open_transaction.commit_transaction(30)
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    got = sorted((r.user, r.ts) for r in spark.read.format("delta").load(out).collect())
+    expected = [("before", T0 + timedelta(seconds=i)) for i in range(3)]
+    expected += [("in_transaction", T0 + timedelta(seconds=i)) for i in range(4)]
+    assert got == sorted((u, t.replace(tzinfo=None)) for u, t in expected)
+
+
+def test_with_on_data_loss_skip_records_deleted_before_they_were_read_are_passed_over_and_counted(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("u", i, amount=i) for i in range(6)])
+    pipeline = copied(kafka, topic, "skips", max_offsets_per_batch=2, on_data_loss="skip")
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=1)  # offsets 0-1
+    kafka.delete_records_before(topic, 0, 4)  # offsets 2-3 are never read
+    caplog.set_level(logging.WARNING)
+
+    runner = MicroBatchRunner(spark, pipeline, data_root)
+    runner.run(max_batches=None)
+    out = spark.read.format("delta").load(str(data_root / "out"))
+    assert sorted(r.amount for r in out.collect()) == [0, 1, 4, 5]
+    second = runner.checkpoint.offsets.get(1)
+    assert second is not None and second.start_offsets == {f"{topic}:0": 4}  # the gap, recorded
+    assert [p.input_skipped for p in runner.checkpoint.progress.get_range()] == [
+        {},
+        {"records": 2},
+    ]
+    assert (
+        f"skips batch 1 passes over input lost before it was read (on_data_loss: skip): "
+        f"{topic}:0 offsets 2 to 3 (2 records)" in caplog.text
+    )
+
+
+def test_records_deleted_after_their_batch_was_planned_fail_with_skip_batch_or_are_skipped(
+    spark: SparkSession, kafka: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = new_topic(kafka)
+    kafka.produce(topic, [event("u", i, amount=i) for i in range(6)])
+    kafka.delete_records_before(topic, 0, 4)
+    start, end = {f"{topic}:0": 0}, {f"{topic}:0": 6}  # batch 3, planned before the deletion
+    read = KafkaStreamSource(spark, config(kafka, topic), "g").read(start, end, 3)
+    with pytest.raises(SourceDataLost) as lost:
+        try:
+            read.records.collect()
+        except Exception as exc:
+            raise read.explain(exc) or exc from exc
+    assert "set the batch's input aside with `lowmark skip-batch` (batch 3)" in str(lost.value)
+
+    caplog.set_level(logging.WARNING)
+    skipping = KafkaStreamSource(spark, config(kafka, topic, on_data_loss="skip"), "g")
+    assert sorted(r.amount for r in skipping.read(start, end, 3).records.collect()) == [4, 5]
+    assert "batch 3 passes over 4 Kafka records deleted before it read them" in caplog.text
 
 
 def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
@@ -284,9 +397,7 @@ def test_a_backfill_of_a_pipeline_started_at_latest_reads_from_its_start_until_r
     assertDataFrameEqual(out.where(F.col("window_start") < F.lit(hour_0[1])), expected)
 
     # Retention deletes the first record the pipeline read: a backfill would lose it.
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    for done in admin.delete_records([TopicPartition(topic, 0, 3)]).values():
-        done.result()
+    kafka.delete_records_before(topic, 0, 3)
     version = DeltaTable(str(data_root / "out")).version()
     with pytest.raises(
         BackfillHistoryLost,
