@@ -61,6 +61,8 @@ class PlannedBatch:
     """Processing time the batch was planned (recorded as the offsets' created_at)."""
     previous: CommitEntry | None
     """The commit of batch_id - 1 (its state version and partition times are this batch's input)."""
+    waiting: tuple[str, ...] = ()
+    """Source partitions with records past ``end`` when planned (recorded in the offset log)."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,7 @@ class MicroBatchRunner:
                 replay=True,
                 planned_at_ms=_ms(latest.created_at),
                 previous=previous,
+                waiting=tuple(latest.waiting_partitions),
             )
         raise CheckpointCorrupt(
             f"checkpoint {self.checkpoint.location} is inconsistent: latest offsets batch "
@@ -223,11 +226,13 @@ class MicroBatchRunner:
         dry_run: bool,
     ) -> PlannedBatch | None:
         now = self.clock.now_ms()
+        end = self.source.plan(start, batch_id, record=not dry_run)
+        waiting = self.source.waiting_partitions(end)
         watermark = done.next_watermark_ms if done else None
         if self.pipeline.event_time is not None and done is not None:
             parts = self.partition_times(done)
-            watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark)
-        end = self.source.plan(start, batch_id, record=not dry_run)
+            active = self._with_records(Range(batch_id, start, end), waiting)
+            watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark, active)
         if end == start:
             previous_watermark = latest.batch_watermark_ms if latest else None
             if watermark is None or watermark == previous_watermark or self.stage is None:
@@ -235,7 +240,7 @@ class MicroBatchRunner:
             state_version = LATEST if done and "state" in done.table_versions else None
             if not self.stage.would_emit(state_version, watermark):
                 return None
-        return PlannedBatch(batch_id, start, end, watermark, False, now, done)
+        return PlannedBatch(batch_id, start, end, watermark, False, now, done, waiting)
 
     def position(self) -> tuple[OffsetEntry | None, CommitEntry | None]:
         """The latest offset-log and commit-log entries.
@@ -334,6 +339,7 @@ class MicroBatchRunner:
             end_offsets=planned.end,
             batch_watermark_ms=planned.watermark_ms,
             pipeline_fingerprint=self.fingerprint,
+            waiting_partitions=list(planned.waiting),
         )
         if not planned.replay:
             if batch_id == 0:
@@ -418,7 +424,11 @@ class MicroBatchRunner:
             known = self.partition_times(planned.previous) if planned.previous else {}
             partitions = observe(known, seen.max_event_ms, planned.planned_at_ms)
             next_watermark = pipeline_watermark(
-                partitions, event_time, planned.planned_at_ms, planned.watermark_ms
+                partitions,
+                event_time,
+                planned.planned_at_ms,
+                planned.watermark_ms,
+                self._with_records(batch, planned.waiting),
             )
             versions["watermarks"] = ckpt.watermarks.write(
                 batch_id,
@@ -570,6 +580,12 @@ class MicroBatchRunner:
     def _partitions_of(self, batch: Range) -> tuple[str, ...]:
         """The source partitions ``batch`` takes records from."""
         return self.source.partitions(batch.start, batch.end)
+
+    def _with_records(self, batch: Range, waiting: Sequence[str]) -> frozenset[str]:
+        """The partitions that had records waiting when ``batch`` was planned: those it takes
+        records from and those with records past its end (``waiting``). None of them is
+        idle for its watermarks, however long ago it was last read."""
+        return frozenset(self._partitions_of(batch)) | frozenset(waiting)
 
     def _unwatermarked(
         self, batches: Sequence[Range], now_ms: int

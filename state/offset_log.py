@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pyarrow as pa
+from pydantic import Field
 
 from state.log import LogEntry, MetadataLog
 
@@ -24,6 +25,8 @@ class OffsetEntry(LogEntry):
         pa.field("end_offsets", pa.string(), nullable=False),
         pa.field("batch_watermark_ms", pa.int64()),
         pa.field("pipeline_fingerprint", pa.string(), nullable=False),
+        # Added later: null in entries written before.
+        pa.field("waiting_partitions", pa.list_(pa.string())),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"start_offsets", "end_offsets"})
 
@@ -31,6 +34,9 @@ class OffsetEntry(LogEntry):
     end_offsets: Offsets
     batch_watermark_ms: int | None = None
     pipeline_fingerprint: str
+    waiting_partitions: list[str] = Field(default_factory=list)
+    """Source partitions with records past ``end_offsets`` when the batch was planned (the
+    admission limit left them for later batches): never idle for the batch's watermarks."""
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

@@ -100,6 +100,8 @@ class KafkaStreamSource(Source):
         }
         self._admin: AdminClient | None = None
         self._consumer: Consumer | None = None
+        self._planned_latest: Offsets = {}
+        """Each partition's latest offset as the last ``plan`` asked the brokers."""
 
     # -- the brokers, on the driver ------------------------------------------------
 
@@ -169,6 +171,7 @@ class KafkaStreamSource(Source):
         keys = sorted(set(self.topic_partitions()) | set(start))
         earliest = self.earliest(keys)
         latest = self.latest(keys)
+        self._planned_latest = latest
         self._check_kept(start, earliest)
         # A new partition starts at its earliest offset: one that starts past 0 is
         # registered there first (a batch that takes none of its records).
@@ -261,6 +264,11 @@ class KafkaStreamSource(Source):
             )
 
         return explain
+
+    def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
+        """The partitions whose latest offset, when the last ``plan`` asked, was past ``end``
+        (no new request: that plan's answer is the one the batch was sized by)."""
+        return tuple(sorted(k for k, n in self._planned_latest.items() if n > end.get(k, 0)))
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         return [

@@ -130,6 +130,10 @@ class SyntheticStreamSource(Source):
             kind.alias("_kind"),
         ]
 
+    def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
+        """The partitions that have produced records past ``end`` by now."""
+        return tuple(sorted(p for p, n in self._available().items() if n > end.get(p, 0)))
+
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         return [
             f"partition {p} records {start.get(p, 0)} to {e - 1}"

@@ -114,6 +114,15 @@ class SourceUnion(Source):
             )
         )
 
+    def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
+        return tuple(
+            sorted(
+                f"{name}{SEPARATOR}{p}"
+                for name, part in self.parts.items()
+                for p in part.waiting_partitions(own(end, name))
+            )
+        )
+
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         return [
             f"{name}: {line}"
