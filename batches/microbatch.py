@@ -154,9 +154,10 @@ class MicroBatchRunner:
     def plan_next_batch(self, dry_run: bool = False) -> PlannedBatch | None:
         """Decide which batch runs next, or None when there is nothing to do.
 
-        ``dry_run`` writes nothing (the source records no discovery): what
-        ``lowmark status`` and the Dagster sensor ask, so they follow this one
-        rule instead of a copy of it.
+        ``dry_run`` writes nothing (the source records no discovery), except
+        batch 0's start when it moves (``Source.start_moves``: "latest"), which
+        the first plan fixes in the checkpoint: what ``lowmark status`` and the
+        Dagster sensor ask, so they follow this one rule instead of a copy of it.
 
         The recovery rule, over the latest offset-log entry and the latest
         commit-log entry::
@@ -185,7 +186,10 @@ class MicroBatchRunner:
                     "offset log is empty: restore offsets/ or start over with `lowmark reset`"
                 )
             start = self.start_offsets
-            if not dry_run and self.checkpoint.start_offsets is None and start:
+            # A start that moves ("latest") is fixed by the first plan, a dry run's too:
+            # asked anew by every plan, it would stay ahead of whatever lands in between.
+            fixes = not dry_run or self.source.start_moves()
+            if fixes and self.checkpoint.start_offsets is None and start:
                 self.checkpoint.record_start_offsets(start)
             return self._plan_new(0, start, None, None, dry_run)
         if latest.pipeline_fingerprint != self.fingerprint:

@@ -152,6 +152,13 @@ class Source(ABC):
     @abstractmethod
     def initial_offsets(self) -> Offsets: ...
 
+    def start_moves(self) -> bool:
+        """True when ``initial_offsets()`` depends on when it is asked ("latest", a time
+        that records may still arrive after): the runner fixes batch 0's start at the
+        first plan, a dry run's included, by recording it in the checkpoint. False by
+        default (a beginning that stays put, recorded by the first run)."""
+        return False
+
     @abstractmethod
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True

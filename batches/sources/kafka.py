@@ -160,6 +160,11 @@ class KafkaStreamSource(Source):
         # No record at or after the time: the partition starts at its end.
         return {k: latest[k] if found[k] < 0 else found[k] for k in keys}
 
+    def start_moves(self) -> bool:
+        """ "earliest" stays put (what retention deleted is gone either way); "latest" and a
+        time move on as records land."""
+        return self.config.starting_offsets != "earliest"
+
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
     ) -> Offsets:

@@ -55,6 +55,9 @@ class SyntheticStreamSource(Source):
             return self._available()
         return {str(p): 0 for p in range(self.config.partitions)}
 
+    def start_moves(self) -> bool:
+        return self.config.starting_offsets == "latest"
+
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
     ) -> Offsets:

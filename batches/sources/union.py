@@ -55,6 +55,9 @@ class SourceUnion(Source):
     def initial_offsets(self) -> Offsets:
         return self._each({}, lambda part, _: part.initial_offsets())
 
+    def start_moves(self) -> bool:
+        return any(part.start_moves() for part in self.parts.values())
+
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
     ) -> Offsets:

@@ -26,7 +26,9 @@ from batches.sources.kafka import KafkaStreamSource
 from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from orchestration.assets import pipeline_assets
+from orchestration.jobs import microbatch_job
 from orchestration.resources import LowmarkResource, SparkResource
+from orchestration.sensors import pipeline_sensor
 from tests.batches.helpers import per_window
 from tests.conftest import FakeClock
 from tests.kafka_broker import KafkaBroker
@@ -154,6 +156,30 @@ def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
     MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
     users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
     assert users == ["new"]
+
+
+def test_a_pipeline_at_latest_reads_what_lands_after_the_dagster_sensor_first_asked(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka, 2)
+    kafka.produce(topic, [event("old", i) for i in range(3)])
+    pipeline = copied(kafka, topic, "sensed_from_latest", starting_offsets="latest")
+    sensor = pipeline_sensor(
+        pipeline, microbatch_job(pipeline, pipeline_assets(pipeline, data_root))
+    )
+    resources = {"spark": SparkResource(), "lowmark": LowmarkResource(data_root=str(data_root))}
+    with dg.DagsterInstance.ephemeral() as instance:
+
+        def tick() -> Any:
+            context = dg.build_sensor_context(instance=instance, resources=resources)
+            return sensor.evaluate_tick(context)
+
+        assert not tick().run_requests  # nothing past "latest" yet
+        kafka.produce(topic, [event("new", i) for i in range(4)])  # lands between two ticks
+        assert [r.run_key for r in tick().run_requests] == ["sensed_from_latest:batch-0"]
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
+    assert users == ["new"] * 4
 
 
 def test_each_commit_commits_the_frontier_to_the_consumer_group_and_status_shows_lag(
