@@ -1,6 +1,7 @@
 """The Kafka source against a real single-node broker (``tests.kafka_broker``): exact ranges,
-fair admission, new partitions, data loss, start positions, the consumer-group frontier, and
-a windowed pipeline over three partitions where one goes idle."""
+fair admission, new partitions, data loss, start positions (a start at latest fixed by the
+first plan, a sensor tick's too), the consumer-group frontier, and a windowed pipeline over
+three partitions where one goes idle, or whose batches outlast the idle timeout."""
 
 from __future__ import annotations
 
@@ -270,3 +271,36 @@ def test_a_windowed_pipeline_over_three_partitions_goes_on_when_one_goes_idle(
         F.unix_millis("window_end") <= F.lit(status["watermark_ms"])
     )
     assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)
+
+
+def test_a_batch_slower_than_the_idle_timeout_makes_no_waiting_record_late(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka, 3)
+    # Each partition's events only move forward (partition p p*3 s behind partition 0): under
+    # the min over the partitions, not one is late (the run without an idle timeout below).
+    for p in range(3):
+        kafka.produce(topic, [event(f"u{p}", s - 3 * p, s) for s in range(10, 40)], partition=p)
+    late = {}
+    for name, timeout in (("timeout", {"idle_timeout": "5 seconds"}), ("none", {})):
+        pipeline = Pipeline(
+            name=name,
+            source=config(kafka, topic, max_offsets_per_batch=30),
+            sink=DeltaSink(path=f"{name}/out"),
+            event_time=EventTime(column="ts", **timeout),
+            aggregation=WindowedAggregation(
+                keys=("user",),
+                window=Tumbling(size="10 seconds"),
+                aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="amount")),
+            ),
+        )
+        # Every reading of the clock moves it 6 s on: each batch outlasts the idle timeout.
+        runner = MicroBatchRunner(spark, pipeline, data_root, clock=FakeClock(step_ms=6_000))
+        results = runner.run(max_batches=3)  # the input, 10 records a partition a batch
+        assert [r.rows_in for r in results] == [30, 30, 30]
+        late[name] = [r.rows_late for r in results]
+    assert late == {"timeout": [0, 0, 0], "none": [0, 0, 0]}
+    assertDataFrameEqual(
+        spark.read.format("delta").load(str(data_root / "timeout/out")),
+        spark.read.format("delta").load(str(data_root / "none/out")),
+    )
