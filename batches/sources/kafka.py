@@ -161,8 +161,8 @@ class KafkaStreamSource(Source):
         return {k: latest[k] if found[k] < 0 else found[k] for k in keys}
 
     def start_moves(self) -> bool:
-        """ "earliest" stays put (what retention deleted is gone either way); "latest" and a
-        time move on as records land."""
+        """True but for "earliest", which stays put (what retention deleted is gone either
+        way): "latest" and a time move on as records land."""
         return self.config.starting_offsets != "earliest"
 
     def plan(

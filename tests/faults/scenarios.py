@@ -171,7 +171,14 @@ synthetic_append = _windowed("synthetic_append", Tumbling(size="10 seconds"), "a
 """Tumbling windows over two synthetic partitions (records 1 s apart, 10 a batch each); with
 seed 1, batch 3 holds late, bad and emitted rows (the kill matrix's premise, checked there)."""
 
-synthetic_idle = synthetic_append.model_copy(
+synthetic_no_idle = synthetic_append.model_copy(
+    update={
+        "name": "synthetic_no_idle",
+        "source": synthetic_append.source.model_copy(update={"partition_skew": 30_000}),  # ms
+    }
+)
+"""``synthetic_append`` with partition 1 30 s of event time behind partition 0."""
+synthetic_idle = synthetic_no_idle.model_copy(
     update={
         "name": "synthetic_idle",
         "event_time": EventTime(
@@ -182,9 +189,10 @@ synthetic_idle = synthetic_append.model_copy(
         ),
     }
 )
-"""``synthetic_append`` with an idle timeout shorter than any batch: both partitions have
+"""``synthetic_no_idle`` with an idle timeout shorter than any batch: both partitions have
 records waiting until the last batch, so neither may count as idle before it, and the
-records each batch finds late are ``synthetic_append``'s."""
+records each batch finds late are ``synthetic_no_idle``'s (were partition 0 alone to set
+the watermark, partition 1's records would be late by the batchful)."""
 
 INPUT_TABLE = "../input_table"
 """The Delta pipelines' input table, beside their data roots like the folder pipelines' input."""

@@ -14,6 +14,8 @@ lost, nothing duplicated.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pyspark.sql import SparkSession
 
@@ -27,6 +29,7 @@ from tests.faults.conftest import (
     Reference,
 )
 from tests.faults.harness import KILLED, differences, run_to_completion, snapshot
+from tests.faults.scenarios import synthetic_no_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.kill_matrix]
 
@@ -66,11 +69,12 @@ def test_a_run_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
 
 
 def test_an_idle_timeout_shorter_than_every_batch_makes_no_waiting_record_late(
-    references: dict[str, Reference],
+    spark: SparkSession, references: dict[str, Reference], tmp_path: Path
 ) -> None:
-    # The same synthetic input with no idle timeout: records wait in both partitions until
-    # the last batch, so the timeout may leave neither out of the watermark before it.
-    with_timeout = references["synthetic_idle"].tables
-    without = references["synthetic_append"].tables
-    assert with_timeout["late"] == without["late"]
-    assert sum(without["late"].values()) > 0
+    # The same input with no idle timeout: records wait in both partitions until the last
+    # batch, so the timeout may leave neither out of the watermark before it.
+    root = tmp_path / "reference"
+    run_to_completion(spark, synthetic_no_idle, root)
+    without = snapshot(spark, synthetic_no_idle, root)["late"]
+    assert references["synthetic_idle"].tables["late"] == without
+    assert sum(without.values()) > 0
