@@ -277,10 +277,10 @@ def test_a_batch_slower_than_the_idle_timeout_makes_no_waiting_record_late(
     spark: SparkSession, kafka: KafkaBroker, data_root: Path
 ) -> None:
     topic = new_topic(kafka, 3)
-    # Each partition's events only move forward (partition p p*3 s behind partition 0): under
+    # Each partition's events only move forward (partition p p*15 s behind partition 0): under
     # the min over the partitions, not one is late (the run without an idle timeout below).
     for p in range(3):
-        kafka.produce(topic, [event(f"u{p}", s - 3 * p, s) for s in range(10, 40)], partition=p)
+        kafka.produce(topic, [event(f"u{p}", s - 15 * p, s) for s in range(40, 70)], partition=p)
     late = {}
     for name, timeout in (("timeout", {"idle_timeout": "5 seconds"}), ("none", {})):
         pipeline = Pipeline(
