@@ -66,6 +66,8 @@ class PlannedBatch:
     skipped: Skipped | None = None
     """Input upstream lost past the previous batch's end, which this batch (starting after
     it) passes over (``on_data_loss: skip``)."""
+    waiting: tuple[str, ...] = ()
+    """Source partitions with records past ``end`` when planned (recorded in the offset log)."""
 
 
 @dataclass(frozen=True)
@@ -158,9 +160,10 @@ class MicroBatchRunner:
     def plan_next_batch(self, dry_run: bool = False) -> PlannedBatch | None:
         """Decide which batch runs next, or None when there is nothing to do.
 
-        ``dry_run`` writes nothing (the source records no discovery): what
-        ``lowmark status`` and the Dagster sensor ask, so they follow this one
-        rule instead of a copy of it.
+        ``dry_run`` writes nothing (the source records no discovery), except
+        batch 0's start when it moves (``Source.start_moves``: "latest"), which
+        the first plan fixes in the checkpoint: what ``lowmark status`` and the
+        Dagster sensor ask, so they follow this one rule instead of a copy of it.
 
         The recovery rule, over the latest offset-log entry and the latest
         commit-log entry::
@@ -191,7 +194,10 @@ class MicroBatchRunner:
                     "offset log is empty: restore offsets/ or start over with `lowmark reset`"
                 )
             start = self.start_offsets
-            if not dry_run and self.checkpoint.start_offsets is None:
+            # A start that moves ("latest") is fixed by the first plan, a dry run's too:
+            # asked anew by every plan, it would stay ahead of whatever lands in between.
+            fixes = not dry_run or self.source.start_moves()
+            if fixes and self.checkpoint.start_offsets is None:
                 self.checkpoint.record_start_offsets(start)
             return self._plan_new(0, start, None, None, dry_run)
         if latest.pipeline_fingerprint != self.fingerprint:
@@ -217,6 +223,7 @@ class MicroBatchRunner:
                 previous=previous,
                 identity=latest.source_identity,
                 skipped=_recorded_skip(latest),
+                waiting=tuple(latest.waiting_partitions),
             )
         raise CheckpointCorrupt(
             f"checkpoint {self.checkpoint.location} is inconsistent: latest offsets batch "
@@ -235,15 +242,17 @@ class MicroBatchRunner:
     ) -> PlannedBatch | None:
         identity = self._check_identity(latest)
         now = self.clock.now_ms()
-        watermark = done.next_watermark_ms if done else None
-        if self.pipeline.event_time is not None and done is not None:
-            parts = self.partition_times(done)
-            watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark)
         # Lost input is passed over by starting after it: the offset log shows the gap.
         skipped = self.source.past_lost(start)
         if skipped is not None:
             start = skipped.start
         end = self.source.plan(start, batch_id, record=not dry_run)
+        waiting = self.source.waiting_partitions(end)
+        watermark = done.next_watermark_ms if done else None
+        if self.pipeline.event_time is not None and done is not None:
+            parts = self.partition_times(done)
+            active = self._with_records(Range(batch_id, start, end), waiting)
+            watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark, active)
         if end == start and skipped is None:
             previous_watermark = latest.batch_watermark_ms if latest else None
             if watermark is None or watermark == previous_watermark or self.stage is None:
@@ -251,7 +260,9 @@ class MicroBatchRunner:
             state_version = LATEST if done and "state" in done.table_versions else None
             if not self.stage.would_emit(state_version, watermark):
                 return None
-        return PlannedBatch(batch_id, start, end, watermark, False, now, done, identity, skipped)
+        return PlannedBatch(
+            batch_id, start, end, watermark, False, now, done, identity, skipped, waiting
+        )
 
     def _check_identity(self, latest: OffsetEntry | None) -> Identity:
         """The source's identity now, after checking it is the one ``latest`` recorded (or,
@@ -364,6 +375,7 @@ class MicroBatchRunner:
             pipeline_fingerprint=self.fingerprint,
             source_identity=planned.identity,
             input_skipped=planned.skipped.counts if planned.skipped else {},
+            waiting_partitions=list(planned.waiting),
         )
         if not planned.replay:
             if batch_id == 0:
@@ -457,7 +469,11 @@ class MicroBatchRunner:
             known = self.partition_times(planned.previous) if planned.previous else {}
             partitions = observe(known, seen.max_event_ms, planned.planned_at_ms)
             next_watermark = pipeline_watermark(
-                partitions, event_time, planned.planned_at_ms, planned.watermark_ms
+                partitions,
+                event_time,
+                planned.planned_at_ms,
+                planned.watermark_ms,
+                self._with_records(batch, planned.waiting),
             )
             versions["watermarks"] = ckpt.watermarks.write(
                 batch_id,
@@ -610,6 +626,12 @@ class MicroBatchRunner:
     def _partitions_of(self, batch: Range) -> tuple[str, ...]:
         """The source partitions ``batch`` takes records from."""
         return self.source.partitions(batch.start, batch.end)
+
+    def _with_records(self, batch: Range, waiting: Sequence[str]) -> frozenset[str]:
+        """The partitions that had records waiting when ``batch`` was planned: those it takes
+        records from and those with records past its end (``waiting``). None of them is
+        idle for its watermarks, however long ago it was last read."""
+        return frozenset(self._partitions_of(batch)) | frozenset(waiting)
 
     def _unwatermarked(
         self, batches: Sequence[Range], now_ms: int

@@ -2,7 +2,9 @@
 
 Nothing here writes: a pipeline that never ran has no checkpoint, and status
 says so (with the backlog waiting for its first batch); planning is the
-runner's own rule asked as a dry run (``dry_run``).
+runner's own rule asked as a dry run (``dry_run``). One exception: a source
+whose start moves ("latest") has it fixed by the first plan, a dry run's too,
+in a checkpoint created for it (as the first run would create it).
 """
 
 from __future__ import annotations
@@ -47,17 +49,23 @@ def dry_run(
 
     A pipeline without a checkpoint gets batch 0 from the source's initial
     offsets, as the runner would plan it (no watermark yet), without opening
-    a runner: that would create the checkpoint. ``spark`` may be a function
-    that returns the session (see ``pipeline_status``).
+    a runner: that would create the checkpoint. Unless its start moves
+    (``Source.start_moves``): asked anew at every dry run, "latest" would
+    stay ahead of whatever lands between two (the Dagster sensor would never
+    see a batch), so the checkpoint is created with the start fixed, and the
+    runner plans. ``spark`` may be a function that returns the session (see
+    ``pipeline_status``).
     """
     location = pipeline.checkpoint_location(data_root)
     if not Checkpoint.exists(location):
         source = build_source(spark, pipeline, data_root, location, clock)
         start = source.initial_offsets()
-        end = source.plan(start, 0, record=False)
-        now = (clock or SystemClock()).now_ms()
-        planned = PlannedBatch(0, start, end, None, False, now, None) if end != start else None
-        return DryRun(source, planned, None, None, start)
+        if not source.start_moves():
+            end = source.plan(start, 0, record=False)
+            now = (clock or SystemClock()).now_ms()
+            planned = PlannedBatch(0, start, end, None, False, now, None) if end != start else None
+            return DryRun(source, planned, None, None, start)
+        Checkpoint(location, pipeline.name, start_offsets=start)
     runner = MicroBatchRunner(spark, pipeline, data_root, clock)
     planned = runner.plan_next_batch(dry_run=True)
     latest, done = runner.position()

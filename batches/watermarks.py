@@ -7,6 +7,7 @@ Pure functions over plain values, so a replay that feeds the same inputs
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from batches.windows import EventTime
@@ -42,12 +43,19 @@ def observe(
 
 
 def pipeline_watermark(
-    parts: dict[str, PartitionTime], config: EventTime, now_ms: int, previous: int | None
+    parts: dict[str, PartitionTime],
+    config: EventTime,
+    now_ms: int,
+    previous: int | None,
+    waiting: Collection[str],
 ) -> int | None:
     """min over active partitions of (max event time - max out-of-orderness).
 
-    A partition idle for ``idle_timeout`` is left out; if all are idle, the
-    max is used. Never below ``previous``; None before any event was seen.
+    A partition without data for ``idle_timeout`` is idle and left out,
+    unless it is one of ``waiting``: it has records waiting to be read (the
+    batch's or past its end, as the source planned them), however long ago
+    it was last read. If all are idle, the max is used. Never below
+    ``previous``; None before any event was seen.
     """
     if not parts:
         return previous
@@ -55,7 +63,9 @@ def pipeline_watermark(
     active = [
         marks[p]
         for p, t in parts.items()
-        if config.idle_timeout is None or now_ms - t.last_seen_ms < config.idle_timeout
+        if p in waiting
+        or config.idle_timeout is None
+        or now_ms - t.last_seen_ms < config.idle_timeout
     ]
     candidate = min(active) if active else max(marks.values())
     return candidate if previous is None else max(previous, candidate)

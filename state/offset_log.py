@@ -32,6 +32,8 @@ class OffsetEntry(LogEntry):
         pa.field("pipeline_fingerprint", pa.string(), nullable=False),
         pa.field("source_identity", pa.string()),
         pa.field("input_skipped", pa.string()),
+        # Added later: null in entries written before.
+        pa.field("waiting_partitions", pa.list_(pa.string())),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {"start_offsets", "end_offsets", "source_identity", "input_skipped"}
@@ -47,6 +49,9 @@ class OffsetEntry(LogEntry):
     input_skipped: dict[str, int] = Field(default_factory=dict)
     """Input upstream lost between the previous batch's end and this batch's start, which
     the batch passed over (``on_data_loss: skip``), by units (``{"records": 10}``)."""
+    waiting_partitions: list[str] = Field(default_factory=list)
+    """Source partitions with records past ``end_offsets`` when the batch was planned (the
+    admission limit left them for later batches): never idle for the batch's watermarks."""
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

@@ -159,7 +159,8 @@ class Source(ABC):
       carry their source partition in ``PARTITION_COLUMN`` (per-partition
       watermarks need it; ``partitions(start, end)`` names those a range
       takes, by default the offsets' keys that moved); lowmark drops it
-      before the sink.
+      before the sink. ``waiting_partitions(end)`` names those with records
+      past a planned ``end``.
     - ``read_batches(batches)`` (optional) reads consecutive batches in one
       scan, each record tagged with its batch in ``BATCH_COLUMN``; ``counts``
       then observes ``untagged``, the records it could not tag (the read is
@@ -191,6 +192,13 @@ class Source(ABC):
 
     @abstractmethod
     def initial_offsets(self) -> Offsets: ...
+
+    def start_moves(self) -> bool:
+        """True when ``initial_offsets()`` depends on when it is asked ("latest", a time
+        that records may still arrive after): the runner fixes batch 0's start at the
+        first plan, a dry run's included, by recording it in the checkpoint. False by
+        default (a beginning that stays put, recorded by the first run)."""
+        return False
 
     @abstractmethod
     def plan(
@@ -227,6 +235,15 @@ class Source(ABC):
         (each has its own watermark), sorted; by default the offsets' partitions that
         moved."""
         return tuple(sorted(p for p, n in end.items() if start.get(p) != n))
+
+    def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
+        """The source partitions with records past ``end``, sorted, as the ``plan`` that
+        returned ``end`` saw the source (or later): those its admission limit left for
+        later batches (a dry run's plan included; nothing is recorded). Their watermarks
+        count however long a batch takes: a partition with records waiting is never idle.
+        By default none: right for a source whose plan takes records from every partition
+        that has some waiting."""
+        return ()
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """What the range ``[start, end)`` holds, one item a line, as an operator would name

@@ -129,6 +129,9 @@ class DeltaStreamSource(Source):
             return offsets_at(self._latest(0) + 1, 0)
         return offsets_at(0 if start == "earliest" else start, 0)
 
+    def start_moves(self) -> bool:
+        return self.config.starting_version == "latest"
+
     def _latest(self, at_least: int) -> int:
         """The table's newest version (``at_least - 1`` if it has not reached that one)."""
         self._check_exists()

@@ -408,12 +408,21 @@ class FileStreamSource(Source):
     def input_bytes(self, start: Offsets, end: Offsets) -> int:
         return sum(f.size for f in self._in_range(start, end))
 
+    def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
+        """The partitions with files past ``end`` that the last ``plan`` found."""
+        files = self._planned(refresh=False)
+        return tuple(sorted({f.partition for f in files if f.seq >= end.get(f.partition, 0)}))
+
     def _in_range(self, start: Offsets, end: Offsets) -> list[ManifestFile]:
-        """The files of ``[start, end)``: recorded, or numbered by a dry-run ``plan``."""
-        known = self._manifest(refresh=True)
-        recorded = {f.path for f in known}
-        files = known + [f for f in self._unrecorded if f.path not in recorded]
+        """The files of ``[start, end)``."""
+        files = self._planned(refresh=True)
         return [f for f in files if start.get(f.partition, 0) <= f.seq < end.get(f.partition, 0)]
+
+    def _planned(self, refresh: bool) -> list[ManifestFile]:
+        """The files ``plan`` can have taken: recorded, or numbered by a dry-run ``plan``."""
+        known = self._manifest(refresh)
+        recorded = {f.path for f in known}
+        return known + [f for f in self._unrecorded if f.path not in recorded]
 
     @staticmethod
     def _unreadable(batch_id: int) -> Callable[[Exception], LowmarkError | None]:

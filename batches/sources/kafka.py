@@ -123,6 +123,8 @@ class KafkaStreamSource(Source):
         self._isolation = (
             IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
         )
+        self._planned_latest: Offsets = {}
+        """Each partition's latest offset as the last ``plan`` asked the brokers."""
 
     # -- the brokers, on the driver ------------------------------------------------
 
@@ -206,6 +208,11 @@ class KafkaStreamSource(Source):
         # No record at or after the time: the partition starts at its end.
         return {k: latest[k] if found[k] < 0 else found[k] for k in keys}
 
+    def start_moves(self) -> bool:
+        """True but for "earliest", which stays put (what retention deleted is gone either
+        way): "latest" and a time move on as records land."""
+        return self.config.starting_offsets != "earliest"
+
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
     ) -> Offsets:
@@ -217,6 +224,7 @@ class KafkaStreamSource(Source):
         keys = sorted(set(self.topic_partitions()) | set(start))
         earliest = self.earliest(keys)
         latest = self.latest(keys)
+        self._planned_latest = latest
         if self.config.on_data_loss == "fail":
             # (skip: the runner starts a batch past what is lost; a range planned ahead
             # over records lost since is read without them, counted)
@@ -392,6 +400,11 @@ class KafkaStreamSource(Source):
             f"Kafka deleted records the batches read ({', '.join(lost)}; retention): keep them "
             "longer with the topic's retention.ms"
         )
+
+    def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
+        """The partitions whose latest offset, when the last ``plan`` asked, was past ``end``
+        (no new request: that plan's answer is the one the batch was sized by)."""
+        return tuple(sorted(k for k, n in self._planned_latest.items() if n > end.get(k, 0)))
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         return [

@@ -55,6 +55,9 @@ class SyntheticStreamSource(Source):
             return self._available()
         return {str(p): 0 for p in range(self.config.partitions)}
 
+    def start_moves(self) -> bool:
+        return self.config.starting_offsets == "latest"
+
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
     ) -> Offsets:
@@ -129,6 +132,10 @@ class SyntheticStreamSource(Source):
             p.cast("string").alias(PARTITION_COLUMN),
             kind.alias("_kind"),
         ]
+
+    def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
+        """The partitions that have produced records past ``end`` by now."""
+        return tuple(sorted(p for p, n in self._available().items() if n > end.get(p, 0)))
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         return [

@@ -55,6 +55,9 @@ class SourceUnion(Source):
     def initial_offsets(self) -> Offsets:
         return self._each({}, lambda part, _: part.initial_offsets())
 
+    def start_moves(self) -> bool:
+        return any(part.start_moves() for part in self.parts.values())
+
     def plan(
         self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
     ) -> Offsets:
@@ -111,6 +114,15 @@ class SourceUnion(Source):
                 f"{name}{SEPARATOR}{p}"
                 for name, part in self.parts.items()
                 for p in part.partitions(own(start, name), own(end, name))
+            )
+        )
+
+    def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
+        return tuple(
+            sorted(
+                f"{name}{SEPARATOR}{p}"
+                for name, part in self.parts.items()
+                for p in part.waiting_partitions(own(end, name))
             )
         )
 

@@ -153,6 +153,42 @@ def test_a_crash_after_the_state_write_replays_with_open_windows_exactly_once(
         )
 
 
+def test_a_partition_with_records_waiting_is_never_idle_however_long_a_batch_takes(
+    spark: SparkSession, data_root: Path
+) -> None:
+    # Each partition's events only move forward: not one record is late for a watermark
+    # that is the min over the partitions (the run without an idle timeout below).
+    files = [
+        ("p0", [event("a", 10, 1)]),
+        ("p1", [event("b", 8, 2)]),
+        ("p0", [event("a", 20, 3)]),
+        ("p0", [event("a", 30, 4)]),  # batch 1 takes both p0 files: p1's wait past its end
+        ("p1", [event("b", 12, 5)]),
+        ("p1", [event("b", 14, 6)]),
+    ]
+    roots = {"timeout": data_root / "timeout", "none": data_root / "none"}
+    for root in roots.values():
+        for i, (partition, rows) in enumerate(files):
+            drop(root, partition, f"f{i}.json", rows, i)
+    two_files = partitioned().source.model_copy(update={"max_files_per_batch": 2})
+    late = {}
+    for name, root in roots.items():
+        timeout = {"idle_timeout": "5 seconds"} if name == "timeout" else {}
+        pipeline = partitioned(**timeout).model_copy(update={"source": two_files})
+        # Every reading of the clock moves it 6 s on: each batch outlasts the idle timeout.
+        slow = FakeClock(step_ms=6_000)
+        # The three batches of input (then, input read, an idle timeout closes windows).
+        results = MicroBatchRunner(spark, pipeline, root, clock=slow).run(max_batches=3)
+        assert [r.rows_in for r in results] == [2, 2, 2]
+        late[name] = [r.rows_late for r in results]
+    assert late == {"timeout": [0, 0, 0], "none": [0, 0, 0]}
+    for table in ("out", "_lowmark/p/late"):
+        assertDataFrameEqual(
+            spark.read.format("delta").load(str(roots["timeout"] / table)),
+            spark.read.format("delta").load(str(roots["none"] / table)),
+        )
+
+
 YEAR_AHEAD = {"user": "z", "ts": "2027-01-01T00:00:00Z", "amount": 1}
 
 

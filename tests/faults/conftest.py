@@ -33,6 +33,7 @@ from tests.faults.scenarios import (
     plain_append,
     session_update,
     synthetic_append,
+    synthetic_idle,
     tumbling_two_partitions,
     union_append,
     write_input,
@@ -47,6 +48,7 @@ MATRIX = (
     plain_append,
     kafka_update,
     synthetic_append,
+    synthetic_idle,
     outbox_update,
     delta_update,
     union_append,
@@ -57,6 +59,7 @@ and the frontier committed upstream after the commit."""
 OTHER_SOURCES = (
     "kafka_update",
     "synthetic_append",
+    "synthetic_idle",
     "outbox_update",
     "delta_update",
     "union_append",
@@ -66,12 +69,14 @@ at ``SOURCE_STEPS`` in ``make test`` (their other steps are the same writes of s
 late rows and logs the folder pipelines are killed at in ``make test``)."""
 NO_BAD_ROWS = ("delta_update",)
 """Pipelines whose source has no malformed rows (a Delta table's rows are typed)."""
-"""Windows (every write driver-side; tumbling over two source partitions, one idle in each
-batch) and a stateless pipeline (its sink written by Spark), so kills fall between
-driver-side log commits and Spark writes, both ways round; then the same over the other
-sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions, and
-sessions over a user-written source (an outbox table, ``examples.outbox_source``), sessions
-over a Delta table, and tumbling windows over a union of the folder and the table."""
+"""Windows (every write driver-side; tumbling over two source partitions with an idle
+timeout shorter than any batch, each partition left out of the watermark only once its
+files are all read) and a stateless pipeline (its sink written by Spark), so kills fall
+between driver-side log commits and Spark writes, both ways round; then the same over the
+other sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions
+(also with an idle timeout shorter than any batch), sessions over a user-written source (an
+outbox table, ``examples.outbox_source``), sessions over a Delta table, and tumbling windows
+over a union of the folder and the table."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -97,7 +102,7 @@ class KillCase:
 def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest) -> Pipeline:
     """Lay out ``pipeline``'s input (files under ``folder``, or the Kafka topic) and return
     it as this process runs it (a Kafka pipeline pointed at the test broker)."""
-    if pipeline is synthetic_append:
+    if pipeline in (synthetic_append, synthetic_idle):
         return pipeline
     if pipeline is outbox_update:
         write_outbox(folder / "input.db")

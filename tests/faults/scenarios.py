@@ -7,9 +7,9 @@ share one input folder, have one fingerprint, and a copied checkpoint's
 file manifest still names files that exist. The watermark must be a
 function of the input alone, so that a run killed by a subprocess and a
 fault-free run in the test process agree: one source partition and no idle
-timeout, or (``tumbling_two_partitions``) two folder partitions with an idle
-timeout of 1 ms: a partition is idle exactly in the batches that take none
-of its files (batches are always more than 1 ms apart).
+timeout, or (``tumbling_two_partitions``, ``synthetic_idle``) an idle timeout
+of 1 ms, shorter than any batch: a partition is idle exactly when it has no
+records waiting (all input is there before the first batch).
 """
 
 from __future__ import annotations
@@ -171,6 +171,29 @@ synthetic_append = _windowed("synthetic_append", Tumbling(size="10 seconds"), "a
 """Tumbling windows over two synthetic partitions (records 1 s apart, 10 a batch each); with
 seed 1, batch 3 holds late, bad and emitted rows (the kill matrix's premise, checked there)."""
 
+synthetic_no_idle = synthetic_append.model_copy(
+    update={
+        "name": "synthetic_no_idle",
+        "source": synthetic_append.source.model_copy(update={"partition_skew": 30_000}),  # ms
+    }
+)
+"""``synthetic_append`` with partition 1 30 s of event time behind partition 0."""
+synthetic_idle = synthetic_no_idle.model_copy(
+    update={
+        "name": "synthetic_idle",
+        "event_time": EventTime(
+            column="event_time",
+            max_out_of_orderness="5 seconds",
+            allowed_lateness="10 seconds",
+            idle_timeout="1 ms",
+        ),
+    }
+)
+"""``synthetic_no_idle`` with an idle timeout shorter than any batch: both partitions have
+records waiting until the last batch, so neither may count as idle before it, and the
+records each batch finds late are ``synthetic_no_idle``'s (were partition 0 alone to set
+the watermark, partition 1's records would be late by the batchful)."""
+
 INPUT_TABLE = "../input_table"
 """The Delta pipelines' input table, beside their data roots like the folder pipelines' input."""
 
@@ -200,6 +223,7 @@ PIPELINES = {
         plain_append,
         kafka_update,
         synthetic_append,
+        synthetic_idle,
         outbox_update,
         delta_update,
         union_append,
@@ -218,7 +242,7 @@ FIXED_INPUT: list[File] = [
     # since earlier batches, the windows [0,10) and sessions ending by 15 s are final
     # and emitted or purged.
     [("a", 4, 8), '{"user": "b", "ts": oops', ("a", 16, 9), ("b", 21, 10), ("c", 33, 11)],
-    # After it: more windows close (and, with two partitions, the other one is idle).
+    # After it: more windows close (and, with two partitions, the killed batch's is idle).
     [("a", 40, 12), ("b", 45, 13)],
     [("c", 60, 14), ("a", 52, 15), ("b", 44, 16)],
 ]
@@ -270,16 +294,23 @@ def write_outbox(database: Path) -> None:
         db.executemany("INSERT INTO outbox VALUES (?, ?)", list(enumerate(kafka_lines())))
 
 
+OTHER_PARTITION_FILE = 3
+"""With folder partitions, the one file in ``p1/`` (the others are in ``p0/``): the kill
+matrix's batch. ``p1`` first shows in it and has nothing waiting after it (idle from then
+on), while ``p0``, read long before, still has files waiting (never idle)."""
+
+
 def write_input(folder: Path, files: list[File], pipeline: Pipeline | None = None) -> None:
     """File i as JSON lines, modified at second i (discovery order = list order); for a
-    pipeline with folder partitions, in ``p0/`` and ``p1/`` by turns."""
+    pipeline with folder partitions, in ``p0/`` but for ``OTHER_PARTITION_FILE``."""
     by_folder = (
         pipeline is not None
         and isinstance(pipeline.source, FileSource)
         and pipeline.source.partition_by_folder
     )
     for i, rows in enumerate(files):
-        path = folder / (f"p{i % 2}" if by_folder else "") / f"f{i:03d}.json"
+        partition = f"p{int(i == OTHER_PARTITION_FILE)}" if by_folder else ""
+        path = folder / partition / f"f{i:03d}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(_line(r) + "\n" for r in rows))
         stamp = 1_700_000_000 + i

@@ -3,8 +3,9 @@
 For each step of ``batches.faults.STEPS`` and each pipeline of ``MATRIX``
 (append mode with tumbling windows, update mode with sessions, a stateless
 append whose sink Spark writes; sessions over a Kafka topic and tumbling
-windows over a synthetic source, whose steps past ``SOURCE_STEPS`` are marked
-``integration``: ``make test-integration``), a
+windows over a synthetic source, also with an idle timeout shorter than any
+batch (records waiting keep a partition in the watermark), whose steps past
+``SOURCE_STEPS`` are marked ``integration``: ``make test-integration``), a
 subprocess dies at that step of batch 3 (late records, final windows, and
 windows and sessions open since earlier batches); a restart in this process
 runs to completion. Every table must equal the fault-free run's: nothing
@@ -12,6 +13,8 @@ lost, nothing duplicated.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -26,6 +29,7 @@ from tests.faults.conftest import (
     Reference,
 )
 from tests.faults.harness import KILLED, differences, run_to_completion, snapshot
+from tests.faults.scenarios import synthetic_no_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.kill_matrix]
 
@@ -62,3 +66,15 @@ def test_a_run_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
     replayed = [r.batch_id for r in results if r.replay]
     assert replayed == ([] if step in ("after_plan", "after_commit") else [KILL_BATCH])
     assert differences(ref.tables, snapshot(spark, ref.pipeline, case.root)) == []
+
+
+def test_an_idle_timeout_shorter_than_every_batch_makes_no_waiting_record_late(
+    spark: SparkSession, references: dict[str, Reference], tmp_path: Path
+) -> None:
+    # The same input with no idle timeout: records wait in both partitions until the last
+    # batch, so the timeout may leave neither out of the watermark before it.
+    root = tmp_path / "reference"
+    run_to_completion(spark, synthetic_no_idle, root)
+    without = snapshot(spark, synthetic_no_idle, root)["late"]
+    assert references["synthetic_idle"].tables["late"] == without
+    assert sum(without.values()) > 0

@@ -1,6 +1,7 @@
 """The Kafka source against a real single-node broker (``tests.kafka_broker``): exact ranges,
-fair admission, new partitions, data loss, start positions, the consumer-group frontier, and
-a windowed pipeline over three partitions where one goes idle."""
+fair admission, new partitions, data loss, start positions (a start at latest fixed by the
+first plan, a sensor tick's too), the consumer-group frontier, and a windowed pipeline over
+three partitions where one goes idle, or whose batches outlast the idle timeout."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from batches.sources.kafka import KafkaStreamSource
 from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from orchestration.assets import pipeline_assets
+from orchestration.jobs import microbatch_job
 from orchestration.resources import LowmarkResource, SparkResource
+from orchestration.sensors import pipeline_sensor
 from tests.batches.helpers import per_window
 from tests.conftest import FakeClock
 from tests.kafka_broker import KafkaBroker
@@ -271,6 +274,30 @@ def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
     assert users == ["new"]
 
 
+def test_a_pipeline_at_latest_reads_what_lands_after_the_dagster_sensor_first_asked(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka, 2)
+    kafka.produce(topic, [event("old", i) for i in range(3)])
+    pipeline = copied(kafka, topic, "sensed_from_latest", starting_offsets="latest")
+    sensor = pipeline_sensor(
+        pipeline, microbatch_job(pipeline, pipeline_assets(pipeline, data_root))
+    )
+    resources = {"spark": SparkResource(), "lowmark": LowmarkResource(data_root=str(data_root))}
+    with dg.DagsterInstance.ephemeral() as instance:
+
+        def tick() -> Any:
+            context = dg.build_sensor_context(instance=instance, resources=resources)
+            return sensor.evaluate_tick(context)
+
+        assert not tick().run_requests  # nothing past "latest" yet
+        kafka.produce(topic, [event("new", i) for i in range(4)])  # lands between two ticks
+        assert [r.run_key for r in tick().run_requests] == ["sensed_from_latest:batch-0"]
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
+    assert users == ["new"] * 4
+
+
 def test_each_commit_commits_the_frontier_to_the_consumer_group_and_status_shows_lag(
     spark: SparkSession, kafka: KafkaBroker, data_root: Path
 ) -> None:
@@ -406,3 +433,36 @@ def test_a_backfill_of_a_pipeline_started_at_latest_reads_from_its_start_until_r
     ):
         backfill_partition(spark, pipeline, data_root, *hour_0)
     assert DeltaTable(str(data_root / "out")).version() == version
+
+
+def test_a_batch_slower_than_the_idle_timeout_makes_no_waiting_record_late(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    topic = new_topic(kafka, 3)
+    # Each partition's events only move forward (partition p p*15 s behind partition 0): under
+    # the min over the partitions, not one is late (the run without an idle timeout below).
+    for p in range(3):
+        kafka.produce(topic, [event(f"u{p}", s - 15 * p, s) for s in range(40, 70)], partition=p)
+    late = {}
+    for name, timeout in (("timeout", {"idle_timeout": "5 seconds"}), ("none", {})):
+        pipeline = Pipeline(
+            name=name,
+            source=config(kafka, topic, max_offsets_per_batch=30),
+            sink=DeltaSink(path=f"{name}/out"),
+            event_time=EventTime(column="ts", **timeout),
+            aggregation=WindowedAggregation(
+                keys=("user",),
+                window=Tumbling(size="10 seconds"),
+                aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="amount")),
+            ),
+        )
+        # Every reading of the clock moves it 6 s on: each batch outlasts the idle timeout.
+        runner = MicroBatchRunner(spark, pipeline, data_root, clock=FakeClock(step_ms=6_000))
+        results = runner.run(max_batches=3)  # the input, 10 records a partition a batch
+        assert [r.rows_in for r in results] == [30, 30, 30]
+        late[name] = [r.rows_late for r in results]
+    assert late == {"timeout": [0, 0, 0], "none": [0, 0, 0]}
+    assertDataFrameEqual(
+        spark.read.format("delta").load(str(data_root / "timeout/out")),
+        spark.read.format("delta").load(str(data_root / "none/out")),
+    )
