@@ -86,7 +86,8 @@ class MicroBatchRunner:
     """Runs the micro-batches of one pipeline against its checkpoint.
 
     One runner per pipeline at a time; a second one is detected when it
-    writes the offset log and stops with ConcurrentRunner.
+    writes the offset log and stops with ConcurrentRunner. A runner whose
+    checkpoint ``lowmark reset`` replaced stops with CheckpointReplaced.
     """
 
     def __init__(
@@ -289,6 +290,8 @@ class MicroBatchRunner:
         ``retry`` (its transform was fixed), or until it is set aside.
         """
         timer = _StepTimer(self.clock)
+        # Planning may record (a file source's discoveries, batch 0's start).
+        self.checkpoint.fence()
         planned = self.plan_next_batch()
         if planned is None:
             return None
@@ -320,6 +323,8 @@ class MicroBatchRunner:
 
         Only step 4, step 5 and a stateless sink's write run Spark jobs; every
         other read and write is a driver-side Delta operation (``state.table``).
+        Before planning, step 2, step 6 and step 7 the runner checks that its
+        checkpoint was not replaced meanwhile (``Checkpoint.fence``).
         """
         event_time = self.pipeline.event_time
         ckpt = self.checkpoint
@@ -338,6 +343,7 @@ class MicroBatchRunner:
         if not planned.replay:
             if batch_id == 0:
                 self._check_sink_is_ours()
+            ckpt.fence()
             ckpt.offsets.claim(offsets)
         timer.lap("offset_log")
         faults.reached("after_offset_log", batch_id)
@@ -380,6 +386,7 @@ class MicroBatchRunner:
         timer.lap("event_time")
 
         # Step 6. Writes: bad records, state, sink, late records.
+        ckpt.fence()
         rows_in, bad, late = seen.rows_in, seen.bad, seen.late
         rows_bad = bad.num_rows if bad is not None else 0
         if bad is not None and rows_bad:
@@ -412,6 +419,7 @@ class MicroBatchRunner:
         faults.reached("after_late", batch_id)
 
         # Step 7. Commit log, with the watermark the next batch starts from.
+        ckpt.fence()
         next_watermark = planned.watermark_ms
         partitions: dict[str, PartitionTime] = {}
         if event_time is not None:

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from state import late_records, quarantine
 from state.commit_log import CommitEntry, CommitLog
-from state.errors import CheckpointMissing
+from state.errors import CheckpointMissing, CheckpointReplaced
 from state.failures import FailureLog
 from state.log import utc_now
 from state.manifest import FileManifest
@@ -165,6 +165,29 @@ class Checkpoint:
         schema = pa.schema([_METADATA_SCHEMA.field(c) for c in row])
         self.metadata.update(pa.Table.from_pylist([row], schema=schema), "pipeline_id", 0)
         self.start_offsets = offsets
+
+    def fence(self) -> None:
+        """Raise CheckpointReplaced unless ``location`` still holds the checkpoint this
+        object opened (its ``pipeline_id``).
+
+        ``lowmark reset`` moves a checkpoint aside and creates a new one at the
+        same location (and may empty the sink), while a runner may still hold
+        the old one open: every table handle names a path, so that runner's
+        next writes would land in the new checkpoint and the emptied sink. A
+        runner calls this before each step that writes, so it stops instead.
+        One small driver-side read; no Spark.
+        """
+        # A new handle: the open one follows the log of the table it first read.
+        table = DriverTable(self.metadata.path, _METADATA_SCHEMA)
+        ids = table.read().column("pipeline_id").to_pylist() if table.exists() else []
+        current = str(ids[0]) if len(ids) == 1 else None
+        if current != self.pipeline_id:
+            now = f"holds checkpoint {current}" if current else "holds no checkpoint"
+            raise CheckpointReplaced(
+                f"{self.location} now {now}, not {self.pipeline_id} that this runner of "
+                f"{self.pipeline_name} started on (`lowmark reset` ran meanwhile): it stopped "
+                "before writing into it; run the pipeline again to go on from the new checkpoint"
+            )
 
     def _read_pipeline_id(self) -> str:
         rows = self.metadata.read().to_pylist()
