@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,11 +35,11 @@ from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, Range, SourceRead
 from batches.watermarks import PartitionTime, observe, pipeline_watermark
-from state.checkpoint import Checkpoint
+from state.checkpoint import Checkpoint, Found, find_checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch, first_line
 from state.offset_log import OffsetEntry, Offsets
-from state.ownership import last_writer
+from state.ownership import Writer, last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
 from state.table import DriverTable
@@ -506,13 +507,10 @@ class MicroBatchRunner:
         ours = {self.checkpoint.pipeline_id, self.checkpoint.adopted_from}
         if writer is None or writer.pipeline_id in ours:
             return
-        name = self.pipeline.name
+        location = self.checkpoint.location
+        holder = sink_holder(location, writer)
         raise SinkHeldElsewhere(
-            f"sink {self.sink.path} holds the writes of another checkpoint (pipeline id "
-            f"{writer.pipeline_id}, up to its batch {writer.batch_id}), and this new checkpoint "
-            f"would write its input again: run `lowmark reset {name} --after-sink` to go on "
-            f"after the sink's data, or `lowmark reset {name} --truncate-sink` to empty it "
-            "and start from the beginning"
+            held_elsewhere(self.pipeline, location, self.sink.path, writer, holder)
         )
 
     def _state_as_of(self, planned: PlannedBatch) -> int | None:
@@ -739,6 +737,45 @@ class MicroBatchRunner:
             if on_batch:
                 on_batch(result)
         return results
+
+
+def sink_holder(location: str, writer: Writer) -> Found | None:
+    """The checkpoint of ``writer`` when it is beside the checkpoint ``location`` (every
+    pipeline's, and the ones ``lowmark reset`` moved aside, are by default)."""
+    return find_checkpoint(os.path.dirname(location.rstrip("/")), writer.pipeline_id)
+
+
+def held_elsewhere(
+    pipeline: Pipeline, location: str, sink: str, writer: Writer, found: Found | None
+) -> str:
+    """Why ``pipeline`` (checkpoint ``location``) may not write ``sink``, whose last
+    lowmark writer is another checkpoint's, ``writer`` (at ``found``: ``sink_holder``),
+    and the ways on.
+
+    The advice never empties another pipeline's data: a reset of this
+    pipeline only when the writer is one of its own old checkpoints; another
+    pipeline's sink wants a sink path of its own.
+    """
+    name = pipeline.name
+    held = f"up to its batch {writer.batch_id}"
+    if found is not None and found.pipeline_name != name:
+        return (
+            f"sink {sink} is pipeline {found.pipeline_name}'s (checkpoint {found.location}, "
+            f"{held}): {name} must not write it too; give {name} a sink path of its own"
+        )
+    if found is not None:
+        return (
+            f"sink {sink} holds the writes of {name}'s old checkpoint {found.location} "
+            f"({held}), and this new checkpoint would write its input again: run `lowmark "
+            f"reset {name} --after-sink` to go on after the sink's data, or `lowmark reset "
+            f"{name} --truncate-sink` to empty it and start from the beginning"
+        )
+    return (
+        f"sink {sink} holds the writes of checkpoint {writer.pipeline_id} ({held}), found "
+        f"nowhere beside {location}: if it was {name}'s, put it back at {location} and run "
+        f"`lowmark reset {name} --after-sink` to go on after the sink's data; if another "
+        f"pipeline writes this sink, give {name} a sink path of its own"
+    )
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,15 @@ The checkpoint owns every table handle; all of them but ``state_windows`` and
 from __future__ import annotations
 
 import json
+import os
 import uuid
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from state import late_records, quarantine
 from state.commit_log import CommitEntry, CommitLog
-from state.errors import CheckpointMissing, CheckpointReplaced
+from state.errors import CheckpointMissing, CheckpointReplaced, LowmarkError
 from state.failures import FailureLog
 from state.log import utc_now
 from state.manifest import FileManifest
@@ -201,3 +203,34 @@ class Checkpoint:
         self.start_offsets = json.loads(start) if start else None
         self.adopted_from = row.get("adopted_from")
         return str(row["pipeline_id"])
+
+
+@dataclass(frozen=True)
+class Found:
+    """A checkpoint ``find_checkpoint`` found."""
+
+    location: str
+    pipeline_name: str
+
+
+def find_checkpoint(folder: str, pipeline_id: str) -> Found | None:
+    """The checkpoint with ``pipeline_id`` among the local folders in ``folder``
+    (checkpoints side by side, as every pipeline's under ``<data root>/_lowmark/``,
+    and the ones ``lowmark reset`` moved aside there); None if none is.
+
+    Reads only the metadata table of each: for telling whose writes a sink holds.
+    """
+    if not os.path.isdir(folder):
+        return None
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        table = DriverTable(f"{entry.path}/checkpoint", _METADATA_SCHEMA)
+        if not entry.is_dir() or not table.exists():
+            continue
+        try:
+            rows = table.read().to_pylist()
+        except LowmarkError:  # a damaged checkpoint beside it is not the one asked for
+            continue
+        for row in rows:
+            if row["pipeline_id"] == pipeline_id:
+                return Found(entry.path, str(row["pipeline_name"]))
+    return None

@@ -56,6 +56,25 @@ def test_a_new_checkpoint_refuses_a_sink_that_holds_another_checkpoints_writes(
     assert sink_ids(spark, data_root) == _all_ids(3)  # nothing written twice
 
 
+def test_a_pipeline_on_another_pipelines_sink_is_refused_with_advice_that_keeps_its_rows(
+    spark: SparkSession, data_root: Path
+) -> None:
+    for i in range(2):
+        drop_file(data_root, i)
+    MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=None)
+    second = pipeline(name="u", source=ONE_FILE)  # the same sink as t
+    with pytest.raises(SinkHeldElsewhere) as error:
+        MicroBatchRunner(spark, second, data_root).run(max_batches=None)
+    message = str(error.value)
+    assert "pipeline t's" in message and "give u a sink path of its own" in message
+    assert "--truncate-sink" not in message and "--after-sink" not in message
+    assert "\n" not in message
+    # Nor does a reset of the second pipeline empty the first one's sink.
+    with pytest.raises(SinkHeldElsewhere, match="pipeline t's"):
+        reset(spark, second, data_root, "truncate")
+    assert sink_ids(spark, data_root) == _all_ids(2)
+
+
 def test_truncate_sink_starts_over_and_the_sink_ends_as_from_scratch(
     spark: SparkSession, data_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
