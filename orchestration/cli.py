@@ -30,7 +30,7 @@ from batches import cli
 from batches.display import print_json
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.registry import load_pipelines
-from orchestration.errors import ProjectFileInvalid
+from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 from orchestration.partitions import event_time_partitions
 from orchestration.project import find_project
 from orchestration.reporting import BatchReports
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     fills in the unset LOWMARK_PIPELINES, LOWMARK_DATA_ROOT and DAGSTER_HOME first."""
     try:
         project = find_project(Path.cwd())
-    except ProjectFileInvalid as exc:
+    except (ProjectFileInvalid, ProjectUnsafe) as exc:
         cli.err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     if project is not None:
