@@ -54,3 +54,7 @@ class PoisonBatch(LowmarkError):
 class SourceDataLost(LowmarkError):
     """Input a batch must read is gone upstream (a deleted topic, records removed by
     retention, vacuumed table history)."""
+
+
+class RunInFlight(LowmarkError):
+    """A pipeline cannot be reset while a run of it is queued or in flight."""

@@ -12,6 +12,7 @@ offsets were planned then.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -27,6 +28,7 @@ from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from batches import cli
 from batches.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline, resolve
@@ -156,8 +158,14 @@ def run_with_crashes(
     return crashes
 
 
-def snapshot(spark: SparkSession, pipeline: Pipeline, root: Path) -> Snapshot:
-    """Every table a batch writes, plus the sink's and state's Delta history, in one Spark job."""
+def snapshot(
+    spark: SparkSession, pipeline: Pipeline, root: Path, after_reset: bool = False
+) -> Snapshot:
+    """Every table a batch writes, plus the sink's and state's Delta history, in one Spark job.
+
+    ``after_reset``: the sink's history only after the commit by which ``lowmark reset
+    --truncate-sink`` emptied it, numbered from 0 again (what a run from scratch wrote).
+    """
     checkpoint = pipeline.checkpoint_location(root)
     tables = {"sink": resolve(SINK, root)} | {
         name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES
@@ -171,7 +179,10 @@ def snapshot(spark: SparkSession, pipeline: Pipeline, root: Path) -> Snapshot:
             df = _last_seen_as_batch(df, spark.read.format("delta").load(tables["offsets"]))
         frames.append(_as_json(name, df.drop(*_UNSTABLE.get(name, ()))))
         if name in ("sink", "state_windows"):
-            frames.append(_as_json(f"{name} history", _history(spark, path)))
+            history = _history(spark, path)
+            if name == "sink" and after_reset:
+                history = _after_reset(history, path)
+            frames.append(_as_json(f"{name} history", history))
     result: Snapshot = {name: Counter() for name in tables}
     for row in reduce(DataFrame.unionByName, frames).collect():
         result.setdefault(row["table"], Counter())[row["row"]] += 1
@@ -209,6 +220,27 @@ def _last_seen_as_batch(watermarks: DataFrame, offsets: DataFrame) -> DataFrame:
         .withColumn("last_seen_batch", F.coalesce("_batch", F.lit(-1)))
         .drop("last_seen_ms", "_planned_ms", "_batch")
     )
+
+
+def reset_with_truncate_sink(root: Path, pipeline: Pipeline) -> None:
+    """`lowmark reset PIPELINE --truncate-sink`, in this process (its Spark session)."""
+    args = ["--pipelines", "tests.faults.scenarios", "--data-root", str(root)]
+    try:
+        cli.main([*args, "reset", pipeline.name, "--truncate-sink"])
+    except SystemExit as exit_info:
+        assert not exit_info.code, f"lowmark reset {pipeline.name} exited {exit_info.code}"
+
+
+def _after_reset(history: DataFrame, path: str) -> DataFrame:
+    """``history`` after the newest commit of a reset (its writer's batch is -1), renumbered."""
+    commits = RsDeltaTable(path).history()
+    reset_at = max(
+        c["version"]
+        for c in commits
+        if json.loads(c.get("userMetadata") or "{}").get("lowmark", {}).get("batch_id") == -1
+    )
+    after = history.where(F.col("version") > reset_at)
+    return after.withColumn("version", F.col("version") - reset_at - 1)
 
 
 def _history(spark: SparkSession, path: str) -> DataFrame:

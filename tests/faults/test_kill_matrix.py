@@ -8,15 +8,18 @@ windows over a synthetic source, whose steps past ``SOURCE_STEPS`` are marked
 subprocess dies at that step of batch 3 (late records, final windows, and
 windows and sessions open since earlier batches); a restart in this process
 runs to completion. Every table must equal the fault-free run's: nothing
-lost, nothing duplicated.
+lost, nothing duplicated. And a kill followed by `lowmark reset --truncate-sink`
+before any replay must end as a fault-free run from scratch.
 """
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.faults import STEPS
+from batches.faults import STEPS, KillPoint
 from tests.faults.conftest import (
     KILL_BATCH,
     MATRIX,
@@ -25,7 +28,14 @@ from tests.faults.conftest import (
     KillCases,
     Reference,
 )
-from tests.faults.harness import KILLED, differences, run_to_completion, snapshot
+from tests.faults.harness import (
+    KILLED,
+    differences,
+    kill_run,
+    reset_with_truncate_sink,
+    run_to_completion,
+    snapshot,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.kill_matrix]
 
@@ -62,3 +72,30 @@ def test_a_run_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
     replayed = [r.batch_id for r in results if r.replay]
     assert replayed == ([] if step in ("after_plan", "after_commit") else [KILL_BATCH])
     assert differences(ref.tables, snapshot(spark, ref.pipeline, case.root)) == []
+
+
+RESET_STEPS = ("after_offset_log", "after_sink")
+"""Kills before anything of the batch landed, and after its sink write landed uncommitted."""
+RESET_CASES = [
+    pytest.param(step, name, id=f"reset-{step}-{name}")
+    for step in RESET_STEPS
+    for name in ("tumbling_two_partitions", "session_update", "plain_append")
+]
+
+
+@pytest.mark.parametrize(("step", "name"), RESET_CASES)
+def test_a_run_killed_then_reset_with_truncate_sink_ends_like_a_run_from_scratch(
+    spark: SparkSession, references: dict[str, Reference], name: str, step: str
+) -> None:
+    ref = references[name]
+    root = ref.folder / f"reset_{step}"
+    shutil.copytree(ref.folder / "template", root)
+    killed = kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH))
+    assert killed.returncode == KILLED, killed.stderr[-3000:]
+
+    reset_with_truncate_sink(root, ref.pipeline)
+    results = run_to_completion(spark, ref.pipeline, root)
+
+    assert [r.batch_id for r in results] == list(range(ref.batches))
+    assert not any(r.replay for r in results)  # a new checkpoint: nothing to replay
+    assert differences(ref.tables, snapshot(spark, ref.pipeline, root, after_reset=True)) == []
