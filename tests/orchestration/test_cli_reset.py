@@ -16,7 +16,7 @@ from orchestration.ui import prepare_home
 ARGS = ["--pipelines", "tests.orchestration.pipelines"]
 
 
-@pytest.mark.parametrize("status", [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTED])
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED])
 def test_reset_is_refused_in_one_line_while_a_run_of_the_pipeline_is_in_flight(
     data_root: Path,
     tmp_path: Path,
