@@ -141,8 +141,13 @@ def test_a_runner_following_the_source_while_it_is_reset_stops_and_nothing_lands
 
     def follow_until_stopped() -> None:
         try:
-            follow(runner, 0.05, None, lambda r: committed.append(r.batch_id), None,
-                   time.sleep, stop.is_set, handle_signals=False)  # fmt: skip
+            follow(
+                runner,
+                poll_interval_s=0.05,
+                on_batch=lambda r: committed.append(r.batch_id),
+                should_stop=stop.is_set,
+                handle_signals=False,
+            )
         except Exception as exc:
             stopped_by.append(exc)
 
