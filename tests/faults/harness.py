@@ -163,17 +163,16 @@ def snapshot(
 ) -> Snapshot:
     """Every table a batch writes, plus the sink's and state's Delta history, in one Spark job.
 
-    ``after_reset``: the sink's history after the commit by which ``lowmark reset
-    --truncate-sink`` emptied it (and its creation), and the sink versions in the commit
-    log, numbered as a run from scratch numbers them.
+    ``after_reset``: the sink's history only after the commit by which ``lowmark reset
+    --truncate-sink`` emptied it, and its versions in the commit log, numbered from 0
+    again (what a run from scratch wrote).
     """
     checkpoint = pipeline.checkpoint_location(root)
     tables = {"sink": resolve(SINK, root)} | {
         name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES
     }
-    # The sink's versions up to the reset's are the old checkpoint's, but for its creation.
-    created, reset_at = _created_and_reset(tables["sink"]) if after_reset else (0, -1)
-    before = reset_at + 1 - created
+    # The sink's versions up to the reset's are the old checkpoint's.
+    before = _reset_version(tables["sink"]) + 1 if after_reset else 0
     frames: list[DataFrame] = []
     for name, path in tables.items():
         if not RsDeltaTable.is_deltatable(path):
@@ -181,17 +180,14 @@ def snapshot(
         df = spark.read.format("delta").load(path)
         if name == "watermarks":
             df = _last_seen_as_batch(df, spark.read.format("delta").load(tables["offsets"]))
-        if name == "commits" and after_reset:
+        if name == "commits" and before:
             df = _sink_version_less(df, before)
         frames.append(_as_json(name, df.drop(*_UNSTABLE.get(name, ()))))
         if name in ("sink", "state_windows"):
             history = _history(spark, path)
-            if name == "sink" and after_reset:
-                version = F.col("version")
-                history = history.where((version < created) | (version > reset_at))
-                history = history.withColumn(
-                    "version", F.when(version < created, version).otherwise(version - before)
-                )
+            if name == "sink" and before:
+                history = history.where(F.col("version") >= before)
+                history = history.withColumn("version", F.col("version") - before)
             frames.append(_as_json(f"{name} history", history))
     result: Snapshot = {name: Counter() for name in tables}
     for row in reduce(DataFrame.unionByName, frames).collect():
@@ -241,16 +237,14 @@ def reset_with_truncate_sink(root: Path, pipeline: Pipeline) -> None:
         assert not exit_info.code, f"lowmark reset {pipeline.name} exited {exit_info.code}"
 
 
-def _created_and_reset(path: str) -> tuple[int, int]:
-    """Of the table at ``path``: 1 if its version 0 created it empty (no batch wrote it, as
-    a windowed sink's first run does), else 0; and the version of the newest commit of a
-    reset (its writer's batch is -1: ``batches.reset``)."""
-    batches = {
-        int(c["version"]): json.loads(c.get("userMetadata") or "{}").get("lowmark", {})
+def _reset_version(path: str) -> int:
+    """The version of the newest commit of a reset to the table at ``path`` (its writer's
+    batch is -1: ``batches.reset``)."""
+    return max(
+        int(c["version"])
         for c in RsDeltaTable(path).history()
-    }
-    reset_at = max(v for v, writer in batches.items() if writer.get("batch_id") == -1)
-    return (0 if batches.get(0) else 1), reset_at
+        if json.loads(c.get("userMetadata") or "{}").get("lowmark", {}).get("batch_id") == -1
+    )
 
 
 def _sink_version_less(commits: DataFrame, by: int) -> DataFrame:
