@@ -25,9 +25,10 @@ from batches.compaction import compact_checkpoint
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.display import duration, iso_utc, moment, print_fields, print_json, print_table
 from batches.durations import parse_duration_ms
+from batches.errors import RunInFlight
 from batches.follow import follow
 from batches.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import resolve
+from batches.pipeline import Pipeline, resolve
 from batches.poison import set_aside
 from batches.registry import get_pipeline, load_pipelines
 from batches.reset import reset as reset_pipeline
@@ -49,6 +50,9 @@ err = Console(stderr=True)
 BatchListener = Callable[[MicroBatchRunner, Path], Callable[[BatchResult], None] | None]
 """Given a runner and the data root, what to call with each batch it commits (None: nothing)."""
 
+ResetGuard = Callable[[Pipeline], str | None]
+"""Why a reset of a pipeline must not go on now (a run of it in flight elsewhere), or None."""
+
 JsonFlag = Annotated[
     bool, typer.Option("--json", help="Print JSON instead of text (keys in the README).")
 ]
@@ -65,12 +69,14 @@ class Context:
         master: str | None,
         listeners: Sequence[BatchListener] = (),
         clock: Clock | None = None,
+        reset_guards: Sequence[ResetGuard] = (),
     ) -> None:
         self.pipelines = pipelines
         self.data_root = data_root.resolve()
         self.settings = SparkSettings(master=master) if master else SparkSettings()
         self.listeners = listeners
         self.clock = clock or SystemClock()
+        self.reset_guards = reset_guards
 
     def spark(self) -> SparkSession:
         with err.status("starting Spark…"):
@@ -589,6 +595,9 @@ def reset(
         raise typer.BadParameter("choose one of --truncate-sink and --after-sink")
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
+    for guard in c.reset_guards:
+        if (why := guard(p)) is not None:
+            raise RunInFlight(why)
     done = reset_pipeline(c.spark, p, c.data_root, "truncate" if truncate_sink else "after")
     if as_json:
         print_json(out, dataclasses.asdict(done))
@@ -682,13 +691,15 @@ def main(
     argv: list[str] | None = None,
     listeners: Sequence[BatchListener] = (),
     clock: Clock | None = None,
+    reset_guards: Sequence[ResetGuard] = (),
 ) -> None:
     """Console entry point: run the app, turning user errors into one line. ``listeners``
     hear of every batch a command commits; ``clock`` (default: the wall clock) is what
-    every command reads "now" from."""
+    every command reads "now" from; ``reset_guards`` may refuse a ``lowmark reset``."""
     logging.basicConfig(level=os.environ.get("LOWMARK_LOG_LEVEL", "WARNING"))
+    obj = {"listeners": listeners, "clock": clock, "reset_guards": reset_guards}
     try:
-        app(args=argv, prog_name="lowmark", obj={"listeners": listeners, "clock": clock})
+        app(args=argv, prog_name="lowmark", obj=obj)
     except LowmarkError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -65,3 +65,7 @@ class SourceDataLost(LowmarkError):
 class SourceReplaced(LowmarkError):
     """The source is not the one the offset log's positions point into: a topic or table
     deleted and created again under its name, or an end offset below the start."""
+
+
+class RunInFlight(LowmarkError):
+    """A pipeline cannot be reset while a run of it is queued or in flight."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,11 +35,11 @@ from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, Range, Skipped, SourceRead, check_identity
 from batches.watermarks import PartitionTime, observe, pipeline_watermark
-from state.checkpoint import Checkpoint
+from state.checkpoint import Checkpoint, Found, find_checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch, first_line
 from state.offset_log import Identity, OffsetEntry, Offsets
-from state.ownership import last_writer
+from state.ownership import Writer, last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
 from state.table import DriverTable
@@ -93,7 +94,8 @@ class MicroBatchRunner:
     """Runs the micro-batches of one pipeline against its checkpoint.
 
     One runner per pipeline at a time; a second one is detected when it
-    writes the offset log and stops with ConcurrentRunner.
+    writes the offset log and stops with ConcurrentRunner. A runner whose
+    checkpoint ``lowmark reset`` replaced stops with CheckpointReplaced.
     """
 
     def __init__(
@@ -328,6 +330,8 @@ class MicroBatchRunner:
         ``retry`` (its transform was fixed), or until it is set aside.
         """
         timer = _StepTimer(self.clock)
+        # Planning may record (a file source's discoveries, batch 0's start).
+        self.checkpoint.fence()
         planned = self.plan_next_batch()
         if planned is None:
             return None
@@ -359,6 +363,8 @@ class MicroBatchRunner:
 
         Only step 4, step 5 and a stateless sink's write run Spark jobs; every
         other read and write is a driver-side Delta operation (``state.table``).
+        Before planning, step 2, step 6 and step 7 the runner checks that its
+        checkpoint was not replaced meanwhile (``Checkpoint.fence``).
         """
         event_time = self.pipeline.event_time
         ckpt = self.checkpoint
@@ -380,6 +386,7 @@ class MicroBatchRunner:
         if not planned.replay:
             if batch_id == 0:
                 self._check_sink_is_ours()
+            ckpt.fence()
             ckpt.offsets.claim(offsets)
             if planned.skipped is not None:
                 log.warning(
@@ -431,6 +438,7 @@ class MicroBatchRunner:
         timer.lap("event_time")
 
         # Step 6. Writes: bad records, state, sink, late records.
+        ckpt.fence()
         rows_in, bad, late = seen.rows_in, seen.bad, seen.late
         rows_bad = bad.num_rows if bad is not None else 0
         if bad is not None and rows_bad:
@@ -463,6 +471,7 @@ class MicroBatchRunner:
         faults.reached("after_late", batch_id)
 
         # Step 7. Commit log, with the watermark the next batch starts from.
+        ckpt.fence()
         next_watermark = planned.watermark_ms
         partitions: dict[str, PartitionTime] = {}
         if event_time is not None:
@@ -554,13 +563,10 @@ class MicroBatchRunner:
         ours = {self.checkpoint.pipeline_id, self.checkpoint.adopted_from}
         if writer is None or writer.pipeline_id in ours:
             return
-        name = self.pipeline.name
+        location = self.checkpoint.location
+        holder = sink_holder(location, writer)
         raise SinkHeldElsewhere(
-            f"sink {self.sink.path} holds the writes of another checkpoint (pipeline id "
-            f"{writer.pipeline_id}, up to its batch {writer.batch_id}), and this new checkpoint "
-            f"would write its input again: run `lowmark reset {name} --after-sink` to go on "
-            f"after the sink's data, or `lowmark reset {name} --truncate-sink` to empty it "
-            "and start from the beginning"
+            held_elsewhere(self.pipeline, location, self.sink.path, writer, holder)
         )
 
     def _state_as_of(self, planned: PlannedBatch) -> int | None:
@@ -793,6 +799,45 @@ class MicroBatchRunner:
             if on_batch:
                 on_batch(result)
         return results
+
+
+def sink_holder(location: str, writer: Writer) -> Found | None:
+    """The checkpoint of ``writer`` when it is beside the checkpoint ``location`` (every
+    pipeline's, and the ones ``lowmark reset`` moved aside, are by default)."""
+    return find_checkpoint(os.path.dirname(location.rstrip("/")), writer.pipeline_id)
+
+
+def held_elsewhere(
+    pipeline: Pipeline, location: str, sink: str, writer: Writer, found: Found | None
+) -> str:
+    """Why ``pipeline`` (checkpoint ``location``) may not write ``sink``, whose last
+    lowmark writer is another checkpoint's, ``writer`` (at ``found``: ``sink_holder``),
+    and the ways on.
+
+    The advice never empties another pipeline's data: a reset of this
+    pipeline only when the writer is one of its own old checkpoints; another
+    pipeline's sink wants a sink path of its own.
+    """
+    name = pipeline.name
+    held = f"up to its batch {writer.batch_id}"
+    if found is not None and found.pipeline_name != name:
+        return (
+            f"sink {sink} is pipeline {found.pipeline_name}'s (checkpoint {found.location}, "
+            f"{held}): {name} must not write it too; give {name} a sink path of its own"
+        )
+    if found is not None:
+        return (
+            f"sink {sink} holds the writes of {name}'s old checkpoint {found.location} "
+            f"({held}), and this new checkpoint would write its input again: run `lowmark "
+            f"reset {name} --after-sink` to go on after the sink's data, or `lowmark reset "
+            f"{name} --truncate-sink` to empty it and start from the beginning"
+        )
+    return (
+        f"sink {sink} holds the writes of checkpoint {writer.pipeline_id} ({held}), found "
+        f"nowhere beside {location}: if it was {name}'s, put it back at {location} and run "
+        f"`lowmark reset {name} --after-sink` to go on after the sink's data; if another "
+        f"pipeline writes this sink, give {name} a sink path of its own"
+    )
 
 
 @dataclass(frozen=True)

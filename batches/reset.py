@@ -17,8 +17,10 @@ reset offers the two safe ways on:
   pipeline's open windows hold records the sink has not got yet, so it is
   refused there (truncate, and the windows are recomputed from the source).
 
-Either way the old checkpoint is moved aside to ``<checkpoint>.reset-<UTC
-time>`` first, never deleted. Local checkpoints only (a move is a rename).
+Neither is offered for a sink another pipeline wrote last (its rows are not
+ours to empty or to go on after). Either way the old checkpoint is moved aside
+to ``<checkpoint>.reset-<UTC time>`` first, never deleted. Local checkpoints
+only (a move is a rename).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from urllib.parse import urlparse
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
-from batches.errors import PipelineConfigInvalid
+from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from batches.microbatch import held_elsewhere, sink_holder
 from batches.pipeline import Pipeline, resolve
 from state.checkpoint import Checkpoint
 from state.delta import USER_METADATA_CONF
@@ -69,6 +72,7 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
     location = pipeline.checkpoint_location(data_root)
     local = _local(location)
     sink = resolve(pipeline.sink.path, data_root)
+    _refuse_another_pipelines_sink(pipeline, local, sink)
     if mode == "after":
         return _after(pipeline, local, sink)
     moved = _move_aside(local)
@@ -87,6 +91,15 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
             session.conf.set(USER_METADATA_CONF, writer_metadata(app_id, -1))
             session.sql(f"DELETE FROM delta.`{sink}`")
     return Reset(mode, location, moved, new.pipeline_id, None, None, 0)
+
+
+def _refuse_another_pipelines_sink(pipeline: Pipeline, location: str, sink: str) -> None:
+    """Neither way on is ``pipeline``'s to take when another pipeline wrote the sink
+    last: truncating would delete that pipeline's rows."""
+    writer = last_writer(sink)
+    holder = sink_holder(location, writer) if writer is not None else None
+    if writer is not None and holder is not None and holder.pipeline_name != pipeline.name:
+        raise SinkHeldElsewhere(held_elsewhere(pipeline, location, sink, writer, holder))
 
 
 def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:

@@ -25,15 +25,18 @@ from typing import Annotated
 
 import dagster as dg
 import typer
+from dagster._core.instance.ref import InstanceRef
 
 from batches import cli
 from batches.display import print_json
 from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.pipeline import Pipeline
 from batches.registry import load_pipelines
-from orchestration.errors import ProjectFileInvalid
+from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 from orchestration.partitions import event_time_partitions
 from orchestration.project import find_project
 from orchestration.reporting import BatchReports
+from orchestration.runs import IN_FLIGHT, runs_of
 from orchestration.scaffold import FILES, command_lines, init_project
 from orchestration.ui import PROJECT, DagsterDev, prepare_home
 
@@ -55,6 +58,24 @@ def report_to_dagster(
             instance.report_runless_asset_event(event)
 
     return report
+
+
+def runs_in_flight(pipeline: Pipeline) -> str | None:
+    """With ``DAGSTER_HOME`` set: why ``pipeline`` must not be reset now, a run of it queued
+    or in flight in that instance (its runner would stop at its checkpoint's fence in the
+    middle of a batch, and a queued one start before the reset is done)."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not home or not (Path(home) / "dagster.yaml").exists():
+        return None
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(home)) as instance:
+        running = runs_of(instance, pipeline, IN_FLIGHT)
+    if not running:
+        return None
+    run = running[0]
+    return (
+        f"run {run.run_id} of {pipeline.name} is {run.status.value} in the Dagster instance "
+        f"{home}: wait for it to end, or terminate it (the UI's Runs page), then reset"
+    )
 
 
 @cli.app.command()
@@ -160,9 +181,13 @@ def main(argv: list[str] | None = None) -> None:
     fills in the unset LOWMARK_PIPELINES, LOWMARK_DATA_ROOT and DAGSTER_HOME first."""
     try:
         project = find_project(Path.cwd())
-    except ProjectFileInvalid as exc:
+    except (ProjectFileInvalid, ProjectUnsafe) as exc:
         cli.err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     if project is not None:
         project.use()
-    cli.main(argv if argv is not None else sys.argv[1:], listeners=(report_to_dagster,))
+    cli.main(
+        argv if argv is not None else sys.argv[1:],
+        listeners=(report_to_dagster,),
+        reset_guards=(runs_in_flight,),
+    )

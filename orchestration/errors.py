@@ -15,3 +15,8 @@ class ProjectFileInvalid(LowmarkError):
 
 class ProjectFolderNotEmpty(LowmarkError):
     """``lowmark init`` was pointed at a folder that holds something (it never overwrites)."""
+
+
+class ProjectUnsafe(LowmarkError):
+    """A project folder (or its ``lowmark.toml``) someone else could have written, which
+    the user has not said to trust: lowmark would run its code."""

@@ -60,6 +60,16 @@ def pool(pipeline: Pipeline) -> str:
     return f"lowmark_{pipeline.name}"
 
 
+def batch_run_key(pipeline: Pipeline, pipeline_id: str | None, batch_id: int) -> str:
+    """The sensor's ``run_key`` for a run that starts with batch ``batch_id`` of the
+    checkpoint ``pipeline_id`` (None: there is none yet).
+
+    Dagster launches one run per key, ever: the checkpoint's id makes batch 0 of a
+    checkpoint ``lowmark reset`` created a key no earlier checkpoint used.
+    """
+    return f"{pipeline.name}:{pipeline_id or 'new'}:batch-{batch_id}"
+
+
 def asset_op(pipeline: Pipeline) -> str:
     """The op of ``pipeline``'s assets: run config goes under ``ops: {<this>: {config: …}}``."""
     return f"{pipeline.name}_batches"

@@ -18,23 +18,37 @@ process lowmark starts — ``dagster dev``, its code server, the runs — sees t
 same project. Paths in the file are relative to its folder, and the folder goes
 on ``sys.path`` (as Dagster's ``working_directory`` does): ``pipelines = "pipelines"``
 names ``pipelines.py`` beside the file, and a YAML transform can name a module there.
+
+Using a project runs its code, so, as git does with ``safe.directory``, a
+project is refused (``ProjectUnsafe``) when its folder or its ``lowmark.toml``
+belongs to another user or others may write it, unless the folder is listed in
+``LOWMARK_SAFE_DIRECTORIES`` (folders separated by ``:``, or ``*`` for any).
+And its folder goes last on ``sys.path``, after lowmark's own packages are
+imported, so a project's ``state.py`` or ``batches.py`` never stands in for
+lowmark's modules (nor one of its modules for an installed one).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import stat
 import sys
 import tomllib
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestration.errors import ProjectFileInvalid
+from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 
 PROJECT_FILE = "lowmark.toml"
+SAFE_DIRECTORIES_ENV = "LOWMARK_SAFE_DIRECTORIES"
+LOWMARK_PACKAGES = ("batches", "orchestration", "state")
+"""lowmark's top-level packages (pyproject.toml's): imported before a project's folder goes
+on ``sys.path``, so none of its modules is found in the folder instead."""
 
 
 class ProjectSettings(BaseModel):
@@ -93,18 +107,23 @@ class Project:
     def use(
         self, environ: MutableMapping[str, str] = os.environ, path: list[str] = sys.path
     ) -> None:
-        """Fill in the unset variables of ``environ`` from this project; put its folder first
-        on ``path`` (this process's ``sys.path``)."""
+        """Fill in the unset variables of ``environ`` from this project; put its folder last
+        on ``path`` (this process's ``sys.path``) once lowmark's own packages are imported:
+        their modules then come from them, whatever the folder holds."""
         for name, value in self.environment().items():
             environ.setdefault(name, value)
+        for package in LOWMARK_PACKAGES:
+            importlib.import_module(package)
         if str(self.root) not in path:
-            path.insert(0, str(self.root))
+            path.append(str(self.root))
 
 
-def load_project(root: Path) -> Project:
+def load_project(root: Path, environ: Mapping[str, str] = os.environ) -> Project:
     """The project whose ``lowmark.toml`` is in ``root``; a broken file is one line naming it
-    and the field."""
+    and the field, an unsafe project one line naming the folder (``check_safe``)."""
     path = root.resolve() / PROJECT_FILE
+    if path.exists():
+        check_safe(path.parent, environ)
     try:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError as exc:
@@ -120,9 +139,39 @@ def load_project(root: Path) -> Project:
     return Project(path.parent, settings)
 
 
-def find_project(start: Path) -> Project | None:
+def check_safe(root: Path, environ: Mapping[str, str] = os.environ) -> None:
+    """Raise ProjectUnsafe if the project folder ``root`` or its ``lowmark.toml`` is owned by
+    another user or writable by group or others, unless ``LOWMARK_SAFE_DIRECTORIES`` in
+    ``environ`` trusts ``root``."""
+    if _trusted(root, environ.get(SAFE_DIRECTORIES_ENV, "")):
+        return
+    env = SAFE_DIRECTORIES_ENV
+    trust = f"if you trust it, add it to {env} (export {env}={root})"
+    me = os.geteuid()
+    for path in (root, root / PROJECT_FILE):
+        found = path.stat()
+        if found.st_uid != me:
+            raise ProjectUnsafe(
+                f"project {root} is not yours ({path} is owned by uid {found.st_uid}, you are "
+                f"uid {me}) and lowmark would run its code: {trust}"
+            )
+        if found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ProjectUnsafe(
+                f"project {root} may have been changed by others ({path} is writable by "
+                f"group or others, mode {stat.filemode(found.st_mode)}) and lowmark would run "
+                f"its code: run `chmod go-w {path}`, or {trust}"
+            )
+
+
+def _trusted(root: Path, listed: str) -> bool:
+    """True if ``listed`` (``LOWMARK_SAFE_DIRECTORIES``) names ``root`` or is ``*``."""
+    entries = [entry for entry in listed.split(os.pathsep) if entry]
+    return "*" in entries or any(Path(entry).resolve() == root.resolve() for entry in entries)
+
+
+def find_project(start: Path, environ: Mapping[str, str] = os.environ) -> Project | None:
     """The project ``start`` is in: the nearest ``lowmark.toml`` in ``start`` or a folder
-    above it (None: not in a project)."""
+    above it (None: not in a project); ``environ`` may trust it (``check_safe``)."""
     start = start.resolve()
     for folder in (start, *start.parents):
         try:
@@ -130,7 +179,7 @@ def find_project(start: Path) -> Project | None:
         except PermissionError:  # a folder above that we may not look into: no project there
             return None
         if found:
-            return load_project(folder)
+            return load_project(folder, environ)
     return None
 
 

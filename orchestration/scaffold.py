@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -99,6 +100,9 @@ def init_project(folder: Path, now: datetime) -> Scaffolded:
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(contents[path])
+    # Whatever the umask: a project others may write is refused (``project.check_safe``).
+    for made in (root, root / "lowmark.toml"):
+        made.chmod(made.stat().st_mode & ~(stat.S_IWGRP | stat.S_IWOTH))
     return Scaffolded(root)
 
 

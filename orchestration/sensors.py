@@ -6,11 +6,12 @@ otherwise it asks ``batches.status`` what is pending: an uncommitted batch
 (replayed first) or files past the committed end. The run it requests drains
 the backlog and then follows the source for ``LOWMARK_FOLLOW_SECONDS``, so
 files landing meanwhile are in the sink within a poll and a batch, with no
-Spark start each. The ``run_key`` carries the batch id, so Dagster launches
-one run per batch no matter how many ticks see it; a replay's key also names
-the run that left the batch behind, so each failure gets its own retry, until
-the batch failed ``max_failed_attempts`` times: then the tick skips, saying
-why and what to do (``batches.poison``).
+Spark start each. The ``run_key`` carries the checkpoint's pipeline id and the
+batch id (``keys.batch_run_key``), so Dagster launches one run per batch no
+matter how many ticks see it, and again after ``lowmark reset``; a replay's
+key also names the run that left the batch behind, so each failure gets its
+own retry, until the batch failed ``max_failed_attempts`` times: then the
+tick skips, saying why and what to do (``batches.poison``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -24,7 +25,7 @@ import dagster as dg
 from batches.pipeline import Pipeline
 from batches.status import pending_work, pipeline_status
 from orchestration.jobs import microbatch_job_name
-from orchestration.keys import PIPELINE_TAG, asset_op
+from orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.runs import IN_FLIGHT, runs_of
 
@@ -80,7 +81,7 @@ def pipeline_sensor(pipeline: Pipeline, job: "UnresolvedAssetJobDefinition") -> 
             return dg.SkipReason(
                 f"{pipeline.name} is caught up (last committed batch {at}): no new data"
             )
-        run_key = f"{pipeline.name}:batch-{work.batch_id}"
+        run_key = batch_run_key(pipeline, status["pipeline_id"], work.batch_id)
         if work.replay:
             finished = runs_of(context.instance, pipeline, FINISHED, among=50)
             after = finished[0].run_id if finished else "none"

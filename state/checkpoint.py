@@ -25,13 +25,15 @@ The checkpoint owns every table handle; all of them but ``state_windows`` and
 from __future__ import annotations
 
 import json
+import os
 import uuid
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from state import late_records, quarantine
 from state.commit_log import CommitEntry, CommitLog
-from state.errors import CheckpointMissing
+from state.errors import CheckpointMissing, CheckpointReplaced, LowmarkError
 from state.failures import FailureLog
 from state.log import utc_now
 from state.manifest import FileManifest
@@ -175,6 +177,29 @@ class Checkpoint:
         self.metadata.update(pa.Table.from_pylist([row], schema=schema), "pipeline_id", 0)
         self.start_offsets = offsets
 
+    def fence(self) -> None:
+        """Raise CheckpointReplaced unless ``location`` still holds the checkpoint this
+        object opened (its ``pipeline_id``).
+
+        ``lowmark reset`` moves a checkpoint aside and creates a new one at the
+        same location (and may empty the sink), while a runner may still hold
+        the old one open: every table handle names a path, so that runner's
+        next writes would land in the new checkpoint and the emptied sink. A
+        runner calls this before each step that writes, so it stops instead.
+        One small driver-side read; no Spark.
+        """
+        # A new handle: the open one follows the log of the table it first read.
+        table = DriverTable(self.metadata.path, _METADATA_SCHEMA)
+        ids = table.read().column("pipeline_id").to_pylist() if table.exists() else []
+        current = str(ids[0]) if len(ids) == 1 else None
+        if current != self.pipeline_id:
+            now = f"holds checkpoint {current}" if current else "holds no checkpoint"
+            raise CheckpointReplaced(
+                f"{self.location} now {now}, not {self.pipeline_id} that this runner of "
+                f"{self.pipeline_name} started on (`lowmark reset` ran meanwhile): it stopped "
+                "before writing into it; run the pipeline again to go on from the new checkpoint"
+            )
+
     def _read_pipeline_id(self) -> str:
         rows = self.metadata.read().to_pylist()
         if len(rows) != 1:
@@ -189,3 +214,34 @@ class Checkpoint:
         identity = row.get("start_identity")  # no such column in older checkpoints
         self.start_identity = json.loads(identity) if identity else {}
         return str(row["pipeline_id"])
+
+
+@dataclass(frozen=True)
+class Found:
+    """A checkpoint ``find_checkpoint`` found."""
+
+    location: str
+    pipeline_name: str
+
+
+def find_checkpoint(folder: str, pipeline_id: str) -> Found | None:
+    """The checkpoint with ``pipeline_id`` among the local folders in ``folder``
+    (checkpoints side by side, as every pipeline's under ``<data root>/_lowmark/``,
+    and the ones ``lowmark reset`` moved aside there); None if none is.
+
+    Reads only the metadata table of each: for telling whose writes a sink holds.
+    """
+    if not os.path.isdir(folder):
+        return None
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        table = DriverTable(f"{entry.path}/checkpoint", _METADATA_SCHEMA)
+        if not entry.is_dir() or not table.exists():
+            continue
+        try:
+            rows = table.read().to_pylist()
+        except LowmarkError:  # a damaged checkpoint beside it is not the one asked for
+            continue
+        for row in rows:
+            if row["pipeline_id"] == pipeline_id:
+                return Found(entry.path, str(row["pipeline_name"]))
+    return None

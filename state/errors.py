@@ -35,6 +35,11 @@ class CheckpointMissing(CheckpointError):
     """A checkpoint table that must exist is gone."""
 
 
+class CheckpointReplaced(CheckpointError):
+    """The checkpoint a runner opened was moved aside and another created in its place
+    (``lowmark reset``): the runner stops, writing nothing into the new one."""
+
+
 class UnsupportedLogFormat(CheckpointError):
     """A log entry was written by a newer lowmark than this one."""
 

@@ -10,6 +10,9 @@ once, as a fault-free run from scratch would leave it.
 from __future__ import annotations
 
 import shutil
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,10 +21,12 @@ from pyspark.testing import assertDataFrameEqual
 
 from batches import faults
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from batches.follow import follow
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.reset import reset
 from batches.windows import Tumbling
+from state.errors import CheckpointReplaced
 from tests.batches.helpers import drop_file, pipeline, sink_ids
 from tests.batches.test_cli import lowmark
 from tests.batches.test_windows import drop_batches, event, reference, sink, windowed
@@ -49,6 +54,25 @@ def test_a_new_checkpoint_refuses_a_sink_that_holds_another_checkpoints_writes(
         MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=None)
     assert "\n" not in str(error.value)
     assert sink_ids(spark, data_root) == _all_ids(3)  # nothing written twice
+
+
+def test_a_pipeline_on_another_pipelines_sink_is_refused_with_advice_that_keeps_its_rows(
+    spark: SparkSession, data_root: Path
+) -> None:
+    for i in range(2):
+        drop_file(data_root, i)
+    MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=None)
+    second = pipeline(name="u", source=ONE_FILE)  # the same sink as t
+    with pytest.raises(SinkHeldElsewhere) as error:
+        MicroBatchRunner(spark, second, data_root).run(max_batches=None)
+    message = str(error.value)
+    assert "pipeline t's" in message and "give u a sink path of its own" in message
+    assert "--truncate-sink" not in message and "--after-sink" not in message
+    assert "\n" not in message
+    # Nor does a reset of the second pipeline empty the first one's sink.
+    with pytest.raises(SinkHeldElsewhere, match="pipeline t's"):
+        reset(spark, second, data_root, "truncate")
+    assert sink_ids(spark, data_root) == _all_ids(2)
 
 
 def test_truncate_sink_starts_over_and_the_sink_ends_as_from_scratch(
@@ -102,6 +126,83 @@ def test_after_sink_goes_on_after_the_last_batch_the_sink_holds(
     results = MicroBatchRunner(spark, p, data_root).run(max_batches=None)
     assert [r.end for r in results] == [{"0": 4}, {"0": 5}]
     assert sink_ids(spark, data_root) == _all_ids(5)  # each record exactly once
+
+
+def test_a_runner_following_the_source_while_it_is_reset_stops_and_nothing_lands_twice(
+    spark: SparkSession, data_root: Path
+) -> None:
+    p = _stateless()
+    for i in range(2):
+        drop_file(data_root, i)
+    runner = MicroBatchRunner(spark, p, data_root)
+    committed: list[int] = []
+    stop = threading.Event()
+    stopped_by: list[BaseException] = []
+
+    def follow_until_stopped() -> None:
+        try:
+            follow(
+                runner,
+                poll_interval_s=0.05,
+                on_batch=lambda r: committed.append(r.batch_id),
+                should_stop=stop.is_set,
+                handle_signals=False,
+            )
+        except Exception as exc:
+            stopped_by.append(exc)
+
+    follower = threading.Thread(target=follow_until_stopped)
+    follower.start()
+    try:
+        _wait_for(lambda: committed == [0, 1], follower)
+        # While it follows the source: a reset, then a new file for the old runner to take.
+        reset(spark, p, data_root, "truncate")
+        drop_file(data_root, 2)
+        follower.join(timeout=60)
+    finally:
+        stop.set()
+        follower.join()
+
+    assert committed == [0, 1]  # it took nothing after the reset
+    [error] = stopped_by
+    assert isinstance(error, CheckpointReplaced) and "\n" not in str(error)
+    assert "lowmark reset" in str(error)
+    fresh = MicroBatchRunner(spark, p, data_root)
+    fresh.run(max_batches=None)
+    assert sink_ids(spark, data_root) == _all_ids(3)  # each record exactly once
+    assert [e.batch_id for e in fresh.checkpoint.offsets.get_range()] == [0, 1, 2]
+
+
+def test_a_reset_in_the_middle_of_a_batch_stops_its_runner_before_the_batch_writes(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = _stateless()
+    for i in range(3):
+        drop_file(data_root, i)
+    reached = faults.reached
+
+    def reset_after_the_read(step: str, batch_id: int) -> None:
+        if (step, batch_id) == ("after_read", 2):
+            monkeypatch.setattr(faults, "reached", reached)
+            reset(spark, p, data_root, "truncate")
+
+    monkeypatch.setattr(faults, "reached", reset_after_the_read)
+    old = MicroBatchRunner(spark, p, data_root)
+    with pytest.raises(CheckpointReplaced, match="`lowmark reset` ran meanwhile"):
+        old.run(max_batches=None)
+
+    fresh = MicroBatchRunner(spark, p, data_root)
+    fresh.run(max_batches=None)
+    assert sink_ids(spark, data_root) == _all_ids(3)
+    assert [e.batch_id for e in fresh.checkpoint.offsets.get_range()] == [0, 1, 2]
+    assert [e.batch_id for e in fresh.checkpoint.commits.get_range()] == [0, 1, 2]
+
+
+def _wait_for(done: Callable[[], bool], thread: threading.Thread) -> None:
+    deadline = time.monotonic() + 120
+    while not done():
+        assert thread.is_alive() and time.monotonic() < deadline, "the follower never got there"
+        time.sleep(0.02)
 
 
 stateless = _stateless()

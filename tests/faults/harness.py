@@ -12,6 +12,7 @@ offsets were planned then.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -179,12 +180,21 @@ def run_with_crashes(
     return crashes
 
 
-def snapshot(spark: SparkSession, pipeline: Pipeline, root: Path) -> Snapshot:
-    """Every table a batch writes, plus the sink's and state's Delta history, in one Spark job."""
+def snapshot(
+    spark: SparkSession, pipeline: Pipeline, root: Path, after_reset: bool = False
+) -> Snapshot:
+    """Every table a batch writes, plus the sink's and state's Delta history, in one Spark job.
+
+    ``after_reset``: the sink's history only after the commit by which ``lowmark reset
+    --truncate-sink`` emptied it, and its versions in the commit log, numbered from 0
+    again (what a run from scratch wrote).
+    """
     checkpoint = pipeline.checkpoint_location(root)
     tables = {"sink": resolve(SINK, root)} | {
         name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES
     }
+    # The sink's versions up to the reset's are the old checkpoint's.
+    before = _reset_version(tables["sink"]) + 1 if after_reset else 0
     frames: list[DataFrame] = []
     for name, path in tables.items():
         if not RsDeltaTable.is_deltatable(path):
@@ -192,9 +202,15 @@ def snapshot(spark: SparkSession, pipeline: Pipeline, root: Path) -> Snapshot:
         df = spark.read.format("delta").load(path)
         if name == "watermarks":
             df = _last_seen_as_batch(df, spark.read.format("delta").load(tables["offsets"]))
+        if name == "commits" and before:
+            df = _sink_version_less(df, before)
         frames.append(_as_json(name, df.drop(*_UNSTABLE.get(name, ()))))
         if name in ("sink", "state_windows"):
-            frames.append(_as_json(f"{name} history", _history(spark, path)))
+            history = _history(spark, path)
+            if name == "sink" and before:
+                history = history.where(F.col("version") >= before)
+                history = history.withColumn("version", F.col("version") - before)
+            frames.append(_as_json(f"{name} history", history))
     result: Snapshot = {name: Counter() for name in tables}
     for row in reduce(DataFrame.unionByName, frames).collect():
         result.setdefault(row["table"], Counter())[row["row"]] += 1
@@ -231,6 +247,37 @@ def _last_seen_as_batch(watermarks: DataFrame, offsets: DataFrame) -> DataFrame:
         watermarks.join(planned, watermarks["last_seen_ms"] == planned["_planned_ms"], "left")
         .withColumn("last_seen_batch", F.coalesce("_batch", F.lit(-1)))
         .drop("last_seen_ms", "_planned_ms", "_batch")
+    )
+
+
+def reset_with_truncate_sink(root: Path, pipeline: Pipeline) -> None:
+    """`lowmark reset PIPELINE --truncate-sink`, in this process (its Spark session)."""
+    args = ["--pipelines", "tests.faults.scenarios", "--data-root", str(root)]
+    try:
+        cli.main([*args, "reset", pipeline.name, "--truncate-sink"])
+    except SystemExit as exit_info:
+        assert not exit_info.code, f"lowmark reset {pipeline.name} exited {exit_info.code}"
+
+
+def _reset_version(path: str) -> int:
+    """The version of the newest commit of a reset to the table at ``path`` (its writer's
+    batch is -1: ``batches.reset``)."""
+    return max(
+        int(c["version"])
+        for c in RsDeltaTable(path).history()
+        if json.loads(c.get("userMetadata") or "{}").get("lowmark", {}).get("batch_id") == -1
+    )
+
+
+def _sink_version_less(commits: DataFrame, by: int) -> DataFrame:
+    """``commits`` with the sink version each recorded (JSON text ``"sink": N``) less ``by``."""
+    recorded = F.regexp_extract("table_versions", r'"sink": (\d+)', 1)
+    shifted = F.concat(F.lit('"sink": '), (recorded.cast("long") - by).cast("string"))
+    return commits.withColumn(
+        "table_versions",
+        F.when(
+            recorded != "", F.regexp_replace("table_versions", r'"sink": \d+', shifted)
+        ).otherwise(F.col("table_versions")),
     )
 
 

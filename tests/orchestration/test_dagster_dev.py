@@ -31,6 +31,7 @@ from dagster._core.instance.ref import InstanceRef
 from pyspark.sql import SparkSession
 
 from orchestration.ui import free_port, live_group_members
+from state.checkpoint import Checkpoint
 from tests.conftest import write_json_lines
 from tests.orchestration.pipelines import HOLD
 from tests.orchestration.test_jobs import tick
@@ -164,7 +165,7 @@ def test_ticks_start_no_spark_and_a_following_run_takes_files_as_they_land(
     write_json_lines(dev.data_root / "ticks/in", "f0.json", [tick("a", 1, 1), tick("a", 30, 2)], 1)
     first = wait_for("batch 0 of ticks", lambda: dev.materializations(TICKS), dev)
     [run] = dev.runs(tags={"lowmark/pipeline": "ticks"})
-    assert run.tags["dagster/run_key"] == "ticks:batch-0"
+    assert run.tags["dagster/run_key"] == "ticks:new:batch-0"
     # Hour 3 moves the watermark past hours 0 and 1 (10 s windows, 10 s lateness).
     write_json_lines(dev.data_root / "ticks/in", "f1.json", [tick("b", 10_800, 4)], 2)
     landed = wait_for(
@@ -205,7 +206,9 @@ def test_a_run_killed_mid_batch_is_replayed_by_the_next_sensor_run(
     wait_for("the replayed batch", lambda: dev.materializations(SLOW), dev)
     runs = dev.runs(tags={"lowmark/pipeline": "slow"})
     assert runs[0].status == dg.DagsterRunStatus.FAILURE
-    assert runs[-1].tags["dagster/run_key"] == f"slow:batch-0:replay-after-{runs[0].run_id}"
+    pipeline_id = Checkpoint(str(checkpoint), "slow").pipeline_id
+    replay_key = f"slow:{pipeline_id}:batch-0:replay-after-{runs[0].run_id}"
+    assert runs[-1].tags["dagster/run_key"] == replay_key
     progress = spark.read.format("delta").load(str(checkpoint / "progress")).collect()
     assert [(r.batch_id, r.replayed) for r in progress] == [(0, True)]
     offsets = spark.read.format("delta").load(str(checkpoint / "offsets")).collect()

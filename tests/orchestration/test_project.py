@@ -3,14 +3,20 @@ environment leaves unset, and refused in one line when broken."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from orchestration.errors import ProjectFileInvalid
-from orchestration.project import find_project, load_project
+from orchestration.cli import main
+from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
+from orchestration.project import SAFE_DIRECTORIES_ENV, find_project, load_project
 from orchestration.scaffold import init_project
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -29,7 +35,7 @@ def test_lowmark_toml_fills_in_only_the_unset_variables_with_its_paths_made_abso
         "LOWMARK_DATA_ROOT": "/set/by/hand",  # the environment wins over the file
         "DAGSTER_HOME": str(project / "dagster_home"),
     }
-    assert path == [str(project), "/somewhere"]
+    assert path == ["/somewhere", str(project)]  # last: it stands in for nothing installed
 
 
 def test_a_pipelines_file_is_relative_to_the_project_folder(project: Path) -> None:
@@ -62,3 +68,72 @@ def test_a_broken_lowmark_toml_is_one_line_naming_the_file_and_the_field(
     with pytest.raises(ProjectFileInvalid) as raised:
         find_project(project / "data")
     assert says in str(raised.value) and "\n" not in str(raised.value)
+
+
+ANOTHER_USER = 12345
+
+
+@pytest.mark.parametrize(("where", "mode"), [(".", 0o777), (".", 0o775), ("lowmark.toml", 0o646)])
+def test_a_project_others_may_write_is_refused_in_one_line_naming_the_folder_and_the_fix(
+    project: Path, where: str, mode: int
+) -> None:
+    (project / where).chmod(mode)
+    with pytest.raises(ProjectUnsafe) as raised:
+        find_project(project / "data", environ={})
+    message = str(raised.value)
+    assert f"project {project} may have been changed by others" in message
+    assert f"chmod go-w {(project / where).resolve()}" in message
+    assert f"{SAFE_DIRECTORIES_ENV}={project}" in message and "\n" not in message
+
+
+def test_lowmark_list_in_a_world_writable_project_stops_before_importing_its_pipelines(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (project / "pipelines.py").write_text("raise SystemExit('the project ran its code')\n")
+    project.chmod(0o777)
+    monkeypatch.chdir(project / "data")
+    monkeypatch.delenv(SAFE_DIRECTORIES_ENV, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["list"])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: project {project} may have been changed by others")
+
+
+def test_a_project_owned_by_another_user_is_refused(project: Path) -> None:
+    os.chown(project, ANOTHER_USER, -1)
+    with pytest.raises(ProjectUnsafe, match=f"owned by uid {ANOTHER_USER}"):
+        find_project(project, environ={})
+
+
+@pytest.mark.parametrize("listed", ["{project}", "/elsewhere:{project}/", "*"])
+def test_a_project_listed_as_safe_is_used_whoever_owns_it(project: Path, listed: str) -> None:
+    project.chmod(0o777)
+    os.chown(project, ANOTHER_USER, -1)
+    environ = {SAFE_DIRECTORIES_ENV: listed.format(project=project)}
+    found = find_project(project / "data", environ=environ)
+    assert found is not None and found.root == project
+
+
+def test_a_projects_own_batches_and_state_modules_never_stand_in_for_lowmarks(
+    project: Path,
+) -> None:
+    for name in ("batches", "state", "orchestration"):
+        (project / f"{name}.py").write_text(f"raise ImportError('the project shadowed {name}')\n")
+    # A fresh process, as a Dagster code server that loads the project's definitions:
+    # lowmark's `batches` is not imported yet when the project is put to use.
+    code = (
+        "import sys; from pathlib import Path; from orchestration.project import load_project; "
+        "load_project(Path(sys.argv[1])).use(); "
+        "import batches.pipeline, state.errors; print(batches.pipeline.__file__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(project)],
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(REPO / "batches" / "pipeline.py")

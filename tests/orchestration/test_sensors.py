@@ -7,10 +7,12 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.storage.tags import RUN_KEY_TAG
 from dagster._core.test_utils import create_run_for_test
 from pyspark.sql import SparkSession
 
 from batches.microbatch import MicroBatchRunner
+from batches.reset import reset
 from orchestration.resources import LowmarkResource, SparkResource
 from tests.conftest import write_json_lines
 from tests.orchestration.pipelines import slow
@@ -44,13 +46,41 @@ def test_new_files_request_a_run_keyed_by_the_next_batch_id(
     monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
     drop(data_root, 0)
     first = tick(defs, instance, resources)
-    assert [r.run_key for r in first.run_requests] == ["slow:batch-0"]
+    assert [r.run_key for r in first.run_requests] == ["slow:new:batch-0"]  # no checkpoint yet
     assert first.run_requests[0].tags["lowmark/pipeline"] == "slow"
 
-    MicroBatchRunner(spark, slow, data_root).run(max_batches=None)
+    runner = MicroBatchRunner(spark, slow, data_root)
+    runner.run(max_batches=None)
     assert not tick(defs, instance, resources).run_requests
     drop(data_root, 1)
-    assert [r.run_key for r in tick(defs, instance, resources).run_requests] == ["slow:batch-1"]
+    keys = [r.run_key for r in tick(defs, instance, resources).run_requests]
+    assert keys == [f"slow:{runner.checkpoint.pipeline_id}:batch-1"]
+
+
+def test_after_a_reset_the_sensor_requests_a_run_under_a_key_no_earlier_run_used(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
+    drop(data_root, 0)
+    [request] = tick(defs, instance, resources).run_requests
+    # The run the daemon launched for it, which ran batch 0.
+    create_run_for_test(
+        instance,
+        job_name="slow_microbatches",
+        tags={"lowmark/pipeline": "slow", RUN_KEY_TAG: request.run_key},
+        status=dg.DagsterRunStatus.SUCCESS,
+    )
+    MicroBatchRunner(spark, slow, data_root).run(max_batches=None)
+
+    reset(spark, slow, data_root, "truncate")
+    [again] = tick(defs, instance, resources).run_requests
+    # Dagster skips a request whose key a run already has: the new checkpoint would never run.
+    assert instance.get_runs(dg.RunsFilter(tags={RUN_KEY_TAG: again.run_key})) == []
 
 
 def test_an_uncommitted_batch_requests_a_replay_run(
@@ -78,7 +108,8 @@ def test_an_uncommitted_batch_requests_a_replay_run(
         status=dg.DagsterRunStatus.FAILURE,
     )
     data = tick(defs, instance, resources)
-    assert [r.run_key for r in data.run_requests] == [f"slow:batch-0:replay-after-{failed.run_id}"]
+    key = f"slow:{runner.checkpoint.pipeline_id}:batch-0:replay-after-{failed.run_id}"
+    assert [r.run_key for r in data.run_requests] == [key]
 
 
 @pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED])
@@ -114,7 +145,9 @@ def test_a_tick_reads_the_checkpoint_and_the_folder_without_spark(
 ) -> None:
     monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
     drop(data_root, 0)
-    MicroBatchRunner(spark, slow, data_root).run(max_batches=None)
+    runner = MicroBatchRunner(spark, slow, data_root)
+    runner.run(max_batches=None)
     drop(data_root, 1)
     no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
-    assert [r.run_key for r in tick(defs, instance, no_spark).run_requests] == ["slow:batch-1"]
+    keys = [r.run_key for r in tick(defs, instance, no_spark).run_requests]
+    assert keys == [f"slow:{runner.checkpoint.pipeline_id}:batch-1"]

@@ -292,8 +292,11 @@ def test_a_pipeline_at_latest_reads_what_lands_after_the_dagster_sensor_first_as
 
         assert not tick().run_requests  # nothing past "latest" yet
         kafka.produce(topic, [event("new", i) for i in range(4)])  # lands between two ticks
-        assert [r.run_key for r in tick().run_requests] == ["sensed_from_latest:batch-0"]
-    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+        # The first tick created the checkpoint (its start fixed): the key names its id.
+        runner = MicroBatchRunner(spark, pipeline, data_root)
+        key = f"sensed_from_latest:{runner.checkpoint.pipeline_id}:batch-0"
+        assert [r.run_key for r in tick().run_requests] == [key]
+    runner.run(max_batches=None)
     users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
     assert users == ["new"] * 4
 
