@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from batches.compaction import tidy_after
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
-from batches.poison import counts_as_failure, refuse_poison
+from batches.poison import TRANSIENT_PAUSES_S, failure_kind, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, Range, SourceRead
@@ -95,10 +96,15 @@ class MicroBatchRunner:
         pipeline: Pipeline,
         data_root: Path,
         clock: Clock | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._spark = provider(spark)
         self.pipeline = pipeline
         self.clock = clock or SystemClock()
+        self.sleep = sleep
+        """Waits between tries of a batch after a transient error (tests: no real wait)."""
+        self.attempting: PlannedBatch | None = None
+        """The batch the last ``run_batch`` was running when it raised (None: it did not)."""
         self.runner_id = str(uuid.uuid4())
         self.fingerprint = pipeline.fingerprint()
         self.checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
@@ -286,23 +292,54 @@ class MicroBatchRunner:
         Steps 2-8: ``_run``. A batch whose data work fails is recorded in the
         ``failures`` table; one that failed ``max_failed_attempts`` times is
         not run again (``PoisonBatch``, see ``batches.poison``) unless
-        ``retry`` (its transform was fixed), or until it is set aside.
+        ``retry`` (its transform was fixed), or until it is set aside. The
+        same holds for operational errors, counted apart. A transient error
+        (a broker away, a lost write conflict) is not recorded: the batch is
+        planned and run again after each pause of ``TRANSIENT_PAUSES_S``
+        (``sleep``), and the error raised once they are spent.
         """
+        pauses = iter(TRANSIENT_PAUSES_S)
+        while True:
+            try:
+                return self._attempt(retry)
+            except Exception as exc:
+                pause = next(pauses, None)
+                if pause is None or failure_kind(exc) != "transient":
+                    raise
+                log.warning(
+                    "pipeline %s: %s; trying the batch again in %g s",
+                    self.pipeline.name,
+                    first_line(exc),
+                    pause,
+                )
+            # What this runner knew of the logs may be stale now: plan from them again
+            # (a batch whose offsets were written is then replayed, exactly).
+            self._committed, self._partitions = None, None
+            self.sleep(pause)
+
+    def _attempt(self, retry: bool) -> BatchResult | None:
+        """One try at the next batch: plan, refuse a blocked one, run; a failure of the
+        data or operational kind is recorded (``batches.poison``)."""
+        self.attempting = None
         timer = _StepTimer(self.clock)
         planned = self.plan_next_batch()
         if planned is None:
             return None
         timer.lap("plan")
         faults.reached("after_plan", planned.batch_id)
-        if planned.replay and not retry:
+        self.attempting = planned
+        if not retry:
             refuse_poison(self, planned)
         try:
-            return self._run(planned, timer)
+            result = self._run(planned, timer)
         except Exception as exc:
-            if counts_as_failure(exc):
+            kind = failure_kind(exc)
+            if kind == "data" or kind == "operational":
                 error = first_line(exc)[:1000]
-                self.checkpoint.failures.record(planned.batch_id, self.runner_id, error)
+                self.checkpoint.failures.record(planned.batch_id, self.runner_id, error, kind)
             raise
+        self.attempting = None
+        return result
 
     def _run(self, planned: PlannedBatch, timer: _StepTimer) -> BatchResult:
         """Steps 2-8 of batch ``planned``, top to bottom.

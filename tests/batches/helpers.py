@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.sources.base import Range, Source, SourceRead
+from state.offset_log import Offsets
 from tests.conftest import write_json_lines
 
 
@@ -47,3 +50,53 @@ def per_window(df: DataFrame, key: str, window: Column, *aggregates: Column) -> 
         F.col("w.end").alias("window_end"),
         *[c for c in out.columns if c not in (key, "w")],
     )
+
+
+class FlakyReads(Source):
+    """``inner``, whose first ``failures`` reads raise ``error`` (a broker away for a
+    while); everything else is ``inner``'s."""
+
+    def __init__(self, inner: Source, failures: int, error: Exception) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.error = error
+        self.reads = 0
+
+    def read(
+        self,
+        start: Offsets,
+        end: Offsets,
+        batch_id: int,
+        cache: bool = False,
+        strict: bool = False,
+    ) -> SourceRead:
+        self.reads += 1
+        if self.reads <= self.failures:
+            raise self.error
+        return self.inner.read(start, end, batch_id, cache, strict)
+
+    def initial_offsets(self) -> Offsets:
+        return self.inner.initial_offsets()
+
+    def plan(
+        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+    ) -> Offsets:
+        return self.inner.plan(start, batch_id, record, discover)
+
+    def backlog(self, committed_end: Offsets) -> dict[str, int]:
+        return self.inner.backlog(committed_end)
+
+    def read_batches(self, batches: Sequence[Range]) -> SourceRead | None:
+        return None  # every read goes through ``read``, so each counts
+
+    def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
+        return self.inner.partitions(start, end)
+
+    def inputs(self, start: Offsets, end: Offsets) -> list[str]:
+        return self.inner.inputs(start, end)
+
+    def confirm(self, batch: Range) -> None:
+        self.inner.confirm(batch)
+
+    def commit(self, end: Offsets) -> None:
+        self.inner.commit(end)
