@@ -54,3 +54,16 @@ class PoisonBatch(LowmarkError):
 class SourceDataLost(LowmarkError):
     """Input a batch must read is gone upstream (a deleted topic, records removed by
     retention, vacuumed table history)."""
+
+
+class BatchFailed(LowmarkError):
+    """A batch stopped on an error: which batch, its input, the error's first line, the
+    attempt and what to do, in one paragraph (``batches.poison.failure_report``)."""
+
+
+class SinkNotATable(LowmarkError):
+    """A sink path holds something a Delta table cannot live in (a file)."""
+
+
+class Interrupted(LowmarkError):
+    """The person running lowmark stopped it (Ctrl-C) while a batch ran."""

@@ -27,7 +27,7 @@ from batches.catch_up import ReadAhead, Seen, row_by_row
 from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.compaction import tidy_after
-from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from batches.errors import Interrupted, PipelineConfigInvalid, SinkHeldElsewhere, SinkNotATable
 from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
 from batches.poison import TRANSIENT_PAUSES_S, failure_kind, refuse_poison
@@ -105,6 +105,7 @@ class MicroBatchRunner:
         """Waits between tries of a batch after a transient error (tests: no real wait)."""
         self.attempting: PlannedBatch | None = None
         """The batch the last ``run_batch`` was running when it raised (None: it did not)."""
+        self._interrupted = False
         self.runner_id = str(uuid.uuid4())
         self.fingerprint = pipeline.fingerprint()
         self.checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
@@ -333,6 +334,8 @@ class MicroBatchRunner:
         try:
             result = self._run(planned, timer)
         except Exception as exc:
+            if self._interrupted:  # cancelled on purpose: no failure of the batch
+                raise self.interrupted() from exc
             kind = failure_kind(exc)
             if kind == "data" or kind == "operational":
                 error = first_line(exc)[:1000]
@@ -340,6 +343,24 @@ class MicroBatchRunner:
             raise
         self.attempting = None
         return result
+
+    def interrupt(self) -> None:
+        """Stop now (Ctrl-C), from another thread: the Spark jobs of the batch in progress
+        are cancelled and it raises ``Interrupted``, not counted as a failure; ``run``
+        starts no batch after it. The next run replays the batch with the same offsets
+        (every write is idempotent: what it wrote is kept, never written twice)."""
+        self._interrupted = True
+        self.spark.sparkContext.cancelAllJobs()
+
+    def interrupted(self) -> Interrupted:
+        """The error a run stops with after an interrupt (``interrupt``, or Ctrl-C)."""
+        name = self.pipeline.name
+        if self.attempting is None:
+            return Interrupted(f"{name} was interrupted between batches: nothing is lost")
+        return Interrupted(
+            f"batch {self.attempting.batch_id} of {name} was interrupted before it committed; "
+            f"nothing it wrote is lost: `lowmark run {name}` replays it"
+        )
 
     def _run(self, planned: PlannedBatch, timer: _StepTimer) -> BatchResult:
         """Steps 2-8 of batch ``planned``, top to bottom.
@@ -529,8 +550,15 @@ class MicroBatchRunner:
         )
 
     def _check_sink_is_ours(self) -> None:
-        """Before a checkpoint's first batch: its sink must not hold another checkpoint's
-        writes, or the source, read from the start again, would land in it twice."""
+        """Before a checkpoint's first batch: its sink must be a folder (or nothing yet), and
+        must not hold another checkpoint's writes, or the source, read from the start again,
+        would land in it twice."""
+        if Path(self.sink.path).is_file():
+            raise SinkNotATable(
+                f"sink {self.sink.path} of {self.pipeline.name} is a file, not a folder a "
+                "Delta table can live in: point the pipeline's sink path at a folder, or move "
+                "the file away"
+            )
         writer = last_writer(self.sink.path)
         ours = {self.checkpoint.pipeline_id, self.checkpoint.adopted_from}
         if writer is None or writer.pipeline_id in ours:
@@ -758,7 +786,7 @@ class MicroBatchRunner:
         """
         started = self.clock.now_ms()
         results: list[BatchResult] = []
-        while max_batches is None or len(results) < max_batches:
+        while (max_batches is None or len(results) < max_batches) and not self._interrupted:
             if max_seconds is not None and self.clock.now_ms() - started >= max_seconds * 1000:
                 break
             result = self.run_batch(retry=retry and not results)

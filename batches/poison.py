@@ -35,7 +35,8 @@ Errors are of three kinds (``failure_kind``):
   longer between runs before that (``batches.status.pending_work``).
 
 Another runner (``ConcurrentRunner``), a refusal of this very rule
-(``PoisonBatch``) and kills are no failure of the batch.
+(``PoisonBatch``), an interrupt (``Interrupted``) and kills are no failure of
+the batch.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from confluent_kafka import KafkaException
 from deltalake import DeltaTable
 
 from batches.errors import (
+    Interrupted,
     PipelineConfigInvalid,
     PoisonBatch,
     SinkWriteFailed,
@@ -55,7 +57,7 @@ from batches.errors import (
 )
 from state import quarantine
 from state.commit_log import CommitEntry
-from state.errors import ConcurrentRunner, LowmarkError, WriteConflict, jvm_causes
+from state.errors import ConcurrentRunner, LowmarkError, WriteConflict, first_line, jvm_causes
 from state.failures import FailureKind
 from state.table import DriverTable
 
@@ -93,7 +95,7 @@ ErrorKind = FailureKind | Literal["transient", "none"]
 
 def failure_kind(exc: Exception) -> ErrorKind:
     """What ``exc``, raised by a batch's work, is (see above; ``none``: no failure)."""
-    if isinstance(exc, ConcurrentRunner | PoisonBatch):
+    if isinstance(exc, ConcurrentRunner | PoisonBatch | Interrupted):
         return "none"
     if isinstance(exc, WriteConflict | ConnectionError | TimeoutError):
         return "transient"
@@ -128,15 +130,50 @@ def blocked(runner: MicroBatchRunner, planned: PlannedBatch) -> str | None:
     failures = [f for f in failures if f.kind == "data"]
     if len(failures) < limit:
         return None
-    items = runner.source.inputs(planned.start, planned.end)
-    shown = ", ".join(items[:SHOWN_INPUTS])
-    if len(items) > SHOWN_INPUTS:
-        shown += f" and {len(items) - SHOWN_INPUTS} more"
+    shown = _inputs(runner, planned)
     return (
         f"batch {planned.batch_id} of {name} failed {len(failures)} times (input: {shown}; "
         f"last error: {failures[-1].error}): fix the transform and run `lowmark run {name} "
         f"--retry`, or set its input aside with `lowmark skip-batch {name} "
         f'{planned.batch_id} --reason "..."`'
+    )
+
+
+def _inputs(runner: MicroBatchRunner, planned: PlannedBatch) -> str:
+    """The input of ``planned`` in words: its first ``SHOWN_INPUTS`` items and how many
+    more."""
+    items = runner.source.inputs(planned.start, planned.end)
+    shown = ", ".join(items[:SHOWN_INPUTS]) or "none"
+    if len(items) > SHOWN_INPUTS:
+        shown += f" and {len(items) - SHOWN_INPUTS} more"
+    return shown
+
+
+def failure_report(runner: MicroBatchRunner, exc: Exception) -> str | None:
+    """``exc``, which stopped the batch ``runner`` was running, in one paragraph: the
+    batch, its input, the error's first line, the attempt and what to do. None when no
+    batch was running, or ``exc`` is no failure of the batch (it says all itself)."""
+    planned, kind = runner.attempting, failure_kind(exc)
+    if planned is None or kind == "none":
+        return None
+    name, batch_id = runner.pipeline.name, planned.batch_id
+    what = f"batch {batch_id} of {name} (input: {_inputs(runner, planned)})"
+    error = first_line(exc)
+    if kind == "transient":
+        waited = f"{sum(TRANSIENT_PAUSES_S):g} s"
+        return (
+            f"{what} could not reach what it reads or writes, retried for {waited}: {error}; "
+            f"once it is back, `lowmark run {name}` replays the batch"
+        )
+    limit = runner.pipeline.max_failed_attempts
+    attempts = sum(f.kind == kind for f in runner.checkpoint.failures.of(batch_id))
+    if kind == "operational":  # lowmark's own line: it says what to do
+        return f"{what} stopped (attempt {attempts} of {limit}): {error}"
+    return (
+        f"{what} failed (attempt {attempts} of {limit}): {error}; fix the transform or "
+        f"the input, then `lowmark run {name}` replays the batch; after {limit} failures "
+        f'runs stop at it, and `lowmark skip-batch {name} {batch_id} --reason "..."` '
+        "sets its input aside"
     )
 
 

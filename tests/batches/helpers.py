@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
 
 from batches.pipeline import DeltaSink, FileSource, Pipeline
 from batches.sources.base import Range, Source, SourceRead
@@ -100,3 +102,45 @@ class FlakyReads(Source):
 
     def commit(self, end: Offsets) -> None:
         self.inner.commit(end)
+
+
+def parse_times(df: DataFrame) -> DataFrame:
+    """Parses ``ts``; under ANSI mode a value that is no time fails the batch."""
+    return df.withColumn("at", F.to_timestamp("ts"))
+
+
+@F.udf(LongType())
+def _slow_id(value: int) -> int:
+    time.sleep(0.5)
+    return value
+
+
+def slowly(df: DataFrame) -> DataFrame:
+    """Half a second per record: a batch long enough to be interrupted."""
+    return df.withColumn("id", _slow_id("id"))
+
+
+FIRST_CONTACT_YAML = """
+pipelines:
+  - name: times
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    transform: tests.batches.helpers:parse_times
+    sink: {kind: delta, path: out}
+  - name: into_a_file
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    sink: {kind: delta, path: a_file}
+  - name: string_time
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    sink: {kind: delta, path: out}
+    event_time: {column: ts, max_out_of_orderness: 10 seconds}
+    aggregation:
+      keys: [id]
+      window: {kind: tumbling, size: 1 minute}
+      aggregates: [{fn: count}]
+  - name: slow
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    transform: tests.batches.helpers:slowly
+    sink: {kind: delta, path: out}
+"""
+"""Pipelines a new user gets wrong: a transform that fails on a record, a sink path that
+is a file, an event-time column that is a string; and one slow enough to interrupt."""
