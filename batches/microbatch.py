@@ -329,7 +329,7 @@ class MicroBatchRunner:
         timer.lap("plan")
         faults.reached("after_plan", planned.batch_id)
         self.attempting = planned
-        if not retry:
+        if planned.replay and not retry:
             refuse_poison(self, planned)
         try:
             result = self._run(planned, timer)

@@ -207,7 +207,7 @@ def _blocked(dry: DryRun) -> str | None:
     """Why the planned batch is not run again by itself (a poison batch, or one that kept
     stopping on an operational error), or None."""
     planned = dry.planned
-    if dry.runner is None or planned is None:
+    if dry.runner is None or planned is None or not planned.replay:
         return None
     return blocked(dry.runner, planned)
 

@@ -109,10 +109,13 @@ def parse_times(df: DataFrame) -> DataFrame:
     return df.withColumn("at", F.to_timestamp("ts"))
 
 
-@F.udf(LongType())
-def _slow_id(value: int) -> int:
+def _after_half_a_second(value):
+    # No type hints: PySpark would look for a pandas UDF in them.
     time.sleep(0.5)
     return value
+
+
+_slow_id = F.udf(_after_half_a_second, LongType())
 
 
 def slowly(df: DataFrame) -> DataFrame:

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.logs import log_file
 from batches.microbatch import MicroBatchRunner
 from batches.registry import get_pipeline
 from state.checkpoint import Checkpoint
@@ -24,6 +23,11 @@ pytestmark = pytest.mark.slow
 
 SHORT = 8
 """Lines a failure may print: a paragraph, not a log."""
+
+
+def log_file(root: Path) -> Path:
+    """Where the README says the CLI's details go."""
+    return root / "_lowmark/_logs/lowmark.log"
 
 
 def _root(tmp_path: Path, records: list[dict[str, object]]) -> Path:
