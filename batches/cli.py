@@ -34,7 +34,14 @@ from batches.display import duration, iso_utc, moment, print_fields, print_json,
 from batches.durations import parse_duration_ms
 from batches.errors import BatchFailed
 from batches.follow import follow
-from batches.logs import DETAILS, installed_log_file, jvm_output_to, log_file, send_logs
+from batches.logs import (
+    DETAILS,
+    installed_log_file,
+    jvm_output_to,
+    log_file,
+    send_logs,
+    stop_logs,
+)
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import resolve
 from batches.poison import failure_report, set_aside
@@ -396,6 +403,14 @@ def status(
     ]
     if s["blocked"]:
         fields.append(("blocked", s["blocked"]))
+    elif s["last_failure"]:
+        failed = s["last_failure"]
+        fields.append(
+            (
+                "last failure",
+                f"{failed['kind']}, {moment(failed['failed_at_ms'], now)}: {failed['error']}",
+            )
+        )
     fields.append(("backlog", s["backlog_described"]))
     if p.event_time is not None:
         fields += _watermark_fields(s)
@@ -762,6 +777,8 @@ def main(
         _fail(f"Spark rejected the pipeline: {first_line(exc)}", exc, 2, details=True)
     except Exception as exc:
         _fail(f"{type(exc).__name__}: {first_line(exc)}", exc, 1, details=True)
+    finally:
+        stop_logs()
 
 
 def _fail(message: str, exc: Exception, code: int, details: bool) -> None:

@@ -110,6 +110,15 @@ def _remove_installed(logger: logging.Logger) -> None:
             handler.close()
 
 
+def stop_logs() -> None:
+    """Take away what ``send_logs`` set up (a process that goes on after the command: a
+    test, a caller of ``batches.cli.main``): root back to Python's default level."""
+    _remove_installed(logging.getLogger())
+    logging.getLogger().setLevel(logging.WARNING)
+    for name in PYSPARK_LOGGERS:
+        _remove_installed(logging.getLogger(name))
+
+
 def installed_log_file() -> Path | None:
     """The file ``send_logs`` sends details to, or None when it was not called."""
     for handler in logging.getLogger().handlers:
