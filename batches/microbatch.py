@@ -38,6 +38,7 @@ from batches.watermarks import PartitionTime, observe, pipeline_watermark
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch, first_line
+from state.failures import FailureKind
 from state.offset_log import OffsetEntry, Offsets
 from state.ownership import last_writer
 from state.progress import ProgressEntry
@@ -338,11 +339,23 @@ class MicroBatchRunner:
                 raise self.interrupted() from exc
             kind = failure_kind(exc)
             if kind == "data" or kind == "operational":
-                error = first_line(exc)[:1000]
-                self.checkpoint.failures.record(planned.batch_id, self.runner_id, error, kind)
+                self._record_failure(planned.batch_id, first_line(exc)[:1000], kind)
             raise
         self.attempting = None
         return result
+
+    def _record_failure(self, batch_id: int, error: str, kind: FailureKind) -> None:
+        """A row of the ``failures`` table, unless that table cannot take it (a damaged
+        checkpoint may be why the batch failed): the batch's own error is what to raise."""
+        try:
+            self.checkpoint.failures.record(batch_id, self.runner_id, error, kind)
+        except Exception as unrecorded:
+            log.warning(
+                "pipeline %s: the failure of batch %d was not recorded: %s",
+                self.pipeline.name,
+                batch_id,
+                first_line(unrecorded),
+            )
 
     def interrupt(self) -> None:
         """Stop now (Ctrl-C), from another thread: the Spark jobs of the batch in progress
