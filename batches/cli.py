@@ -770,7 +770,8 @@ def main(
     try:
         app(args=argv, prog_name="lowmark", obj={"listeners": listeners, "clock": clock})
     except BatchFailed as exc:
-        _fail(str(exc), exc, 2, details=True)
+        # lowmark's own error says all there is; a Spark or transform error has more.
+        _fail(str(exc), exc, 2, details=not isinstance(exc.__cause__, LowmarkError))
     except LowmarkError as exc:
         _fail(str(exc), exc, 2, details=False)
     except AnalysisException as exc:
