@@ -109,18 +109,17 @@ def parse_times(df: DataFrame) -> DataFrame:
     return df.withColumn("at", F.to_timestamp("ts"))
 
 
-def _after_half_a_second(value):
-    # No type hints: PySpark would look for a pandas UDF in them.
-    time.sleep(0.5)
-    return value
-
-
-_slow_id = F.udf(_after_half_a_second, LongType())
-
-
 def slowly(df: DataFrame) -> DataFrame:
     """Half a second per record: a batch long enough to be interrupted."""
-    return df.withColumn("id", _slow_id("id"))
+
+    # Nested, so it is pickled by value: Spark's Python workers need not import this
+    # module (and what it imports). No type hints: PySpark would look for a pandas UDF.
+    def after_half_a_second(value):
+        time.sleep(0.5)
+        return value
+
+    slow_id = F.udf(after_half_a_second, LongType(), useArrow=False)
+    return df.withColumn("id", slow_id("id"))
 
 
 FIRST_CONTACT_YAML = """
