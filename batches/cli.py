@@ -1,16 +1,23 @@
 """The ``lowmark`` command line.
 
 User errors (LowmarkError) print one red line and exit 2, never a stack
-trace; everything committed before the error stays committed.
+trace; everything committed before the error stays committed. A batch that
+fails prints one paragraph (the batch, its input, the error's first line,
+the attempt, what to do: ``batches.poison.failure_report``); the details
+(tracebacks, Spark's own logs) go to the log file (``batches.logs``), and
+``--verbose`` prints them too. Ctrl-C while batches run cancels the batch in
+progress (the next run replays it); a second Ctrl-C quits at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,16 +32,24 @@ from batches.compaction import compact_checkpoint
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.display import duration, iso_utc, moment, print_fields, print_json, print_table
 from batches.durations import parse_duration_ms
-from batches.errors import RunInFlight
+from batches.errors import BatchFailed, RunInFlight
 from batches.follow import follow
+from batches.logs import (
+    DETAILS,
+    installed_log_file,
+    jvm_output_to,
+    log_file,
+    send_logs,
+    stop_logs,
+)
 from batches.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline, resolve
-from batches.poison import set_aside
+from batches.poison import failure_report, set_aside
 from batches.registry import get_pipeline, load_pipelines
 from batches.reset import reset as reset_pipeline
 from batches.sources.base import describe_range
 from batches.status import pipeline_history, pipeline_plan, pipeline_status
-from state.errors import LowmarkError
+from state.errors import LowmarkError, first_line
 from state.session import SparkSettings, get_spark
 
 app = typer.Typer(
@@ -45,6 +60,7 @@ app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
+details_log = logging.getLogger(DETAILS)
 
 
 BatchListener = Callable[[MicroBatchRunner, Path], Callable[[BatchResult], None] | None]
@@ -79,7 +95,10 @@ class Context:
         self.reset_guards = reset_guards
 
     def spark(self) -> SparkSession:
-        with err.status("starting Spark…"):
+        if SparkSession.getActiveSession() is not None:
+            return get_spark(self.settings)
+        # Spark's JVM prints to the log file, not the console (batches.logs).
+        with err.status("starting Spark…"), jvm_output_to(log_file(self.data_root)):
             return get_spark(self.settings)
 
     def on_batch(
@@ -119,8 +138,17 @@ def main_options(
         str | None,
         typer.Option(help="Spark master URL. Env: LOWMARK_SPARK_MASTER; default local[*]."),
     ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help="Print the details of an error (tracebacks, Spark's logs) too; they always "
+            "go to <data root>/_lowmark/_logs/lowmark.log.",
+        ),
+    ] = False,
 ) -> None:
     ctx.obj = Context(pipelines, data_root, master, **(ctx.obj or {}))
+    send_logs(log_file(ctx.obj.data_root), verbose)
 
 
 @app.command("list")
@@ -226,13 +254,58 @@ def run(
     runner = MicroBatchRunner(c.spark(), p, c.data_root, c.clock)
     show = _print_batch_json if as_json else _print_batch
     if follow_source:
-        _follow(runner, c.on_batch(runner, show), poll_s, limit_s, as_json)
+        with _reported(runner):
+            _follow(runner, c.on_batch(runner, show), poll_s, limit_s, as_json)
         return
     limit = max_batches or (None if until_caught_up else 1)
-    with err.status(f"running {pipeline}…"):
+    with err.status(f"running {pipeline}…"), _reported(runner), _interruptible(runner):
         results = runner.run(max_batches=limit, on_batch=c.on_batch(runner, show), retry=retry)
     if not results:
         (err if as_json else out).print(f"{pipeline}: caught up, no new data")
+
+
+@contextmanager
+def _reported(runner: MicroBatchRunner) -> Iterator[None]:
+    """An error that stopped one of ``runner``'s batches becomes ``BatchFailed``: one
+    paragraph on the batch (``failure_report``)."""
+    try:
+        yield
+    except Exception as exc:
+        report = failure_report(runner, exc)
+        if report is None:
+            raise
+        raise BatchFailed(report) from exc
+
+
+@contextmanager
+def _interruptible(runner: MicroBatchRunner) -> Iterator[None]:
+    """Ctrl-C while ``runner``'s batches run: the first cancels the batch in progress
+    (``MicroBatchRunner.interrupt``: it is replayed by the next run), a second quits at
+    once, and any after that are ignored (a Ctrl-C inside Spark's calls only adds
+    tracebacks)."""
+    presses = 0
+
+    def handle(signum: int, frame: object) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            # Not in this thread: it may be in the middle of a call to Spark.
+            threading.Thread(target=runner.interrupt, daemon=True).start()
+            return
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise runner.interrupted() from None
+    finally:
+        if presses < 2:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _follow(
@@ -335,6 +408,14 @@ def status(
     ]
     if s["blocked"]:
         fields.append(("blocked", s["blocked"]))
+    elif s["last_failure"]:
+        failed = s["last_failure"]
+        fields.append(
+            (
+                "last failure",
+                f"{failed['kind']}, {moment(failed['failed_at_ms'], now)}: {failed['error']}",
+            )
+        )
     fields.append(("backlog", s["backlog_described"]))
     if p.event_time is not None:
         fields += _watermark_fields(s)
@@ -696,14 +777,28 @@ def main(
     """Console entry point: run the app, turning user errors into one line. ``listeners``
     hear of every batch a command commits; ``clock`` (default: the wall clock) is what
     every command reads "now" from; ``reset_guards`` may refuse a ``lowmark reset``."""
-    logging.basicConfig(level=os.environ.get("LOWMARK_LOG_LEVEL", "WARNING"))
     obj = {"listeners": listeners, "clock": clock, "reset_guards": reset_guards}
     try:
         app(args=argv, prog_name="lowmark", obj=obj)
+    except BatchFailed as exc:
+        # lowmark's own error says all there is; a Spark or transform error has more.
+        _fail(str(exc), exc, 2, details=not isinstance(exc.__cause__, LowmarkError))
     except LowmarkError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(str(exc), exc, 2, details=False)
     except AnalysisException as exc:
-        first = str(exc).strip().splitlines()[0]
-        err.print(f"[red]error:[/] Spark rejected the pipeline: {first}", soft_wrap=True)
-        sys.exit(2)
+        _fail(f"Spark rejected the pipeline: {first_line(exc)}", exc, 2, details=True)
+    except Exception as exc:
+        _fail(f"{type(exc).__name__}: {first_line(exc)}", exc, 1, details=True)
+    finally:
+        stop_logs()
+
+
+def _fail(message: str, exc: Exception, code: int, details: bool) -> None:
+    """Print ``message``, log ``exc`` with its traceback (the log file; the console too
+    with ``--verbose``), and exit with ``code``. ``details``: say where they are."""
+    details_log.error("lowmark stopped: %s", message, exc_info=exc)
+    where = installed_log_file()
+    if details and where is not None:
+        message += f"\n  details: {where} (or run again with --verbose)"
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)

@@ -69,3 +69,16 @@ class SourceReplaced(LowmarkError):
 
 class RunInFlight(LowmarkError):
     """A pipeline cannot be reset while a run of it is queued or in flight."""
+
+
+class BatchFailed(LowmarkError):
+    """A batch stopped on an error: which batch, its input, the error's first line, the
+    attempt and what to do, in one paragraph (``batches.poison.failure_report``)."""
+
+
+class SinkNotATable(LowmarkError):
+    """A sink path holds something a Delta table cannot live in (a file)."""
+
+
+class Interrupted(LowmarkError):
+    """The person running lowmark stopped it (Ctrl-C) while a batch ran."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +28,10 @@ from batches.catch_up import ReadAhead, Seen, row_by_row
 from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.compaction import tidy_after
-from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from batches.errors import Interrupted, PipelineConfigInvalid, SinkHeldElsewhere, SinkNotATable
 from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
-from batches.poison import counts_as_failure, refuse_poison
+from batches.poison import TRANSIENT_PAUSES_S, failure_kind, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, Range, Skipped, SourceRead, check_identity
@@ -38,6 +39,7 @@ from batches.watermarks import PartitionTime, observe, pipeline_watermark
 from state.checkpoint import Checkpoint, Found, find_checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch, first_line
+from state.failures import FailureKind
 from state.offset_log import Identity, OffsetEntry, Offsets
 from state.ownership import Writer, last_writer
 from state.progress import ProgressEntry
@@ -104,10 +106,16 @@ class MicroBatchRunner:
         pipeline: Pipeline,
         data_root: Path,
         clock: Clock | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._spark = provider(spark)
         self.pipeline = pipeline
         self.clock = clock or SystemClock()
+        self.sleep = sleep
+        """Waits between tries of a batch after a transient error (tests: no real wait)."""
+        self.attempting: PlannedBatch | None = None
+        """The batch the last ``run_batch`` was running when it raised (None: it did not)."""
+        self._interrupted = False
         self.runner_id = str(uuid.uuid4())
         self.fingerprint = pipeline.fingerprint()
         self.checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
@@ -327,8 +335,35 @@ class MicroBatchRunner:
         Steps 2-8: ``_run``. A batch whose data work fails is recorded in the
         ``failures`` table; one that failed ``max_failed_attempts`` times is
         not run again (``PoisonBatch``, see ``batches.poison``) unless
-        ``retry`` (its transform was fixed), or until it is set aside.
+        ``retry`` (its transform was fixed), or until it is set aside. The
+        same holds for operational errors, counted apart. A transient error
+        (a broker away, a lost write conflict) is not recorded: the batch is
+        planned and run again after each pause of ``TRANSIENT_PAUSES_S``
+        (``sleep``), and the error raised once they are spent.
         """
+        pauses = iter(TRANSIENT_PAUSES_S)
+        while True:
+            try:
+                return self._attempt(retry)
+            except Exception as exc:
+                pause = next(pauses, None)
+                if pause is None or failure_kind(exc) != "transient":
+                    raise
+                log.warning(
+                    "pipeline %s: %s; trying the batch again in %g s",
+                    self.pipeline.name,
+                    first_line(exc),
+                    pause,
+                )
+            # What this runner knew of the logs may be stale now: plan from them again
+            # (a batch whose offsets were written is then replayed, exactly).
+            self._committed, self._partitions = None, None
+            self.sleep(pause)
+
+    def _attempt(self, retry: bool) -> BatchResult | None:
+        """One try at the next batch: plan, refuse a blocked one, run; a failure of the
+        data or operational kind is recorded (``batches.poison``)."""
+        self.attempting = None
         timer = _StepTimer(self.clock)
         # Planning may record (a file source's discoveries, batch 0's start).
         self.checkpoint.fence()
@@ -337,15 +372,51 @@ class MicroBatchRunner:
             return None
         timer.lap("plan")
         faults.reached("after_plan", planned.batch_id)
+        self.attempting = planned
         if planned.replay and not retry:
             refuse_poison(self, planned)
         try:
-            return self._run(planned, timer)
+            result = self._run(planned, timer)
         except Exception as exc:
-            if counts_as_failure(exc):
-                error = first_line(exc)[:1000]
-                self.checkpoint.failures.record(planned.batch_id, self.runner_id, error)
+            if self._interrupted:  # cancelled on purpose: no failure of the batch
+                raise self.interrupted() from exc
+            kind = failure_kind(exc)
+            if kind == "data" or kind == "operational":
+                self._record_failure(planned.batch_id, first_line(exc)[:1000], kind)
             raise
+        self.attempting = None
+        return result
+
+    def _record_failure(self, batch_id: int, error: str, kind: FailureKind) -> None:
+        """A row of the ``failures`` table, unless that table cannot take it (a damaged
+        checkpoint may be why the batch failed): the batch's own error is what to raise."""
+        try:
+            self.checkpoint.failures.record(batch_id, self.runner_id, error, kind)
+        except Exception as unrecorded:
+            log.warning(
+                "pipeline %s: the failure of batch %d was not recorded: %s",
+                self.pipeline.name,
+                batch_id,
+                first_line(unrecorded),
+            )
+
+    def interrupt(self) -> None:
+        """Stop now (Ctrl-C), from another thread: the Spark jobs of the batch in progress
+        are cancelled and it raises ``Interrupted``, not counted as a failure; ``run``
+        starts no batch after it. The next run replays the batch with the same offsets
+        (every write is idempotent: what it wrote is kept, never written twice)."""
+        self._interrupted = True
+        self.spark.sparkContext.cancelAllJobs()
+
+    def interrupted(self) -> Interrupted:
+        """The error a run stops with after an interrupt (``interrupt``, or Ctrl-C)."""
+        name = self.pipeline.name
+        if self.attempting is None:
+            return Interrupted(f"{name} was interrupted between batches: nothing is lost")
+        return Interrupted(
+            f"batch {self.attempting.batch_id} of {name} was interrupted before it committed; "
+            f"nothing it wrote is lost: `lowmark run {name}` replays it"
+        )
 
     def _run(self, planned: PlannedBatch, timer: _StepTimer) -> BatchResult:
         """Steps 2-8 of batch ``planned``, top to bottom.
@@ -557,8 +628,15 @@ class MicroBatchRunner:
         )
 
     def _check_sink_is_ours(self) -> None:
-        """Before a checkpoint's first batch: its sink must not hold another checkpoint's
-        writes, or the source, read from the start again, would land in it twice."""
+        """Before a checkpoint's first batch: its sink must be a folder (or nothing yet), and
+        must not hold another checkpoint's writes, or the source, read from the start again,
+        would land in it twice."""
+        if Path(self.sink.path).is_file():
+            raise SinkNotATable(
+                f"sink {self.sink.path} of {self.pipeline.name} is a file, not a folder a "
+                "Delta table can live in: point the pipeline's sink path at a folder, or move "
+                "the file away"
+            )
         writer = last_writer(self.sink.path)
         ours = {self.checkpoint.pipeline_id, self.checkpoint.adopted_from}
         if writer is None or writer.pipeline_id in ours:
@@ -789,7 +867,7 @@ class MicroBatchRunner:
         """
         started = self.clock.now_ms()
         results: list[BatchResult] = []
-        while max_batches is None or len(results) < max_batches:
+        while (max_batches is None or len(results) < max_batches) and not self._interrupted:
             if max_seconds is not None and self.clock.now_ms() - started >= max_seconds * 1000:
                 break
             result = self.run_batch(retry=retry and not results)

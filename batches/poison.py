@@ -17,21 +17,39 @@ instead of launching a run per tick. The ways on:
   the rows say which input was set aside and why, to be reprocessed once
   the transform is fixed (docs/guarantees.md).
 
-A failure counts when the batch's data work raised: a Spark error, a file
-the source schema cannot read, a sink that refused the rows, or any error
-of the transform's own code. Operational errors (another runner, a damaged
-checkpoint, a missing file) and kills do not count.
+Errors are of three kinds (``failure_kind``):
+
+- ``data``: the batch's data work raised — a Spark error, a file the source
+  schema cannot read, a sink that refused the rows, or any error of the
+  transform's own code. Counted; ``max_failed_attempts`` of them make a
+  poison batch.
+- ``transient``: the world was briefly away — a broker unreachable, a
+  timeout, a reset connection, a Delta write conflict. The runner tries the
+  batch again with a growing pause (``TRANSIENT_PAUSES_S``) and does not
+  count them.
+- ``operational``: something around the batch is wrong and stays wrong
+  until someone acts — a file gone, history gone, a damaged or missing
+  checkpoint table, a configuration error: lowmark's own one-line errors.
+  Counted apart; ``max_failed_attempts`` of them block the batch too, with
+  that error's line (it says what to do), and the Dagster sensor waits ever
+  longer between runs before that (``batches.status.pending_work``).
+
+Another runner (``ConcurrentRunner``), a refusal of this very rule
+(``PoisonBatch``), an interrupt (``Interrupted``) and kills are no failure of
+the batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
+from confluent_kafka import KafkaException
 from deltalake import DeltaTable
 
 from batches.errors import (
+    Interrupted,
     PipelineConfigInvalid,
     PoisonBatch,
     SinkWriteFailed,
@@ -39,7 +57,15 @@ from batches.errors import (
 )
 from state import quarantine
 from state.commit_log import CommitEntry
-from state.errors import CheckpointCorrupt, LowmarkError
+from state.errors import (
+    CheckpointCorrupt,
+    ConcurrentRunner,
+    LowmarkError,
+    WriteConflict,
+    first_line,
+    jvm_causes,
+)
+from state.failures import FailureKind
 from state.table import DriverTable
 
 if TYPE_CHECKING:
@@ -49,24 +75,69 @@ SHOWN_INPUTS = 5
 """Input items a message names before it says how many more there are."""
 
 
-def counts_as_failure(exc: Exception) -> bool:
-    """True if ``exc``, raised by a batch's work, is the batch's own failure (see above)."""
+TRANSIENT_PAUSES_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+"""Pauses before each new try of a batch that hit a transient error: two minutes in
+all, so a broker restarting for a minute or two costs a wait, not a failed run."""
+
+TRANSIENT_JVM_CAUSES = frozenset(
+    {
+        "java.net.ConnectException",
+        "java.net.NoRouteToHostException",
+        "java.net.SocketException",
+        "java.net.SocketTimeoutException",
+        "java.util.concurrent.TimeoutException",
+        "org.apache.kafka.common.errors.DisconnectException",
+        "org.apache.kafka.common.errors.NetworkException",
+        "org.apache.kafka.common.errors.TimeoutException",
+        "io.delta.exceptions.ConcurrentAppendException",
+        "io.delta.exceptions.ConcurrentWriteException",
+        "io.delta.exceptions.MetadataChangedException",
+        "io.delta.exceptions.ProtocolChangedException",
+    }
+)
+"""JVM exceptions, anywhere in a Spark error's causes, that a later try may not meet."""
+
+ErrorKind = FailureKind | Literal["transient", "none"]
+
+
+def failure_kind(exc: Exception) -> ErrorKind:
+    """What ``exc``, raised by a batch's work, is (see above; ``none``: no failure)."""
+    if isinstance(exc, ConcurrentRunner | PoisonBatch | Interrupted):
+        return "none"
+    if isinstance(exc, WriteConflict | ConnectionError | TimeoutError):
+        return "transient"
+    if isinstance(exc, KafkaException) and _retriable(exc):
+        return "transient"
+    if TRANSIENT_JVM_CAUSES & set(jvm_causes(exc)):
+        return "transient"
     if isinstance(exc, LowmarkError):
-        return isinstance(exc, SourceFileUnreadable | SinkWriteFailed | PipelineConfigInvalid)
-    return True
+        data = isinstance(exc, SourceFileUnreadable | SinkWriteFailed | PipelineConfigInvalid)
+        return "data" if data else "operational"
+    return "data"
+
+
+def _retriable(exc: KafkaException) -> bool:
+    """True if the Kafka client calls the error retriable (a broker away, a timeout)."""
+    error = exc.args[0] if exc.args else None
+    return bool(getattr(error, "retriable", lambda: False)())
 
 
 def blocked(runner: MicroBatchRunner, planned: PlannedBatch) -> str | None:
     """Why ``planned`` is not run again by itself, or None when it may run."""
     failures = runner.checkpoint.failures.of(planned.batch_id)
     limit = runner.pipeline.max_failed_attempts
+    name = runner.pipeline.name
+    stops = [f for f in failures if f.kind == "operational"]
+    if len(stops) >= limit:
+        return (
+            f"batch {planned.batch_id} of {name} stopped {len(stops)} times on the same "
+            f"kind of error, not on its data (last: {stops[-1].error}): do what it says, then "
+            f"run `lowmark run {name} --retry`"
+        )
+    failures = [f for f in failures if f.kind == "data"]
     if len(failures) < limit:
         return None
-    name = runner.pipeline.name
-    items = runner.source.inputs(planned.start, planned.end)
-    shown = ", ".join(items[:SHOWN_INPUTS])
-    if len(items) > SHOWN_INPUTS:
-        shown += f" and {len(items) - SHOWN_INPUTS} more"
+    shown = _inputs(runner, planned)
     return (
         f"batch {planned.batch_id} of {name} failed {len(failures)} times (input: {shown}; "
         f"last error: {failures[-1].error}): fix the transform and run `lowmark run {name} "
@@ -75,8 +146,46 @@ def blocked(runner: MicroBatchRunner, planned: PlannedBatch) -> str | None:
     )
 
 
+def _inputs(runner: MicroBatchRunner, planned: PlannedBatch) -> str:
+    """The input of ``planned`` in words: its first ``SHOWN_INPUTS`` items and how many
+    more."""
+    items = runner.source.inputs(planned.start, planned.end)
+    shown = ", ".join(items[:SHOWN_INPUTS]) or "none"
+    if len(items) > SHOWN_INPUTS:
+        shown += f" and {len(items) - SHOWN_INPUTS} more"
+    return shown
+
+
+def failure_report(runner: MicroBatchRunner, exc: Exception) -> str | None:
+    """``exc``, which stopped the batch ``runner`` was running, in one paragraph: the
+    batch, its input, the error's first line, the attempt and what to do. None when no
+    batch was running, or ``exc`` is no failure of the batch (it says all itself)."""
+    planned, kind = runner.attempting, failure_kind(exc)
+    if planned is None or kind == "none":
+        return None
+    name, batch_id = runner.pipeline.name, planned.batch_id
+    what = f"batch {batch_id} of {name} (input: {_inputs(runner, planned)})"
+    error = first_line(exc)
+    if kind == "transient":
+        waited = f"{sum(TRANSIENT_PAUSES_S):g} s"
+        return (
+            f"{what} could not reach what it reads or writes, retried for {waited}: {error}; "
+            f"once it is back, `lowmark run {name}` replays the batch"
+        )
+    limit = runner.pipeline.max_failed_attempts
+    attempts = sum(f.kind == kind for f in runner.checkpoint.failures.of(batch_id))
+    if kind == "operational":  # lowmark's own line: it says what to do
+        return f"{what} stopped (attempt {attempts} of {limit}): {error}"
+    return (
+        f"{what} failed (attempt {attempts} of {limit}): {error}; fix the transform or "
+        f"the input, then `lowmark run {name}` replays the batch; after {limit} failures "
+        f'runs stop at it, and `lowmark skip-batch {name} {batch_id} --reason "..."` '
+        "sets its input aside"
+    )
+
+
 def refuse_poison(runner: MicroBatchRunner, planned: PlannedBatch) -> None:
-    """Raise ``PoisonBatch`` if ``planned`` failed ``max_failed_attempts`` times."""
+    """Raise ``PoisonBatch`` if ``planned`` failed ``max_failed_attempts`` times (of one kind)."""
     reason = blocked(runner, planned)
     if reason is not None:
         raise PoisonBatch(reason)

@@ -22,6 +22,7 @@ from batches.sources import Source, build_source
 from batches.sources.base import describe_range
 from state.checkpoint import Checkpoint
 from state.commit_log import COUNTS, CommitEntry
+from state.failures import FailureKind
 from state.offset_log import OffsetEntry, Offsets
 from state.session import SparkLike
 
@@ -98,8 +99,11 @@ def pipeline_status(
     last_batch {batch_id, committed_at_ms, input, accounting,
     closed_windows_held} (the newest committed batch: its input range in
     words, where its records went, and how many records the windows it closed
-    held; None before the first commit), blocked (why the pending batch is not
-    run again by itself: a poison batch, ``batches.poison``; else None).
+    held; None before the first commit), blocked (why the next batch is not
+    run again by itself: a poison batch, or one that kept stopping on an
+    operational error, ``batches.poison``; else None), last_failure (the next
+    batch's latest failed attempt {kind, error, failed_at_ms, attempts {data,
+    operational}}; None when it has not failed).
 
     Reads the checkpoint on the driver only, a few rows of each log: the
     commit entry carries the running totals. ``spark`` may be a function
@@ -136,6 +140,7 @@ def pipeline_status(
         "accounting": _accounting(pipeline, done.totals if done else {}),
         "last_batch": _last_batch(pipeline, done, dry.committed),
         "blocked": _blocked(dry),
+        "last_failure": _last_failure(dry),
     }
 
 
@@ -207,11 +212,31 @@ def pipeline_plan(
 
 
 def _blocked(dry: DryRun) -> str | None:
-    """Why the planned batch is not run again by itself (a poison batch), or None."""
+    """Why the planned batch is not run again by itself (a poison batch, or one that kept
+    stopping on an operational error), or None."""
     planned = dry.planned
     if dry.runner is None or planned is None or not planned.replay:
         return None
     return blocked(dry.runner, planned)
+
+
+def _last_failure(dry: DryRun) -> dict[str, Any] | None:
+    """The planned batch's latest failed attempt: ``{kind, error, failed_at_ms, attempts
+    {data, operational}}`` (``batches.poison``), or None when it has not failed."""
+    planned = dry.planned
+    if dry.runner is None or planned is None:
+        return None
+    failures = dry.runner.checkpoint.failures.of(planned.batch_id)
+    if not failures:
+        return None
+    last = failures[-1]
+    kinds: list[FailureKind] = ["data", "operational"]
+    return {
+        "kind": last.kind,
+        "error": last.error,
+        "failed_at_ms": _epoch_ms(last.failed_at),
+        "attempts": {k: sum(f.kind == k for f in failures) for k in kinds},
+    }
 
 
 def _next_batch(dry: DryRun, backlog: dict[str, int]) -> dict[str, Any] | None:
@@ -322,12 +347,27 @@ class PendingWork:
     batch_id: int
     replay: bool
     reason: str
+    not_before_ms: int | None = None
+    """No run should start before this time (epoch ms): the batch's last attempt stopped on
+    an operational error; None: a run may start now."""
 
 
-def pending_work(status: dict[str, Any]) -> PendingWork | None:
+def pending_work(status: dict[str, Any], pause_ms: int = 0) -> PendingWork | None:
     """The next batch ``status`` (from ``pipeline_status``) calls for, or None when idle
-    or blocked (a poison batch)."""
+    or blocked (a poison batch).
+
+    A batch whose last attempt stopped on an operational error (a file gone,
+    a damaged checkpoint: it stays so until someone acts) waits ``pause_ms``
+    after the first such stop, twice that after the second, and so on, so
+    the problem is not met by a new run (and a Spark start) every tick.
+    """
     nxt = status["next_batch"]
     if nxt is None or status["blocked"]:
         return None
-    return PendingWork(nxt["batch_id"], nxt["replay"], nxt["reason"])
+    failed = status["last_failure"]
+    not_before = None
+    if failed is not None and failed["kind"] == "operational":
+        not_before = failed["failed_at_ms"] + pause_ms * 2 ** (
+            failed["attempts"]["operational"] - 1
+        )
+    return PendingWork(nxt["batch_id"], nxt["replay"], nxt["reason"], not_before)

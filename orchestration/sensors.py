@@ -12,6 +12,10 @@ matter how many ticks see it, and again after ``lowmark reset``; a replay's
 key also names the run that left the batch behind, so each failure gets its
 own retry, until the batch failed ``max_failed_attempts`` times: then the
 tick skips, saying why and what to do (``batches.poison``).
+A batch whose last run stopped on an
+operational error (a file gone, a damaged checkpoint) is not relaunched on
+every tick: the tick waits one interval after the first stop, two after the
+second, and so on (``batches.status.pending_work``), until it is blocked.
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
+from batches.display import iso_utc
 from batches.pipeline import Pipeline
 from batches.status import pending_work, pipeline_status
 from orchestration.jobs import microbatch_job_name
@@ -75,11 +80,19 @@ def pipeline_sensor(pipeline: Pipeline, job: "UnresolvedAssetJobDefinition") -> 
         status = pipeline_status(spark.session, pipeline, lowmark.root())
         if status["blocked"]:
             return dg.SkipReason(status["blocked"])
-        work = pending_work(status)
+        work = pending_work(status, sensor_interval_seconds() * 1000)
         if work is None:
             at = status["last_committed_batch"]
             return dg.SkipReason(
                 f"{pipeline.name} is caught up (last committed batch {at}): no new data"
+            )
+        if work.not_before_ms is not None and status["as_of_ms"] < work.not_before_ms:
+            failed = status["last_failure"]
+            return dg.SkipReason(
+                f"batch {work.batch_id} of {pipeline.name} stopped "
+                f"{failed['attempts']['operational']} times (last: {failed['error']}): no run "
+                f"before {iso_utc(work.not_before_ms)}, the wait doubling with each stop; "
+                f"or run `lowmark run {pipeline.name}` once it is fixed"
             )
         run_key = batch_run_key(pipeline, status["pipeline_id"], work.batch_id)
         if work.replay:

@@ -19,6 +19,22 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def jvm_causes(exc: BaseException) -> list[str]:
+    """The Java class names of a JVM error and of its causes, outermost first (none for
+    a Python error)."""
+    names: list[str] = []
+    java = getattr(exc, "java_exception", None)
+    while java is not None and len(names) < _MAX_CAUSES:
+        names.append(str(java.getClass().getName()))
+        cause = java.getCause()
+        java = None if cause is None or cause.equals(java) else cause
+    return names
+
+
+_MAX_CAUSES = 32
+"""Causes ``jvm_causes`` follows (a cause chain can loop back on itself)."""
+
+
 class LowmarkError(Exception):
     """Base of every error lowmark raises on purpose (a user can act on it)."""
 

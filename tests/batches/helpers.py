@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -9,10 +11,13 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
 
 from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.sources.base import Range, Source, SourceRead
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from state.checkpoint import Checkpoint
+from state.offset_log import Offsets
 from tests.conftest import write_json_lines
 
 
@@ -100,3 +105,97 @@ def forget_start_offsets(checkpoint: Checkpoint) -> None:
         schema=pa.schema([("pipeline_id", pa.string()), ("start_offsets", pa.string())]),
     )
     checkpoint.metadata.update(rows, "pipeline_id", 0)
+
+
+class FlakyReads(Source):
+    """``inner``, whose first ``failures`` reads raise ``error`` (a broker away for a
+    while); everything else is ``inner``'s."""
+
+    def __init__(self, inner: Source, failures: int, error: Exception) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.error = error
+        self.reads = 0
+
+    def read(
+        self,
+        start: Offsets,
+        end: Offsets,
+        batch_id: int,
+        cache: bool = False,
+        strict: bool = False,
+    ) -> SourceRead:
+        self.reads += 1
+        if self.reads <= self.failures:
+            raise self.error
+        return self.inner.read(start, end, batch_id, cache, strict)
+
+    def initial_offsets(self) -> Offsets:
+        return self.inner.initial_offsets()
+
+    def plan(
+        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+    ) -> Offsets:
+        return self.inner.plan(start, batch_id, record, discover)
+
+    def backlog(self, committed_end: Offsets) -> dict[str, int]:
+        return self.inner.backlog(committed_end)
+
+    def read_batches(self, batches: Sequence[Range]) -> SourceRead | None:
+        return None  # every read goes through ``read``, so each counts
+
+    def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
+        return self.inner.partitions(start, end)
+
+    def inputs(self, start: Offsets, end: Offsets) -> list[str]:
+        return self.inner.inputs(start, end)
+
+    def confirm(self, batch: Range) -> None:
+        self.inner.confirm(batch)
+
+    def commit(self, end: Offsets) -> None:
+        self.inner.commit(end)
+
+
+def parse_times(df: DataFrame) -> DataFrame:
+    """Parses ``ts``; under ANSI mode a value that is no time fails the batch."""
+    return df.withColumn("at", F.to_timestamp("ts"))
+
+
+def slowly(df: DataFrame) -> DataFrame:
+    """Half a second per record: a batch long enough to be interrupted."""
+
+    # Nested, so it is pickled by value: Spark's Python workers need not import this
+    # module (and what it imports). No type hints: PySpark would look for a pandas UDF.
+    def after_half_a_second(value):
+        time.sleep(0.5)
+        return value
+
+    slow_id = F.udf(after_half_a_second, LongType(), useArrow=False)
+    return df.withColumn("id", slow_id("id"))
+
+
+FIRST_CONTACT_YAML = """
+pipelines:
+  - name: times
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    transform: tests.batches.helpers:parse_times
+    sink: {kind: delta, path: out}
+  - name: into_a_file
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    sink: {kind: delta, path: a_file}
+  - name: string_time
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    sink: {kind: delta, path: out}
+    event_time: {column: ts, max_out_of_orderness: 10 seconds}
+    aggregation:
+      keys: [id]
+      window: {kind: tumbling, size: 1 minute}
+      aggregates: [{fn: count}]
+  - name: slow
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    transform: tests.batches.helpers:slowly
+    sink: {kind: delta, path: out}
+"""
+"""Pipelines a new user gets wrong: a transform that fails on a record, a sink path that
+is a file, an event-time column that is a string; and one slow enough to interrupt."""

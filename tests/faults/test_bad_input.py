@@ -69,7 +69,10 @@ def test_a_file_removed_before_its_batch_is_replayed_is_one_line_naming_it(
 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: file:") and "f000.json (taken by batch 0) is gone" in err
+    assert err.startswith("error: batch 0 of plain_append (input: file:")
+    assert (
+        "stopped (attempt 1 of 3): file:" in err and "f000.json (taken by batch 0) is gone" in err
+    )
     assert "put it back" in err and len(err.strip().splitlines()) == 1
 
 

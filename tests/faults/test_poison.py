@@ -22,14 +22,15 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from batches import faults
-from batches.errors import PipelineConfigInvalid, PoisonBatch
+from batches.display import iso_utc
+from batches.errors import PipelineConfigInvalid, PoisonBatch, SourceFileMissing
 from batches.microbatch import MicroBatchRunner
 from batches.poison import set_aside
 from batches.status import pipeline_status
 from batches.windows import Tumbling
 from orchestration.definitions import build_definitions
 from orchestration.resources import LowmarkResource, SparkResource
-from tests.batches.helpers import pipeline, sink_ids
+from tests.batches.helpers import FlakyReads, drop_file, pipeline, sink_ids
 from tests.batches.test_cli import lowmark
 from tests.batches.test_windows import drop_batches, event, reference, sink, windowed
 from tests.conftest import write_json_lines
@@ -157,3 +158,83 @@ def test_the_sensor_skips_a_poison_batch_and_its_failing_check_says_why(
     assert "batch 1 failed 2 of 2 allowed times" in (failing.description or "")
     assert "DIVIDE_BY_ZERO" in (failing.description or "")
     assert checks["bad_fraction"].passed
+
+
+fragile = pipeline(name="fragile", max_failed_attempts=3)
+"""A stateless pipeline over a folder, to lose a file or a broker under."""
+
+
+def _claimed_then_interrupted(spark: SparkSession, root: Path) -> Path:
+    """Batch 0 of ``fragile`` with its offsets written and nothing else: a replay is due."""
+    taken = drop_file(root, 0)
+    with (
+        pytest.raises(faults.InjectedCrash),
+        faults.crash_at(faults.KillPoint("after_offset_log", 0)),
+    ):
+        MicroBatchRunner(spark, fragile, root).run_batch()
+    return taken
+
+
+def test_a_transient_error_during_a_replay_is_tried_again_after_pauses_and_never_counts(
+    spark: SparkSession, data_root: Path
+) -> None:
+    _claimed_then_interrupted(spark, data_root)
+    pauses: list[float] = []
+    runner = MicroBatchRunner(spark, fragile, data_root, sleep=pauses.append)
+    runner.source = FlakyReads(runner.source, 2, ConnectionResetError("connection reset by peer"))
+    result = runner.run_batch()
+    assert result is not None and (result.batch_id, result.replay) == (0, True)
+    # Two reads failed: one pause after each, the second twice the first.
+    assert pauses == [1.0, 2.0]
+    assert runner.checkpoint.failures.of(0) == []
+    assert sink_ids(spark, data_root) == [0, 1, 2]
+
+
+def test_a_lasting_operational_error_blocks_the_batch_with_its_reason_and_the_sensor_waits(
+    spark: SparkSession, data_root: Path
+) -> None:
+    taken = _claimed_then_interrupted(spark, data_root)
+    kept = taken.read_bytes()
+    taken.unlink()
+    defs = build_definitions("tests.faults.test_poison")
+    resources: dict[str, Any] = {
+        "spark": SparkResource(),
+        "lowmark": LowmarkResource(data_root=str(data_root)),
+    }
+    checkpoint = MicroBatchRunner(spark, fragile, data_root).checkpoint
+    with dg.DagsterInstance.ephemeral() as instance:
+
+        def tick() -> Any:
+            context = dg.build_sensor_context(instance=instance, resources=resources)
+            return defs.resolve_sensor_def("fragile_sensor").evaluate_tick(context)
+
+        for stops in (1, 2):
+            with pytest.raises(SourceFileMissing, match=r"f000\.json \(taken by batch 0\) is gone"):
+                MicroBatchRunner(spark, fragile, data_root).run_batch()
+            # No new run (and Spark start) per tick: the sensor waits 30 s (its interval)
+            # after the first stop, twice that after the second.
+            data = tick()
+            failed_at = checkpoint.failures.of(0)[-1].failed_at.timestamp()
+            wait_until = iso_utc(round(failed_at * 1000) + 30_000 * stops)
+            assert not data.run_requests
+            assert f"stopped {stops} times" in (data.skip_message or "")
+            assert f"no run before {wait_until}" in (data.skip_message or "")
+        with pytest.raises(SourceFileMissing):
+            MicroBatchRunner(spark, fragile, data_root).run_batch()
+        assert [f.kind for f in checkpoint.failures.of(0)] == ["operational"] * 3
+        # Blocked: runs stop before the batch with the error's own line, status says so,
+        # and so does the sensor.
+        with pytest.raises(PoisonBatch) as stopped:
+            MicroBatchRunner(spark, fragile, data_root).run_batch()
+        message = str(stopped.value)
+        assert "\n" not in message
+        assert "batch 0 of fragile stopped 3 times" in message
+        assert "f000.json (taken by batch 0) is gone: put it back" in message
+        assert "lowmark run fragile --retry" in message
+        assert pipeline_status(spark, fragile, data_root)["blocked"] == message
+        data = tick()
+        assert not data.run_requests and data.skip_message == message
+    # The file is back: --retry runs the batch, and it commits its input once.
+    taken.write_bytes(kept)
+    assert [r.batch_id for r in MicroBatchRunner(spark, fragile, data_root).run(retry=True)] == [0]
+    assert sink_ids(spark, data_root) == [0, 1, 2]
