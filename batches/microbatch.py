@@ -27,7 +27,7 @@ from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.compaction import tidy_after
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
-from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
+from batches.event_time import BatchFrames, WindowedStage, late_table, partition_max_event_ms
 from batches.pipeline import Pipeline, resolve
 from batches.poison import counts_as_failure, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
@@ -599,12 +599,13 @@ class MicroBatchRunner:
         """Step 4: what the batch's records give, in one Spark job when all is well.
 
         Windowed: the job computes the partials while Spark observes the
-        input's counts, the late rows' count and each partition's max event
-        time. Only when it saw bad or late rows (or could not observe: see
-        ``collect.observed``) does a second job read the input again, cached,
-        for those rows; it must find as many as the first saw (a transform
-        must be deterministic). No input, no job. Stateless: one job over the
-        cached input (the sink write reads it again).
+        input's counts, the late rows (collected as they are read) and each
+        partition's max event time. Only when it saw bad rows (or could not
+        observe: see ``collect.observed``) does a second job read the input
+        again, cached, for those rows; it must find as many rows and late rows
+        as the first saw (a transform must be deterministic). No input, no
+        job. Stateless: one job over the cached input (the sink write reads it
+        again).
         """
         read, frames = taken.read, taken.frames
         if frames is None:
@@ -614,8 +615,11 @@ class MicroBatchRunner:
         with shuffle_partitions(self.spark, read.size_bytes):
             partials = _explained(read, lambda: collect({"partials": frames.partials}))
         counts, stats = observed(read.counts), frames.stats()
-        if counts is not None and stats is not None and not counts.get("bad") and not stats.late:
-            return Seen(counts["rows"], None, None, stats.max_ms, stats.rows, partials["partials"])
+        if counts is not None and stats is not None and not counts.get("bad"):
+            late = None
+            if stats.late and stats.late_records is not None:
+                late = late_table(stats.late_records, planned.batch_id, planned.watermark_ms)
+            return Seen(counts["rows"], None, late, stats.max_ms, stats.rows, partials["partials"])
         again = self._input(
             Range(planned.batch_id, planned.start, planned.end),
             planned.watermark_ms,
