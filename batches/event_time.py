@@ -44,6 +44,7 @@ from batches.windows import (
     assign_windows,
 )
 from batches.windows import last_window_end_ms as last_end
+from state.checkpoint import Checkpoint
 from state.table import UTC_MICROS
 from state.window_state import ROWS, WINDOW_COLUMNS, WindowState
 
@@ -143,6 +144,31 @@ class RecordStats:
     """Max event time (epoch ms) per source partition that has a timed record."""
     late_records: pa.Table | None = None
     """The late rows' ``LATE_RECORD``s, when the job collected them (``late`` of them)."""
+
+
+STATE_SLOT_MIN_MS = 60_000
+"""The narrowest partition of the window state (``window_state``): a minute."""
+
+
+def window_state(checkpoint: Checkpoint, aggregation: WindowedAggregation) -> WindowState:
+    """The window state table of ``checkpoint``, partitioned by window start in steps of
+    one window period (a tumbling window's size, a slide, a session gap), at least
+    ``STATE_SLOT_MIN_MS``: a stream's batch touches a few recent steps, and short windows
+    share a step rather than each making a partition of a few rows."""
+    window = aggregation.window
+    period = (
+        window.size
+        if isinstance(window, Tumbling)
+        else window.slide
+        if isinstance(window, Sliding)
+        else window.gap
+    )
+    return WindowState(
+        checkpoint.table("state_windows"),
+        checkpoint.txn_app_id("state"),
+        aggregation.keys,
+        slot_us=max(period, STATE_SLOT_MIN_MS) * 1000,
+    )
 
 
 def late_table(records: pa.Table, batch_id: int, watermark_ms: int | None) -> pa.Table:

@@ -27,7 +27,13 @@ from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.compaction import tidy_after
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
-from batches.event_time import BatchFrames, WindowedStage, late_table, partition_max_event_ms
+from batches.event_time import (
+    BatchFrames,
+    WindowedStage,
+    late_table,
+    partition_max_event_ms,
+    window_state,
+)
 from batches.pipeline import Pipeline, resolve
 from batches.poison import counts_as_failure, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
@@ -42,7 +48,7 @@ from state.ownership import last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
 from state.table import DriverTable
-from state.window_state import LATEST, ROWS, WindowState
+from state.window_state import LATEST, ROWS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -110,9 +116,7 @@ class MicroBatchRunner:
             WindowedStage(
                 pipeline.event_time,
                 pipeline.aggregation,
-                WindowState(
-                    ckpt.table("state_windows"), ckpt.txn_app_id("state"), pipeline.aggregation.keys
-                ),
+                window_state(ckpt, pipeline.aggregation),
             )
             if pipeline.aggregation and pipeline.event_time
             else None

@@ -82,15 +82,21 @@ class DriverTable:
     """One Delta table at ``path``, driven by delta-rs.
 
     ``schema`` fixes its columns; None lets the first write decide (window
-    state, whose columns follow the pipeline's aggregates).
+    state, whose columns follow the pipeline's aggregates). The write that
+    creates the table partitions it by ``partition_by``.
     """
 
     def __init__(
-        self, path: str, schema: pa.Schema | None = None, what: str = "checkpoint table"
+        self,
+        path: str,
+        schema: pa.Schema | None = None,
+        what: str = "checkpoint table",
+        partition_by: tuple[str, ...] = (),
     ) -> None:
         self.path = path.rstrip("/")
         self.schema = schema
         self.what = what
+        self.partition_by = partition_by
         self._handle: DeltaTable | None = None
 
     def exists(self) -> bool:
@@ -188,6 +194,9 @@ class DriverTable:
             options["schema_mode"] = "merge"
 
         def write(table: DeltaTable | None, commit: CommitProperties) -> None:
+            created: dict[str, Any] = {}
+            if table is None and self.partition_by:  # the write that creates the table
+                created["partition_by"] = list(self.partition_by)
             write_deltalake(
                 table if table is not None else self.path,
                 rows,
@@ -195,6 +204,7 @@ class DriverTable:
                 commit_properties=commit,
                 post_commithook_properties=HOOKS,
                 **options,
+                **created,
             )
 
         return write
