@@ -1,8 +1,8 @@
-"""A windowed batch reads its input once, and reads it again only for bad or late rows.
+"""A windowed batch reads its input once, and reads it again only for bad rows.
 
 The first job computes the window partials while Spark observes the input's
-counts; a second read runs only when that job saw bad or late rows, or when
-Spark could not observe it. Whatever path a batch takes, every input row is
+counts and collects its late rows; a second read runs only when that job saw
+bad rows, or when Spark could not observe it. Whatever path a batch takes, every input row is
 accounted for, and a transform that gives two reads different records is
 refused rather than trusted.
 """
@@ -109,7 +109,12 @@ def test_a_transform_that_gives_two_reads_different_records_is_refused(
         return records.limit(limits.pop(0) if limits else 1)
 
     p = windowed(Tumbling(size="10 seconds")).model_copy(update={"transform": shrinking})
-    drop_batches(data_root, [[event("a", 1, 1), {"user": "b", "amount": 2}, event("c", 3, 3)]])
+    drop_batches(data_root, [[event("a", 1, 1), event("b", 2, 2), event("c", 3, 3)]])
+    # A line that does not parse, first (the limit stops the scan after three records):
+    # the batch reads its input a second time for it.
+    first = data_root / "in" / "b000.json"
+    first.write_text("{not json\n" + first.read_text())
+    os.utime(data_root / "in" / "b000.json", (1_700_000_000, 1_700_000_000))
     runner = MicroBatchRunner(spark, p, data_root)
     with pytest.raises(PipelineConfigInvalid, match="make it deterministic"):
         runner.run_batch()
