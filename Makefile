@@ -73,8 +73,8 @@ SOAK_SEED ?= 0
 soak: test-setup
 	$(BIN)/python -m tests.faults.soak --schedules $(SOAK_SCHEDULES) --seed $(SOAK_SEED)
 
-# Small-batch time with 10 k vs 1 M open windows, lowmark vs Structured Streaming
-# (bench/state_scaling.py), then lowmark vs Structured Streaming vs a plain Spark job
+# Small-batch time with 10 k vs 1 M open windows, before and after lowmark's maintenance,
+# lowmark vs Structured Streaming (bench/state_scaling.py), then lowmark vs Structured Streaming vs a plain Spark job
 # on the same data (bench/streaming.py, which includes the first one's output as (c)
 # and writes bench/RESULTS.md), a long history (bench/history.py) and the file-to-sink
 # latency through dagster dev (bench/dagster_latency.py), and a windowed pipeline over

@@ -45,7 +45,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
-from batches.event_time import WindowedStage
+from batches.event_time import WindowedStage, window_state
 from batches.pipeline import Pipeline, resolve
 from batches.sources import build_source
 from batches.sources.base import Range
@@ -53,7 +53,6 @@ from batches.windows import Session
 from state.checkpoint import Checkpoint
 from state.offset_log import Offsets
 from state.table import DriverTable, micros_literal
-from state.window_state import WindowState
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,7 @@ def backfill_partition(
             "(the stream may then write windows of this slice again)"
         )
 
-    state = WindowState(ckpt.table("state_windows"), ckpt.txn_app_id("state"), aggregation.keys)
+    state = window_state(ckpt, aggregation)
     held = state.touched(done.table_versions.get("state"), start_ms * 1000, end_ms * 1000 - 1)
     if held is not None and held.num_rows:
         raise PartitionNotClosed(

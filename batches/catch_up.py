@@ -28,11 +28,16 @@ What a batch takes is what its own job would have given, or it runs its own:
 - Same watermark: a batch's watermark is known only once the batch before it
   committed, so the read-ahead looks with none. For tumbling windows that is
   exact: a record is late exactly when its window is closed, which the batch
-  checks on its partial rows against its own watermark; records without an
-  event time, from beyond ``max_future`` (judged at the read-ahead's earlier
-  processing time), bad rows, or a closed window send the batch to its own
-  job, which collects those rows. Sliding windows (a record's lateness is not
-  a property of one window) and aggregates merged in Spark do not read ahead.
+  checks on its partial rows against its own watermark. Late rows come out of
+  the read-ahead's job too: it collects the records without an event time and
+  those whose window is closed under the watermark of the batch that started
+  it, which no later batch's watermark is below; a batch takes them with its
+  closed windows' partials dropped. A batch with a window that closed only
+  under a later watermark (its records were not collected), a record from
+  beyond ``max_future`` (judged at the read-ahead's earlier processing time)
+  or bad rows runs its own job, which collects those rows. Sliding windows (a
+  record's lateness is not a property of one window) and aggregates merged in
+  Spark do not read ahead.
 
 Nothing here is written anywhere: a crash loses only the read-ahead, and the
 replay of a batch that used it runs its own job over the same offsets.
@@ -53,7 +58,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.collect import collect, observed, session_confs, shuffle_partitions
-from batches.event_time import BatchFrames, WindowedStage, split_stats
+from batches.event_time import (
+    FUTURE,
+    LATE_RECORD,
+    BatchFrames,
+    WindowedStage,
+    late_table,
+    split_stats,
+)
 from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
 from batches.windows import Tumbling
 from state.errors import LowmarkError
@@ -97,9 +109,11 @@ class _Looked:
     rows_in: int
     bad: int
     rows_out: int
-    untimed_or_future: int
-    """Records the job set aside as late with no watermark: no event time, or from beyond
-    ``max_future``."""
+    late_records: pa.Table
+    """``LATE_RECORD``s of the records without an event time, from beyond ``max_future``,
+    or in windows closed under ``closed_under_ms``."""
+    closed_under_ms: int | None
+    """The watermark of the batch that started the read-ahead."""
     max_event_ms: dict[str, int]
     partials: pa.Table
 
@@ -182,23 +196,32 @@ class ReadAhead:
         for stale in [b for b in self._looked if b < batch.batch_id]:
             del self._looked[stale]
         if looked is None and not self._looked:
-            self._look(batch, planned_at_ms)
+            self._look(batch, planned_at_ms, watermark_ms)
             looked = self._looked.pop(batch.batch_id, None)
         if (
             looked is None
             or looked.range != batch
             or planned_at_ms < looked.looked_at_ms
             or looked.bad
-            or looked.untimed_or_future
-            or self._closes_any(looked.partials, watermark_ms)
+            or pc.any(pc.equal(looked.late_records.column("reason"), FUTURE)).as_py()
         ):
             return None
+        open_partials = self._open(looked, watermark_ms)
+        if open_partials is None:
+            return None
+        late = looked.late_records
         return Seen(
-            looked.rows_in, None, None, looked.max_event_ms, looked.rows_out, looked.partials
+            looked.rows_in,
+            None,
+            late_table(late, batch.batch_id, watermark_ms) if late.num_rows else None,
+            looked.max_event_ms,
+            looked.rows_out,
+            open_partials,
         )
 
-    def _look(self, first: Range, now_ms: int) -> None:
-        """One job over ``first`` and the batches after it that the source has input for."""
+    def _look(self, first: Range, now_ms: int, watermark_ms: int | None) -> None:
+        """One job over ``first`` (whose watermark is ``watermark_ms``) and the batches after
+        it that the source has input for."""
         ranges = [first]
         while len(ranges) < self.batches:
             last = ranges[-1]
@@ -216,7 +239,8 @@ class ReadAhead:
         if one_read is not None:  # one scan, records tagged with their batch by the source
             read, frames = one_read
             looks = [(r, read) for r in ranges]
-            flagged, partitions, total = frames.flagged, frames.partitions, _size(read)
+            flagged = frames.flagged(watermark_ms)
+            partitions, total = frames.partitions, _size(read)
         else:  # a scan per batch, each batch's records tagged, in one union
             total = 0
             tagged: list[DataFrame] = []
@@ -228,7 +252,8 @@ class ReadAhead:
                 if looks and total > MAX_BYTES:
                     break
                 looks.append((r, built[0]))
-                tagged.append(built[1].flagged.withColumn(BATCH_COLUMN, F.lit(r.batch_id)))
+                flagged_one = built[1].flagged(watermark_ms)
+                tagged.append(flagged_one.withColumn(BATCH_COLUMN, F.lit(r.batch_id)))
                 found.update(built[1].partitions)
             flagged = functools.reduce(DataFrame.unionByName, tagged)
             partitions = tuple(sorted(found))
@@ -264,7 +289,8 @@ class ReadAhead:
                 rows_in,
                 bad,
                 stats.rows,
-                stats.late,
+                stats.late_records if stats.late_records is not None else LATE_RECORD.empty_table(),
+                watermark_ms,
                 stats.max_ms,
                 partials,
             )
@@ -285,14 +311,28 @@ class ReadAhead:
             return True
         return False
 
-    def _closes_any(self, partials: pa.Table, watermark_ms: int | None) -> bool:
-        """True when a partial row's (tumbling) window is closed under ``watermark_ms``:
-        its records are late rows, which only the batch's own job collects."""
+    def _open(self, looked: _Looked, watermark_ms: int | None) -> pa.Table | None:
+        """The partial rows of ``looked`` whose (tumbling) window is open under the batch's
+        ``watermark_ms``; the records of the others are late. None when a closed window's
+        records were not collected as late (closed only under a watermark later than the
+        read-ahead's), or the batch's watermark is below the read-ahead's (which a
+        watermark never is): the batch's own job then looks at it."""
+        collected = looked.closed_under_ms
+        if collected is not None and (watermark_ms is None or watermark_ms < collected):
+            return None
+        partials = looked.partials
         if watermark_ms is None or not partials.num_rows:
-            return False
-        limit = self.stage.final_limit_us(watermark_ms)
+            return partials
         ends = partials.column("window_end").cast(pa.int64())
-        return bool(pc.any(pc.less(ends, limit)).as_py())
+        closed = pc.less(ends, self.stage.final_limit_us(watermark_ms))
+        if not pc.any(closed).as_py():
+            return partials
+        if collected is None:
+            return None
+        was_closed = pc.less(ends, self.stage.final_limit_us(collected))
+        if pc.any(pc.and_(closed, pc.invert(was_closed))).as_py():
+            return None
+        return partials.filter(pc.invert(closed))
 
 
 def _size(read: SourceRead) -> int:

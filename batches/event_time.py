@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from batches.aggregates import AggregatePlan, plan_aggregate
 from batches.collect import observed
 from batches.errors import PipelineConfigInvalid
-from batches.sources.base import PARTITION_COLUMN
+from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from batches.windows import (
     EventTime,
     Session,
@@ -44,6 +44,8 @@ from batches.windows import (
     assign_windows,
 )
 from batches.windows import last_window_end_ms as last_end
+from state.checkpoint import Checkpoint
+from state.table import UTC_MICROS
 from state.window_state import ROWS, WINDOW_COLUMNS, WindowState
 
 _ET_MS = "_lowmark_event_ms"
@@ -56,6 +58,12 @@ REJECTED = "_lowmark_rejected"
 """True for a record that goes to the late table (``BatchFrames.flagged``)."""
 RECORDS = "_lowmark_records"
 _MAX_MS = "_lowmark_max_ms_"
+LATE_RECORDS = "_lowmark_late"
+"""The late records a job collects as it reads (observed, or per read-ahead group): each
+its event time in epoch µs, reason and record as JSON (``LATE_RECORD``)."""
+LATE_RECORD = pa.schema(
+    [("event_us", pa.int64()), ("reason", pa.string()), ("record", pa.string())]
+)
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,9 @@ class BatchFrames:
     the accepted records, one per (key, window) — for sessions, per session
     the batch's own events form. ``late``: rows of the late table. ``seen``
     observes the records as the first job over ``accepted`` reads them:
-    ``stats()`` then has their counts without a job of its own. ``partials``
-    and ``late`` are built on first use (building a frame costs driver time).
+    ``stats()`` then has their counts, and the late records themselves,
+    without a job of its own. ``partials`` and ``late`` are built on first
+    use (building a frame costs driver time).
     """
 
     accepted: DataFrame
@@ -84,6 +93,8 @@ class BatchFrames:
     """Every record, accepted or not, with its event time in epoch ms (not observed)."""
     rejected_if: Column
     """True for a record that goes to the late table."""
+    late_record: Column
+    """A record's ``LATE_RECORD`` struct (its reason judged under ``watermark_ms``)."""
 
     @cached_property
     def partials(self) -> DataFrame:
@@ -93,10 +104,18 @@ class BatchFrames:
     def late(self) -> DataFrame:
         return self.late_of(self.rejected)
 
-    @cached_property
-    def flagged(self) -> DataFrame:
-        """Every record, accepted or not, flagged in ``REJECTED`` (the read-ahead's input)."""
-        return self.timed.withColumn(REJECTED, self.rejected_if)
+    def flagged(self, closed_under_ms: int | None) -> DataFrame:
+        """Every record, accepted or not, flagged in ``REJECTED`` (the read-ahead's input),
+        with its ``LATE_RECORDS`` struct when it is rejected or its windows are closed under
+        the watermark ``closed_under_ms`` (null otherwise).
+
+        A later batch's watermark is never below ``closed_under_ms`` (a watermark
+        never goes back), so those records are late in whichever batch they are."""
+        late = self.rejected_if
+        if closed_under_ms is not None:
+            late = late | self.stage.closed_under(closed_under_ms)
+        flagged = self.timed.withColumn(REJECTED, self.rejected_if)
+        return flagged.withColumn(LATE_RECORDS, F.when(late, self.late_record))
 
     def stats(self) -> RecordStats | None:
         """Rows, late rows and max event time per partition, as the job over ``partials``
@@ -105,8 +124,12 @@ class BatchFrames:
         if metrics is None:
             return None
         max_ms = {p: metrics[f"max_ms_{i}"] for i, p in enumerate(self.partitions)}
+        records = [r.asDict() for r in metrics[LATE_RECORDS]]
         return RecordStats(
-            metrics["rows"], metrics["late"], {p: m for p, m in max_ms.items() if m is not None}
+            metrics["rows"],
+            metrics["late"],
+            {p: m for p, m in max_ms.items() if m is not None},
+            pa.Table.from_pylist(records, schema=LATE_RECORD),
         )
 
 
@@ -119,6 +142,48 @@ class RecordStats:
     """Rows that go to the late table (closed windows, or no event time)."""
     max_ms: dict[str, int]
     """Max event time (epoch ms) per source partition that has a timed record."""
+    late_records: pa.Table | None = None
+    """The late rows' ``LATE_RECORD``s, when the job collected them (``late`` of them)."""
+
+
+STATE_SLOT_MIN_MS = 60_000
+"""The narrowest partition of the window state (``window_state``): a minute."""
+
+
+def window_state(checkpoint: Checkpoint, aggregation: WindowedAggregation) -> WindowState:
+    """The window state table of ``checkpoint``, partitioned by window start in steps of
+    one window period (a tumbling window's size, a slide, a session gap), at least
+    ``STATE_SLOT_MIN_MS``: a stream's batch touches a few recent steps, and short windows
+    share a step rather than each making a partition of a few rows."""
+    window = aggregation.window
+    period = (
+        window.size
+        if isinstance(window, Tumbling)
+        else window.slide
+        if isinstance(window, Sliding)
+        else window.gap
+    )
+    return WindowState(
+        checkpoint.table("state_windows"),
+        checkpoint.txn_app_id("state"),
+        aggregation.keys,
+        slot_us=max(period, STATE_SLOT_MIN_MS) * 1000,
+    )
+
+
+def late_table(records: pa.Table, batch_id: int, watermark_ms: int | None) -> pa.Table:
+    """Rows of the late table for ``LATE_RECORD`` ``records`` of batch ``batch_id``, rejected
+    under ``watermark_ms`` (0 when there was none, as ``BatchFrames.late`` writes it)."""
+    n = records.num_rows
+    return pa.table(
+        {
+            "batch_id": pa.array([batch_id] * n, pa.int64()),
+            "event_time": records.column("event_us").cast(pa.int64()).cast(UTC_MICROS),
+            "watermark_ms": pa.array([watermark_ms or 0] * n, pa.int64()),
+            "reason": records.column("reason").cast(pa.string()),
+            "record": records.column("record").cast(pa.string()),
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -136,16 +201,19 @@ class StageOutput:
 
 def split_stats(groups: pa.Table, partitions: tuple[str, ...]) -> tuple[pa.Table, RecordStats]:
     """Groups of ``WindowedStage.partials_with_stats`` (of one batch): the partials of its
-    accepted records, and its records' stats (rejected: late, with no watermark)."""
+    accepted records, and its records' stats (rejected: late, with no watermark; the
+    late records: the rejected ones and those ``BatchFrames.flagged`` found closed)."""
     rejected = groups.column(REJECTED)
     accepted = groups.filter(pc.invert(rejected))
     max_ms = {p: pc.max(accepted.column(f"{_MAX_MS}{i}")).as_py() for i, p in enumerate(partitions)}
+    late = pc.list_flatten(groups.column(LATE_RECORDS))
     stats = RecordStats(
         pc.sum(groups.column(RECORDS)).as_py() or 0,
         pc.sum(groups.filter(rejected).column(RECORDS)).as_py() or 0,
         {p: m for p, m in max_ms.items() if m is not None},
+        pa.table([pc.struct_field(late, f.name).cast(f.type) for f in LATE_RECORD], LATE_RECORD),
     )
-    extra = [REJECTED, RECORDS, *[f"{_MAX_MS}{i}" for i in range(len(partitions))]]
+    extra = [REJECTED, RECORDS, LATE_RECORDS, *[f"{_MAX_MS}{i}" for i in range(len(partitions))]]
     return accepted.drop_columns(extra), stats
 
 
@@ -212,24 +280,28 @@ class WindowedStage:
                 f"the records lack {sorted(missing)}: the transform must keep the event-time "
                 f"column, the keys and {PARTITION_COLUMN}"
             )
-        payload = [c for c in records.columns if c != PARTITION_COLUMN]
+        payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
         # A record without event time belongs to no window: it goes to the late table
         # with its reason, never into a window (nor silently nowhere).
         # A record from too far ahead is set aside the same way, and counts for no
         # watermark: one bad clock must not close every window early.
         timed = F.col(column).isNotNull()
         future = F.col(_ET_MS) > F.lit(now_ms + self.event_time.max_future)
-        closed = (
-            F.lit(False)
-            if watermark_ms is None
-            else self._last_end(F.col(_ET_MS)) + F.lit(self.event_time.allowed_lateness)
-            <= F.lit(watermark_ms)
-        )
+        closed = F.lit(False) if watermark_ms is None else self.closed_under(watermark_ms)
         rejected = ~timed | future | closed
+        reason = F.when(~timed, F.lit(UNTIMED)).when(future, F.lit(FUTURE)).otherwise(F.lit(CLOSED))
+        late_record = F.struct(
+            F.unix_micros(F.col(column)).alias("event_us"),
+            reason.alias("reason"),
+            F.to_json(F.struct(*payload)).alias("record"),
+        )
         partition = F.col(PARTITION_COLUMN)
         metrics = [
             F.count(F.lit(1)).alias("rows"),
             F.count(F.when(rejected, 1)).alias("late"),
+            # The late records themselves ride along: the job that reads the batch
+            # collects them, so late rows cost no second read of the input.
+            F.collect_list(F.when(rejected, late_record)).alias(LATE_RECORDS),
             *[
                 F.max(F.when((partition == F.lit(p)) & ~future, F.col(_ET_MS))).alias(f"max_ms_{i}")
                 for i, p in enumerate(partitions)
@@ -246,10 +318,7 @@ class WindowedStage:
                 F.lit(watermark_ms if watermark_ms is not None else 0)
                 .cast("long")
                 .alias("watermark_ms"),
-                F.when(~timed, F.lit(UNTIMED))
-                .when(future, F.lit(FUTURE))
-                .otherwise(F.lit(CLOSED))
-                .alias("reason"),
+                reason.alias("reason"),
                 F.to_json(F.struct(*payload)).alias("record"),
             )
 
@@ -263,7 +332,14 @@ class WindowedStage:
             late_rows,
             timed_ms,
             rejected,
+            late_record,
         )
+
+    def closed_under(self, watermark_ms: int) -> Column:
+        """True for a record (with ``_ET_MS``) whose every window is closed under
+        ``watermark_ms``: ``last window_end + allowed_lateness <= watermark``."""
+        last = self._last_end(F.col(_ET_MS))
+        return last + F.lit(self.event_time.allowed_lateness) <= F.lit(watermark_ms)
 
     def partials_of(
         self, accepted: DataFrame, watermark_ms: int | None, by: tuple[str, ...] = ()
@@ -292,6 +368,7 @@ class WindowedStage:
                 F.max(F.when(partition == F.lit(p), F.col(_ET_MS))).alias(f"{_MAX_MS}{i}")
                 for i, p in enumerate(partitions)
             ],
+            F.collect_list(LATE_RECORDS).alias(LATE_RECORDS),
         ]
         # Spark's window() drops records whose time is null: rejected records, whose
         # windows count for nothing, are counted in the window of the epoch instead.

@@ -29,7 +29,13 @@ from batches.clock import Clock, SystemClock
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.compaction import tidy_after
 from batches.errors import Interrupted, PipelineConfigInvalid, SinkHeldElsewhere, SinkNotATable
-from batches.event_time import BatchFrames, WindowedStage, partition_max_event_ms
+from batches.event_time import (
+    BatchFrames,
+    WindowedStage,
+    late_table,
+    partition_max_event_ms,
+    window_state,
+)
 from batches.pipeline import Pipeline, resolve
 from batches.poison import TRANSIENT_PAUSES_S, failure_kind, refuse_poison
 from batches.sinks.delta import DeltaTableSink, WindowSink
@@ -45,7 +51,7 @@ from state.ownership import Writer, last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
 from state.table import DriverTable
-from state.window_state import LATEST, ROWS, WindowState
+from state.window_state import LATEST, ROWS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,9 +133,7 @@ class MicroBatchRunner:
             WindowedStage(
                 pipeline.event_time,
                 pipeline.aggregation,
-                WindowState(
-                    ckpt.table("state_windows"), ckpt.txn_app_id("state"), pipeline.aggregation.keys
-                ),
+                window_state(ckpt, pipeline.aggregation),
             )
             if pipeline.aggregation and pipeline.event_time
             else None
@@ -745,12 +749,13 @@ class MicroBatchRunner:
         """Step 4: what the batch's records give, in one Spark job when all is well.
 
         Windowed: the job computes the partials while Spark observes the
-        input's counts, the late rows' count and each partition's max event
-        time. Only when it saw bad or late rows (or could not observe: see
-        ``collect.observed``) does a second job read the input again, cached,
-        for those rows; it must find as many as the first saw (a transform
-        must be deterministic). No input, no job. Stateless: one job over the
-        cached input (the sink write reads it again).
+        input's counts, the late rows (collected as they are read) and each
+        partition's max event time. Only when it saw bad rows (or could not
+        observe: see ``collect.observed``) does a second job read the input
+        again, cached, for those rows; it must find as many rows and late rows
+        as the first saw (a transform must be deterministic). No input, no
+        job. Stateless: one job over the cached input (the sink write reads it
+        again).
         """
         read, frames = taken.read, taken.frames
         if frames is None:
@@ -760,8 +765,11 @@ class MicroBatchRunner:
         with shuffle_partitions(self.spark, read.size_bytes):
             partials = _explained(read, lambda: collect({"partials": frames.partials}))
         counts, stats = observed(read.counts), frames.stats()
-        if counts is not None and stats is not None and not counts.get("bad") and not stats.late:
-            return Seen(counts["rows"], None, None, stats.max_ms, stats.rows, partials["partials"])
+        if counts is not None and stats is not None and not counts.get("bad"):
+            late = None
+            if stats.late and stats.late_records is not None:
+                late = late_table(stats.late_records, planned.batch_id, planned.watermark_ms)
+            return Seen(counts["rows"], None, late, stats.max_ms, stats.rows, partials["partials"])
         again = self._input(
             Range(planned.batch_id, planned.start, planned.end),
             planned.watermark_ms,

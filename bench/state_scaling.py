@@ -14,9 +14,18 @@ the same Spark session, as the peer: a file source with
 running (``processAllAvailable``) so its time is the small batch's
 ``triggerExecution``, not query start-up.
 
-Printed: per size the median small-batch time of each engine, then the
-ratios N_max / N_min per engine and lowmark / SSS per size. Timings are
-wall-clock on whatever else the machine is doing; run it on a quiet box.
+Then lowmark's checkpoint maintenance runs (``lowmark compact``: among
+others, OPTIMIZE of the state table, which leaves few large files) and
+``--repeat`` more small batches are timed, by both engines: a state layout
+whose MERGE rewrites every row of a compacted file would show here (each
+small batch's line prints the state step's time and the rows its MERGE
+copied unchanged).
+
+Printed: per size the median small-batch time of each engine before and
+after maintenance, then the ratios N_max / N_min per engine and lowmark /
+SSS per size. Both engines run in one process, one small batch after the
+other, so whatever else the machine does slows both. Timings are
+wall-clock; run it on a quiet box.
 
     .venv/bin/python -m bench.state_scaling            # 10 000 and 1 000 000 windows (make bench)
     .venv/bin/python -m bench.state_scaling --quick    # 2 000 and 50 000
@@ -35,10 +44,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from batches.compaction import compact_checkpoint
 from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource, Pipeline
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
@@ -53,6 +64,16 @@ SSS_CONFS = {
     ),
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
 }
+
+
+@dataclass(frozen=True)
+class Medians:
+    """Median small-batch seconds of each engine, before and after lowmark's maintenance."""
+
+    lowmark: float
+    sss: float | None
+    lowmark_maintained: float
+    sss_maintained: float | None
 
 
 @dataclass(frozen=True)
@@ -73,7 +94,7 @@ def main() -> None:
     spark = get_spark(SparkSettings(app_name="lowmark-bench", confs=SSS_CONFS))
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="lowmark-bench-"))
-    results: dict[int, tuple[float, float | None]] = {}
+    results: dict[int, Medians] = {}
     try:
         for n in sizes:
             shape = Shape(n, min(args.users, n))
@@ -111,10 +132,9 @@ def _parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _run_size(
-    spark: SparkSession, root: Path, shape: Shape, args: argparse.Namespace
-) -> tuple[float, float | None]:
-    """Median small-batch seconds of (lowmark, SSS) with ``shape.windows`` open windows."""
+def _run_size(spark: SparkSession, root: Path, shape: Shape, args: argparse.Namespace) -> Medians:
+    """Median small-batch seconds of lowmark and SSS with ``shape.windows`` open windows,
+    before and after lowmark's checkpoint maintenance."""
     _say(f"[{shape.windows:,} windows] {shape.users} users x {shape.minutes} minutes")
     incoming = root / "in"
     slices = _split(shape.minutes, args.populate_batches)
@@ -131,30 +151,58 @@ def _run_size(
     )
     _say(f"  lowmark state filled in {time.monotonic() - started:.0f} s")
     query = None if args.skip_sss else _start_sss(spark, root, incoming)
-    lowmark_s: list[float] = []
-    sss_s: list[float] = []
     try:
         if query is not None:
             started = time.monotonic()
             query.processAllAvailable()
             _say(f"  SSS state filled in {time.monotonic() - started:.0f} s")
-        for r in range(args.repeat):
-            minute = shape.minutes - 1 - r % shape.minutes
-            name = f"touch{r:04d}"
-            _write_file(spark, root, incoming, name, _touch(spark, shape, minute, args.touch))
-            started = time.monotonic()
-            result = runner.run_batch()
-            lowmark_s.append(time.monotonic() - started)
-            if result is None or result.rows_in != args.touch:
-                raise RuntimeError(f"small batch {r} did not read {args.touch} rows: {result}")
-            line = f"  small batch {r}: lowmark {lowmark_s[-1]:.2f} s {result.durations_ms}"
-            if query is not None:
-                sss_s.append(_sss_batch_seconds(query, args.touch))
-                line += f"; SSS {sss_s[-1]:.2f} s"
-            _say(line)
+        before = _small_batches(spark, root, runner, query, shape, args, range(args.repeat))
+        started = time.monotonic()
+        compact_checkpoint(spark, _pipeline(), root)
+        _say(f"  lowmark maintenance (lowmark compact) in {time.monotonic() - started:.1f} s")
+        after = _small_batches(
+            spark, root, runner, query, shape, args, range(args.repeat, 2 * args.repeat)
+        )
     finally:
         if query is not None:
             query.stop()
+    return Medians(before[0], before[1], after[0], after[1])
+
+
+def _small_batches(
+    spark: SparkSession,
+    root: Path,
+    runner: MicroBatchRunner,
+    query: StreamingQuery | None,
+    shape: Shape,
+    args: argparse.Namespace,
+    numbers: range,
+) -> tuple[float, float | None]:
+    """Small batches ``numbers``, each taken by lowmark then SSS; their median seconds."""
+    lowmark_s: list[float] = []
+    sss_s: list[float] = []
+    assert runner.stage is not None
+    state = runner.stage.state.path
+    for r in numbers:
+        minute = shape.minutes - 1 - r % shape.minutes
+        name = f"touch{r:04d}"
+        _write_file(spark, root, root / "in", name, _touch(spark, shape, minute, args.touch))
+        started = time.monotonic()
+        result = runner.run_batch()
+        lowmark_s.append(time.monotonic() - started)
+        if result is None or result.rows_in != args.touch:
+            raise RuntimeError(f"small batch {r} did not read {args.touch} rows: {result}")
+        metrics = DeltaTable(state).history(1)[0].get("operationMetrics", {})
+        line = (
+            f"  small batch {r}: lowmark {lowmark_s[-1]:.2f} s (state "
+            f"{result.durations_ms['state']} ms, "
+            f"{int(metrics.get('num_target_rows_copied', 0)):,} state rows copied) "
+            f"{result.durations_ms}"
+        )
+        if query is not None:
+            sss_s.append(_sss_batch_seconds(query, args.touch))
+            line += f"; SSS {sss_s[-1]:.2f} s"
+        _say(line)
     return statistics.median(lowmark_s), statistics.median(sss_s) if sss_s else None
 
 
@@ -242,22 +290,38 @@ def _sss_batch_seconds(query: StreamingQuery, rows: int) -> float:
     raise RuntimeError(f"no SSS batch read {rows} rows: {query.recentProgress[-3:]}")
 
 
-def _report(results: dict[int, tuple[float, float | None]], touch: int) -> None:
+def _report(results: dict[int, Medians], touch: int) -> None:
     sizes = sorted(results)
     _say(f"\nsmall batch ({touch} windows touched), median seconds:")
-    _say(f"{'open windows':>14} {'lowmark':>9} {'SSS':>9} {'lowmark/SSS':>12}")
+    _say(
+        f"{'open windows':>14} {'lowmark':>9} {'SSS':>9} {'lowmark/SSS':>12}"
+        f" {'lowmark after maintenance':>26} {'SSS':>9} {'lowmark/SSS':>12}"
+    )
     for n in sizes:
-        lowmark, sss = results[n]
-        ratio = f"{lowmark / sss:.2f}" if sss else "-"
-        sss_text = f"{sss:.2f}" if sss else "-"
-        _say(f"{n:>14,} {lowmark:>9.2f} {sss_text:>9} {ratio:>12}")
+        m = results[n]
+        _say(
+            f"{n:>14,} {m.lowmark:>9.2f} {_text(m.sss):>9} {_text(_ratio(m.lowmark, m.sss)):>12}"
+            f" {m.lowmark_maintained:>26.2f} {_text(m.sss_maintained):>9}"
+            f" {_text(_ratio(m.lowmark_maintained, m.sss_maintained)):>12}"
+        )
     if len(sizes) > 1:
-        small, large = sizes[0], sizes[-1]
-        label = f"{large:,}/{small:,}"
-        _say(f"lowmark {label}: {results[large][0] / results[small][0]:.2f}x")
-        sss_small, sss_large = results[small][1], results[large][1]
-        if sss_small and sss_large:
-            _say(f"SSS     {label}: {sss_large / sss_small:.2f}x")
+        small, large = results[sizes[0]], results[sizes[-1]]
+        label = f"{sizes[-1]:,}/{sizes[0]:,}"
+        _say(f"lowmark {label}: {large.lowmark / small.lowmark:.2f}x")
+        _say(
+            f"lowmark after maintenance {label}: "
+            f"{large.lowmark_maintained / small.lowmark_maintained:.2f}x"
+        )
+        if small.sss and large.sss:
+            _say(f"SSS     {label}: {large.sss / small.sss:.2f}x")
+
+
+def _ratio(a: float, b: float | None) -> float | None:
+    return a / b if b else None
+
+
+def _text(x: float | None) -> str:
+    return f"{x:.2f}" if x is not None else "-"
 
 
 def _say(line: str) -> None:

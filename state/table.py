@@ -82,7 +82,8 @@ class DriverTable:
     """One Delta table at ``path``, driven by delta-rs.
 
     ``schema`` fixes its columns; None lets the first write decide (window
-    state, whose columns follow the pipeline's aggregates).
+    state, whose columns follow the pipeline's aggregates). The write that
+    creates the table partitions it by ``partition_by``.
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class DriverTable:
         schema: pa.Schema | None = None,
         what: str = "checkpoint table",
         properties: dict[str, str] | None = None,
+        partition_by: tuple[str, ...] = (),
     ) -> None:
         """``properties`` None: a checkpoint table, created with ``TABLE_CONFIGURATION``,
         its commits running ``HOOKS``. A dict: a user's table (a sink), created with exactly
@@ -100,6 +102,7 @@ class DriverTable:
         self.what = what
         self.configuration = TABLE_CONFIGURATION if properties is None else properties
         self.hooks = HOOKS if properties is None else None
+        self.partition_by = partition_by
         self._handle: DeltaTable | None = None
 
     def exists(self) -> bool:
@@ -197,6 +200,9 @@ class DriverTable:
             options["schema_mode"] = "merge"
 
         def write(table: DeltaTable | None, commit: CommitProperties) -> None:
+            created: dict[str, Any] = {}
+            if table is None and self.partition_by:  # the write that creates the table
+                created["partition_by"] = list(self.partition_by)
             write_deltalake(
                 table if table is not None else self.path,
                 rows,
@@ -204,6 +210,7 @@ class DriverTable:
                 commit_properties=commit,
                 post_commithook_properties=self.hooks,
                 **options,
+                **created,
             )
 
         return write

@@ -16,10 +16,17 @@ still be there (VACUUM retention, docs/guarantees.md).
 
 Cost follows touched state, not total state. Every read carries bounds on
 ``window_start`` or ``window_end`` and the MERGE a target-only bound on
-``window_start``; delta-rs keeps min/max statistics per file and opens only
-the files whose range can match. A stream's batches touch recent windows, so
-the files a MERGE rewrites are the recent ones, and each batch's write stays
-proportional to its windows.
+``window_start`` and on its slot; delta-rs keeps min/max statistics per file
+and opens only the files whose range can match. delta-rs rewrites every file
+a MERGE matches whole (it writes no deletion vectors), so the table is
+partitioned by ``SLOT``, the window start in steps of ``slot_us`` (one
+window period, at least a minute): a file never holds windows of two slots,
+not even after maintenance's OPTIMIZE, which compacts each partition on its
+own. A stream's batches touch recent windows, so a MERGE rewrites the files
+of the few recent slots it touches, and each batch's write stays
+proportional to its windows, before and after maintenance. (A state table
+created before it was partitioned keeps its one partition, with the slot as
+a plain column, until ``lowmark reset``.)
 """
 
 from __future__ import annotations
@@ -35,16 +42,21 @@ LATEST = -1
 """As a version to read: the newest (what a new batch reads, see above)."""
 ROWS = "_lowmark_rows"
 """State column: the records a window holds (null in windows stored before it existed)."""
+SLOT = "_lowmark_slot"
+"""State column the table is partitioned by: ``window_start`` (epoch µs) // ``slot_us``."""
 
 
 class WindowState:
     """The ``state_windows`` table of a checkpoint, keyed by ``key_columns`` + window."""
 
-    def __init__(self, path: str, txn_app_id: str, key_columns: tuple[str, ...]) -> None:
-        self.table = DriverTable(path, None, "window state table")
+    def __init__(
+        self, path: str, txn_app_id: str, key_columns: tuple[str, ...], slot_us: int
+    ) -> None:
+        self.table = DriverTable(path, None, "window state table", partition_by=(SLOT,))
         self.path = self.table.path
         self.txn_app_id = txn_app_id
         self.identity = (*key_columns, *WINDOW_COLUMNS)
+        self.slot_us = slot_us
 
     def rows(self, version: int | None, where: str) -> pa.Table | None:
         """Rows matching ``where`` as of ``version`` (``LATEST``: the newest; None: no state
@@ -70,6 +82,8 @@ class WindowState:
             ) from exc
         if ROWS not in rows.column_names:  # state written before windows counted their rows
             rows = rows.append_column(ROWS, pa.nulls(rows.num_rows, pa.int64()))
+        if SLOT in rows.column_names:  # the layout's, not the window's
+            rows = rows.drop_columns([SLOT])
         return rows
 
     def touched(self, version: int | None, lo_us: int, hi_us: int) -> pa.Table | None:
@@ -107,11 +121,36 @@ class WindowState:
         ).cast(pa.int64())
         bounds = pc.min_max(starts)
         lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-        # Every target row a change matches has the change's window_start.
+        # Every target row a change matches has the change's window_start, and its slot:
+        # the bound on the partition column is what keeps the other slots' files out.
         within = (
             f't."window_start" >= {micros_literal(lo)} AND t."window_start" <= {micros_literal(hi)}'
         )
+        if self._partitioned():
+            within += (
+                f' AND t."{SLOT}" >= {lo // self.slot_us} AND t."{SLOT}" <= {hi // self.slot_us}'
+            )
+        upsert_starts = upserts.column("window_start").combine_chunks().cast(pa.int64())
         self.table.merge_once(
-            upserts, deletes, self.identity, self.txn_app_id, batch_id, target_where=within
+            upserts.append_column(SLOT, _floor_div(upsert_starts, self.slot_us)),
+            deletes,
+            self.identity,
+            self.txn_app_id,
+            batch_id,
+            target_where=within,
         )
         return self.table.version()
+
+    def _partitioned(self) -> bool:
+        """True unless the table exists unpartitioned (created before ``SLOT``: its rows
+        from then have no slot, so no bound on it may decide whether they match)."""
+        if not self.table.exists():
+            return True
+        return SLOT in self.table.open().metadata().partition_columns
+
+
+def _floor_div(values: pa.Array, divisor: int) -> pa.Array:
+    """``values // divisor`` as Python floors it (Arrow's integer division truncates)."""
+    truncated = pc.divide(values, divisor)
+    above = pc.greater(pc.multiply(truncated, divisor), values)
+    return pc.subtract(truncated, pc.cast(above, pa.int64()))

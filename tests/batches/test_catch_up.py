@@ -127,13 +127,47 @@ def test_a_backlog_is_looked_at_in_one_job_and_every_batch_commits_as_alone(
     assert [r.rows_late for r in ahead[:5]] == [0, 0, 1, 1, 0]  # the backlog has late rows
     assert ahead[4].rows_bad == 1
     assert _tables(spark, ahead_runner, ahead_root) == _tables(spark, alone_runner, alone_root)
-    # One job looked at all seven batches; only the batches with late or bad rows
-    # ran jobs of their own (to collect those rows).
-    own = {2, 3, 4}
+    # One job looked at all seven batches; only the batch with a window closed under a
+    # later watermark than the read-ahead's (2) and the one with a bad row (4) ran jobs
+    # of their own; batch 3 took its row without event time from the read-ahead.
+    own = {2, 4}
     assert ahead_jobs[0] == 1, ahead_jobs
     assert all(ahead_jobs[b] == 0 for b in range(1, 7) if b not in own), ahead_jobs
     assert all(ahead_jobs[b] >= 1 for b in own), ahead_jobs
     assert all(n >= 1 for n in alone_jobs[:7]), alone_jobs
+
+
+def test_late_rows_of_windows_closed_when_the_read_ahead_started_come_from_its_one_job(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ahead_root, alone_root = tmp_path / "ahead", tmp_path / "alone"
+    later = [
+        [event("a", 31, 1), event("b", 3, 2)],  # watermark 25 s: b@3's [0,10) is closed
+        [event("a", 35, 3), event("c", 12, 4), {"user": "d", "amount": 9}],  # [10,20) too
+        [event("b", 44, 5), event("a", 7, 6)],  # a@7: [0,10), closed since before
+        # a@22: [20,30) is closed under this batch's watermark (44 s), not under 25 s
+        [event("c", 51, 7), event("a", 22, 8)],
+        [event("a", 62, 9)],
+    ]
+    results, jobs = {}, {}
+    for root, read_ahead in ((ahead_root, 10), (alone_root, 1)):
+        drop_batches(root, BACKLOG[:2])
+        runner = MicroBatchRunner(spark, _pipeline(read_ahead), root)
+        first = runner.run(max_batches=None)  # the watermark is now 25 s
+        for i, rows in enumerate(later, start=2):
+            write_json_lines(root / "in", f"b{i:03d}.json", rows, 1_700_000_000 + i)
+        rest, counts, _ = _run(spark, root, _pipeline(read_ahead), monkeypatch)
+        results[root] = (runner, first, rest)
+        jobs[root] = counts[: len(later)]
+    (ahead_runner, _, ahead), (alone_runner, _, alone) = results[ahead_root], results[alone_root]
+    assert _summary(ahead) == _summary(alone)
+    assert [r.rows_late for r in ahead[: len(later)]] == [1, 2, 1, 1, 0]
+    assert _tables(spark, ahead_runner, ahead_root) == _tables(spark, alone_runner, alone_root)
+    # The first later batch's job read all five ahead and collected the late rows of the
+    # first three; the fourth's window closed later, so it ran its own job; the fifth
+    # took the read-ahead.
+    assert [n >= 1 for n in jobs[ahead_root]] == [True, False, False, True, False], jobs
+    assert jobs[ahead_root][0] == 1, jobs
 
 
 def test_a_batch_whose_range_grew_after_the_read_ahead_runs_its_own_job(

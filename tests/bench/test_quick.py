@@ -20,14 +20,17 @@ MEASURED_BY = {
     "a_p95": ("lowmark", "sss"),
     "b_rate": ("lowmark", "sss", "plain"),
     "b_seconds": ("lowmark", "sss", "plain"),
+    "b_wide_rate": ("lowmark", "sss"),
+    "b_wide_seconds": ("lowmark", "sss"),
     "c_scaling": ("lowmark", "sss"),
+    "c_scaling_maintained": ("lowmark",),
     "d_p50": ("lowmark",),
     "d_p95": ("lowmark",),
     "d_batch": ("lowmark",),
     "e_rss": ("lowmark", "sss", "plain"),
     "e_rss_follow": ("lowmark",),
 }
-RATIOS = ("a", "b_sss", "b_plain", "c", "d")
+RATIOS = ("a", "b_sss", "b_wide", "b_plain", "c", "c_maintained", "d")
 
 
 @pytest.mark.slow
