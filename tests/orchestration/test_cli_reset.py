@@ -38,4 +38,5 @@ def test_reset_is_refused_in_one_line_while_a_run_of_the_pipeline_is_in_flight(
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: run {run.run_id} of slow is {status.value} in the Dagster")
     assert "then reset" in line
-    assert not (data_root / "_lowmark").exists()  # no checkpoint moved or made
+    # No checkpoint moved or made: the folder holds only the log (lowmark.log).
+    assert [p.name for p in (data_root / "_lowmark").iterdir()] == ["_logs"]

@@ -19,6 +19,7 @@ from batches.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
 from batches.reset import reset
 from batches.sources.delta_table import PARTITION, DeltaStreamSource
+from tests.batches.helpers import vacuum_every_version
 
 
 def append(spark: SparkSession, table: Path, first: int, rows: int, files: int) -> None:
@@ -196,12 +197,7 @@ def test_vacuumed_files_and_cleaned_up_log_are_clear_errors(
     src = source(table, spark, max_versions_per_batch=1)
 
     # Version 3's file is rewritten by OPTIMIZE, then vacuumed.
-    spark.sql(f"OPTIMIZE delta.`{table}`")
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    try:
-        spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
-    finally:
-        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+    vacuum_every_version(spark, table)
     with pytest.raises(SourceDataLost) as lost:
         read = src.read({"version": 3}, {"version": 4}, 3)
         try:
@@ -344,12 +340,7 @@ def test_with_on_data_loss_skip_cleaned_up_versions_and_vacuumed_files_are_passe
     other = tmp_path / "other"
     for i in range(5):
         append(spark, other, i * 10, 2, files=1)
-    spark.sql(f"OPTIMIZE delta.`{other}`")
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    try:
-        spark.sql(f"VACUUM delta.`{other}` RETAIN 0 HOURS")
-    finally:
-        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+    vacuum_every_version(spark, other)
     read = source(other, spark, on_data_loss="skip").read({"version": 3}, {"version": 5}, 3)
     assert read.records.collect() == []
     assert f"batch 3 passes over 2 files (4 rows) of Delta table {other}" in caplog.text
