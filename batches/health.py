@@ -111,12 +111,18 @@ def failing_batch(pipeline: Pipeline, data_root: Path) -> CheckOutcome:
         )
     limit = pipeline.max_failed_attempts
     name = pipeline.name
-    then = (
-        f"runs stop before it: fix the transform and run `lowmark run {name} --retry`, or "
-        f"`lowmark skip-batch {name} {latest.batch_id} --reason ...`"
-        if len(failures) >= limit
-        else "the next run replays it"
-    )
+    # Counted apart, as batches.poison blocks: a lasting operational error (a file or
+    # history gone) is mended where its line says, a data error in the transform.
+    stops = [f for f in failures if f.kind == "operational"]
+    if len(stops) >= limit:
+        then = f"runs stop before it: do what its error says, then `lowmark run {name} --retry`"
+    elif len(failures) - len(stops) >= limit:
+        then = (
+            f"runs stop before it: fix the transform and run `lowmark run {name} --retry`, or "
+            f"`lowmark skip-batch {name} {latest.batch_id} --reason ...`"
+        )
+    else:
+        then = "the next run replays it"
     return CheckOutcome(
         False,
         f"batch {latest.batch_id} failed {len(failures)} of {limit} allowed times, last: "

@@ -24,6 +24,7 @@ from pyspark.testing import assertDataFrameEqual
 from batches import faults
 from batches.display import iso_utc
 from batches.errors import PipelineConfigInvalid, PoisonBatch, SourceFileMissing
+from batches.health import failing_batch
 from batches.microbatch import MicroBatchRunner
 from batches.poison import set_aside
 from batches.status import pipeline_status
@@ -234,6 +235,11 @@ def test_a_lasting_operational_error_blocks_the_batch_with_its_reason_and_the_se
         assert pipeline_status(spark, fragile, data_root)["blocked"] == message
         data = tick()
         assert not data.run_requests and data.skip_message == message
+        # The Dagster check sends the operator to the error's own fix, not to the transform.
+        check = failing_batch(fragile, data_root)
+        assert not check.passed
+        assert "do what its error says" in check.description
+        assert "fix the transform" not in check.description
     # The file is back: --retry runs the batch, and it commits its input once.
     taken.write_bytes(kept)
     assert [r.batch_id for r in MicroBatchRunner(spark, fragile, data_root).run(retry=True)] == [0]
