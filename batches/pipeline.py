@@ -33,7 +33,9 @@ Transform = Callable[[DataFrame], DataFrame]
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Attribute docstrings are field descriptions too: the configuration reference is
+    # generated from them (scripts/config_reference.py).
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class _SourceConfig(_Config):
@@ -60,6 +62,7 @@ class FileSource(_SourceConfig):
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
     kind: Literal["files"] = "files"
+    """Picks this source (the default when `kind` is not given)."""
     path: str = Field(description="Folder to watch, relative to the data root or absolute.")
     format: Literal["json", "csv", "parquet"] = Field(description="File format.")
     schema_ddl: str | None = Field(
@@ -151,6 +154,7 @@ class KafkaSource(_SourceConfig):
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
     kind: Literal["kafka"] = "kafka"
+    """Picks this source."""
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers.")
     topics: tuple[str, ...] = Field(min_length=1, description="Topics to read.")
     starting_offsets: str = Field(
@@ -224,6 +228,7 @@ class DeltaSource(_SourceConfig):
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
     kind: Literal["delta"] = "delta"
+    """Picks this source."""
     path: str = Field(description="Table folder, relative to the data root or absolute.")
     read: Literal["appends", "changes"] = Field(
         default="appends",
@@ -296,6 +301,7 @@ class SyntheticSource(_SourceConfig):
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
     kind: Literal["synthetic"] = "synthetic"
+    """Picks this source."""
     seed: int = Field(default=0, description="Same seed, same events.")
     partitions: int = Field(default=1, ge=1, le=1024, description="Source partitions.")
     keys: int = Field(default=100, ge=1, description="Distinct keys.")
@@ -364,6 +370,7 @@ class CustomSource(_SourceConfig):
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
     kind: Literal["custom"] = "custom"
+    """Picks this source."""
     factory: ImportString[Callable[..., Any]] = Field(
         description="Import path of the function that builds the source (module:function)."
     )
@@ -418,6 +425,7 @@ class UnionSource(_SourceConfig):
     """
 
     kind: Literal["union"] = "union"
+    """Picks this source."""
     sources: dict[str, OneSource] = Field(
         min_length=2, description="The sources, by a name of letters, digits and _."
     )
@@ -466,6 +474,7 @@ class DeltaSink(_Config):
     """A Delta table written exactly once per batch."""
 
     kind: Literal["delta"] = "delta"
+    """Picks this sink (the only built-in one)."""
     path: str = Field(description="Table folder, relative to the data root or absolute.")
     mode: Literal["append", "merge"] = Field(
         default="append", description="append rows, or MERGE (upsert) on `keys`."
@@ -539,7 +548,7 @@ class Maintenance(_Config):
     """How the runner keeps the checkpoint small over a long life (``state.maintenance``)."""
 
     every_batches: int = Field(
-        default=100, ge=1, description="Tidy the checkpoint after every this many batches."
+        default=100, ge=1, description="Run maintenance after every this many batches."
     )
     log_batches: int = Field(
         default=100,
@@ -563,10 +572,12 @@ class Pipeline(_Config):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", description="Unique name.")
     description: str = Field(default="", description="Shown by `lowmark list` and in Dagster.")
     source: SourceConfig
+    """Where records come from; `kind` picks the source (default `files`)."""
     transform: ImportString[Transform] | None = Field(
         default=None, description="DataFrame → DataFrame applied to each batch."
     )
     sink: DeltaSink
+    """Where each batch's output goes (exactly once)."""
     event_time: EventTime | None = Field(
         default=None, description="Event-time column, out-of-orderness, idleness, lateness."
     )
@@ -583,7 +594,7 @@ class Pipeline(_Config):
         default=None, description="Event-time partitions for backfills (windowed pipelines)."
     )
     maintenance: Maintenance = Field(
-        default_factory=Maintenance, description="Log retention and compaction of the checkpoint."
+        default_factory=Maintenance, description="Checkpoint maintenance: log retention, small files merged."
     )
     max_failed_attempts: int = Field(
         default=3,

@@ -20,7 +20,9 @@ from batches.durations import DurationMs
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Attribute docstrings are field descriptions too: the configuration reference is
+    # generated from them (scripts/config_reference.py).
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 MAX_FUTURE_MS = 86_400_000
@@ -28,7 +30,7 @@ MAX_FUTURE_MS = 86_400_000
 
 
 class EventTime(_Config):
-    """Where event time is and how far it may lag (seeds 000, 003).
+    """Where event time is and how far it may lag: per-partition watermarks, idleness, lateness.
 
     ``column`` is a timestamp column of the transformed records. A source
     partition's watermark is its max event time minus ``max_out_of_orderness``;
@@ -58,8 +60,12 @@ class EventTime(_Config):
 
 
 class Tumbling(_Config):
+    """Fixed windows of ``size`` that do not overlap: each record is in exactly one."""
+
     kind: Literal["tumbling"] = "tumbling"
+    """Picks this window."""
     size: DurationMs = Field(gt=0)
+    """Length of every window."""
     offset: DurationMs = Field(
         default=0, ge=0, description="Shift of window starts from the epoch."
     )
@@ -72,9 +78,14 @@ class Tumbling(_Config):
 
 
 class Sliding(_Config):
+    """Windows of ``size`` starting every ``slide``: each record is in ``size / slide`` of them."""
+
     kind: Literal["sliding"] = "sliding"
+    """Picks this window."""
     size: DurationMs = Field(gt=0)
+    """Length of every window."""
     slide: DurationMs = Field(gt=0)
+    """Time between window starts; it must divide `size`."""
 
     @model_validator(mode="after")
     def _slide_divides_size(self) -> Sliding:
@@ -84,7 +95,13 @@ class Sliding(_Config):
 
 
 class Session(_Config):
+    """Per-key runs of events less than ``gap`` apart: ``[first event, last event + gap)``.
+
+    A new event that bridges two stored sessions merges them.
+    """
+
     kind: Literal["session"] = "session"
+    """Picks this window."""
     gap: DurationMs = Field(gt=0, description="Events closer than this belong to one session.")
 
 
@@ -95,7 +112,9 @@ class Aggregate(_Config):
     """A built-in mergeable aggregate over ``column`` (``count`` may omit it: rows)."""
 
     fn: Literal["count", "sum", "min", "max", "avg", "approx_count_distinct"]
+    """The aggregate function (``approx_count_distinct``: a mergeable HLL sketch)."""
     column: str | None = None
+    """Input column (``count`` without it counts rows)."""
     name: str | None = Field(default=None, description="Output column; default fn_column.")
 
     @model_validator(mode="after")
@@ -125,10 +144,15 @@ class UserAggregate(_Config):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     name: str
+    """Output column."""
     column: str
+    """Input column."""
     partial: Callable[[Column], Column]
+    """Input rows → one partial value (an aggregate expression)."""
     merge: Callable[[Column], Column]
+    """Partial values → one partial value (an aggregate expression)."""
     finish: Callable[[Column], Column]
+    """Partial value → output value."""
 
 
 class WindowedAggregation(_Config):
@@ -143,8 +167,11 @@ class WindowedAggregation(_Config):
 
     keys: tuple[str, ...] = Field(description="Grouping columns.")
     window: Window
+    """Window shape: `kind` is `tumbling`, `sliding` or `session`."""
     aggregates: tuple[Aggregate | UserAggregate, ...] = Field(min_length=1)
+    """One output column each, all mergeable across batches."""
     output_mode: Literal["append", "update"] = "append"
+    """append: each window once, when final; update: every changed window upserted."""
 
     @model_validator(mode="after")
     def _unique_outputs(self) -> WindowedAggregation:
