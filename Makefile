@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup test-setup demo test test-integration lint typecheck unit ui bench soak clean
+.PHONY: setup test-setup demo test test-integration lint typecheck unit ui bench soak docs clean
 
 setup:
 	@PYTHON='$(PYTHON)' scripts/setup demo
@@ -91,5 +91,12 @@ bench: test-setup
 	bash -o pipefail -c '$(BIN)/python -m bench.dagster_latency | tee $(BENCH_OUT)/dagster_latency.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.kafka | tee $(BENCH_OUT)/kafka.txt'
 
+# The docs site (mkdocs.yml, docs/) into site/: first the configuration reference is generated
+# again from the pipeline models (scripts/config_reference.py), then `mkdocs build --strict`
+# fails on any warning, a broken link or anchor included. Needs only the venv.
+docs: $(VENV)/.installed
+	$(BIN)/python -m scripts.config_reference
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) jvm/lib jvm/kafka/lib data .dagster_home
+	rm -rf $(VENV) jvm/lib jvm/kafka/lib data .dagster_home site

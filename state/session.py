@@ -1,8 +1,8 @@
 """The one place a SparkSession is built.
 
 Local by default (``local[*]``) with Delta configured from the jars that
-``make jars`` copies into ``jvm/lib``; the master and any Spark conf can be
-overridden, so a cluster master or another deployment needs no code change.
+``make setup`` fetches into ``jvm/lib`` (``jvm/fetch-jars``, with mvn); the master and any
+Spark conf can be overridden, so a cluster master or another deployment needs no code change.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class SparkSettings(BaseModel):
     ui: bool = Field(default=False, description="Start the Spark web UI.")
     jars_dir: Path = Field(
         default_factory=lambda: Path(os.environ.get("LOWMARK_JARS_DIR", DEFAULT_JARS_DIR)),
-        description="Folder with the Delta jars (filled by `make jars`).",
+        description="Folder with the Delta jars (`make setup` fills jvm/lib).",
     )
     confs: dict[str, str] = Field(
         default_factory=dict, description="Extra Spark confs; they win over lowmark's defaults."
@@ -88,7 +88,10 @@ def delta_jars(jars_dir: Path) -> list[str]:
     """The jar paths to hand Spark; raises JarsMissing when Delta's jar is absent."""
     jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
     if not any("delta-spark" in Path(j).name for j in jars):
-        raise JarsMissing(f"no Delta jars in {jars_dir}: run `make jars` (needs mvn)")
+        raise JarsMissing(
+            f"no Delta jars in {jars_dir}: run `make setup` in lowmark's folder (it fetches "
+            "them into jvm/lib with mvn), or point LOWMARK_JARS_DIR at a folder that holds them"
+        )
     return jars
 
 
