@@ -594,7 +594,8 @@ class Pipeline(_Config):
         default=None, description="Event-time partitions for backfills (windowed pipelines)."
     )
     maintenance: Maintenance = Field(
-        default_factory=Maintenance, description="Checkpoint maintenance: log retention, small files merged."
+        default_factory=Maintenance,
+        description="Checkpoint maintenance: log retention, small files merged.",
     )
     max_failed_attempts: int = Field(
         default=3,

@@ -1,0 +1,203 @@
+"""The docs: the site builds without a warning (broken links and anchors are warnings), the
+README's links lead somewhere, the configuration reference is the one the models give, and
+every make target, ``lowmark`` command and environment variable the docs name is real.
+
+All quick: one ``mkdocs build`` (about a second), the rest reads files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import click
+import pytest
+import typer
+from markdown.extensions.toc import slugify  # type: ignore[import-untyped]
+
+from scripts import config_reference
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+"""Every page of the site."""
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+"""A Markdown link or image: ``[text](target)``."""
+CODE = re.compile(r"```.*?```|``.+?``|`[^`]+`", re.DOTALL)
+"""A fenced code block or a code span: where commands are written."""
+
+
+def code_in(path: Path) -> list[str]:
+    """The code blocks and spans of a Markdown file, or the string literals' backticked
+    parts of a Python file (where error messages name commands)."""
+    return [m.group(0).strip("`") for m in CODE.finditer(path.read_text())]
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings, as MkDocs makes them (explicit ``{#id}`` or the
+    slug of the heading's text)."""
+    found = set()
+    for line in page.read_text().splitlines():
+        heading = re.match(r"#{1,6} (.*)", line)
+        if heading:
+            text = heading.group(1)
+            explicit = re.search(r"\{#([\w-]+)\}\s*$", text)
+            plain = re.sub(r"`|\[([^\]]*)\]\([^)]*\)", r"\1", text)
+            found.add(explicit.group(1) if explicit else slugify(plain, "-"))
+    return found
+
+
+def mkdocs_build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """``mkdocs build --strict`` of the project's mkdocs.yml into ``site``, as ``make docs``
+    runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=project,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
+    built = mkdocs_build(REPO, tmp_path)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "WARNING -" not in built.stderr, built.stderr
+    assert (tmp_path / "reference" / "pipeline" / "index.html").exists()
+
+
+def test_the_site_fails_on_a_broken_anchor(tmp_path: Path) -> None:
+    """The link check is on: a link to a heading that is not there stops the build."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Home\n\n[gone](other.md#no-such-heading)\n")
+    (docs / "other.md").write_text("# Other\n")
+    config = (REPO / "mkdocs.yml").read_text().replace("docs_dir: docs", f"docs_dir: {docs}")
+    config = re.sub(r"(?ms)^nav:.*?^(?=\w)", "", config)
+    (tmp_path / "mkdocs.yml").write_text(config)
+    built = mkdocs_build(tmp_path, tmp_path / "site")
+    assert built.returncode != 0
+    assert "does not contain an anchor '#no-such-heading'" in built.stderr
+
+
+def test_every_relative_link_in_the_readme_points_at_a_file_and_heading() -> None:
+    broken = []
+    for target in LINK.findall(README.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (REPO / path).resolve()
+        if not file.exists() or (anchor and file.suffix == ".md" and anchor not in anchors(file)):
+            broken.append(target)
+    assert not broken, f"README.md links to what is not there: {broken}"
+
+
+def test_the_readme_stays_a_front_door() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) < 300
+    first_block = text.split("```")[1]
+    assert first_block.splitlines()[1].startswith("make demo")
+    assert first_block.splitlines()[2].startswith("make test")
+    assert "lowmark init" in first_block
+
+
+def test_the_configuration_reference_is_current() -> None:
+    committed = config_reference.PAGE.read_text()
+    assert committed == config_reference.render(), (
+        "docs/reference/pipeline.md is stale: run `make docs` (or "
+        "`python -m scripts.config_reference`) and commit it"
+    )
+
+
+def test_every_configuration_key_has_a_description() -> None:
+    assert config_reference.missing_descriptions() == []
+
+
+def test_the_reference_names_every_key_of_every_model() -> None:
+    page = config_reference.PAGE.read_text()
+    for model in config_reference.reachable(config_reference.Pipeline):
+        assert f"## {model.__name__} {{#{model.__name__.lower()}}}" in page
+        for name in model.model_fields:
+            assert f"| `{name}` |" in page, f"{model.__name__}.{name}"
+
+
+def make_targets() -> set[str]:
+    makefile = (REPO / "Makefile").read_text()
+    return set(re.findall(r"^([a-z][\w-]*):", makefile, re.MULTILINE))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [README, *PAGES, *sorted((REPO / "state").glob("*.py")), REPO / "scripts" / "setup"],
+    ids=lambda p: str(p.relative_to(REPO)),
+)
+def test_every_make_target_named_exists(path: Path) -> None:
+    """In the docs, and in the messages that tell a user what to run."""
+    named = {
+        target
+        for code in code_in(path)
+        for target in re.findall(r"(?:^|[\s(])make ([a-z][\w-]*)", code, re.MULTILINE)
+    }
+    assert named - make_targets() == set()
+
+
+def lowmark_command() -> click.Group:
+    """The ``lowmark`` command as its entry point builds it (engine and Dagster commands)."""
+    import orchestration.cli as entry
+
+    app = next(
+        module.app
+        for module in vars(entry).values()
+        if isinstance(module, ModuleType) and isinstance(getattr(module, "app", None), typer.Typer)
+    )
+    group = typer.main.get_command(app)
+    assert isinstance(group, click.Group)
+    return group
+
+
+def test_every_lowmark_command_and_option_the_docs_name_exists() -> None:
+    group = lowmark_command()
+    shared = {opt for param in group.params for opt in param.opts}
+    unknown = []
+    for path in [README, *PAGES]:
+        for code in code_in(path):
+            for line in code.splitlines():
+                for used in re.finditer(r"(?:^|[\s$(])lowmark ([a-z][\w-]*)([^|;&#]*)", line):
+                    name, rest = used.groups()
+                    command = group.commands.get(name)
+                    if command is None:
+                        unknown.append(f"{path.name}: lowmark {name}")
+                        continue
+                    options = shared | {opt for param in command.params for opt in param.opts}
+                    unknown += [
+                        f"{path.name}: lowmark {name} {option}"
+                        for option in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+                        if option not in options
+                    ]
+    assert unknown == []
+
+
+def test_every_environment_variable_lowmark_reads_is_documented() -> None:
+    documented = (DOCS / "reference" / "environment.md").read_text()
+    read = {
+        name
+        for package in ("batches", "state", "orchestration")
+        for source in (REPO / package).rglob("*.py")
+        for name in re.findall(r"[\"'](LOWMARK_[A-Z_]+)[\"']", source.read_text())
+    }
+    assert read, "no LOWMARK_ variable found: the pattern is wrong"
+    assert {name for name in read if f"`{name}`" not in documented} == set()
+
+
+@pytest.mark.parametrize("path", [README, *PAGES], ids=lambda p: str(p.relative_to(REPO)))
+def test_a_page_names_ideas_not_documents_and_one_word_for_maintenance(path: Path) -> None:
+    text = path.read_text()
+    assert not re.search(r"\bseeds? \d{3}|\bissue #?\d+", text, re.IGNORECASE)
+    assert not re.search(r"\b(tidy|tidies|tidied|upkeep|compaction)\b", text, re.IGNORECASE)
