@@ -1,4 +1,4 @@
-# Every target the README names. `make setup` is what `make demo` and `make ui` need, and
+# Every target the README and the docs name. `make setup` is what `make demo` and `make ui` need, and
 # needs only python3.11, Java 17 (or 21, 25.0.3+) and mvn: the venv with the pinned packages, the
 # Spark jars (Delta, the Kafka connector) via mvn, and a smoke check. `make test-setup` adds
 # what the tests need: the Kafka test broker's jars and a browser for the UI test.
