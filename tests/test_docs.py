@@ -184,6 +184,22 @@ def test_every_lowmark_command_and_option_the_docs_name_exists() -> None:
     assert unknown == []
 
 
+def test_the_cli_synopsis_lists_every_command_with_real_options() -> None:
+    """The first code block of the CLI page is ``lowmark``'s synopsis: one command a line."""
+    group = lowmark_command()
+    synopsis = (DOCS / "cli.md").read_text().split("```")[1]
+    listed: dict[str, set[str]] = {}
+    for line in synopsis.splitlines():
+        entry = re.match(r" {2}([a-z][\w-]*)\b(.*)", line)
+        if entry:
+            options = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", entry.group(2)))
+            listed.setdefault(entry.group(1), set()).update(options)
+    assert set(listed) == set(group.commands)
+    for name, options in listed.items():
+        real = {opt for param in group.commands[name].params for opt in param.opts}
+        assert options <= real, (name, options - real)
+
+
 def test_every_environment_variable_lowmark_reads_is_documented() -> None:
     documented = (DOCS / "reference" / "environment.md").read_text()
     read = {
