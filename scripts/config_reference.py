@@ -84,7 +84,7 @@ def reachable(root: type[BaseModel]) -> list[type[BaseModel]]:
 
 
 def anchor(model: type[BaseModel]) -> str:
-    """A model's section anchor: its class name in lower case."""
+    """A model's section anchor: its heading (the class name) as MkDocs and GitHub slug it."""
     return model.__name__.lower()
 
 
@@ -219,7 +219,8 @@ def used_as(model: type[BaseModel], models: list[type[BaseModel]]) -> list[str]:
 
 def section(model: type[BaseModel], models: list[type[BaseModel]]) -> Iterator[str]:
     """One model: heading, docstring, where it is used, its keys, what may change."""
-    yield f"## {model.__name__} {{#{anchor(model)}}}"
+    # A plain heading: MkDocs and GitHub both make its anchor the lower-cased class name.
+    yield f"## {model.__name__}"
     yield ""
     kind = model.model_fields.get("kind")
     if kind is not None and kind.default is not PydanticUndefined:
