@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches import faults
-from batches.microbatch import MicroBatchRunner
+from batches.loop import faults
+from batches.loop.microbatch import MicroBatchRunner
 from state.errors import ConcurrentRunner
 from tests.batches.helpers import drop_file, pipeline, sink_ids
 from tests.faults.harness import (

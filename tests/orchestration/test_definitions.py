@@ -9,7 +9,7 @@ import dagster as dg
 import yaml
 from pyspark.sql import SparkSession
 
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import EventTimePartitions
 from orchestration.definitions import build_definitions
 from orchestration.partitions import event_time_partitions

@@ -19,7 +19,7 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pyspark.sql import SparkSession
 
-from batches.follow import FollowResult
+from batches.loop.follow import FollowResult
 from orchestration import runs
 from orchestration.assets import pipeline_assets
 from orchestration.resources import LowmarkResource, SparkResource

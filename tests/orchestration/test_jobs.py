@@ -11,9 +11,9 @@ from typing import Any
 import dagster as dg
 from pyspark.sql import SparkSession
 
+from batches.admin.health import late_fraction
 from batches.demo import orders, user_revenue, write_sample_files
-from batches.health import late_fraction
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from orchestration.checks import checks_of
 from state.table import DriverTable
 from tests.conftest import write_json_lines

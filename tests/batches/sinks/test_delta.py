@@ -9,7 +9,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from batches.errors import SinkWriteFailed
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, Maintenance
 from batches.sinks.delta import DeltaTableSink
 from state.delta import TXN_APP_ID_CONF, idempotent_dml

@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, Pipeline, SyntheticSource
 from batches.sources.base import PARTITION_COLUMN
 from batches.sources.synthetic import SyntheticStreamSource
