@@ -28,7 +28,7 @@ from batches.loop.microbatch import MicroBatchRunner
 from orchestration.cli import report_to_dagster
 from tests.conftest import FakeClock
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
 
 

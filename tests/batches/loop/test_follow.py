@@ -19,7 +19,7 @@ from batches.pipeline import FileSource
 from tests.batches.helpers import drop_file, pipeline, sink_ids
 from tests.conftest import FakeClock
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
 
 
