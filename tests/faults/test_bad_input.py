@@ -15,9 +15,9 @@ from batches.errors import SourceFileChanged, SourceFileUnreadable
 from batches.loop import faults
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import FileSource, Pipeline
-from tests.batches.helpers import pipeline, sink_ids
 from tests.faults.harness import run_to_completion, snapshot
 from tests.faults.scenarios import FIXED_INPUT, plain_append, tumbling_append, write_input
+from tests.helpers import pipeline, sink_ids
 
 SCHEMA = "id LONG, amount LONG"
 

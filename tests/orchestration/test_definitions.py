@@ -13,7 +13,7 @@ from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import EventTimePartitions
 from orchestration.definitions import build_definitions
 from orchestration.partitions import event_time_partitions
-from tests.conftest import write_json_lines
+from tests.helpers import write_json_lines
 from tests.orchestration.pipelines import ticks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from batches.loop.follow import FollowResult
 from orchestration import runs
 from orchestration.assets import pipeline_assets
 from orchestration.resources import LowmarkResource, SparkResource
-from tests.batches.helpers import drop_file, pipeline, sink_ids
+from tests.helpers import drop_file, pipeline, sink_ids
 
 
 @pytest.mark.slow

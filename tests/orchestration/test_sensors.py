@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from batches.admin.reset import reset
 from batches.loop.microbatch import MicroBatchRunner
 from orchestration.resources import LowmarkResource, SparkResource
-from tests.conftest import write_json_lines
+from tests.helpers import write_json_lines
 from tests.orchestration.pipelines import slow
 
 

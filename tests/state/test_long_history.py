@@ -28,8 +28,7 @@ from batches.pipeline import Maintenance, Pipeline
 from batches.windows import Tumbling
 from state.checkpoint import Checkpoint
 from state.table import DriverTable
-from tests.batches.event_time.test_windows import drop_batches, event, windowed
-from tests.conftest import write_json_lines
+from tests.helpers import drop_batches, event, windowed, write_json_lines
 
 UPKEEP = Maintenance(every_batches=100, log_batches=20, progress_batches=50)
 SINGLE_COMMITS = 150

@@ -19,8 +19,8 @@ from batches.loop.poison import set_aside
 from batches.pipeline import Maintenance
 from batches.windows import Tumbling
 from state.errors import CheckpointCorrupt
-from tests.batches.event_time.test_windows import drop_batches, event, reference, sink, windowed
 from tests.faults.harness import an_hour_passes
+from tests.helpers import drop_batches, event, reference, sink, windowed
 
 WINDOW = Tumbling(size="10 seconds")
 BATCHES = [[event("a", 5 * i + 1, i), event("b", 5 * i + 3, 2 * i)] for i in range(12)]

@@ -27,9 +27,17 @@ from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.windows import Tumbling
 from state.errors import CheckpointReplaced
-from tests.batches.cli.test_commands import lowmark
-from tests.batches.event_time.test_windows import drop_batches, event, reference, sink, windowed
-from tests.batches.helpers import drop_file, pipeline, sink_ids
+from tests.helpers import (
+    drop_batches,
+    drop_file,
+    event,
+    lowmark,
+    pipeline,
+    reference,
+    sink,
+    sink_ids,
+    windowed,
+)
 
 ONE_FILE = pipeline().source.model_copy(update={"max_files_per_batch": 1})
 

@@ -22,25 +22,12 @@ from typer.testing import CliRunner
 
 from batches.cli import commands
 from batches.cli.display import duration, moment
-from batches.clock import Clock
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.loop.microbatch import MicroBatchRunner
-from orchestration.cli import report_to_dagster
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, lowmark
 
 REPO = Path(__file__).resolve().parents[3]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
-
-
-def lowmark(
-    capsys: pytest.CaptureFixture[str], root: Path, *args: str, clock: Clock | None = None
-) -> tuple[int, str, str]:
-    """Run ``lowmark --data-root root args`` in process (with ``clock`` as its clock):
-    exit code, stdout, stderr."""
-    with pytest.raises(SystemExit) as exit_info:
-        commands.main(["--data-root", str(root), *args], (report_to_dagster,), clock)
-    captured = capsys.readouterr()
-    return int(exit_info.value.code or 0), captured.out, captured.err
 
 
 ALL_FILES = slice(None)

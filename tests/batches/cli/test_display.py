@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from batches.cli.display import age, duration, iso_utc, moment, print_fields, print_table
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock
 
 SECOND, MINUTE, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000
 

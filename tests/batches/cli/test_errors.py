@@ -16,8 +16,8 @@ from pyspark.sql import SparkSession
 from batches.loop.microbatch import MicroBatchRunner
 from batches.registry import get_pipeline
 from state.checkpoint import Checkpoint
-from tests.batches.helpers import FIRST_CONTACT_YAML, sink_ids
 from tests.faults.harness import LOWMARK, lowmark_env
+from tests.helpers import FIRST_CONTACT_YAML, sink_ids
 
 pytestmark = pytest.mark.slow
 

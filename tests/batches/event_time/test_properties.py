@@ -7,14 +7,14 @@ import itertools
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from batches.loop.microbatch import MicroBatchRunner
 from batches.windows import Session, Sliding, Tumbling
-from tests.batches.event_time.test_windows import drop_batches, event, reference, sink, windowed
+from tests.helpers import SPARK_EXAMPLES, drop_batches, event, reference, sink, windowed
 
 BOUND_S = 5
 
@@ -23,13 +23,6 @@ events = st.lists(
     min_size=1,
     max_size=25,
 )
-
-SPARK_EXAMPLES = settings(
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-"""Hypothesis settings for examples that each run a pipeline: no deadline, reproducible."""
 
 
 @settings(SPARK_EXAMPLES, max_examples=6)

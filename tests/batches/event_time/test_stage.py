@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,36 +13,9 @@ from batches.admin.health import watermark_lag
 from batches.admin.status import pipeline_status
 from batches.event_time.stage import FUTURE
 from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, FileSource, Pipeline
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from tests.batches.event_time.test_windows import event
-from tests.conftest import FakeClock, write_json_lines
+from tests.helpers import FakeClock, at, drop, event, partitioned
 
-T0_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
-
-
-def at(second: float) -> int:
-    return T0_MS + int(second * 1000)
-
-
-def drop(root: Path, partition: str, name: str, rows: list[dict[str, Any]], mtime: int) -> None:
-    write_json_lines(root / "in" / partition, name, rows, 1_700_000_000 + mtime)
-
-
-def partitioned(mode: str = "append", **event_time: Any) -> Pipeline:
-    return Pipeline(
-        name="p",
-        source=FileSource(path="in", format="json", schema_ddl=SCHEMA, partition_by_folder=True),
-        sink=DeltaSink(path="out"),
-        event_time=EventTime(column="ts", **event_time),
-        aggregation=WindowedAggregation(
-            keys=("user",),
-            window=Tumbling(size="10 seconds"),
-            aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="amount")),
-            output_mode=mode,
-        ),
-    )
 
 
 def test_the_pipeline_watermark_is_the_min_over_partitions_until_one_goes_idle(

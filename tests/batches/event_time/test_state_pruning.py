@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from batches.loop.microbatch import MicroBatchRunner
 from batches.windows import Tumbling
-from tests.batches.event_time.test_windows import T0, drop_batches, event, windowed
+from tests.helpers import T0, drop_batches, event, windowed
 
 DAY = 86_400
 

@@ -2,90 +2,32 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, FileSource, Pipeline
 from batches.windows import (
     Aggregate,
-    EventTime,
     Session,
     Sliding,
     Tumbling,
     UserAggregate,
     WindowedAggregation,
 )
-from tests.batches.helpers import per_window
-from tests.conftest import write_json_lines
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
-AGGREGATES = (
-    Aggregate(fn="count"),
-    Aggregate(fn="sum", column="amount"),
-    Aggregate(fn="min", column="amount"),
-    Aggregate(fn="max", column="amount"),
-    Aggregate(fn="avg", column="amount"),
+from tests.helpers import (
+    SCHEMA,
+    T0,
+    drop_batches,
+    event,
+    reference,
+    sink,
+    windowed,
 )
-
-
-def event(user: str, second: float, amount: int) -> dict[str, Any]:
-    return {"user": user, "ts": (T0 + timedelta(seconds=second)).isoformat(), "amount": amount}
-
-
-def drop_batches(root: Path, batches: list[list[dict[str, Any]]]) -> None:
-    for i, rows in enumerate(batches):
-        write_json_lines(root / "in", f"b{i:03d}.json", rows, 1_700_000_000 + i)
-
-
-def windowed(
-    window: Tumbling | Sliding | Session, mode: str = "append", **event_time: Any
-) -> Pipeline:
-    return Pipeline(
-        name="w",
-        source=FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1),
-        sink=DeltaSink(path="out"),
-        event_time=EventTime(column="ts", **event_time),
-        aggregation=WindowedAggregation(
-            keys=("user",),
-            window=window,
-            aggregates=AGGREGATES,
-            output_mode=mode,
-        ),
-    )
-
-
-def reference(spark: SparkSession, root: Path, window: Tumbling | Sliding | Session) -> DataFrame:
-    """The same aggregation as one plain Spark batch over every file."""
-    df = spark.read.schema(SCHEMA).json(str(root / "in"))
-    if isinstance(window, Session):
-        w = F.session_window("ts", f"{window.gap} milliseconds")
-    elif isinstance(window, Tumbling):
-        w = F.window("ts", f"{window.size} milliseconds")
-    else:
-        w = F.window("ts", f"{window.size} milliseconds", f"{window.slide} milliseconds")
-    return per_window(
-        df,
-        "user",
-        w,
-        F.count(F.lit(1)).alias("count"),
-        F.sum("amount").alias("sum_amount"),
-        F.min("amount").alias("min_amount"),
-        F.max("amount").alias("max_amount"),
-        F.avg("amount").alias("avg_amount"),
-    )
-
-
-def sink(spark: SparkSession, root: Path) -> DataFrame:
-    return spark.read.format("delta").load(str(root / "out"))
-
 
 IN_ORDER = [
     [event("a", 1, 5), event("b", 2, 7), event("a", 8, 1)],

@@ -25,9 +25,7 @@ from batches.admin.status import pipeline_status
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import FileSource
 from batches.windows import Sliding, Tumbling
-from tests.batches.event_time.test_properties import SPARK_EXAMPLES
-from tests.batches.event_time.test_windows import windowed
-from tests.conftest import FakeClock
+from tests.helpers import SPARK_EXAMPLES, FakeClock, windowed
 
 TIMES = st.one_of(
     st.integers(0, 120).map(lambda s: f"2026-01-01T00:{s // 60:02d}:{s % 60:02d}Z"),

@@ -20,10 +20,19 @@ from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSource, EventTimePartitions, Maintenance
 from batches.windows import Tumbling
 from state.table import DriverTable
-from tests.batches.event_time.test_windows import T0, drop_batches, event, reference, sink, windowed
-from tests.batches.helpers import append_events, forget_start_offsets, vacuum_every_version
-from tests.conftest import write_json_lines
 from tests.faults.harness import an_hour_passes
+from tests.helpers import (
+    T0,
+    append_events,
+    drop_batches,
+    event,
+    forget_start_offsets,
+    reference,
+    sink,
+    vacuum_every_version,
+    windowed,
+    write_json_lines,
+)
 
 HOUR = 3600
 WINDOW = Tumbling(size="10 seconds")

@@ -27,9 +27,7 @@ from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from batches.windows import Sliding, Tumbling
-from tests.batches.event_time.test_windows import SCHEMA, drop_batches, event, windowed
-from tests.batches.loop.test_job_counts import counted_batch
-from tests.conftest import write_json_lines
+from tests.helpers import SCHEMA, counted_batch, drop_batches, event, windowed, write_json_lines
 
 BACKLOG: list[list[dict[str, Any]]] = [
     [event("a", 1, 1), event("b", 2, 2)],

@@ -16,8 +16,7 @@ from pyspark.sql import SparkSession
 from batches.loop.follow import follow
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import FileSource
-from tests.batches.helpers import drop_file, pipeline, sink_ids
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, drop_file, pipeline, sink_ids
 
 REPO = Path(__file__).resolve().parents[3]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")

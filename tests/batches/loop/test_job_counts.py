@@ -7,71 +7,21 @@ only. The bounds are the performance budget's (stateless <= 4, windowed <=
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop import faults
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import Maintenance, Pipeline
 from batches.windows import Session, Tumbling
-from tests.batches.event_time.test_windows import drop_batches, event, windowed
-from tests.batches.helpers import drop_file, pipeline
+from tests.helpers import counted_batch, drop_batches, drop_file, event, pipeline, windowed
 
 STATELESS_LIMIT = 4
 WINDOWED_LIMIT = 8
 LONG_RUN = 22
 SINK_CHECKPOINT_JOBS = 3
 """A Spark-written sink checkpoints its Delta log every 10 commits, in the batch that commits."""
-_groups = itertools.count()
-
-
-class JobCounter:
-    """Spark jobs started by this thread while counting, in total and per batch step."""
-
-    def __init__(self, spark: SparkSession) -> None:
-        self.spark = spark
-        self.group = f"count-{next(_groups)}"
-        self.per_step: dict[str, int] = {}
-
-    def jobs(self) -> int:
-        tracker = self.spark.sparkContext.statusTracker()
-        return len(tracker.getJobIdsForGroup(self.group))
-
-    @contextmanager
-    def counting(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-        """Count the jobs of the block; ``faults.reached`` marks where each step ends."""
-        self.per_step = {}
-        last = [0]
-
-        def reached(step: str, batch_id: int) -> None:
-            now = self.jobs()
-            self.per_step[step] = now - last[0]
-            last[0] = now
-
-        self.spark.sparkContext.setJobGroup(self.group, "a counted batch")
-        monkeypatch.setattr(faults, "reached", reached)
-        try:
-            yield
-        finally:
-            monkeypatch.undo()
-            self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-        self.per_step["rest"] = self.jobs() - last[0]
-
-
-def counted_batch(
-    spark: SparkSession, runner: MicroBatchRunner, monkeypatch: pytest.MonkeyPatch
-) -> tuple[BatchResult, JobCounter]:
-    counter = JobCounter(spark)
-    with counter.counting(monkeypatch):
-        result = runner.run_batch()
-    assert result is not None
-    print(f"batch {result.batch_id}: {counter.jobs()} jobs {counter.per_step}")
-    return result, counter
 
 
 def test_a_stateless_batch_runs_at_most_four_spark_jobs(

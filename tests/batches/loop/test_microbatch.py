@@ -13,8 +13,7 @@ from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, ConcurrentRunner, FingerprintMismatch
 from state.offset_log import OffsetEntry
-from tests.batches.helpers import double_amount, drop_file, pipeline, sink_ids
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, double_amount, drop_file, pipeline, sink_ids
 
 ONE_FILE = FileSource(
     path="in", format="json", schema_ddl="id LONG, amount LONG", max_files_per_batch=1

@@ -21,8 +21,7 @@ from batches.errors import PipelineConfigInvalid
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import FileSource
 from batches.windows import Tumbling
-from tests.batches.event_time.test_windows import T0, drop_batches, event, sink, windowed
-from tests.batches.loop.test_job_counts import counted_batch
+from tests.helpers import T0, counted_batch, drop_batches, event, sink, windowed
 
 
 def test_a_windowed_batch_with_clean_input_is_one_spark_job(

@@ -16,11 +16,17 @@ from batches import demo
 from batches.cli.display import moment
 from batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from batches.loop.microbatch import MicroBatchRunner
-from tests.batches.cli.test_commands import lowmark
-from tests.batches.event_time.test_stage import at, drop, partitioned
-from tests.batches.event_time.test_windows import event
-from tests.batches.loop.test_poison import SPARK_ERRORS, dividing
-from tests.conftest import FakeClock, write_json_lines
+from tests.helpers import (
+    SPARK_ERRORS,
+    FakeClock,
+    at,
+    dividing,
+    drop,
+    event,
+    lowmark,
+    partitioned,
+    write_json_lines,
+)
 
 idle_partitions = partitioned(idle_timeout="30 seconds")
 """A windowed pipeline (named ``p``) whose silent partitions stop holding the watermark."""

@@ -15,10 +15,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from batches.admin.health import failing_batch
@@ -31,24 +28,20 @@ from batches.loop.poison import set_aside
 from batches.windows import Tumbling
 from orchestration.definitions import build_definitions
 from orchestration.resources import LowmarkResource, SparkResource
-from tests.batches.cli.test_commands import lowmark
-from tests.batches.event_time.test_windows import drop_batches, event, reference, sink, windowed
-from tests.batches.helpers import FlakyReads, drop_file, pipeline, sink_ids
-from tests.conftest import write_json_lines
-
-SPARK_ERRORS = (PySparkException, Py4JJavaError)
-
-
-def per_unit(df: DataFrame) -> DataFrame:
-    """Fails a batch with a record whose amount is 0 (ANSI division by zero)."""
-    return df.withColumn("per_unit", F.lit(100) / F.col("amount"))
-
-
-dividing = pipeline(
-    name="dividing",
-    transform=per_unit,
-    source=pipeline().source.model_copy(update={"max_files_per_batch": 1}),
-    max_failed_attempts=2,
+from tests.helpers import (
+    SPARK_ERRORS,
+    FlakyReads,
+    dividing,
+    drop_batches,
+    drop_file,
+    event,
+    lowmark,
+    pipeline,
+    reference,
+    sink,
+    sink_ids,
+    windowed,
+    write_json_lines,
 )
 
 

@@ -19,7 +19,7 @@ from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
 from batches.sources.delta_table import PARTITION, DeltaStreamSource
-from tests.batches.helpers import vacuum_every_version
+from tests.helpers import vacuum_every_version
 
 
 def append(spark: SparkSession, table: Path, first: int, rows: int, files: int) -> None:

@@ -16,7 +16,7 @@ from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource
 from batches.sources.base import Range
 from state.errors import CheckpointMissing
-from tests.batches.helpers import drop_file, pipeline, sink_ids
+from tests.helpers import drop_file, pipeline, sink_ids
 
 SCHEMA = "id LONG, amount LONG"
 

@@ -32,8 +32,7 @@ from orchestration.assets import pipeline_assets
 from orchestration.jobs import microbatch_job
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.sensors import pipeline_sensor
-from tests.batches.helpers import per_window
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, per_window
 from tests.kafka_broker import KafkaBroker
 
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"

@@ -15,8 +15,7 @@ from batches.pipeline import DeltaSink, Pipeline, SyntheticSource
 from batches.sources.base import PARTITION_COLUMN
 from batches.sources.synthetic import SyntheticStreamSource
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from tests.batches.helpers import per_window
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, per_window
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 START_MS = int(START.timestamp() * 1000)

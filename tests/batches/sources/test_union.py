@@ -18,8 +18,7 @@ from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, Pipeline, SyntheticSource, UnionSource
 from batches.sources.synthetic import SyntheticStreamSource
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from tests.batches.helpers import per_window
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, per_window
 
 START_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
