@@ -29,9 +29,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from batches.microbatch import MicroBatchRunner
+from batches.admin.status import pipeline_status
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
-from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from state.session import SparkSettings, get_spark
 from state.table import DriverTable

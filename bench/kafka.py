@@ -26,7 +26,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import KafkaSource
 from bench.streaming import (
     OUT_OF_ORDERNESS,

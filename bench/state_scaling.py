@@ -49,8 +49,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from batches.compaction import compact_checkpoint
-from batches.microbatch import MicroBatchRunner
+from batches.loop.maintenance import compact_checkpoint
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource, Pipeline
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from state.session import SparkSettings, get_spark

@@ -79,7 +79,7 @@ from typing import IO, Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource, Pipeline
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 
@@ -476,7 +476,7 @@ def follow_latency(work: Path, sizes: Sizes, seed: int) -> dict[str, Any]:
     args = [
         sys.executable,
         "-c",
-        "from batches.cli import main; main()",
+        "from batches.cli.commands import main; main()",
         "--pipelines",
         "bench.streaming",
         "--data-root",

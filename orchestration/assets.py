@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
 
 from batches.pipeline import Pipeline
 from orchestration.checks import check_evaluations, check_results, check_specs
@@ -46,32 +45,7 @@ from orchestration.keys import (
 )
 from orchestration.partitions import event_time_partitions
 from orchestration.resources import LowmarkResource, SparkResource
-from orchestration.runs import backfill, run_batches
-
-
-class RunConfig(dg.Config):
-    """How much one run drains before it ends (a run amortises Spark's start-up)."""
-
-    max_batches: int = Field(default=10, ge=1, description="Stop after this many batches.")
-    max_seconds: float = Field(
-        default=600, gt=0, description="Start no new batch after this many seconds."
-    )
-    follow_seconds: float = Field(
-        default=0,
-        ge=0,
-        description="Once caught up, keep following the source this many more seconds (new "
-        "files are taken as they land, in the same Spark session, so a run does not pay Spark's "
-        "start-up per batch). 0: end the run when caught up. Runs the sensor launches follow "
-        "for LOWMARK_FOLLOW_SECONDS.",
-    )
-    poll_interval_seconds: float = Field(
-        default=1, gt=0, description="While following: seconds between polls once caught up."
-    )
-    force: bool = Field(
-        default=False,
-        description="Backfill only: replace a partition the watermark has not closed yet (the "
-        "stream may later write windows of it again).",
-    )
+from orchestration.runs import RunConfig, backfill, run_batches
 
 
 def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.AssetSpec]:

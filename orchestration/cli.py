@@ -1,4 +1,4 @@
-"""The ``lowmark`` command: the engine's commands (``batches.cli``) and the Dagster ones.
+"""The ``lowmark`` command: the engine's commands (``batches.cli.commands``) and the Dagster ones.
 
 - Batches the CLI commits are reported to the Dagster instance in
   ``DAGSTER_HOME`` when it is set (runless materializations, the same a run
@@ -27,9 +27,9 @@ import dagster as dg
 import typer
 from dagster._core.instance.ref import InstanceRef
 
-from batches import cli
-from batches.display import print_json
-from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.cli import commands
+from batches.cli.display import print_json
+from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.registry import load_pipelines
 from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
@@ -78,7 +78,7 @@ def runs_in_flight(pipeline: Pipeline) -> str | None:
     )
 
 
-@cli.app.command()
+@commands.app.command()
 def ui(
     ctx: typer.Context,
     port: Annotated[int, typer.Option(envvar="LOWMARK_UI_PORT", help="Port to serve on.")] = 3000,
@@ -104,7 +104,7 @@ def ui(
     Ctrl-C or SIGTERM stops all of it, runs and their Spark included, within
     about 10 s: a run following the source finishes its batch first.
     """
-    c: cli.Context = ctx.obj
+    c: commands.Context = ctx.obj
     home = Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()
     env = {"LOWMARK_DATA_ROOT": str(c.data_root)}
     if c.pipelines:
@@ -113,7 +113,7 @@ def ui(
     if workspace is None:
         project = find_project(Path.cwd())
         workspace = project.workspace if project else PROJECT / "workspace.yaml"
-    cli.err.print(f"starting the Dagster UI (instance {home})…")
+    commands.err.print(f"starting the Dagster UI (instance {home})…")
     dev = DagsterDev.start(home, port, host, workspace, env)
     stopping: list[str] = []
 
@@ -127,10 +127,10 @@ def ui(
         raise typer.Exit(1)
     if not stopping and as_json:
         up = {"url": dev.url, "dagster_home": str(home), "pipelines": names}
-        print_json(cli.out, up, indent=None)
+        print_json(commands.out, up, indent=None)
     elif not stopping:
         example = names[0] if names else "<pipeline>"
-        cli.out.print(
+        commands.out.print(
             f"\n[bold]lowmark UI: {dev.url}[/]\n"
             f"  Catalog → lowmark/{example}: each batch's metadata and plots; Materialize runs "
             "batches (partitions: a backfill)\n"
@@ -143,10 +143,10 @@ def ui(
     while not stopping and dev.process.poll() is None:
         time.sleep(0.5)
     took = dev.stop()
-    cli.err.print(f"stopped the Dagster UI and its runs in {took:.1f} s")
+    commands.err.print(f"stopped the Dagster UI and its runs in {took:.1f} s")
 
 
-@cli.app.command()
+@commands.app.command()
 def init(
     folder: Annotated[Path, typer.Argument(help="A new or empty folder for the project.")],
     as_json: Annotated[
@@ -173,7 +173,7 @@ def init(
     lines += [f"  {line}" for line in command_lines()]
     if shutil.which("lowmark") is None:
         lines.append(f"(lowmark is not on your PATH: add {Path(sys.executable).parent} to it)")
-    cli.out.print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
+    commands.out.print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,11 +182,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         project = find_project(Path.cwd())
     except (ProjectFileInvalid, ProjectUnsafe) as exc:
-        cli.err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        commands.err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     if project is not None:
         project.use()
-    cli.main(
+    commands.main(
         argv if argv is not None else sys.argv[1:],
         listeners=(report_to_dagster,),
         reset_guards=(runs_in_flight,),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from batches.compaction import compact_checkpoint
+from batches.loop.maintenance import compact_checkpoint
 from batches.pipeline import Pipeline
 from orchestration.keys import PIPELINE_TAG, sink_key
 from orchestration.resources import LowmarkResource, SparkResource

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from batches.microbatch import BatchResult
+from batches.loop.microbatch import BatchResult
 from batches.pipeline import Pipeline
 from batches.sources.base import describe_range
 from orchestration.keys import bad_records_key, late_key, sink_key

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline
 from orchestration.keys import sink_key
 from orchestration.metadata import batch_materializations

@@ -18,22 +18,45 @@ the sensor starts a new follower after it.
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import dagster as dg
+from pydantic import Field
 from pyspark.sql import SparkSession
 
-from batches.backfill import backfill_partition
 from batches.errors import BackfillHistoryLost, PartitionNotClosed
-from batches.follow import follow
-from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.loop.backfill import backfill_partition
+from batches.loop.follow import follow
+from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline
 from orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, sink_key
 from orchestration.metadata import batch_line
 from orchestration.reporting import BatchReports
 
-if TYPE_CHECKING:
-    from orchestration.assets import RunConfig
+
+class RunConfig(dg.Config):
+    """How much one run drains before it ends (a run amortises Spark's start-up)."""
+
+    max_batches: int = Field(default=10, ge=1, description="Stop after this many batches.")
+    max_seconds: float = Field(
+        default=600, gt=0, description="Start no new batch after this many seconds."
+    )
+    follow_seconds: float = Field(
+        default=0,
+        ge=0,
+        description="Once caught up, keep following the source this many more seconds (new "
+        "files are taken as they land, in the same Spark session, so a run does not pay Spark's "
+        "start-up per batch). 0: end the run when caught up. Runs the sensor launches follow "
+        "for LOWMARK_FOLLOW_SECONDS.",
+    )
+    poll_interval_seconds: float = Field(
+        default=1, gt=0, description="While following: seconds between polls once caught up."
+    )
+    force: bool = Field(
+        default=False,
+        description="Backfill only: replace a partition the watermark has not closed yet (the "
+        "stream may later write windows of it again).",
+    )
+
 
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
@@ -71,11 +94,11 @@ def run_batches(
     pipeline: Pipeline,
     session: SparkSession,
     data_root: Path,
-    config: "RunConfig",
+    config: RunConfig,
     after_batch: Callable[[], None],
 ) -> int:
     """Batches until caught up or a limit, replaying a pending batch first; then, with
-    ``follow_seconds``, follow the source that long (``batches.follow``). Calls
+    ``follow_seconds``, follow the source that long (``batches.loop.follow``). Calls
     ``after_batch`` after each batch is reported; returns how many batches committed."""
     runner = MicroBatchRunner(session, pipeline, data_root)
     partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def

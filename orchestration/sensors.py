@@ -2,7 +2,7 @@
 
 A tick is read-only and starts no Spark. It skips while a run of the
 pipeline is queued or in progress (a following run takes new files itself);
-otherwise it asks ``batches.status`` what is pending: an uncommitted batch
+otherwise it asks ``batches.admin.status`` what is pending: an uncommitted batch
 (replayed first) or files past the committed end. The run it requests drains
 the backlog and then follows the source for ``LOWMARK_FOLLOW_SECONDS``, so
 files landing meanwhile are in the sink within a poll and a batch, with no
@@ -11,11 +11,11 @@ batch id (``keys.batch_run_key``), so Dagster launches one run per batch no
 matter how many ticks see it, and again after ``lowmark reset``; a replay's
 key also names the run that left the batch behind, so each failure gets its
 own retry, until the batch failed ``max_failed_attempts`` times: then the
-tick skips, saying why and what to do (``batches.poison``).
+tick skips, saying why and what to do (``batches.loop.poison``).
 A batch whose last run stopped on an
 operational error (a file gone, a damaged checkpoint) is not relaunched on
 every tick: the tick waits one interval after the first stop, two after the
-second, and so on (``batches.status.pending_work``), until it is blocked.
+second, and so on (``batches.admin.status.pending_work``), until it is blocked.
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from batches.display import iso_utc
+from batches.admin.status import pending_work, pipeline_status
+from batches.cli.display import iso_utc
 from batches.pipeline import Pipeline
-from batches.status import pending_work, pipeline_status
 from orchestration.jobs import microbatch_job_name
 from orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key
 from orchestration.resources import LowmarkResource, SparkResource

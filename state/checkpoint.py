@@ -54,7 +54,7 @@ _METADATA_SCHEMA = pa.schema(
     ]
 )
 """``start_offsets`` (JSON): where batch 0 starts, set by ``lowmark reset``
-(``batches.reset``) or when batch 0 is first planned (a source's start may move: Kafka's
+(``batches.admin.reset``) or when batch 0 is first planned (a source's start may move: Kafka's
 latest, retention; a backfill reads from here); ``adopted_from``: the pipeline id of the
 checkpoint whose sink writes this one continues, set by ``lowmark reset``; ``start_identity``
 (JSON): the identity of the source ``start_offsets`` were read from (``lowmark reset

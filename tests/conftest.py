@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from state.session import SparkSettings, get_spark
 from tests.faults.scenarios import KAFKA_ENV
+from tests.helpers import FakeClock
 from tests.kafka_broker import KafkaBroker
 
 
@@ -59,33 +59,9 @@ def data_root(tmp_path: Path) -> Path:
     return root
 
 
-class FakeClock:
-    """A clock tests move by hand; ``step_ms`` > 0 makes every reading advance it."""
-
-    def __init__(self, now_ms: int = 1_767_225_600_000, step_ms: int = 0) -> None:
-        self.now = now_ms
-        self.step_ms = step_ms
-
-    def now_ms(self) -> int:
-        self.now += self.step_ms
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-def write_json_lines(folder: Path, name: str, rows: list[dict[str, Any]], mtime_s: int) -> Path:
-    """Write ``rows`` as JSON lines to ``folder/name`` with a fixed modification time."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.utime(path, (mtime_s, mtime_s))
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from batches.admin.status import pipeline_status
 from batches.errors import PipelineConfigInvalid
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.registry import get_pipeline
-from batches.status import pipeline_status
 
 PIPELINES = """
 pipelines:

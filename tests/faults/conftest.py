@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.faults import KillPoint
-from batches.microbatch import MicroBatchRunner
+from batches.loop.faults import KillPoint
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from tests.faults.harness import Snapshot, kill_run, snapshot
 from tests.faults.scenarios import (

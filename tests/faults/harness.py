@@ -30,9 +30,9 @@ from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from batches import cli
-from batches.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
-from batches.microbatch import BatchResult, MicroBatchRunner
+from batches.cli import commands
+from batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
+from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline, resolve
 from tests.faults.scenarios import SINK
 
@@ -124,7 +124,7 @@ def subprocess_crash(pipeline: Pipeline) -> Crash:
 
 
 def in_process_crash(spark: SparkSession, pipeline: Pipeline) -> Crash:
-    """Crashes by InjectedCrash (see ``batches.faults``), each time in a new runner."""
+    """Crashes by InjectedCrash (see ``batches.loop.faults``), each time in a new runner."""
 
     def crash(root: Path, point: KillPoint) -> bool:
         with crash_at(point):
@@ -153,7 +153,7 @@ def lowmark_compact(root: Path, pipeline: Pipeline) -> None:
     sees what the test changed, e.g. ``an_hour_passes``); it must succeed."""
     args = ["--pipelines", "tests.faults.scenarios", "--data-root", str(root)]
     with pytest.raises(SystemExit) as done:
-        cli.main([*args, "compact", pipeline.name])
+        commands.main([*args, "compact", pipeline.name])
     assert not done.value.code, f"lowmark compact {pipeline.name} failed"
 
 
@@ -254,14 +254,14 @@ def reset_with_truncate_sink(root: Path, pipeline: Pipeline) -> None:
     """`lowmark reset PIPELINE --truncate-sink`, in this process (its Spark session)."""
     args = ["--pipelines", "tests.faults.scenarios", "--data-root", str(root)]
     try:
-        cli.main([*args, "reset", pipeline.name, "--truncate-sink"])
+        commands.main([*args, "reset", pipeline.name, "--truncate-sink"])
     except SystemExit as exit_info:
         assert not exit_info.code, f"lowmark reset {pipeline.name} exited {exit_info.code}"
 
 
 def _reset_version(path: str) -> int:
     """The version of the newest commit of a reset to the table at ``path`` (its writer's
-    batch is -1: ``batches.reset``)."""
+    batch is -1: ``batches.admin.reset``)."""
     return max(
         int(c["version"])
         for c in RsDeltaTable(path).history()

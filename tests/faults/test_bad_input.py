@@ -10,14 +10,14 @@ import pytest
 from pyarrow import parquet
 from pyspark.sql import SparkSession
 
-from batches import faults
-from batches.cli import main
+from batches.cli.commands import main
 from batches.errors import SourceFileChanged, SourceFileUnreadable
-from batches.microbatch import MicroBatchRunner
+from batches.loop import faults
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import FileSource, Pipeline
-from tests.batches.helpers import pipeline, sink_ids
 from tests.faults.harness import run_to_completion, snapshot
 from tests.faults.scenarios import FIXED_INPUT, plain_append, tumbling_append, write_input
+from tests.helpers import pipeline, sink_ids
 
 SCHEMA = "id LONG, amount LONG"
 

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches import faults
-from batches.microbatch import MicroBatchRunner
+from batches.loop import faults
+from batches.loop.microbatch import MicroBatchRunner
 from state.errors import ConcurrentRunner
-from tests.batches.helpers import drop_file, pipeline, sink_ids
 from tests.faults.harness import (
     REPO,
     Snapshot,
@@ -25,6 +24,7 @@ from tests.faults.harness import (
     snapshot,
 )
 from tests.faults.scenarios import FIXED_INPUT, PIPELINES, plain_append, write_input
+from tests.helpers import drop_file, pipeline, sink_ids
 
 
 @pytest.fixture(scope="module")

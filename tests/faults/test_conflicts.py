@@ -20,8 +20,8 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches import faults
-from batches.microbatch import MicroBatchRunner
+from batches.loop import faults
+from batches.loop.microbatch import MicroBatchRunner
 from state.conflicts import ATTEMPTS, retry_conflicts
 from state.errors import ConcurrentRunner, WriteConflict
 from tests.faults.conftest import KILL_BATCH, Reference

@@ -10,7 +10,7 @@ from dagster._core.instance.ref import InstanceRef
 from pyspark.sql import SparkSession
 
 from orchestration.cli import main
-from tests.orchestration.test_jobs import TICKS, drop, tick
+from tests.helpers import TICKS, drop_order_files, tick
 
 
 def test_cli_batches_are_reported_to_the_instance_in_dagster_home(
@@ -20,7 +20,7 @@ def test_cli_batches_are_reported_to_the_instance_in_dagster_home(
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     # Batch 0 moves the watermark to 1 h 1 min 40 s; batch 1 runs with it (emitting the
     # closed windows), and hour 0 is final from 1 h 20 s (10 s windows, 10 s lateness).
-    drop(data_root, 0, [tick("a", 1, 1), tick("a", 3700, 2)])
+    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 3700, 2)])
     argv = ["--pipelines", "tests.orchestration.pipelines", "--data-root", str(data_root)]
     with pytest.raises(SystemExit) as done:
         main([*argv, "run", "ticks", "--until-caught-up"])

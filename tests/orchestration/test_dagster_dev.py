@@ -32,9 +32,8 @@ from pyspark.sql import SparkSession
 
 from orchestration.ui import free_port, live_group_members
 from state.checkpoint import Checkpoint
-from tests.conftest import write_json_lines
+from tests.helpers import tick, write_json_lines
 from tests.orchestration.pipelines import HOLD
-from tests.orchestration.test_jobs import tick
 
 REPO = Path(__file__).resolve().parents[2]
 LOWMARK = Path(sys.executable).parent / "lowmark"

@@ -9,11 +9,11 @@ import dagster as dg
 import yaml
 from pyspark.sql import SparkSession
 
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import EventTimePartitions
 from orchestration.definitions import build_definitions
 from orchestration.partitions import event_time_partitions
-from tests.conftest import write_json_lines
+from tests.helpers import write_json_lines
 from tests.orchestration.pipelines import ticks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,11 +19,11 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pyspark.sql import SparkSession
 
-from batches.follow import FollowResult
+from batches.loop.follow import FollowResult
 from orchestration import runs
 from orchestration.assets import pipeline_assets
 from orchestration.resources import LowmarkResource, SparkResource
-from tests.batches.helpers import drop_file, pipeline, sink_ids
+from tests.helpers import drop_file, pipeline, sink_ids
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from deltalake import DeltaTable
 
 from orchestration.cli import main
 from orchestration.ui import free_port
-from tests.conftest import write_json_lines
+from tests.helpers import write_json_lines
 
 LOWMARK = Path(sys.executable).parent / "lowmark"
 PROJECT_SETTINGS = ("LOWMARK_PIPELINES", "LOWMARK_DATA_ROOT", "DAGSTER_HOME")

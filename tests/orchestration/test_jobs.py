@@ -11,25 +11,16 @@ from typing import Any
 import dagster as dg
 from pyspark.sql import SparkSession
 
+from batches.admin.health import late_fraction
 from batches.demo import orders, user_revenue, write_sample_files
-from batches.health import late_fraction
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from orchestration.checks import checks_of
 from state.table import DriverTable
-from tests.conftest import write_json_lines
+from tests.helpers import TICKS, drop_order_files, tick
 from tests.orchestration.pipelines import ticks
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-TICKS = dg.AssetKey(["lowmark", "ticks"])
 TICKS_LATE = dg.AssetKey(["lowmark", "ticks_late"])
-
-
-def tick(user: str, second: int, amount: int) -> dict[str, Any]:
-    return {"user": user, "ts": (T0 + timedelta(seconds=second)).isoformat(), "amount": amount}
-
-
-def drop(root: Path, index: int, rows: list[dict[str, Any]]) -> None:
-    write_json_lines(root / "ticks/in", f"f{index}.json", rows, 1_700_000_000 + index)
 
 
 def run_ticks(
@@ -49,8 +40,9 @@ def test_a_run_records_one_readable_materialization_per_batch(
     resources: dict[str, Any],
     data_root: Path,
 ) -> None:
-    drop(data_root, 0, [tick("a", 1, 1), tick("b", 2, 2), tick("a", 30, 4)])
-    drop(data_root, 1, [tick("a", 3, 8), tick("b", 45, 16)])  # a@3s is late: [0,10) closed
+    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("b", 2, 2), tick("a", 30, 4)])
+    # a@3s is late: [0,10) closed
+    drop_order_files(data_root, 1, [tick("a", 3, 8), tick("b", 45, 16)])
     first = run_ticks(defs, instance, resources, max_batches=1)
     assert first.success
     assert first.dagster_run.tags["lowmark/pipeline"] == "ticks"
@@ -105,8 +97,8 @@ def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
 ) -> None:
     # Watermark 2 h 30 s after the first batch; the second batch runs with it. Hour 0 is
     # final at 1 h + 10 s window + 10 s lateness; hour 1 at 2 h 20 s; hour 2 not yet.
-    drop(data_root, 0, [tick("a", 1, 1), tick("a", 7230, 2)])
-    drop(data_root, 1, [tick("a", 7231, 4)])
+    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 7230, 2)])
+    drop_order_files(data_root, 1, [tick("a", 7231, 4)])
     assert run_ticks(defs, instance, resources).success
     written = instance.get_materialized_partitions(TICKS)
     assert written == {"2026-01-01-00:00", "2026-01-01-01:00"}
@@ -119,9 +111,9 @@ def test_checks_run_alone_without_running_a_batch(
     resources: dict[str, Any],
     data_root: Path,
 ) -> None:
-    drop(data_root, 0, [tick("a", 1, 1)])
+    drop_order_files(data_root, 0, [tick("a", 1, 1)])
     assert run_ticks(defs, instance, resources).success
-    drop(data_root, 1, [tick("a", 2, 1)])
+    drop_order_files(data_root, 1, [tick("a", 2, 1)])
     job = defs.resolve_implicit_global_asset_job_def().get_subset(
         asset_check_selection={dg.AssetCheckKey(TICKS_LATE, "late_fraction")},
         asset_selection=set(),
@@ -142,8 +134,8 @@ def test_the_backfill_job_replaces_one_hour_partition(
     resources: dict[str, Any],
     data_root: Path,
 ) -> None:
-    drop(data_root, 0, [tick("a", 1, 1), tick("a", 7200, 2)])  # hour 0, then hour 2
-    drop(data_root, 1, [tick("a", 2, 4)])  # late for hour 0
+    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 7200, 2)])  # hour 0, then hour 2
+    drop_order_files(data_root, 1, [tick("a", 2, 4)])  # late for hour 0
     assert run_ticks(defs, instance, resources).success
     job = defs.resolve_job_def("ticks_backfill")
     done = job.execute_in_process(
@@ -182,7 +174,7 @@ def test_the_daily_compact_schedule_runs_checkpoint_maintenance(
     assert first.success  # no checkpoint yet: nothing to do, not a failure
 
     for i in range(3):
-        drop(data_root, i, [tick("a", 10 * i + 1, i)])
+        drop_order_files(data_root, i, [tick("a", 10 * i + 1, i)])
     assert run_ticks(defs, instance, resources, max_batches=10).success
     offsets = DriverTable(f"{ticks.checkpoint_location(data_root)}/offsets")
     assert offsets.files() >= 3  # a file per batch

@@ -11,10 +11,10 @@ from dagster._core.storage.tags import RUN_KEY_TAG
 from dagster._core.test_utils import create_run_for_test
 from pyspark.sql import SparkSession
 
-from batches.microbatch import MicroBatchRunner
-from batches.reset import reset
+from batches.admin.reset import reset
+from batches.loop.microbatch import MicroBatchRunner
 from orchestration.resources import LowmarkResource, SparkResource
-from tests.conftest import write_json_lines
+from tests.helpers import write_json_lines
 from tests.orchestration.pipelines import slow
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from state.checkpoint import Checkpoint
 from state.errors import CheckpointMissing
-from tests.state.test_log import entry
+from tests.helpers import entry
 
 
 def test_a_new_checkpoint_gets_a_random_pipeline_id_that_survives_reopening(

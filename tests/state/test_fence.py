@@ -13,7 +13,7 @@ from pathlib import Path
 
 from state.errors import ConcurrentRunner
 from state.offset_log import OffsetEntry, OffsetLog
-from tests.state.test_log import entry
+from tests.helpers import entry
 
 BATCHES = 12
 

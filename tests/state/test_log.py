@@ -10,17 +10,7 @@ from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointMissing, ConcurrentRunner, UnsupportedLogFormat
 from state.offset_log import OffsetEntry, OffsetLog
-
-
-def entry(batch_id: int, runner: str = "r1", end: int = 0) -> OffsetEntry:
-    return OffsetEntry(
-        batch_id=batch_id,
-        runner_id=runner,
-        start_offsets={"0": 0},
-        end_offsets={"0": end},
-        batch_watermark_ms=batch_id * 1000,
-        pipeline_fingerprint="fp",
-    )
+from tests.helpers import entry
 
 
 def test_offset_log_roundtrips_entries_and_answers_latest_and_ranges(

@@ -21,15 +21,14 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from batches.compaction import compact_checkpoint
-from batches.microbatch import MicroBatchRunner
+from batches.admin.status import pipeline_status
+from batches.loop.maintenance import compact_checkpoint
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import Maintenance, Pipeline
-from batches.status import pipeline_status
 from batches.windows import Tumbling
 from state.checkpoint import Checkpoint
 from state.table import DriverTable
-from tests.batches.test_windows import drop_batches, event, windowed
-from tests.conftest import write_json_lines
+from tests.helpers import drop_batches, event, windowed, write_json_lines
 
 UPKEEP = Maintenance(every_batches=100, log_batches=20, progress_batches=50)
 SINGLE_COMMITS = 150

@@ -12,15 +12,15 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from batches import faults
-from batches.compaction import compact_checkpoint
-from batches.microbatch import MicroBatchRunner
+from batches.loop import faults
+from batches.loop.maintenance import compact_checkpoint
+from batches.loop.microbatch import MicroBatchRunner
+from batches.loop.poison import set_aside
 from batches.pipeline import Maintenance
-from batches.poison import set_aside
 from batches.windows import Tumbling
 from state.errors import CheckpointCorrupt
-from tests.batches.test_windows import drop_batches, event, reference, sink, windowed
 from tests.faults.harness import an_hour_passes
+from tests.helpers import drop_batches, event, reference, sink, windowed
 
 WINDOW = Tumbling(size="10 seconds")
 BATCHES = [[event("a", 5 * i + 1, i), event("b", 5 * i + 3, 2 * i)] for i in range(12)]

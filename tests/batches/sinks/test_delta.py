@@ -9,12 +9,12 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from batches.errors import SinkWriteFailed
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, Maintenance
 from batches.sinks.delta import DeltaTableSink
 from state.delta import TXN_APP_ID_CONF, idempotent_dml
 from state.table import TABLE_CONFIGURATION
-from tests.batches.helpers import counted_per_window, drop_file, pipeline
+from tests.helpers import counted_per_window, drop_file, pipeline
 
 
 def test_append_of_the_same_batch_twice_lands_once(spark: SparkSession, tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from batches.admin.reset import reset
 from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
-from batches.reset import reset
 from batches.sources.delta_table import PARTITION, DeltaStreamSource
-from tests.batches.helpers import vacuum_every_version
+from tests.helpers import vacuum_every_version
 
 
 def append(spark: SparkSession, table: Path, first: int, rows: int, files: int) -> None:

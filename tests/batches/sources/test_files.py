@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches import faults
 from batches.errors import PipelineConfigInvalid, SourceFileChanged, SourceFileMissing
-from batches.microbatch import MicroBatchRunner
+from batches.loop import faults
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource
 from batches.sources.base import Range
 from state.errors import CheckpointMissing
-from tests.batches.helpers import drop_file, pipeline, sink_ids
+from tests.helpers import drop_file, pipeline, sink_ids
 
 SCHEMA = "id LONG, amount LONG"
 

@@ -20,20 +20,19 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.backfill import backfill_partition
+from batches.admin.status import pipeline_status
 from batches.errors import BackfillHistoryLost, SourceDataLost, SourceReplaced
-from batches.microbatch import MicroBatchRunner
+from batches.loop.backfill import backfill_partition
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, EventTimePartitions, KafkaSource, Pipeline
 from batches.sources.base import PARTITION_COLUMN
 from batches.sources.kafka import KafkaStreamSource
-from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from orchestration.assets import pipeline_assets
 from orchestration.jobs import microbatch_job
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.sensors import pipeline_sensor
-from tests.batches.helpers import per_window
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, per_window
 from tests.kafka_broker import KafkaBroker
 
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"

@@ -10,13 +10,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, Pipeline, SyntheticSource
 from batches.sources.base import PARTITION_COLUMN
 from batches.sources.synthetic import SyntheticStreamSource
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from tests.batches.helpers import per_window
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, per_window
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 START_MS = int(START.timestamp() * 1000)

@@ -12,14 +12,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from batches.admin.status import pipeline_status
 from batches.errors import PipelineConfigInvalid
-from batches.microbatch import MicroBatchRunner
+from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, Pipeline, SyntheticSource, UnionSource
 from batches.sources.synthetic import SyntheticStreamSource
-from batches.status import pipeline_status
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from tests.batches.helpers import per_window
-from tests.conftest import FakeClock
+from tests.helpers import FakeClock, per_window
 
 START_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 

@@ -1,0 +1,223 @@
+"""``lowmark reset PIPELINE``: start a pipeline over without writing its sink's data twice.
+
+A new checkpoint reads its source from the beginning; if the sink still holds
+what an earlier checkpoint wrote, every record would land in it twice. So a
+new checkpoint refuses a sink whose newest lowmark commit is another
+checkpoint's (``MicroBatchRunner``'s first batch; ``state.ownership``), and a
+reset offers the two safe ways on:
+
+- ``truncate``: the sink is emptied (one Delta commit, naming the new
+  checkpoint as its writer; time travel still reaches the old rows) and the
+  new checkpoint takes the source from its beginning: the sink ends as if the
+  pipeline had always run on the new checkpoint.
+- ``after``: the new checkpoint starts right after the data the sink holds:
+  the end offsets of the newest batch that wrote the sink (the old
+  checkpoint's offset log) and, for a file source, the old file manifest up to
+  there. Only where the sink holds every record a batch read: a windowed
+  pipeline's open windows hold records the sink has not got yet, so it is
+  refused there (truncate, and the windows are recomputed from the source).
+
+Neither is offered for a sink another pipeline wrote last (its rows are not
+ours to empty or to go on after). Either way the old checkpoint is moved aside
+to ``<checkpoint>.reset-<UTC time>`` first, never deleted. Local checkpoints
+only (a move is a rename).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable
+
+from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from batches.loop.microbatch import held_elsewhere, sink_holder
+from batches.pipeline import Pipeline, resolve
+from state.checkpoint import Checkpoint
+from state.delta import USER_METADATA_CONF
+from state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkError
+from state.offset_log import OffsetEntry, OffsetLog, Offsets
+from state.ownership import last_writer, writer_metadata
+from state.session import SparkLike, provider
+from state.table import DriverTable
+
+Mode = Literal["truncate", "after"]
+
+
+@dataclass(frozen=True)
+class Reset:
+    """What a reset did."""
+
+    mode: Mode
+    checkpoint: str
+    moved_to: str | None
+    """Where the old checkpoint went (None: there was none)."""
+    pipeline_id: str
+    """The new checkpoint's."""
+    start_offsets: Offsets | None
+    """``after``: where the new checkpoint starts."""
+    continues: str | None
+    """``after``: the old checkpoint's pipeline id and batch the sink's data ends with."""
+    files: int
+    """``after``, file source: files of the old manifest the new one keeps as taken."""
+
+
+def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> Reset:
+    """Move ``pipeline``'s checkpoint aside and create a new one (see the module doc)."""
+    location = pipeline.checkpoint_location(data_root)
+    local = _local(location)
+    sink = resolve(pipeline.sink.path, data_root)
+    _refuse_another_pipelines_sink(pipeline, local, sink)
+    if mode == "after":
+        return _after(pipeline, local, sink)
+    moved = _move_aside(local)
+    new = Checkpoint(location, pipeline.name)
+    app_id = new.txn_app_id("sink")
+    if DeltaTable.is_deltatable(sink):
+        if pipeline.aggregation is not None:
+            # A windowed pipeline's sink: delta-rs is its one writer engine.
+            DeltaTable(sink).delete(
+                commit_properties=CommitProperties(
+                    custom_metadata={"userMetadata": writer_metadata(app_id, -1)}
+                )
+            )
+        else:
+            session = provider(spark)().newSession()  # its confs are its own
+            session.conf.set(USER_METADATA_CONF, writer_metadata(app_id, -1))
+            session.sql(f"DELETE FROM delta.`{sink}`")
+    return Reset(mode, location, moved, new.pipeline_id, None, None, 0)
+
+
+def _refuse_another_pipelines_sink(pipeline: Pipeline, location: str, sink: str) -> None:
+    """Neither way on is ``pipeline``'s to take when another pipeline wrote the sink
+    last: truncating would delete that pipeline's rows."""
+    writer = last_writer(sink)
+    holder = sink_holder(location, writer) if writer is not None else None
+    if writer is not None and holder is not None and holder.pipeline_name != pipeline.name:
+        raise SinkHeldElsewhere(held_elsewhere(pipeline, location, sink, writer, holder))
+
+
+def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
+    if pipeline.aggregation is not None:
+        raise PipelineConfigInvalid(
+            f"{pipeline.name} aggregates windows: records of windows still open at its last "
+            "commit are not in the sink, and starting after the sink's data would lose them; "
+            f"run `lowmark reset {pipeline.name} --truncate-sink` to recompute every window"
+        )
+    writer = last_writer(sink)
+    if writer is None:
+        raise PipelineConfigInvalid(
+            f"sink {sink} holds no batch lowmark wrote: there is nothing to start after; "
+            f"use `lowmark reset {pipeline.name} --truncate-sink`, or just run the pipeline"
+        )
+    old = _old_tables(location, writer.pipeline_id, pipeline.name)
+    entry = _offsets_of(old, writer.batch_id)
+    end = entry.end_offsets
+    staging = f"{location}.new-{_stamp()}"
+    taken = _taken_files(f"{old}/files", end)
+    if taken is not None:
+        files = DriverTable(f"{staging}/files", taken.schema, "file manifest")
+        files.append_once(taken, "lowmark:reset", 0)
+    retired = _taken_files(f"{old}/files_history", end)
+    if retired is not None and retired.num_rows:
+        history = DriverTable(f"{staging}/files_history", retired.schema, "manifest history")
+        history.append_once(retired, "lowmark:reset", 0)
+    schema = _schema_json(old)
+    # The old source's identity goes with its offsets: batch 0 refuses a replaced source.
+    new = Checkpoint(
+        staging,
+        pipeline.name,
+        start_offsets=end,
+        adopted_from=writer.pipeline_id,
+        start_identity=entry.source_identity,
+    )
+    if schema is not None:
+        new.schema.fix(schema)
+    moved = _move_aside(location)
+    os.rename(staging, location)
+    return Reset(
+        "after",
+        location,
+        moved,
+        new.pipeline_id,
+        end,
+        f"{writer.pipeline_id} batch {writer.batch_id}",
+        taken.num_rows if taken is not None else 0,
+    )
+
+
+def _old_tables(location: str, pipeline_id: str, name: str) -> str:
+    """The old checkpoint's folder, after checking it is the one that wrote the sink last."""
+    metadata = DriverTable(f"{location}/checkpoint", None, "checkpoint table")
+    try:
+        rows = metadata.read().to_pylist() if metadata.exists() else []
+    except LowmarkError as exc:
+        raise CheckpointCorrupt(
+            f"{exc}; without it `--after-sink` cannot tell where the sink's data ends: "
+            f"use `lowmark reset {name} --truncate-sink`"
+        ) from exc
+    if not rows or rows[0]["pipeline_id"] != pipeline_id:
+        found = rows[0]["pipeline_id"] if rows else "no checkpoint"
+        raise CheckpointMissing(
+            f"the sink was last written by checkpoint {pipeline_id}, but {location} holds "
+            f"{found}: put that checkpoint back at {location}, or use "
+            f"`lowmark reset {name} --truncate-sink`"
+        )
+    return location
+
+
+def _offsets_of(location: str, batch_id: int) -> OffsetEntry:
+    log = OffsetLog(f"{location}/offsets", OffsetEntry, "")
+    entry = log.get(batch_id) if log.exists() else None
+    if entry is None:
+        raise CheckpointMissing(
+            f"offset log {log.path} lacks batch {batch_id}, the last the sink holds: "
+            "use `--truncate-sink`"
+        )
+    return entry
+
+
+def _taken_files(path: str, end: Offsets) -> pa.Table | None:
+    """The rows of files before ``end`` of the old manifest (or its history) at ``path``
+    (None: a source without one)."""
+    table = DriverTable(path, None, "file manifest")
+    if not table.exists():
+        return None
+    rows = table.read()
+    keep = [r for r in rows.to_pylist() if r["seq"] < end.get(r["partition"], 0)]
+    return pa.Table.from_pylist(keep, schema=rows.schema)
+
+
+def _schema_json(location: str) -> str | None:
+    table = DriverTable(f"{location}/schema", None, "source schema table")
+    if not table.exists():
+        return None
+    values = table.read().column("schema_json").to_pylist()
+    return str(values[0]) if values else None
+
+
+def _move_aside(location: str) -> str | None:
+    if not os.path.exists(location):
+        return None
+    moved = f"{location}.reset-{_stamp()}"
+    os.rename(location, moved)
+    return moved
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def _local(location: str) -> str:
+    parsed = urlparse(location)
+    if parsed.scheme not in ("", "file"):
+        raise PipelineConfigInvalid(
+            f"checkpoint {location} is not on a local disk: move it aside with your "
+            "storage's tools, then run `lowmark reset` again"
+        )
+    return parsed.path if parsed.scheme == "file" else location

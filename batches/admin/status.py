@@ -1,0 +1,373 @@
+"""Read-only views of a pipeline's checkpoint: ``status``, ``plan`` and ``history``.
+
+Nothing here writes: a pipeline that never ran has no checkpoint, and status
+says so (with the backlog waiting for its first batch); planning is the
+runner's own rule asked as a dry run (``dry_run``). One exception: a source
+whose start moves ("latest") has it fixed by the first plan, a dry run's too,
+in a checkpoint created for it (as the first run would create it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from batches.clock import Clock, SystemClock
+from batches.loop.microbatch import MicroBatchRunner, PlannedBatch
+from batches.loop.poison import blocked
+from batches.pipeline import Pipeline
+from batches.sources import Source, build_source
+from batches.sources.base import describe_range
+from state.checkpoint import Checkpoint
+from state.commit_log import COUNTS, CommitEntry
+from state.failures import FailureKind
+from state.offset_log import OffsetEntry, Offsets
+from state.session import SparkLike
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """The runner's planning rule asked without writing anything (``record=False``)."""
+
+    source: Source
+    planned: PlannedBatch | None
+    """The batch a run would start with; None when there is nothing to do."""
+    runner: MicroBatchRunner | None
+    """None when the pipeline has no checkpoint yet (a dry run never creates one)."""
+    committed: OffsetEntry | None
+    """The offset-log entry of the newest committed batch (None before the first commit)."""
+    committed_end: Offsets
+    """Where the committed input ends: a new batch starts here (before the first commit,
+    the source's start)."""
+
+
+def dry_run(
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
+) -> DryRun:
+    """What ``MicroBatchRunner.plan_next_batch`` would plan now; nothing is written.
+
+    A pipeline without a checkpoint gets batch 0 from the source's initial
+    offsets, as the runner would plan it (no watermark yet), without opening
+    a runner: that would create the checkpoint. Unless its start moves
+    (``Source.start_moves``): asked anew at every dry run, "latest" would
+    stay ahead of whatever lands between two (the Dagster sensor would never
+    see a batch), so the checkpoint is created with the start fixed, and the
+    runner plans. ``spark`` may be a function that returns the session (see
+    ``pipeline_status``).
+    """
+    location = pipeline.checkpoint_location(data_root)
+    if not Checkpoint.exists(location):
+        source = build_source(spark, pipeline, data_root, location, clock)
+        start = source.initial_offsets()
+        if not source.start_moves():
+            end = source.plan(start, 0, record=False)
+            now = (clock or SystemClock()).now_ms()
+            planned = PlannedBatch(0, start, end, None, False, now, None) if end != start else None
+            return DryRun(source, planned, None, None, start)
+        Checkpoint(location, pipeline.name, start_offsets=start)
+    runner = MicroBatchRunner(spark, pipeline, data_root, clock)
+    planned = runner.plan_next_batch(dry_run=True)
+    latest, done = runner.position()
+    if done is None:
+        committed = None
+    elif latest is not None and latest.batch_id == done.batch_id:
+        committed = latest  # the usual case: nothing pending, no second read
+    else:
+        committed = runner.checkpoint.offsets.get(done.batch_id)
+    end = committed.end_offsets if committed else runner.start_offsets
+    return DryRun(runner.source, planned, runner, committed, end)
+
+
+def pipeline_status(
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
+) -> dict[str, Any]:
+    """The pipeline's position: committed batch, pending batch, next batch, offsets, backlog.
+
+    Keys (stable, documented in the README): pipeline, checkpoint,
+    checkpoint_exists, pipeline_id, as_of_ms (the processing time of this
+    status: ages and the lag count from it), last_committed_batch,
+    last_committed_at_ms, pending_batch, next_batch {batch_id, replay,
+    emit_only, reason} (what a run would do now, by the runner's own planning
+    rule, ``dry_run``; None when there is nothing to do), end_offsets,
+    watermark_ms, event_time_lag_ms (as_of_ms - watermark_ms), partitions
+    [{partition, max_event_time_ms, watermark_ms, last_seen_ms}], backlog (the
+    source's counts, e.g. {files, bytes}), backlog_described (the same in
+    words), totals {rows_in, rows_out, rows_bad, rows_late, ...}, accounting
+    (where the records read went, over all batches, see ``_accounting``),
+    last_batch {batch_id, committed_at_ms, input, accounting,
+    closed_windows_held} (the newest committed batch: its input range in
+    words, where its records went, and how many records the windows it closed
+    held; None before the first commit), blocked (why the next batch is not
+    run again by itself: a poison batch, or one that kept stopping on an
+    operational error, ``batches.loop.poison``; else None), last_failure (the next
+    batch's latest failed attempt {kind, error, failed_at_ms, attempts {data,
+    operational}}; None when it has not failed).
+
+    Reads the checkpoint on the driver only, a few rows of each log: the
+    commit entry carries the running totals. ``spark`` may be a function
+    that returns the session: it is called only if the source needs Spark
+    (a folder on an object store), so a status of local folders starts none.
+    """
+    as_of = (clock or SystemClock()).now_ms()
+    dry = dry_run(spark, pipeline, data_root, clock)
+    runner, source = dry.runner, dry.source
+    backlog = source.backlog(dry.committed_end)
+    latest, done = runner.position() if runner else (None, None)
+    watermark = done.next_watermark_ms if done else None
+    return {
+        "pipeline": pipeline.name,
+        "checkpoint": pipeline.checkpoint_location(data_root),
+        "checkpoint_exists": runner is not None,
+        "pipeline_id": runner.checkpoint.pipeline_id if runner else None,
+        "as_of_ms": as_of,
+        "last_committed_batch": done.batch_id if done else None,
+        "last_committed_at_ms": _epoch_ms(done.created_at) if done else None,
+        "pending_batch": (
+            latest.batch_id
+            if latest and (done is None or latest.batch_id > done.batch_id)
+            else None
+        ),
+        "next_batch": _next_batch(dry, backlog),
+        "end_offsets": dry.committed_end if done else None,
+        "watermark_ms": watermark,
+        "event_time_lag_ms": as_of - watermark if watermark is not None else None,
+        "partitions": _partitions(runner, done) if runner else [],
+        "backlog": backlog,
+        "backlog_described": source.describe_backlog(backlog),
+        "totals": done.totals if done else dict.fromkeys(COUNTS, 0),
+        "accounting": _accounting(pipeline, done.totals if done else {}),
+        "last_batch": _last_batch(pipeline, done, dry.committed),
+        "blocked": _blocked(dry),
+        "last_failure": _last_failure(dry),
+    }
+
+
+def pipeline_plan(
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
+) -> dict[str, Any]:
+    """What the next batch would take, by the runner's own rule, writing nothing (``lowmark
+    plan``: a dry run, like ``spark-pipelines dry-run``).
+
+    Keys (stable, documented in the README): pipeline, checkpoint,
+    checkpoint_exists, as_of_ms, batch_id (None: nothing to do), replay (an
+    uncommitted batch, run again with exactly the offsets and watermark of its
+    offset-log entry), emit_only (no new input, but the watermark moved and
+    closes windows), reason (in words, also when there is nothing to do),
+    start_offsets and end_offsets (the batch's range ``[start, end)``), input
+    (that range in words), inputs (what the source names in it, one item each:
+    files, offset ranges; ``Source.inputs``), bytes (their size, if the
+    source knows it; ``Source.input_bytes``), watermark_ms (the watermark the
+    batch runs with: records with earlier event times are late), planned_at_ms
+    (the processing time it is planned at; a replay: when it was first
+    planned), blocked (as in ``pipeline_status``). With nothing to do,
+    batch_id and every key after reason are None (inputs empty, replay and
+    emit_only false).
+    """
+    as_of = (clock or SystemClock()).now_ms()
+    dry = dry_run(spark, pipeline, data_root, clock)
+    planned, source = dry.planned, dry.source
+    backlog = source.backlog(dry.committed_end)
+    plan: dict[str, Any] = {
+        "pipeline": pipeline.name,
+        "checkpoint": pipeline.checkpoint_location(data_root),
+        "checkpoint_exists": dry.runner is not None,
+        "as_of_ms": as_of,
+        "reason": f"nothing to do ({source.describe_backlog(backlog)})",
+        "batch_id": None,
+        "replay": False,
+        "emit_only": False,
+    }
+    if planned is None:
+        return (
+            plan
+            | dict.fromkeys(
+                (
+                    "start_offsets",
+                    "end_offsets",
+                    "input",
+                    "bytes",
+                    "watermark_ms",
+                    "planned_at_ms",
+                    "blocked",
+                )
+            )
+            | {"inputs": []}
+        )
+    return (
+        plan
+        | (_next_batch(dry, backlog) or {})
+        | {
+            "start_offsets": planned.start,
+            "end_offsets": planned.end,
+            "input": describe_range(planned.start, planned.end),
+            "inputs": source.inputs(planned.start, planned.end),
+            "bytes": source.input_bytes(planned.start, planned.end),
+            "watermark_ms": planned.watermark_ms,
+            "planned_at_ms": planned.planned_at_ms,
+            "blocked": _blocked(dry),
+        }
+    )
+
+
+def _blocked(dry: DryRun) -> str | None:
+    """Why the planned batch is not run again by itself (a poison batch, or one that kept
+    stopping on an operational error), or None."""
+    planned = dry.planned
+    if dry.runner is None or planned is None or not planned.replay:
+        return None
+    return blocked(dry.runner, planned)
+
+
+def _last_failure(dry: DryRun) -> dict[str, Any] | None:
+    """The planned batch's latest failed attempt: ``{kind, error, failed_at_ms, attempts
+    {data, operational}}`` (``batches.loop.poison``), or None when it has not failed."""
+    planned = dry.planned
+    if dry.runner is None or planned is None:
+        return None
+    failures = dry.runner.checkpoint.failures.of(planned.batch_id)
+    if not failures:
+        return None
+    last = failures[-1]
+    kinds: list[FailureKind] = ["data", "operational"]
+    return {
+        "kind": last.kind,
+        "error": last.error,
+        "failed_at_ms": _epoch_ms(last.failed_at),
+        "attempts": {k: sum(f.kind == k for f in failures) for k in kinds},
+    }
+
+
+def _next_batch(dry: DryRun, backlog: dict[str, int]) -> dict[str, Any] | None:
+    """``{batch_id, replay, emit_only, reason}`` of the planned batch (``backlog``: what
+    waits past its start), or None."""
+    planned = dry.planned
+    if planned is None:
+        return None
+    emit_only = not planned.replay and planned.end == planned.start
+    if planned.replay:
+        reason = f"batch {planned.batch_id} is uncommitted: replay it"
+    elif emit_only:
+        reason = "the watermark moved: windows close without new data"
+    else:
+        reason = dry.source.describe_backlog(backlog)
+    return {
+        "batch_id": planned.batch_id,
+        "replay": planned.replay,
+        "emit_only": emit_only,
+        "reason": reason,
+    }
+
+
+def _last_batch(
+    pipeline: Pipeline, done: CommitEntry | None, offsets: OffsetEntry | None
+) -> dict[str, Any] | None:
+    """The newest committed batch ``done`` (with its offset-log entry): see
+    ``pipeline_status``."""
+    if done is None or offsets is None:
+        return None
+    windowed = pipeline.aggregation is not None
+    return {
+        "batch_id": done.batch_id,
+        "committed_at_ms": _epoch_ms(done.created_at),
+        "input": describe_range(offsets.start_offsets, offsets.end_offsets),
+        "accounting": _accounting(pipeline, {k: getattr(done, k) for k in COUNTS}, total=False),
+        "closed_windows_held": done.rows_closed if windowed else None,
+    }
+
+
+def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) -> dict[str, int]:
+    """Where the records read went, from commit counts (``CommitEntry``): over all
+    committed batches (``total``, the running totals) or of one batch.
+
+    ``read = bad + dropped_by_transform + late`` plus, stateless, ``in_sink``;
+    windowed, in total, ``in_closed_windows + in_open_windows`` (the records
+    in windows emitted as final, and in windows still in the state table);
+    windowed, of one batch, ``into_windows`` (which of them are still open is
+    not recorded per batch: the windows a batch closes hold records of earlier
+    batches too).
+    """
+    went = {
+        "read": counts.get("rows_in", 0),
+        "bad": counts.get("rows_bad", 0),
+        "dropped_by_transform": counts.get("rows_dropped", 0),
+        "late": counts.get("rows_late", 0),
+    }
+    if pipeline.aggregation is None:
+        return went | {"in_sink": counts.get("rows_out", 0)}
+    windowed = counts.get("rows_windowed", 0)
+    if not total:
+        return went | {"into_windows": windowed}
+    closed = counts.get("rows_closed", 0)
+    return went | {"in_closed_windows": closed, "in_open_windows": windowed - closed}
+
+
+def _partitions(runner: MicroBatchRunner, done: CommitEntry | None) -> list[dict[str, Any]]:
+    """Per source partition, its times as of the commit ``done`` (by partition)."""
+    event_time = runner.pipeline.event_time
+    if done is None or event_time is None:
+        return []
+    times = sorted(runner.partition_times(done).values(), key=lambda t: t.partition)
+    return [
+        {
+            "partition": t.partition,
+            "max_event_time_ms": t.max_event_time_ms,
+            "watermark_ms": t.watermark_ms(event_time),
+            "last_seen_ms": t.last_seen_ms,
+        }
+        for t in times
+    ]
+
+
+def _epoch_ms(moment: datetime) -> int:
+    return round(moment.timestamp() * 1000)
+
+
+def pipeline_history(
+    pipeline: Pipeline, data_root: Path, last: int | None = None
+) -> list[dict[str, Any]]:
+    """Progress rows, oldest first (the newest ``last`` if given), as plain dicts."""
+    location = pipeline.checkpoint_location(data_root)
+    if not Checkpoint.exists(location):
+        return []
+    progress = Checkpoint(location, pipeline.name).progress
+    newest = progress.latest_batch_id()
+    start = None if last is None or newest is None else newest - last + 1
+    entries = progress.get_range(start=start)
+    if last is not None:
+        entries = entries[-last:]
+    return [e.model_dump(mode="json") for e in entries]
+
+
+@dataclass(frozen=True)
+class PendingWork:
+    """The batch a run would start with, and why (what a Dagster sensor asks)."""
+
+    batch_id: int
+    replay: bool
+    reason: str
+    not_before_ms: int | None = None
+    """No run should start before this time (epoch ms): the batch's last attempt stopped on
+    an operational error; None: a run may start now."""
+
+
+def pending_work(status: dict[str, Any], pause_ms: int = 0) -> PendingWork | None:
+    """The next batch ``status`` (from ``pipeline_status``) calls for, or None when idle
+    or blocked (a poison batch).
+
+    A batch whose last attempt stopped on an operational error (a file gone,
+    a damaged checkpoint: it stays so until someone acts) waits ``pause_ms``
+    after the first such stop, twice that after the second, and so on, so
+    the problem is not met by a new run (and a Spark start) every tick.
+    """
+    nxt = status["next_batch"]
+    if nxt is None or status["blocked"]:
+        return None
+    failed = status["last_failure"]
+    not_before = None
+    if failed is not None and failed["kind"] == "operational":
+        not_before = failed["failed_at_ms"] + pause_ms * 2 ** (
+            failed["attempts"]["operational"] - 1
+        )
+    return PendingWork(nxt["batch_id"], nxt["replay"], nxt["reason"], not_before)

@@ -1,0 +1,804 @@
+"""The ``lowmark`` command line.
+
+User errors (LowmarkError) print one red line and exit 2, never a stack
+trace; everything committed before the error stays committed. A batch that
+fails prints one paragraph (the batch, its input, the error's first line,
+the attempt, what to do: ``batches.loop.poison.failure_report``); the details
+(tracebacks, Spark's own logs) go to the log file (``batches.cli.logs``), and
+``--verbose`` prints them too. Ctrl-C while batches run cancels the batch in
+progress (the next run replays it); a second Ctrl-C quits at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+from rich.console import Console
+
+from batches.admin.reset import reset as reset_pipeline
+from batches.admin.status import pipeline_history, pipeline_plan, pipeline_status
+from batches.cli.display import duration, iso_utc, moment, print_fields, print_json, print_table
+from batches.cli.logs import (
+    DETAILS,
+    installed_log_file,
+    jvm_output_to,
+    log_file,
+    send_logs,
+    stop_logs,
+)
+from batches.clock import Clock, SystemClock
+from batches.demo import INCOMING, orders, user_revenue, write_sample_files
+from batches.durations import parse_duration_ms
+from batches.errors import BatchFailed, RunInFlight
+from batches.loop.follow import follow
+from batches.loop.maintenance import compact_checkpoint
+from batches.loop.microbatch import BatchResult, MicroBatchRunner
+from batches.loop.poison import failure_report, set_aside
+from batches.pipeline import Pipeline, resolve
+from batches.registry import get_pipeline, load_pipelines
+from batches.sources.base import describe_range
+from state.errors import LowmarkError, first_line
+from state.session import SparkSettings, get_spark
+
+app = typer.Typer(
+    help="lowmark: exactly-once micro-batch streaming on Spark + Delta.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+details_log = logging.getLogger(DETAILS)
+
+
+BatchListener = Callable[[MicroBatchRunner, Path], Callable[[BatchResult], None] | None]
+"""Given a runner and the data root, what to call with each batch it commits (None: nothing)."""
+
+ResetGuard = Callable[[Pipeline], str | None]
+"""Why a reset of a pipeline must not go on now (a run of it in flight elsewhere), or None."""
+
+JsonFlag = Annotated[
+    bool, typer.Option("--json", help="Print JSON instead of text (keys in the README).")
+]
+
+
+class Context:
+    """Options shared by every command, who hears of committed batches, and the clock
+    that every "now" of a command is read from."""
+
+    def __init__(
+        self,
+        pipelines: str | None,
+        data_root: Path,
+        master: str | None,
+        listeners: Sequence[BatchListener] = (),
+        clock: Clock | None = None,
+        reset_guards: Sequence[ResetGuard] = (),
+    ) -> None:
+        self.pipelines = pipelines
+        self.data_root = data_root.resolve()
+        self.settings = SparkSettings(master=master) if master else SparkSettings()
+        self.listeners = listeners
+        self.clock = clock or SystemClock()
+        self.reset_guards = reset_guards
+
+    def spark(self) -> SparkSession:
+        if SparkSession.getActiveSession() is not None:
+            return get_spark(self.settings)
+        # Spark's JVM prints to the log file, not the console (batches.cli.logs).
+        with err.status("starting Spark…"), jvm_output_to(log_file(self.data_root)):
+            return get_spark(self.settings)
+
+    def on_batch(
+        self, runner: MicroBatchRunner, show: Callable[[BatchResult], None] | None
+    ) -> Callable[[BatchResult], None]:
+        """Shows each batch ``runner`` commits with ``show`` (None: not at all) and tells
+        the listeners."""
+        heard = [h for listen in self.listeners if (h := listen(runner, self.data_root))]
+
+        def each(r: BatchResult) -> None:
+            if show is not None:
+                show(r)
+            for hear in heard:
+                hear(r)
+
+        return each
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    pipelines: Annotated[
+        str | None,
+        typer.Option(
+            help="Where pipelines are defined: a module (pkg.mod), a .py file or a .yaml file. "
+            "Env: LOWMARK_PIPELINES; default: the demo pipelines (batches.demo).",
+        ),
+    ] = None,
+    data_root: Annotated[
+        Path,
+        typer.Option(
+            help="Folder relative pipeline paths live under. Env: LOWMARK_DATA_ROOT.",
+            envvar="LOWMARK_DATA_ROOT",
+        ),
+    ] = Path("data"),
+    master: Annotated[
+        str | None,
+        typer.Option(help="Spark master URL. Env: LOWMARK_SPARK_MASTER; default local[*]."),
+    ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help="Print the details of an error (tracebacks, Spark's logs) too; they always "
+            "go to <data root>/_lowmark/_logs/lowmark.log.",
+        ),
+    ] = False,
+) -> None:
+    ctx.obj = Context(pipelines, data_root, master, **(ctx.obj or {}))
+    send_logs(log_file(ctx.obj.data_root), verbose)
+
+
+@app.command("list")
+def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """List the registered pipelines."""
+    pipelines = list(load_pipelines(ctx.obj.pipelines).values())
+    if as_json:
+        print_json(
+            out,
+            [
+                {
+                    "name": p.name,
+                    "description": p.description,
+                    "source": {"kind": p.source.kind, "label": p.source.label},
+                    "sink": {"kind": p.sink.kind, "path": p.sink.path, "mode": p.sink.mode},
+                }
+                for p in pipelines
+            ],
+        )
+        return
+    rows = [
+        (
+            p.name,
+            f"{p.source.kind}:{p.source.label}",
+            f"{p.sink.kind}:{p.sink.path} ({p.sink.mode})",
+            p.description,
+        )
+        for p in pipelines
+    ]
+    print_table(out, ("pipeline", "source", "sink", "description"), rows)
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name (see `lowmark list`).")],
+    max_batches: Annotated[
+        int | None, typer.Option(min=1, help="Run at most this many batches.")
+    ] = None,
+    until_caught_up: Annotated[
+        bool, typer.Option(help="Run batches until no new data is left (capped by --max-batches).")
+    ] = False,
+    follow_source: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            help="Keep running: batches back to back while files wait, then poll every "
+            "--poll-interval. Ctrl-C or SIGTERM stops after the current batch commits (exit 0).",
+        ),
+    ] = False,
+    poll_interval: Annotated[
+        str | None,
+        typer.Option(
+            help="With --follow: wait this long between polls once caught up, e.g. '1s', "
+            "'500 ms', '2 seconds' (a bare number is seconds). Default 1s.",
+        ),
+    ] = None,
+    max_seconds: Annotated[
+        str | None,
+        typer.Option(
+            help="With --follow: start no batch after this long, e.g. 600 or '10 minutes'. "
+            "Default: follow until stopped.",
+        ),
+    ] = None,
+    retry: Annotated[
+        bool,
+        typer.Option(
+            help="Run a batch that failed `max_failed_attempts` times once more (after "
+            "fixing its transform).",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print each committed batch as one line of JSON (JSON Lines; keys in the README).",
+        ),
+    ] = False,
+) -> None:
+    """Run micro-batches of PIPELINE: one by default, N, until caught up, or --follow.
+
+    An uncommitted batch left by a crash is replayed first, with exactly the
+    offsets it had. The checkpoint defaults to <data root>/_lowmark/PIPELINE;
+    to start over, `lowmark reset PIPELINE` (it keeps the sink's data from landing twice).
+
+    --follow keeps one Spark session and takes new files as they land (like
+    Structured Streaming's processing-time trigger); on stop it prints how many
+    batches ran and why it stopped.
+    """
+    c: Context = ctx.obj
+    if follow_source and (max_batches is not None or until_caught_up):
+        raise typer.BadParameter(
+            "--follow runs until stopped: drop --max-batches and "
+            "--until-caught-up (use --max-seconds to bound it)"
+        )
+    if not follow_source and (poll_interval is not None or max_seconds is not None):
+        raise typer.BadParameter("--poll-interval and --max-seconds apply to --follow only")
+    poll_s = _seconds("--poll-interval", poll_interval or "1s")
+    limit_s = None if max_seconds is None else _seconds("--max-seconds", max_seconds)
+    if poll_s <= 0:
+        raise typer.BadParameter("--poll-interval must be more than 0")
+    p = get_pipeline(pipeline, c.pipelines)
+    runner = MicroBatchRunner(c.spark(), p, c.data_root, c.clock)
+    show = _print_batch_json if as_json else _print_batch
+    if follow_source:
+        with _reported(runner):
+            _follow(runner, c.on_batch(runner, show), poll_s, limit_s, as_json)
+        return
+    limit = max_batches or (None if until_caught_up else 1)
+    with err.status(f"running {pipeline}…"), _reported(runner), _interruptible(runner):
+        results = runner.run(max_batches=limit, on_batch=c.on_batch(runner, show), retry=retry)
+    if not results:
+        (err if as_json else out).print(f"{pipeline}: caught up, no new data")
+
+
+@contextmanager
+def _reported(runner: MicroBatchRunner) -> Iterator[None]:
+    """An error that stopped one of ``runner``'s batches becomes ``BatchFailed``: one
+    paragraph on the batch (``failure_report``)."""
+    try:
+        yield
+    except Exception as exc:
+        report = failure_report(runner, exc)
+        if report is None:
+            raise
+        raise BatchFailed(report) from exc
+
+
+@contextmanager
+def _interruptible(runner: MicroBatchRunner) -> Iterator[None]:
+    """Ctrl-C while ``runner``'s batches run: the first cancels the batch in progress
+    (``MicroBatchRunner.interrupt``: it is replayed by the next run), a second quits at
+    once, and any after that are ignored (a Ctrl-C inside Spark's calls only adds
+    tracebacks)."""
+    presses = 0
+
+    def handle(signum: int, frame: object) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            # Not in this thread: it may be in the middle of a call to Spark.
+            threading.Thread(target=runner.interrupt, daemon=True).start()
+            return
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise runner.interrupted() from None
+    finally:
+        if presses < 2:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _follow(
+    runner: MicroBatchRunner,
+    on_batch: Callable[[BatchResult], None],
+    poll_s: float,
+    max_seconds: float | None,
+    as_json: bool,
+) -> None:
+    pipeline = runner.pipeline.name
+    limit = "until stopped" if max_seconds is None else f"for at most {max_seconds:g} s"
+    err.print(
+        f"following {pipeline} {limit}, polling every {poll_s:g} s once caught up; "
+        "Ctrl-C or SIGTERM stops after the current batch",
+        soft_wrap=True,
+    )
+    with err.status(f"following {pipeline}…"):
+        result = follow(runner, poll_s, max_seconds, on_batch=on_batch)
+    (err if as_json else out).print(f"{pipeline}: {result.describe()}", soft_wrap=True)
+
+
+def _seconds(option: str, value: str) -> float:
+    """A duration as batches/durations.py reads it; a bare number is seconds."""
+    try:
+        return parse_duration_ms(float(value) if _is_number(value) else value) / 1000
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from exc
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _print_batch(r: BatchResult) -> None:
+    what = "replayed" if r.replay else "committed"
+    lag = f"; event-time lag {duration(r.lag_ms)}" if r.lag_ms is not None else ""
+    out.print(
+        f"batch {r.batch_id} {what}: {r.rows_in} rows in, {r.rows_out} out, "
+        f"{r.rows_bad} bad, {r.rows_late} late; input: {describe_range(r.start, r.end)}"
+        f"{lag}; took {duration(r.durations_ms['total'])}",
+        soft_wrap=True,
+        highlight=False,
+    )
+
+
+def _batch_json(r: BatchResult) -> dict[str, Any]:
+    """A committed batch as JSON: ``BatchResult``'s fields and ``input`` (the range in words)."""
+    return dataclasses.asdict(r) | {"input": describe_range(r.start, r.end)}
+
+
+def _print_batch_json(r: BatchResult) -> None:
+    print_json(out, _batch_json(r), indent=None)
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show PIPELINE's position: last committed batch, pending and next batch, watermark and
+    event-time lag, backlog, and where every record read went (last batch and in total).
+
+    Reads the checkpoint on the driver: no Spark is started.
+    """
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    s = pipeline_status(c.spark, p, c.data_root, c.clock)
+    if as_json:
+        print_json(out, s)
+        return
+    now = s["as_of_ms"]
+    last = s["last_batch"]
+    pending = s["pending_batch"]
+    nxt = s["next_batch"]
+    checkpoint = (
+        f"{s['checkpoint']} (id {s['pipeline_id']})"
+        if s["checkpoint_exists"]
+        else f"none yet: the first batch creates {s['checkpoint']}"
+    )
+    fields = [
+        ("pipeline", p.name),
+        ("checkpoint", checkpoint),
+        (
+            "last committed",
+            f"batch {last['batch_id']}, {moment(last['committed_at_ms'], now)}; "
+            f"input: {last['input']}"
+            if last
+            else "none yet",
+        ),
+        (
+            "pending batch",
+            f"batch {pending} (uncommitted: a run replays it)" if pending is not None else "none",
+        ),
+        ("next batch", _next_words(nxt)),
+    ]
+    if s["blocked"]:
+        fields.append(("blocked", s["blocked"]))
+    elif s["last_failure"]:
+        failed = s["last_failure"]
+        fields.append(
+            (
+                "last failure",
+                f"{failed['kind']}, {moment(failed['failed_at_ms'], now)}: {failed['error']}",
+            )
+        )
+    fields.append(("backlog", s["backlog_described"]))
+    if p.event_time is not None:
+        fields += _watermark_fields(s)
+    if last:
+        held = last["closed_windows_held"]
+        closed = f"; the windows it closed held {held} records" if held is not None else ""
+        fields.append((f"batch {last['batch_id']}", _went(last["accounting"]) + closed))
+    fields.append(("all batches", _went(s["accounting"])))
+    print_fields(out, fields)
+
+
+def _next_words(nxt: dict[str, Any] | None) -> str:
+    """Status's ``next_batch`` in words."""
+    if nxt is None:
+        return "none: caught up"
+    if nxt["replay"]:
+        return f"batch {nxt['batch_id']}, the replay of the uncommitted batch"
+    return f"batch {nxt['batch_id']}: {nxt['reason']}"
+
+
+def _watermark_fields(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The watermark, the event-time lag and each partition's times of status ``s``."""
+    now, watermark = s["as_of_ms"], s["watermark_ms"]
+    if watermark is None:
+        return [("watermark", "none yet: no event time committed")]
+    fields = [
+        ("watermark", moment(watermark, now)),
+        ("event-time lag", duration(s["event_time_lag_ms"])),
+    ]
+    for part in s["partitions"]:
+        fields.append(
+            (
+                f"partition {part['partition']}",
+                f"max event time {moment(part['max_event_time_ms'], now)}; watermark "
+                f"{iso_utc(part['watermark_ms'])}; last data {moment(part['last_seen_ms'], now)}",
+            )
+        )
+    return fields
+
+
+_WENT = {
+    "bad": "bad",
+    "dropped_by_transform": "dropped by the transform",
+    "late": "late",
+    "in_sink": "in the sink",
+    "into_windows": "into windows",
+    "in_closed_windows": "in closed windows (the sink)",
+    "in_open_windows": "in open windows (the state)",
+}
+
+
+def _went(accounting: dict[str, int]) -> str:
+    """An accounting of ``batches.admin.status`` in words: ``read 80 = 2 bad + 9 dropped ...``
+    (records a transform added show as ``- 3 added by the transform``)."""
+    text = f"read {accounting['read']} ="
+    for i, (key, n) in enumerate((k, n) for k, n in accounting.items() if k != "read"):
+        if key == "dropped_by_transform" and n < 0:
+            text += f" - {-n} added by the transform"
+        else:
+            text += f"{' +' if i else ''} {n} {_WENT[key]}"
+    return text
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show what PIPELINE's next batch would take, writing nothing (a dry run).
+
+    Its input (offsets, and the files or offset ranges in them), the
+    watermark it would run with, and what kind of batch it is: new input, a
+    replay of an uncommitted batch (exactly the offsets and watermark in the
+    offset log), or an emit-only batch (no input; the watermark moved and
+    closes windows); or nothing to do. The runner's own planning rule, asked
+    without recording anything; no Spark is started for local folders.
+    """
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    planned = pipeline_plan(c.spark, p, c.data_root, c.clock)
+    if as_json:
+        print_json(out, planned)
+        return
+    now, batch_id = planned["as_of_ms"], planned["batch_id"]
+    if batch_id is None:
+        out.print(f"{p.name}: {planned['reason']}", soft_wrap=True, highlight=False)
+        return
+    if planned["replay"]:
+        first = moment(planned["planned_at_ms"], now)
+        what = (
+            f"batch {batch_id} replays: it is uncommitted, and runs again with the offsets and "
+            f"watermark its offset-log entry holds (planned {first})"
+        )
+    elif planned["emit_only"]:
+        what = f"batch {batch_id} takes no input: {planned['reason']}"
+    else:
+        what = f"batch {batch_id} takes new input ({planned['reason']})"
+    out.print(f"{p.name}: {what}", soft_wrap=True, highlight=False)
+    fields = [("  input", planned["input"])]
+    if planned["inputs"]:
+        fields.append(("  inputs", "\n".join(planned["inputs"])))
+    if planned["bytes"] is not None:
+        fields.append(("  bytes", f"{planned['bytes']:,}"))
+    if p.event_time is not None:
+        watermark = planned["watermark_ms"]
+        fields.append(
+            (
+                "  watermark",
+                moment(watermark, now) if watermark is not None else "none yet (no event time)",
+            )
+        )
+    if planned["blocked"]:
+        fields.append(("  blocked", planned["blocked"]))
+    print_fields(out, fields)
+
+
+@app.command()
+def history(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    last: Annotated[int | None, typer.Option(min=1, help="Only the newest N batches.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show PIPELINE's per-batch progress (the checkpoint's progress table)."""
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    rows = pipeline_history(p, c.data_root, last)
+    if as_json:
+        print_json(out, rows)
+        return
+    now = c.clock.now_ms()
+    lag = p.event_time is not None  # without event time there is no lag to show
+    headers = ("batch", "committed", "rows in", "out", "bad", "late")
+    shown = []
+    for r in rows:
+        committed = round(datetime.fromisoformat(r["created_at"]).timestamp() * 1000)
+        cells = [
+            f"{r['batch_id']}{' (replay)' if r['replayed'] else ''}",
+            moment(committed, now),
+            *(str(r[k]) for k in ("rows_in", "rows_out", "rows_bad", "rows_late")),
+        ]
+        if lag:
+            cells.append(duration(r["lag_ms"]) if r["lag_ms"] is not None else "-")
+        shown.append((*cells, duration(r["durations_ms"]["total"])))
+    print_table(out, (*headers, *(["event-time lag"] if lag else []), "took"), shown)
+
+
+@app.command()
+def compact(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Tidy PIPELINE's checkpoint now: old log entries go, small files merge, old files and
+    Delta log files are removed.
+
+    What a batch does by itself every `maintenance.every_batches` batches,
+    with the pipeline's `maintenance` retention. Starts no Spark over a local
+    folder; safe while the pipeline runs (a table a batch is writing is left
+    for next time) and between a crash and its replay (the window state the
+    last commit recorded, which the replay and backfills read, is kept).
+    """
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    done = compact_checkpoint(c.spark, p, c.data_root)
+    if as_json:
+        counts = (
+            dataclasses.asdict(done)
+            if done
+            else dict.fromkeys(("tables", "first_kept", "last_committed"))
+        )
+        print_json(
+            out,
+            {
+                "pipeline": p.name,
+                "checkpoint": p.checkpoint_location(c.data_root),
+                "compacted": done is not None,
+            }
+            | counts,
+        )
+        return
+    if done is None:
+        out.print(f"{p.name}: no committed batch yet: nothing to compact")
+        return
+    out.print(
+        f"{p.name}: compacted {done.tables} tables of {p.checkpoint_location(c.data_root)}; "
+        f"the logs keep batches {done.first_kept} to {done.last_committed}"
+    )
+
+
+@app.command("skip-batch")
+def skip_batch(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    batch: Annotated[int, typer.Argument(help="The uncommitted batch to set aside.")],
+    reason: Annotated[str, typer.Option(help="Why (recorded with its input).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Set aside the input of PIPELINE's uncommitted BATCH (a poison batch) and go on.
+
+    Its files are recorded in the checkpoint's bad_records table with the
+    reason, its window state is put back as the batch before left it, and an
+    empty commit lets the next batch run. Reprocess the files once the
+    transform is fixed (docs/guarantees.md, "Poison batches"). Starts no Spark.
+    """
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    done = set_aside(MicroBatchRunner(c.spark, p, c.data_root, c.clock), batch, reason)
+    if as_json:
+        print_json(
+            out, {"pipeline": p.name} | dataclasses.asdict(done) | {"next_batch": done.batch_id + 1}
+        )
+        return
+    restored = (
+        f"; window state put back to version {done.state_restored_to}"
+        if done.state_restored_to is not None
+        else ""
+    )
+    out.print(
+        f"{p.name}: batch {done.batch_id} set aside ({len(done.inputs)} inputs recorded in "
+        f"bad_records with the reason){restored}; the next run goes on at batch "
+        f"{done.batch_id + 1}",
+        soft_wrap=True,
+    )
+    for item in done.inputs:
+        out.print(f"  {item}", soft_wrap=True, highlight=False)
+
+
+@app.command()
+def reset(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    truncate_sink: Annotated[
+        bool,
+        typer.Option(
+            "--truncate-sink", help="Empty the sink; the new checkpoint starts from the beginning."
+        ),
+    ] = False,
+    after_sink: Annotated[
+        bool,
+        typer.Option(
+            "--after-sink",
+            help="Start after the data the sink holds (pipelines without windows).",
+        ),
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start PIPELINE over on a new checkpoint without writing the sink's data twice.
+
+    The old checkpoint is moved aside to <checkpoint>.reset-<UTC time>, never
+    deleted. Choose one: --truncate-sink empties the sink (one Delta commit:
+    time travel still reaches the old rows) and reads the source from its
+    beginning; --after-sink starts right after the last batch the sink holds
+    (its offsets and file manifest come from the old checkpoint).
+    """
+    if truncate_sink == after_sink:
+        raise typer.BadParameter("choose one of --truncate-sink and --after-sink")
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    for guard in c.reset_guards:
+        if (why := guard(p)) is not None:
+            raise RunInFlight(why)
+    done = reset_pipeline(c.spark, p, c.data_root, "truncate" if truncate_sink else "after")
+    if as_json:
+        print_json(out, dataclasses.asdict(done))
+        return
+    if done.moved_to:
+        out.print(f"{p.name}: old checkpoint moved to {done.moved_to}", soft_wrap=True)
+    if done.mode == "truncate":
+        out.print(
+            f"{p.name}: sink emptied; new checkpoint {done.pipeline_id} starts from the "
+            "beginning of the source",
+            soft_wrap=True,
+        )
+    else:
+        out.print(
+            f"{p.name}: new checkpoint {done.pipeline_id} starts after {done.continues} "
+            f"(offsets {done.start_offsets}; {done.files} files already taken)",
+            soft_wrap=True,
+        )
+
+
+@app.command()
+def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """Write sample orders, run both demo pipelines until caught up, show what landed.
+
+    `orders` cleans each order into a Delta table; `user_revenue` counts
+    orders and sums revenue per user per minute (event-time windows), sending
+    the straggler file's orders to its late table.
+    """
+    c: Context = ctx.obj
+    now = datetime.fromtimestamp(c.clock.now_ms() / 1000, UTC)
+    written = write_sample_files(c.data_root, now=now)
+    if not as_json:
+        out.print(f"sample data: {len(written)} new files in {c.data_root / INCOMING}")
+    spark = c.spark()
+    ran = []
+    for pipeline in (orders, user_revenue):
+        if not as_json:
+            out.print(f"[bold]{pipeline.name}[/]: {pipeline.description}", soft_wrap=True)
+        with err.status(f"running {pipeline.name}…"):
+            runner = MicroBatchRunner(spark, pipeline, c.data_root, c.clock)
+            show = None if as_json else _print_batch
+            results = runner.run(max_batches=None, on_batch=c.on_batch(runner, show))
+        s = pipeline_status(spark, pipeline, c.data_root, c.clock)
+        sink = resolve(pipeline.sink.path, c.data_root)
+        ran.append(
+            {
+                "pipeline": pipeline.name,
+                "batches": [_batch_json(r) for r in results],
+                "sink": sink,
+                "sink_rows": spark.read.format("delta").load(sink).count(),
+                "rows_bad": s["totals"]["rows_bad"],
+                "rows_late": s["totals"]["rows_late"],
+                "last_committed_batch": s["last_committed_batch"],
+            }
+        )
+        if not as_json:
+            last = ran[-1]
+            out.print(
+                f"  sink {sink}: {last['sink_rows']} rows; {last['rows_bad']} bad records, "
+                f"{last['rows_late']} late records; last committed batch "
+                f"{last['last_committed_batch']}",
+                soft_wrap=True,
+            )
+    windows = spark.read.format("delta").load(resolve(user_revenue.sink.path, c.data_root))
+    first = [
+        {
+            "user": row["user"],
+            "window_start": iso_utc(round(row["window_start"].timestamp() * 1000)),
+            "orders": row["orders"],
+            "revenue": row["revenue"],
+        }
+        for row in windows.orderBy("window_start", "user").limit(10).collect()
+    ]
+    if as_json:
+        written_paths = [str(path) for path in written]
+        print_json(
+            out,
+            {"data_root": str(c.data_root), "sample_files_written": written_paths}
+            | {"pipelines": ran, "first_windows": first},
+        )
+        return
+    out.print("user_revenue, the first windows:")
+    print_table(
+        out,
+        ("user", "window start", "orders", "revenue"),
+        [(w["user"], w["window_start"], str(w["orders"]), f"{w['revenue']:.2f}") for w in first],
+    )
+
+
+def main(
+    argv: list[str] | None = None,
+    listeners: Sequence[BatchListener] = (),
+    clock: Clock | None = None,
+    reset_guards: Sequence[ResetGuard] = (),
+) -> None:
+    """Console entry point: run the app, turning user errors into one line. ``listeners``
+    hear of every batch a command commits; ``clock`` (default: the wall clock) is what
+    every command reads "now" from; ``reset_guards`` may refuse a ``lowmark reset``."""
+    obj = {"listeners": listeners, "clock": clock, "reset_guards": reset_guards}
+    try:
+        app(args=argv, prog_name="lowmark", obj=obj)
+    except BatchFailed as exc:
+        # lowmark's own error says all there is; a Spark or transform error has more.
+        _fail(str(exc), exc, 2, details=not isinstance(exc.__cause__, LowmarkError))
+    except LowmarkError as exc:
+        _fail(str(exc), exc, 2, details=False)
+    except AnalysisException as exc:
+        _fail(f"Spark rejected the pipeline: {first_line(exc)}", exc, 2, details=True)
+    except Exception as exc:
+        _fail(f"{type(exc).__name__}: {first_line(exc)}", exc, 1, details=True)
+    finally:
+        stop_logs()
+
+
+def _fail(message: str, exc: Exception, code: int, details: bool) -> None:
+    """Print ``message``, log ``exc`` with its traceback (the log file; the console too
+    with ``--verbose``), and exit with ``code``. ``details``: say where they are."""
+    details_log.error("lowmark stopped: %s", message, exc_info=exc)
+    where = installed_log_file()
+    if details and where is not None:
+        message += f"\n  details: {where} (or run again with --verbose)"
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)

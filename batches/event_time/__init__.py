@@ -1,0 +1,1 @@
+"""The event-time stage: windows and their state, aggregates, watermarks."""

@@ -1,0 +1,684 @@
+"""The event-time stage of a batch: lateness, windows, window state, emission.
+
+Given the batch's records (already transformed), the batch watermark ``W``
+recorded in the offset log, and the state version the previous commit
+recorded, it computes — without writing anything — what the batch must write:
+
+- late records: every window of the record is closed
+  (``window_end + allowed_lateness <= W``), it has no event time (null), or
+  its event time is more than ``max_future`` after the batch's processing
+  time; they go to the late table with the reason;
+- state upserts: the (key, window) partials this batch touched, merged with
+  their state as of the previous commit; each window also counts its
+  records in ``_lowmark_rows`` (a record counts in the last window it
+  belongs to, so a sliding record counts once), which is how the batch's
+  accounting knows how many records the windows it closes hold;
+- state deletes and output: in ``append`` mode the windows now final
+  (``window_end + allowed_lateness <= W``) are emitted once and purged;
+  in ``update`` mode every touched window is emitted and final ones are purged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import Window as SparkWindow
+from pyspark.sql import functions as F
+
+from batches.collect import observed
+from batches.errors import PipelineConfigInvalid
+from batches.event_time.aggregates import AggregatePlan, plan_aggregate
+from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
+from batches.windows import (
+    EventTime,
+    Session,
+    Sliding,
+    Tumbling,
+    WindowedAggregation,
+    assign_windows,
+)
+from batches.windows import last_window_end_ms as last_end
+from state.checkpoint import Checkpoint
+from state.table import UTC_MICROS
+from state.window_state import ROWS, WINDOW_COLUMNS, WindowState
+
+_ET_MS = "_lowmark_event_ms"
+CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"
+UNTIMED = "no event time: the event-time column is null"
+FUTURE = "event time more than max_future ahead of the batch's processing time"
+"""Reasons in the late table."""
+_FRESH = "_lowmark_fresh"
+REJECTED = "_lowmark_rejected"
+"""True for a record that goes to the late table (``BatchFrames.flagged``)."""
+RECORDS = "_lowmark_records"
+_MAX_MS = "_lowmark_max_ms_"
+LATE_RECORDS = "_lowmark_late"
+"""The late records a job collects as it reads (observed, or per read-ahead group): each
+its event time in epoch µs, reason and record as JSON (``LATE_RECORD``)."""
+LATE_RECORD = pa.schema(
+    [("event_us", pa.int64()), ("reason", pa.string()), ("record", pa.string())]
+)
+
+
+@dataclass(frozen=True)
+class BatchFrames:
+    """What the batch's records alone give, as lazy frames (no state, nothing written).
+
+    ``accepted``: the records that go into windows, with their event time in
+    epoch ms. ``partials``: state-shaped rows (identity + partial columns) of
+    the accepted records, one per (key, window) — for sessions, per session
+    the batch's own events form. ``late``: rows of the late table. ``seen``
+    observes the records as the first job over ``accepted`` reads them:
+    ``stats()`` then has their counts, and the late records themselves,
+    without a job of its own. ``partials`` and ``late`` are built on first
+    use (building a frame costs driver time).
+    """
+
+    accepted: DataFrame
+    rejected: DataFrame
+    seen: Observation | None
+    """None when the records are not observed (``batch_frames(..., observe=False)``)."""
+    partitions: tuple[str, ...]
+    """The source partitions the batch reads, in the order ``seen`` has their max event time."""
+    stage: WindowedStage
+    watermark_ms: int | None
+    late_of: Callable[[DataFrame], DataFrame]
+    timed: DataFrame
+    """Every record, accepted or not, with its event time in epoch ms (not observed)."""
+    rejected_if: Column
+    """True for a record that goes to the late table."""
+    late_record: Column
+    """A record's ``LATE_RECORD`` struct (its reason judged under ``watermark_ms``)."""
+
+    @cached_property
+    def partials(self) -> DataFrame:
+        return self.stage.partials_of(self.accepted, self.watermark_ms)
+
+    @cached_property
+    def late(self) -> DataFrame:
+        return self.late_of(self.rejected)
+
+    def flagged(self, closed_under_ms: int | None) -> DataFrame:
+        """Every record, accepted or not, flagged in ``REJECTED`` (the read-ahead's input),
+        with its ``LATE_RECORDS`` struct when it is rejected or its windows are closed under
+        the watermark ``closed_under_ms`` (null otherwise).
+
+        A later batch's watermark is never below ``closed_under_ms`` (a watermark
+        never goes back), so those records are late in whichever batch they are."""
+        late = self.rejected_if
+        if closed_under_ms is not None:
+            late = late | self.stage.closed_under(closed_under_ms)
+        flagged = self.timed.withColumn(REJECTED, self.rejected_if)
+        return flagged.withColumn(LATE_RECORDS, F.when(late, self.late_record))
+
+    def stats(self) -> RecordStats | None:
+        """Rows, late rows and max event time per partition, as the job over ``partials``
+        observed them; None when Spark observed nothing (see ``collect.observed``)."""
+        metrics = observed(self.seen) if self.seen is not None else None
+        if metrics is None:
+            return None
+        max_ms = {p: metrics[f"max_ms_{i}"] for i, p in enumerate(self.partitions)}
+        records = [r.asDict() for r in metrics[LATE_RECORDS]]
+        return RecordStats(
+            metrics["rows"],
+            metrics["late"],
+            {p: m for p, m in max_ms.items() if m is not None},
+            pa.Table.from_pylist(records, schema=LATE_RECORD),
+        )
+
+
+@dataclass(frozen=True)
+class RecordStats:
+    """A batch's records at a glance (after the transform)."""
+
+    rows: int
+    late: int
+    """Rows that go to the late table (closed windows, or no event time)."""
+    max_ms: dict[str, int]
+    """Max event time (epoch ms) per source partition that has a timed record."""
+    late_records: pa.Table | None = None
+    """The late rows' ``LATE_RECORD``s, when the job collected them (``late`` of them)."""
+
+
+STATE_SLOT_MIN_MS = 60_000
+"""The narrowest partition of the window state (``window_state``): a minute."""
+
+
+def window_state(checkpoint: Checkpoint, aggregation: WindowedAggregation) -> WindowState:
+    """The window state table of ``checkpoint``, partitioned by window start in steps of
+    one window period (a tumbling window's size, a slide, a session gap), at least
+    ``STATE_SLOT_MIN_MS``: a stream's batch touches a few recent steps, and short windows
+    share a step rather than each making a partition of a few rows."""
+    window = aggregation.window
+    period = (
+        window.size
+        if isinstance(window, Tumbling)
+        else window.slide
+        if isinstance(window, Sliding)
+        else window.gap
+    )
+    return WindowState(
+        checkpoint.table("state_windows"),
+        checkpoint.txn_app_id("state"),
+        aggregation.keys,
+        slot_us=max(period, STATE_SLOT_MIN_MS) * 1000,
+    )
+
+
+def late_table(records: pa.Table, batch_id: int, watermark_ms: int | None) -> pa.Table:
+    """Rows of the late table for ``LATE_RECORD`` ``records`` of batch ``batch_id``, rejected
+    under ``watermark_ms`` (0 when there was none, as ``BatchFrames.late`` writes it)."""
+    n = records.num_rows
+    return pa.table(
+        {
+            "batch_id": pa.array([batch_id] * n, pa.int64()),
+            "event_time": records.column("event_us").cast(pa.int64()).cast(UTC_MICROS),
+            "watermark_ms": pa.array([watermark_ms or 0] * n, pa.int64()),
+            "reason": records.column("reason").cast(pa.string()),
+            "record": records.column("record").cast(pa.string()),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """What the batch must write, as lazy frames over local data."""
+
+    output: DataFrame
+    retract: DataFrame
+    """Windows the sink must drop (update mode: sessions merged into a longer one)."""
+    upserts: DataFrame
+    deletes: DataFrame
+    closed: DataFrame
+    """The ``_lowmark_rows`` of the windows the batch closes (final, purged, not merged)."""
+
+
+def split_stats(groups: pa.Table, partitions: tuple[str, ...]) -> tuple[pa.Table, RecordStats]:
+    """Groups of ``WindowedStage.partials_with_stats`` (of one batch): the partials of its
+    accepted records, and its records' stats (rejected: late, with no watermark; the
+    late records: the rejected ones and those ``BatchFrames.flagged`` found closed)."""
+    rejected = groups.column(REJECTED)
+    accepted = groups.filter(pc.invert(rejected))
+    max_ms = {p: pc.max(accepted.column(f"{_MAX_MS}{i}")).as_py() for i, p in enumerate(partitions)}
+    late = pc.list_flatten(groups.column(LATE_RECORDS))
+    stats = RecordStats(
+        pc.sum(groups.column(RECORDS)).as_py() or 0,
+        pc.sum(groups.filter(rejected).column(RECORDS)).as_py() or 0,
+        {p: m for p, m in max_ms.items() if m is not None},
+        pa.table([pc.struct_field(late, f.name).cast(f.type) for f in LATE_RECORD], LATE_RECORD),
+    )
+    extra = [REJECTED, RECORDS, LATE_RECORDS, *[f"{_MAX_MS}{i}" for i in range(len(partitions))]]
+    return accepted.drop_columns(extra), stats
+
+
+def partition_max_event_ms(records: DataFrame, event_time: EventTime, now_ms: int) -> DataFrame:
+    """Per source partition: rows and max event time (epoch ms) of the records that may
+    move the watermark (none from beyond ``max_future``), as a lazy frame."""
+    column = event_time.column
+    if PARTITION_COLUMN not in records.columns or column not in records.columns:
+        raise PipelineConfigInvalid(
+            f"the records lack {column!r} or {PARTITION_COLUMN}: the transform must keep "
+            "the event-time column and the source partition column"
+        )
+    event_ms = F.unix_millis(F.col(column))
+    return records.groupBy(PARTITION_COLUMN).agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.max(F.when(event_ms <= F.lit(now_ms + event_time.max_future), event_ms)).alias("max_ms"),
+    )
+
+
+class WindowedStage:
+    """Windowed aggregation per key over tumbling, sliding or session windows.
+
+    A batch runs in two Spark jobs: ``batch_frames`` over the records (with
+    the batch's other results, collected at once), then ``merge`` over local
+    data: the collected partials and the few state rows they touch, which
+    ``state_rows`` reads from the state table on the driver.
+    """
+
+    def __init__(self, event_time: EventTime, aggregation: WindowedAggregation, state: WindowState):
+        self.event_time = event_time
+        self.aggregation = aggregation
+        self.window = aggregation.window
+        self.state = state
+        self.keys = aggregation.keys
+        self.identity = (*aggregation.keys, *WINDOW_COLUMNS)
+
+    @cached_property
+    def plans(self) -> list[AggregatePlan]:
+        """The aggregates as Spark expressions: built on first use, as building one needs a
+        running Spark, and planning (a sensor tick) does without."""
+        return [plan_aggregate(a) for a in self.aggregation.aggregates]
+
+    def batch_frames(
+        self,
+        records: DataFrame,
+        watermark_ms: int | None,
+        batch_id: int,
+        partitions: tuple[str, ...],
+        now_ms: int,
+        observe: bool = True,
+    ) -> BatchFrames:
+        """Late rows and the partials of the accepted records of one batch.
+
+        ``partitions`` are the source partitions the records come from (their
+        max event times are observed); ``now_ms`` is the batch's processing
+        time (its planning time, the same in a replay). ``observe`` False:
+        nothing is observed (the catch-up read-ahead computes the same counts
+        in its aggregation, ``partials_with_stats``, at a fraction of the cost).
+        """
+        column = self.event_time.column
+        missing = {column, PARTITION_COLUMN, *self.keys} - set(records.columns)
+        if missing:
+            raise PipelineConfigInvalid(
+                f"the records lack {sorted(missing)}: the transform must keep the event-time "
+                f"column, the keys and {PARTITION_COLUMN}"
+            )
+        payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+        # A record without event time belongs to no window: it goes to the late table
+        # with its reason, never into a window (nor silently nowhere).
+        # A record from too far ahead is set aside the same way, and counts for no
+        # watermark: one bad clock must not close every window early.
+        timed = F.col(column).isNotNull()
+        future = F.col(_ET_MS) > F.lit(now_ms + self.event_time.max_future)
+        closed = F.lit(False) if watermark_ms is None else self.closed_under(watermark_ms)
+        rejected = ~timed | future | closed
+        reason = F.when(~timed, F.lit(UNTIMED)).when(future, F.lit(FUTURE)).otherwise(F.lit(CLOSED))
+        late_record = F.struct(
+            F.unix_micros(F.col(column)).alias("event_us"),
+            reason.alias("reason"),
+            F.to_json(F.struct(*payload)).alias("record"),
+        )
+        partition = F.col(PARTITION_COLUMN)
+        metrics = [
+            F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(rejected, 1)).alias("late"),
+            # The late records themselves ride along: the job that reads the batch
+            # collects them, so late rows cost no second read of the input.
+            F.collect_list(F.when(rejected, late_record)).alias(LATE_RECORDS),
+            *[
+                F.max(F.when((partition == F.lit(p)) & ~future, F.col(_ET_MS))).alias(f"max_ms_{i}")
+                for i, p in enumerate(partitions)
+            ],
+        ]
+        timed_ms = records.withColumn(_ET_MS, F.unix_millis(F.col(column)))
+        seen = Observation() if observe else None
+        events = timed_ms.observe(seen, *metrics) if seen is not None else timed_ms
+
+        def late_rows(late: DataFrame) -> DataFrame:
+            return late.select(
+                F.lit(batch_id).cast("long").alias("batch_id"),
+                F.col(column).alias("event_time"),
+                F.lit(watermark_ms if watermark_ms is not None else 0)
+                .cast("long")
+                .alias("watermark_ms"),
+                reason.alias("reason"),
+                F.to_json(F.struct(*payload)).alias("record"),
+            )
+
+        return BatchFrames(
+            events.where(~rejected),
+            events.where(rejected),
+            seen,
+            partitions,
+            self,
+            watermark_ms,
+            late_rows,
+            timed_ms,
+            rejected,
+            late_record,
+        )
+
+    def closed_under(self, watermark_ms: int) -> Column:
+        """True for a record (with ``_ET_MS``) whose every window is closed under
+        ``watermark_ms``: ``last window_end + allowed_lateness <= watermark``."""
+        last = self._last_end(F.col(_ET_MS))
+        return last + F.lit(self.event_time.allowed_lateness) <= F.lit(watermark_ms)
+
+    def partials_of(
+        self, accepted: DataFrame, watermark_ms: int | None, by: tuple[str, ...] = ()
+    ) -> DataFrame:
+        """The partials of ``accepted`` records (of ``batch_frames``), per (key, window) —
+        and per ``by`` columns too (the catch-up read-ahead's batch id)."""
+        if isinstance(self.window, Session):
+            return self._batch_sessions(accepted, self.window)
+        return self._batch_windows(accepted, self.window, watermark_ms, by)
+
+    def partials_with_stats(
+        self, flagged: DataFrame, partitions: tuple[str, ...], by: tuple[str, ...]
+    ) -> DataFrame:
+        """Tumbling/sliding windows with no watermark: the partials of ``flagged`` records
+        (``BatchFrames.flagged``) per (``by``, ``REJECTED``, key, window), each group
+        with its records (``RECORDS``) and, per source partition of ``partitions``, their
+        max event time; ``split_stats`` turns them into partials and ``RecordStats``.
+
+        One aggregation then gives what observing the records would (an observation
+        costs a pass over every record per metric)."""
+        assert not isinstance(self.window, Session), "sessions are not read ahead"
+        partition = F.col(PARTITION_COLUMN)
+        stats = [
+            F.count(F.lit(1)).alias(RECORDS),
+            *[
+                F.max(F.when(partition == F.lit(p), F.col(_ET_MS))).alias(f"{_MAX_MS}{i}")
+                for i, p in enumerate(partitions)
+            ],
+            F.collect_list(LATE_RECORDS).alias(LATE_RECORDS),
+        ]
+        # Spark's window() drops records whose time is null: rejected records, whose
+        # windows count for nothing, are counted in the window of the epoch instead.
+        column = self.event_time.column
+        counted = flagged.withColumn(
+            column,
+            F.when(
+                F.col(REJECTED), F.timestamp_seconds(F.lit(0)).cast(flagged.schema[column].dataType)
+            ).otherwise(F.col(column)),
+        )
+        return self._batch_windows(counted, self.window, None, (*by, REJECTED), stats)
+
+    def state_rows(
+        self, partials: pa.Table, state_version: int | None, watermark_ms: int | None
+    ) -> tuple[pa.Table | None, pa.Table | None]:
+        """(state rows the ``partials`` may merge with, state rows ``watermark_ms`` makes final).
+
+        Read on the driver, bounded by the partials' time span and the
+        watermark, so their cost follows the windows the batch touches.
+        """
+        nearby = None
+        if partials.num_rows:
+            starts = pc.min_max(partials.column("window_start").cast(pa.int64()))
+            ends = pc.max(partials.column("window_end").cast(pa.int64()))
+            lo, hi = starts["min"].as_py(), starts["max"].as_py()
+            if isinstance(self.window, Session):
+                nearby = self.state.overlapping(state_version, lo, ends.as_py())
+            else:
+                nearby = self.state.touched(state_version, lo, hi)
+        final = None
+        if watermark_ms is not None:
+            final = self.state.ending_before(state_version, self.final_limit_us(watermark_ms))
+        return nearby, final
+
+    def merge(
+        self,
+        partials: DataFrame,
+        nearby: DataFrame | None,
+        final: DataFrame | None,
+        batch_id: int,
+    ) -> StageOutput:
+        """The batch's changes: ``partials`` merged with ``nearby`` state; ``final`` emitted.
+
+        ``nearby`` holds at least every stored window a partial can merge with;
+        ``final`` every stored window the batch watermark makes final.
+        """
+        if isinstance(self.window, Session):
+            merged, replaced = self._merge_sessions(partials, nearby)
+        else:
+            merged, replaced = self._merge_windows(partials, nearby)
+        upserts = merged.withColumn("updated_batch", F.lit(batch_id).cast("long"))
+        if final is None:
+            final = merged.limit(0)
+        else:
+            # A merged window is never final (it holds an accepted record), but a
+            # final stored session that an accepted record bridged into a longer
+            # one is replaced, not emitted.
+            final = final.drop("updated_batch").join(
+                replaced, null_safe_match(final, replaced, self.identity), "left_anti"
+            )
+        emitted = final if self.aggregation.output_mode == "append" else merged
+        output = self._finish(emitted)
+        deletes = final.select(*self.identity).unionByName(replaced)
+        return StageOutput(output, replaced, upserts, deletes, final.select(ROWS))
+
+    def windows_of(self, records: DataFrame) -> DataFrame:
+        """Every window of ``records``, finished, as one plain batch aggregation.
+
+        No state, watermark or lateness: what a backfill writes for history
+        that is complete. The windows and aggregates are the stream's own.
+        """
+        events = records.withColumn(_ET_MS, F.unix_millis(F.col(self.event_time.column)))
+        if isinstance(self.window, Session):
+            merged = self._batch_sessions(events, self.window)
+        else:
+            merged = self._batch_windows(events, self.window, None)
+        return self._finish(merged)
+
+    @property
+    def merges_on_driver(self) -> bool:
+        """True when ``merge_on_driver`` can do the merge: tumbling or sliding windows whose
+        aggregates all merge without Spark (no sketches, no user aggregates)."""
+        return not isinstance(self.window, Session) and all(
+            p.driver_merges is not None for p in self.plans
+        )
+
+    def merge_on_driver(
+        self, partials: pa.Table, nearby: pa.Table | None, final: pa.Table | None, batch_id: int
+    ) -> dict[str, pa.Table]:
+        """``merge`` over Arrow tables on the driver: no Spark job (see ``merges_on_driver``).
+
+        Returns the tables ``merge`` gives: upserts, deletes, output, retract
+        (none: tumbling and sliding windows keep their identity), closed.
+        """
+        identity = list(self.identity)
+        columns = partials.column_names
+        schema = _nullable(partials.schema)
+        merges = [(c, fn) for p in self.plans for c, fn in p.driver_merges or ()]
+        merges.append((ROWS, "sum"))
+        fresh = partials.append_column(_FRESH, pa.array([1] * partials.num_rows, pa.int8()))
+        if nearby is not None and nearby.num_rows:
+            stored = nearby.select(columns).cast(schema)
+            stored = stored.append_column(_FRESH, pa.array([0] * stored.num_rows, pa.int8()))
+            fresh = pa.concat_tables([fresh.cast(stored.schema), stored])
+        # Group by identity (nulls form one group, as Spark's null-safe keys), keeping
+        # only windows the batch touched: merged state the batch must upsert.
+        grouped = fresh.group_by(identity, use_threads=False).aggregate([*merges, (_FRESH, "max")])
+        grouped = grouped.filter(pc.equal(grouped[f"{_FRESH}_max"], 1))
+        merged_by = dict(merges)
+        merged = pa.table(
+            [grouped[c] if c in identity else grouped[f"{c}_{merged_by[c]}"] for c in columns],
+            names=columns,
+        ).cast(schema)
+        stored_final = (
+            final.select(columns).cast(schema) if final is not None else schema.empty_table()
+        )
+        emitted = stored_final if self.aggregation.output_mode == "append" else merged
+        finishes = [(p.finish[0], p.driver_finish) for p in self.plans if p.driver_finish]
+        output = pa.table(
+            [emitted[c] for c in identity] + [finish(emitted) for _, finish in finishes],
+            names=[*identity, *[name for name, _ in finishes]],
+        )
+        batches = pa.array([batch_id] * merged.num_rows, pa.int64())
+        return {
+            "upserts": merged.append_column("updated_batch", batches),
+            "deletes": stored_final.select(identity),
+            "output": output.cast(_nullable(output.schema)),
+            "retract": stored_final.select(identity).slice(0, 0),
+            "closed": stored_final.select([ROWS]),
+        }
+
+    def _finish(self, windows: DataFrame) -> DataFrame:
+        """Output rows (keys, window, one column per aggregate) of state-shaped ``windows``."""
+        return windows.select(*self.identity, *[expr.alias(n) for n, expr in self._finishes()])
+
+    def _last_end(self, event_ms: Column) -> Column:
+        """End of the last window a record at ``event_ms`` can belong to.
+
+        For a session window, the session the record alone would open.
+        """
+        if isinstance(self.window, Session):
+            return event_ms + F.lit(self.window.gap)
+        return last_end(self.window, event_ms)
+
+    def _batch_windows(
+        self,
+        accepted: DataFrame,
+        window: Tumbling | Sliding,
+        watermark_ms: int | None,
+        by: tuple[str, ...] = (),
+        extra: Sequence[Column] = (),
+    ) -> DataFrame:
+        """Tumbling/sliding: the batch's partials per (``by``, key, window), and the
+        ``extra`` aggregates."""
+        assigned = accepted.withColumn("_w", assign_windows(window, F.col(self.event_time.column)))
+        if watermark_ms is not None:  # a sliding record may still feed its open windows only
+            assigned = assigned.where(~self._final(F.col("_w.end"), watermark_ms))
+        in_last = F.unix_millis(F.col("_w.end")) == last_end(window, F.col(_ET_MS))
+        return assigned.groupBy(
+            *by,
+            *self.keys,
+            F.col("_w.start").alias("window_start"),
+            F.col("_w.end").alias("window_end"),
+        ).agg(*self._partials(), F.count(F.when(in_last, 1)).alias(ROWS), *extra)
+
+    def _merge_windows(
+        self, partials: DataFrame, nearby: DataFrame | None
+    ) -> tuple[DataFrame, DataFrame]:
+        """Tumbling/sliding: batch partials merged with those windows' state.
+
+        Returns (merged state rows, replaced identities: none, windows keep their identity).
+        """
+        none = partials.select(*self.identity).limit(0)
+        if nearby is None:
+            return partials, none
+        keys = partials.select(*self.identity)
+        touched = nearby.drop("updated_batch").join(
+            keys, null_safe_match(nearby, keys, self.identity), "left_semi"
+        )
+        merged = partials.unionByName(touched).groupBy(*self.identity).agg(*self._merges())
+        return merged, none
+
+    def _batch_sessions(self, accepted: DataFrame, window: Session) -> DataFrame:
+        """Sessions the batch's own events form: every event is the interval
+        [t, t + gap), and intervals of a key that overlap form one session."""
+        events = accepted.withColumn("_s", F.col(_ET_MS)).withColumn(
+            "_e", F.col(_ET_MS) + F.lit(window.gap)
+        )
+        sessions = (
+            _islands(events, self.keys)
+            .groupBy(*self.keys, "_island")
+            .agg(
+                F.min("_s").alias("_s"),
+                F.max("_e").alias("_e"),
+                *self._partials(),
+                F.count(F.lit(1)).alias(ROWS),
+            )
+            .drop("_island")
+        )
+        return self._as_windows(sessions)
+
+    def _merge_sessions(
+        self, partials: DataFrame, nearby: DataFrame | None
+    ) -> tuple[DataFrame, DataFrame]:
+        """The batch's sessions merged with the stored sessions they overlap.
+
+        A new session that bridges two stored sessions merges them. Only
+        islands holding a new session are returned: a stored session no new
+        event reaches stays as it is (it may be final and purged by this very
+        batch). Returns (merged sessions, identities of stored sessions
+        replaced by a merged one).
+        """
+        if nearby is None:
+            return partials, partials.select(*self.identity).limit(0)
+        keys = partials.select(*self.keys).distinct()
+        stored = nearby.drop("updated_batch").join(
+            keys, null_safe_match(nearby, keys, self.keys), "left_semi"
+        )
+
+        def as_intervals(windows: DataFrame, fresh: int) -> DataFrame:
+            return (
+                windows.withColumn("_s", F.unix_millis("window_start"))
+                .withColumn("_e", F.unix_millis("window_end"))
+                .drop("window_start", "window_end")
+                .withColumn("_fresh", F.lit(fresh))
+            )
+
+        islands = _islands(
+            as_intervals(partials, 1).unionByName(as_intervals(stored, 0)), self.keys
+        )
+        changed = islands.withColumn(
+            "_changed", F.max("_fresh").over(SparkWindow.partitionBy(*self.keys, "_island"))
+        ).where(F.col("_changed") == 1)
+        merged = self._as_windows(
+            changed.groupBy(*self.keys, "_island")
+            .agg(F.min("_s").alias("_s"), F.max("_e").alias("_e"), *self._merges())
+            .drop("_island")
+        )
+        old = self._as_windows(changed.where(F.col("_fresh") == 0)).select(*self.identity)
+        new = merged.select(*self.identity)
+        return merged, old.join(new, null_safe_match(old, new, self.identity), "left_anti")
+
+    def _as_windows(self, sessions: DataFrame) -> DataFrame:
+        """Sessions with ``_s``/``_e`` (epoch ms) as state rows: identity, then partials."""
+        return sessions.withColumn("window_start", F.timestamp_millis("_s")).select(
+            *self.keys,
+            "window_start",
+            F.timestamp_millis("_e").alias("window_end"),
+            *[n for p in self.plans for n, _ in p.partials],
+            ROWS,
+        )
+
+    def _partials(self) -> list[Column]:
+        return [expr.alias(name) for p in self.plans for name, expr in p.partials]
+
+    def _merges(self) -> list[Column]:
+        merged = [expr.alias(name) for p in self.plans for name, expr in p.merges]
+        return [*merged, F.sum(ROWS).alias(ROWS)]
+
+    def would_emit(self, state_version: int | None, watermark_ms: int) -> bool:
+        """True when state holds windows that ``watermark_ms`` makes final."""
+        final = self.state.ending_before(state_version, self.final_limit_us(watermark_ms))
+        return final is not None and final.num_rows > 0
+
+    def final_limit_us(self, watermark_ms: int) -> int:
+        """Windows ending before this (epoch µs) are final under ``watermark_ms``."""
+        return (watermark_ms - self.event_time.allowed_lateness + 1) * 1000
+
+    def _final(self, window_end: Column, watermark_ms: int) -> Column:
+        """``window_end + allowed_lateness <= watermark`` (ms), as a bound on the column.
+
+        The column stays bare so Delta can skip files by their window_end
+        statistics; ``< limit + 1 ms`` keeps sub-millisecond ends exact.
+        """
+        return window_end < timestamp_at(self.final_limit_us(watermark_ms))
+
+    def _finishes(self) -> list[tuple[str, Column]]:
+        return [p.finish for p in self.plans]
+
+
+def _islands(intervals: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """Number the runs of overlapping ``[_s, _e)`` intervals per key as ``_island``."""
+    ordered = SparkWindow.partitionBy(*keys).orderBy("_s", "_e")
+    reach = F.max("_e").over(ordered.rowsBetween(SparkWindow.unboundedPreceding, -1))
+    starts = F.when(reach.isNull() | (F.col("_s") >= reach), 1).otherwise(0)
+    return intervals.withColumn("_new", starts).withColumn(
+        "_island", F.sum("_new").over(ordered.rowsBetween(SparkWindow.unboundedPreceding, 0))
+    )
+
+
+def null_safe_match(left: DataFrame, right: DataFrame, columns: tuple[str, ...]) -> Column:
+    """Join condition: ``left`` and ``right`` agree on ``columns`` (nulls equal nulls)."""
+    cond = F.lit(True)
+    for c in columns:
+        cond = cond & left[c].eqNullSafe(right[c])
+    return cond
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def timestamp_at(micros: int) -> Column:
+    """The timestamp ``micros`` after the epoch as a literal.
+
+    Built from a UTC-aware datetime, so neither the session nor the Python
+    time zone (nor a DST fold) can shift it.
+    """
+    return F.lit(_EPOCH + timedelta(microseconds=micros))
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field nullable, as the frames Spark collects have them."""
+    return pa.schema([f.with_nullable(True) for f in schema])

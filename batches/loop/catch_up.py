@@ -1,0 +1,339 @@
+"""Catch-up read-ahead: step 4 of the next several batches in ONE Spark job.
+
+A windowed batch's one job reads its input and collects its window partials
+(``MicroBatchRunner._look``). When a batch finds more input waiting than it
+may take, the jobs of the batches after it would each pay a job's fixed cost
+(scheduling, a scan per file split, a shuffle) for a fraction of the data.
+The read-ahead scans those batches' input once, every record tagged with
+its batch by the source (``Source.read_batches``), and aggregates their
+partials per batch in one job; the same aggregation counts each batch's
+records and finds its newest event times (``partials_with_stats``), as
+observing them per batch would cost a pass over every record per metric.
+When the source cannot tag its records, or the transform does not turn
+each record into one (``row_by_row``: a filter, a join, an aggregation,
+``dropDuplicates``...), each batch's frames are built exactly as its own
+job builds them and their records, tagged, are unioned into the one
+aggregation instead. Each batch then still plans, writes ahead, merges with state,
+writes and commits on its own, in order; its step 4 takes what the read-ahead
+saw of exactly its range instead of running a job.
+
+What a batch takes is what its own job would have given, or it runs its own:
+
+- Same input: only a new batch whose planned ``[start, end)`` is the range
+  read ahead takes it (a replay, or a range that new files made longer, runs
+  its own job).
+- Same transform: a transform sees one batch's records at a time, as always,
+  or takes each record on its own (``row_by_row``), which gives the same
+  records over several batches at once.
+- Same watermark: a batch's watermark is known only once the batch before it
+  committed, so the read-ahead looks with none. For tumbling windows that is
+  exact: a record is late exactly when its window is closed, which the batch
+  checks on its partial rows against its own watermark. Late rows come out of
+  the read-ahead's job too: it collects the records without an event time and
+  those whose window is closed under the watermark of the batch that started
+  it, which no later batch's watermark is below; a batch takes them with its
+  closed windows' partials dropped. A batch with a window that closed only
+  under a later watermark (its records were not collected), a record from
+  beyond ``max_future`` (judged at the read-ahead's earlier processing time)
+  or bad rows runs its own job, which collects those rows. Sliding windows (a
+  record's lateness is not a property of one window) and aggregates merged in
+  Spark do not read ahead.
+
+Nothing here is written anywhere: a crash loses only the read-ahead, and the
+replay of a batch that used it runs its own job over the same offsets.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from batches.collect import collect, observed, session_confs, shuffle_partitions
+from batches.event_time.stage import (
+    FUTURE,
+    LATE_RECORD,
+    BatchFrames,
+    WindowedStage,
+    late_table,
+    split_stats,
+)
+from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
+from batches.windows import Tumbling
+from state.errors import LowmarkError
+
+log = logging.getLogger(__name__)
+
+MAX_BYTES = 1024 * 1024 * 1024
+"""Input one read-ahead takes at most (its batches' partials are held on the driver)."""
+JOB_CONFS = {
+    "spark.sql.files.minPartitionNum": "1",
+    "spark.sql.codegen.useIdInClassName": "false",
+}
+"""The read-ahead job's settings. Each batch's scan in as few splits as its size allows
+(the union of the batches' scans is the job's parallelism, and a task per small file
+split is most of its time); generated code named without its stage id, so the batches'
+scans, alike but for their files, compile once."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What step 4 learnt of a batch's records (its own job or the read-ahead)."""
+
+    rows_in: int
+    """Records read (bad rows not included)."""
+    bad: pa.Table | None
+    late: pa.Table | None
+    max_event_ms: dict[str, int]
+    """Max event time per source partition (partitions with a timed record)."""
+    rows_out: int
+    """Records after the transform."""
+    partials: pa.Table | None
+    """Windowed: the batch's window partials."""
+
+
+@dataclass(frozen=True)
+class _Looked:
+    """One batch as the read-ahead's job saw it, with no watermark."""
+
+    range: Range
+    looked_at_ms: int
+    rows_in: int
+    bad: int
+    rows_out: int
+    late_records: pa.Table
+    """``LATE_RECORD``s of the records without an event time, from beyond ``max_future``,
+    or in windows closed under ``closed_under_ms``."""
+    closed_under_ms: int | None
+    """The watermark of the batch that started the read-ahead."""
+    max_event_ms: dict[str, int]
+    partials: pa.Table
+
+
+Frames = Callable[[Sequence[Range], int], tuple[SourceRead, BatchFrames] | None]
+"""``frames(batches, now_ms)``: the read and stage frames of one batch, built exactly as
+its own job builds them, with no watermark; or of several batches in one read, records
+tagged with their batch (None when that cannot be: see ``row_by_row``)."""
+_ROW_BY_ROW = {"Project", "SubqueryAlias", "CollectMetrics"}
+
+
+def row_by_row(records: DataFrame, read: DataFrame) -> bool:
+    """True when ``records`` keep ``BATCH_COLUMN`` and the transform that made them from
+    the ``read`` records turns each record into one record: deterministic projections
+    with no subquery, over the read alone.
+
+    A transform like that gives several batches' records together what it
+    gives each batch alone, so the read-ahead can scan them once, and a
+    batch's records read are its records out (its aggregation counts them).
+    Any other (a filter, a join, an aggregation, ``dropDuplicates``, a limit,
+    a window function, an explode or table function, ``rand()``) is given one
+    batch at a time.
+    """
+    if BATCH_COLUMN not in records.columns:
+        return False
+    plan = records._jdf.queryExecution().analyzed()
+    source = read._jdf.queryExecution().analyzed()
+    if not plan.deterministic():
+        return False
+    while not plan.equals(source):
+        children = plan.children()
+        if plan.nodeName() not in _ROW_BY_ROW or children.size() != 1:
+            return False
+        if not plan.subqueries().isEmpty():
+            return False
+        plan = children.apply(0)
+    return True
+
+
+class ReadAhead:
+    """The read-ahead of one runner: batches looked at, waiting for their turn."""
+
+    def __init__(
+        self,
+        spark: Callable[[], SparkSession],
+        source: Source,
+        stage: WindowedStage,
+        frames: Frames,
+        batches: int,
+    ) -> None:
+        self._spark = spark
+        self.source = source
+        self.stage = stage
+        self.frames = frames
+        self.batches = batches
+        self._looked: dict[int, _Looked] = {}
+
+    @property
+    def applies(self) -> bool:
+        """Tumbling windows merged on the driver, and more than one batch to look at."""
+        return (
+            self.batches > 1
+            and isinstance(self.stage.window, Tumbling)
+            and self.stage.merges_on_driver
+        )
+
+    def seen(
+        self, batch: Range, watermark_ms: int | None, planned_at_ms: int, replay: bool
+    ) -> Seen | None:
+        """What the read-ahead saw of ``batch``, if it is exactly what the batch's own job
+        would see under ``watermark_ms``; else None (the batch runs its own job).
+
+        A new batch with input that no read-ahead looked at starts one, over
+        itself and the batches after it, as far as the source has input.
+        """
+        if replay or not self.applies or batch.start == batch.end:
+            self._looked.clear()
+            return None
+        looked = self._looked.pop(batch.batch_id, None)
+        for stale in [b for b in self._looked if b < batch.batch_id]:
+            del self._looked[stale]
+        if looked is None and not self._looked:
+            self._look(batch, planned_at_ms, watermark_ms)
+            looked = self._looked.pop(batch.batch_id, None)
+        if (
+            looked is None
+            or looked.range != batch
+            or planned_at_ms < looked.looked_at_ms
+            or looked.bad
+            or pc.any(pc.equal(looked.late_records.column("reason"), FUTURE)).as_py()
+        ):
+            return None
+        open_partials = self._open(looked, watermark_ms)
+        if open_partials is None:
+            return None
+        late = looked.late_records
+        return Seen(
+            looked.rows_in,
+            None,
+            late_table(late, batch.batch_id, watermark_ms) if late.num_rows else None,
+            looked.max_event_ms,
+            looked.rows_out,
+            open_partials,
+        )
+
+    def _look(self, first: Range, now_ms: int, watermark_ms: int | None) -> None:
+        """One job over ``first`` (whose watermark is ``watermark_ms``) and the batches after
+        it that the source has input for."""
+        ranges = [first]
+        while len(ranges) < self.batches:
+            last = ranges[-1]
+            end = self.source.plan(last.end, last.batch_id + 1, record=False, discover=False)
+            if end == last.end:
+                break
+            ranges.append(Range(last.batch_id + 1, last.end, end))
+        if len(ranges) < 2:
+            return
+        one_read = self.frames(ranges, now_ms)
+        while one_read is not None and len(ranges) > 2 and _size(one_read[0]) > MAX_BYTES:
+            ranges = ranges[: len(ranges) // 2]
+            one_read = self.frames(ranges, now_ms)
+        looks: list[tuple[Range, SourceRead]] = []
+        if one_read is not None:  # one scan, records tagged with their batch by the source
+            read, frames = one_read
+            looks = [(r, read) for r in ranges]
+            flagged = frames.flagged(watermark_ms)
+            partitions, total = frames.partitions, _size(read)
+        else:  # a scan per batch, each batch's records tagged, in one union
+            total = 0
+            tagged: list[DataFrame] = []
+            found: set[str] = set()
+            for r in ranges:
+                built = self.frames([r], now_ms)
+                assert built is not None
+                total += _size(built[0])
+                if looks and total > MAX_BYTES:
+                    break
+                looks.append((r, built[0]))
+                flagged_one = built[1].flagged(watermark_ms)
+                tagged.append(flagged_one.withColumn(BATCH_COLUMN, F.lit(r.batch_id)))
+                found.update(built[1].partitions)
+            flagged = functools.reduce(DataFrame.unionByName, tagged)
+            partitions = tuple(sorted(found))
+        # One aggregation for the partials and the counts of all the batches: one shuffle,
+        # one compiled plan, and no observation of the records (it costs a pass per metric).
+        groups = self.stage.partials_with_stats(flagged, partitions, by=(BATCH_COLUMN,))
+        spark = self._spark()
+        try:
+            with shuffle_partitions(spark, total), session_confs(spark, JOB_CONFS):
+                table = collect({"partials": groups})["partials"]
+        except (Py4JJavaError, PySparkException) as exc:
+            # Each batch's own job fails the same way, and names its bad input.
+            log.info("read-ahead from batch %d failed: %s", first.batch_id, exc)
+            return
+        tags = table.column(BATCH_COLUMN)
+        for r, read in looks:
+            counts = observed(read.counts)
+            if counts is None or counts.get("untagged") or self._changed(r):
+                continue
+            mine = table.filter(pc.equal(tags, r.batch_id)).drop_columns([BATCH_COLUMN])
+            partials, stats = split_stats(mine, partitions)
+            if one_read is not None:  # the transform keeps each record: records read = out
+                # Bad rows somewhere from bad_from to bad_to: each of those batches runs
+                # its own job, which counts them.
+                low, high = counts.get("bad_from"), counts.get("bad_to")
+                bad = int(low is not None and high is not None and low <= r.batch_id <= high)
+                rows_in = stats.rows
+            else:
+                rows_in, bad = counts["rows"], counts.get("bad", 0)
+            self._looked[r.batch_id] = _Looked(
+                r,
+                now_ms,
+                rows_in,
+                bad,
+                stats.rows,
+                stats.late_records if stats.late_records is not None else LATE_RECORD.empty_table(),
+                watermark_ms,
+                stats.max_ms,
+                partials,
+            )
+        log.info(
+            "read ahead batches %d..%d in one job (%s)",
+            first.batch_id,
+            looks[-1][0].batch_id,
+            "one scan" if one_read is not None else "a scan per batch",
+        )
+
+    def _changed(self, batch: Range) -> bool:
+        """True when ``batch``'s input changed while the read-ahead read it (its own job
+        reads it again)."""
+        try:
+            self.source.confirm(batch)
+        except LowmarkError as exc:
+            log.info("read-ahead of batch %d dropped: %s", batch.batch_id, exc)
+            return True
+        return False
+
+    def _open(self, looked: _Looked, watermark_ms: int | None) -> pa.Table | None:
+        """The partial rows of ``looked`` whose (tumbling) window is open under the batch's
+        ``watermark_ms``; the records of the others are late. None when a closed window's
+        records were not collected as late (closed only under a watermark later than the
+        read-ahead's), or the batch's watermark is below the read-ahead's (which a
+        watermark never is): the batch's own job then looks at it."""
+        collected = looked.closed_under_ms
+        if collected is not None and (watermark_ms is None or watermark_ms < collected):
+            return None
+        partials = looked.partials
+        if watermark_ms is None or not partials.num_rows:
+            return partials
+        ends = partials.column("window_end").cast(pa.int64())
+        closed = pc.less(ends, self.stage.final_limit_us(watermark_ms))
+        if not pc.any(closed).as_py():
+            return partials
+        if collected is None:
+            return None
+        was_closed = pc.less(ends, self.stage.final_limit_us(collected))
+        if pc.any(pc.and_(closed, pc.invert(was_closed))).as_py():
+            return None
+        return partials.filter(pc.invert(closed))
+
+
+def _size(read: SourceRead) -> int:
+    return read.size_bytes or 0

@@ -1,0 +1,1 @@
+"""Sinks: where a batch's output lands, exactly once (the contract, and the Delta sinks)."""

@@ -1,0 +1,217 @@
+"""Starting over never writes the sink's data twice.
+
+A new checkpoint reads its source from the start, so on a sink that holds an
+earlier checkpoint's writes it is refused; ``lowmark reset`` then either
+empties the sink and starts from the beginning, or starts right after the
+data the sink holds. Either way every input record is in the sink exactly
+once, as a fault-free run from scratch would leave it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from batches.admin.reset import reset
+from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from batches.loop import faults
+from batches.loop.follow import follow
+from batches.loop.microbatch import MicroBatchRunner
+from batches.pipeline import Pipeline
+from batches.windows import Tumbling
+from state.errors import CheckpointReplaced
+from tests.helpers import (
+    drop_batches,
+    drop_file,
+    event,
+    lowmark,
+    pipeline,
+    reference,
+    sink,
+    sink_ids,
+    windowed,
+)
+
+ONE_FILE = pipeline().source.model_copy(update={"max_files_per_batch": 1})
+
+
+def _stateless() -> Pipeline:
+    return pipeline(source=ONE_FILE)
+
+
+def _all_ids(files: int, rows: int = 3) -> list[int]:
+    return sorted(f * 100 + i for f in range(files) for i in range(rows))
+
+
+def test_a_new_checkpoint_refuses_a_sink_that_holds_another_checkpoints_writes(
+    spark: SparkSession, data_root: Path
+) -> None:
+    for i in range(3):
+        drop_file(data_root, i)
+    MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=None)
+    # The old way out of a broken checkpoint: move it away and run again.
+    shutil.move(data_root / "_lowmark", data_root / "elsewhere")
+    with pytest.raises(SinkHeldElsewhere, match="lowmark reset t --after-sink") as error:
+        MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=None)
+    assert "\n" not in str(error.value)
+    assert sink_ids(spark, data_root) == _all_ids(3)  # nothing written twice
+
+
+def test_a_pipeline_on_another_pipelines_sink_is_refused_with_advice_that_keeps_its_rows(
+    spark: SparkSession, data_root: Path
+) -> None:
+    for i in range(2):
+        drop_file(data_root, i)
+    MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=None)
+    second = pipeline(name="u", source=ONE_FILE)  # the same sink as t
+    with pytest.raises(SinkHeldElsewhere) as error:
+        MicroBatchRunner(spark, second, data_root).run(max_batches=None)
+    message = str(error.value)
+    assert "pipeline t's" in message and "give u a sink path of its own" in message
+    assert "--truncate-sink" not in message and "--after-sink" not in message
+    assert "\n" not in message
+    # Nor does a reset of the second pipeline empty the first one's sink.
+    with pytest.raises(SinkHeldElsewhere, match="pipeline t's"):
+        reset(spark, second, data_root, "truncate")
+    assert sink_ids(spark, data_root) == _all_ids(2)
+
+
+def test_truncate_sink_starts_over_and_the_sink_ends_as_from_scratch(
+    spark: SparkSession, data_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for i in range(3):
+        drop_file(data_root, i)
+    MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=2)
+    drop_file(data_root, 3)
+    code, out, _ = lowmark(
+        capsys, data_root, "--pipelines", "tests.batches.admin.test_reset", "reset", "t",
+        "--truncate-sink",
+    )  # fmt: skip
+    assert code == 0 and "sink emptied" in out and "old checkpoint moved to" in out
+    assert sink_ids(spark, data_root) == []
+    assert len(list(data_root.glob("_lowmark/t.reset-*"))) == 1
+    MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=None)
+    assert sink_ids(spark, data_root) == _all_ids(4)
+
+
+def test_truncate_sink_of_a_windowed_pipeline_recomputes_every_window(
+    spark: SparkSession, data_root: Path
+) -> None:
+    window = Tumbling(size="10 seconds")
+    drop_batches(
+        data_root, [[event("a", 10 * i + 1, i), event("b", 10 * i + 4, i)] for i in range(4)]
+    )
+    p = windowed(window, "update")
+    MicroBatchRunner(spark, p, data_root).run(max_batches=3)
+    with pytest.raises(PipelineConfigInvalid, match="--truncate-sink"):
+        reset(spark, p, data_root, "after")
+    reset(spark, p, data_root, "truncate")
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    assertDataFrameEqual(sink(spark, data_root), reference(spark, data_root, window))
+
+
+def test_after_sink_goes_on_after_the_last_batch_the_sink_holds(
+    spark: SparkSession, data_root: Path
+) -> None:
+    for i in range(4):
+        drop_file(data_root, i)
+    p = _stateless()
+    # Batch 2 dies right after its sink write: the sink holds files 0-2, the commit log 0-1.
+    with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_sink", 2)):
+        MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    # And the checkpoint breaks: its commit log is gone.
+    shutil.rmtree(data_root / "_lowmark" / "t" / "commits")
+    done = reset(spark, p, data_root, "after")
+    assert done.start_offsets == {"0": 3} and done.files == 3
+    drop_file(data_root, 4)
+    results = MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    assert [r.end for r in results] == [{"0": 4}, {"0": 5}]
+    assert sink_ids(spark, data_root) == _all_ids(5)  # each record exactly once
+
+
+def test_a_runner_following_the_source_while_it_is_reset_stops_and_nothing_lands_twice(
+    spark: SparkSession, data_root: Path
+) -> None:
+    p = _stateless()
+    for i in range(2):
+        drop_file(data_root, i)
+    runner = MicroBatchRunner(spark, p, data_root)
+    committed: list[int] = []
+    stop = threading.Event()
+    stopped_by: list[BaseException] = []
+
+    def follow_until_stopped() -> None:
+        try:
+            follow(
+                runner,
+                poll_interval_s=0.05,
+                on_batch=lambda r: committed.append(r.batch_id),
+                should_stop=stop.is_set,
+                handle_signals=False,
+            )
+        except Exception as exc:
+            stopped_by.append(exc)
+
+    follower = threading.Thread(target=follow_until_stopped)
+    follower.start()
+    try:
+        _wait_for(lambda: committed == [0, 1], follower)
+        # While it follows the source: a reset, then a new file for the old runner to take.
+        reset(spark, p, data_root, "truncate")
+        drop_file(data_root, 2)
+        follower.join(timeout=60)
+    finally:
+        stop.set()
+        follower.join()
+
+    assert committed == [0, 1]  # it took nothing after the reset
+    [error] = stopped_by
+    assert isinstance(error, CheckpointReplaced) and "\n" not in str(error)
+    assert "lowmark reset" in str(error)
+    fresh = MicroBatchRunner(spark, p, data_root)
+    fresh.run(max_batches=None)
+    assert sink_ids(spark, data_root) == _all_ids(3)  # each record exactly once
+    assert [e.batch_id for e in fresh.checkpoint.offsets.get_range()] == [0, 1, 2]
+
+
+def test_a_reset_in_the_middle_of_a_batch_stops_its_runner_before_the_batch_writes(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = _stateless()
+    for i in range(3):
+        drop_file(data_root, i)
+    reached = faults.reached
+
+    def reset_after_the_read(step: str, batch_id: int) -> None:
+        if (step, batch_id) == ("after_read", 2):
+            monkeypatch.setattr(faults, "reached", reached)
+            reset(spark, p, data_root, "truncate")
+
+    monkeypatch.setattr(faults, "reached", reset_after_the_read)
+    old = MicroBatchRunner(spark, p, data_root)
+    with pytest.raises(CheckpointReplaced, match="`lowmark reset` ran meanwhile"):
+        old.run(max_batches=None)
+
+    fresh = MicroBatchRunner(spark, p, data_root)
+    fresh.run(max_batches=None)
+    assert sink_ids(spark, data_root) == _all_ids(3)
+    assert [e.batch_id for e in fresh.checkpoint.offsets.get_range()] == [0, 1, 2]
+    assert [e.batch_id for e in fresh.checkpoint.commits.get_range()] == [0, 1, 2]
+
+
+def _wait_for(done: Callable[[], bool], thread: threading.Thread) -> None:
+    deadline = time.monotonic() + 120
+    while not done():
+        assert thread.is_alive() and time.monotonic() < deadline, "the follower never got there"
+        time.sleep(0.02)
+
+
+stateless = _stateless()
+"""What ``lowmark --pipelines tests.batches.admin.test_reset`` finds."""

@@ -1,0 +1,125 @@
+"""Spark jobs per batch: a count, not a time, so it can be asserted on any machine.
+
+Bookkeeping runs on the driver; the Spark jobs of a batch are its data work
+only. The bounds are the performance budget's (stateless <= 4, windowed <=
+8); the per-step counts are printed for the README's table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from batches.loop.microbatch import MicroBatchRunner
+from batches.pipeline import Maintenance, Pipeline
+from batches.windows import Session, Tumbling
+from tests.helpers import counted_batch, drop_batches, drop_file, event, pipeline, windowed
+
+STATELESS_LIMIT = 4
+WINDOWED_LIMIT = 8
+LONG_RUN = 22
+SINK_CHECKPOINT_JOBS = 3
+"""A Spark-written sink checkpoints its Delta log every 10 commits, in the batch that commits."""
+
+
+def test_a_stateless_batch_runs_at_most_four_spark_jobs(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(3):
+        drop_file(data_root, i)
+    p = pipeline(source=pipeline().source.model_copy(update={"max_files_per_batch": 1}))
+    runner = MicroBatchRunner(spark, p, data_root)
+    runner.run_batch()  # the first batch creates the sink
+    for _ in range(2):
+        result, counter = counted_batch(spark, runner, monkeypatch)
+        assert result.rows_out == 3
+        assert counter.jobs() <= STATELESS_LIMIT, counter.per_step
+        # Planning, the logs and the commit run on the driver: no job at all.
+        assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
+
+
+@pytest.mark.parametrize(
+    "windowing",
+    [
+        windowed(Tumbling(size="10 seconds"), max_out_of_orderness="5 seconds"),
+        windowed(Session(gap="10 seconds"), "update", max_out_of_orderness="5 seconds"),
+    ],
+    ids=["tumbling-append", "session-update"],
+)
+def test_a_windowed_batch_with_state_late_rows_and_output_runs_at_most_eight_spark_jobs(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch, windowing: Pipeline
+) -> None:
+    drop_batches(
+        data_root,
+        [
+            [event("a", 1, 1), event("b", 2, 1)],
+            [event("a", 14, 1), event("b", 30, 2)],
+            # updates open windows, emits closed ones and holds one late record
+            [event("a", 33, 3), event("b", 1, 9), event("c", 45, 4)],
+        ],
+    )
+    runner = MicroBatchRunner(spark, windowing, data_root)
+    runner.run(max_batches=2)
+    result, counter = counted_batch(spark, runner, monkeypatch)
+    assert (result.rows_late, result.rows_out > 0) == (1, True)
+    assert counter.jobs() <= WINDOWED_LIMIT, counter.per_step
+    assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
+
+
+def sink_checkpoints(root: Path) -> int:
+    """Delta log checkpoints of the sink table (a Spark writer makes one every 10 commits)."""
+    return len(list((root / "out" / "_delta_log").glob("*.checkpoint*.parquet")))
+
+
+def test_every_batch_of_a_long_stateless_run_stays_within_four_jobs_plus_three_per_sink_checkpoint(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Long enough for the sink's Delta checkpoints (commits 10 and 20) and maintenance.
+    for i in range(LONG_RUN):
+        drop_file(data_root, i)
+    p = pipeline(
+        source=pipeline().source.model_copy(update={"max_files_per_batch": 1}),
+        maintenance=Maintenance(every_batches=5),
+    )
+    runner = MicroBatchRunner(spark, p, data_root)
+    over: dict[int, dict[str, int]] = {}
+    checkpointed = 0
+    for _ in range(LONG_RUN):
+        before = sink_checkpoints(data_root)
+        result, counter = counted_batch(spark, runner, monkeypatch)
+        made = sink_checkpoints(data_root) - before
+        checkpointed += made
+        if counter.jobs() > STATELESS_LIMIT + made * SINK_CHECKPOINT_JOBS:
+            over[result.batch_id] = counter.per_step
+        if made:  # Delta's checkpoint of the sink runs in the sink's step, nowhere else
+            assert counter.per_step["after_sink"] <= 2 + SINK_CHECKPOINT_JOBS, counter.per_step
+    assert checkpointed >= 2
+    assert over == {}
+
+
+def test_every_batch_of_a_long_windowed_run_with_late_rows_and_maintenance_runs_at_most_eight_jobs(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each batch moves event time on by 10 s (one window); every fifth also holds a late row.
+    drop_batches(
+        data_root,
+        [
+            [event("a", 10 * i, 1), event("b", 10 * i + 3, 2)]
+            + ([event("c", 0, 5)] if i % 5 == 4 else [])
+            for i in range(LONG_RUN)
+        ],
+    )
+    p = windowed(Tumbling(size="10 seconds"), max_out_of_orderness="5 seconds").model_copy(
+        update={"maintenance": Maintenance(every_batches=5)}
+    )
+    runner = MicroBatchRunner(spark, p, data_root)
+    jobs: dict[int, int] = {}
+    late = 0
+    for _ in range(LONG_RUN):
+        result, counter = counted_batch(spark, runner, monkeypatch)
+        jobs[result.batch_id] = counter.jobs()
+        late += result.rows_late
+    assert late == LONG_RUN // 5
+    assert max(jobs.values()) <= WINDOWED_LIMIT, jobs

@@ -1,0 +1,444 @@
+"""Builders shared by the tests: pipelines, input files, a fake clock, reference results.
+
+Also the CLI run in-process. Test modules import them from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, settings
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
+
+from batches.cli import commands
+from batches.clock import Clock
+from batches.loop import faults
+from batches.loop.microbatch import BatchResult, MicroBatchRunner
+from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.sources.base import Range, Source, SourceRead
+from batches.windows import (
+    Aggregate,
+    EventTime,
+    Session,
+    Sliding,
+    Tumbling,
+    WindowedAggregation,
+)
+from orchestration.cli import report_to_dagster
+from state.checkpoint import Checkpoint
+from state.offset_log import OffsetEntry, Offsets
+
+T0_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+
+
+AGGREGATES = (
+    Aggregate(fn="count"),
+    Aggregate(fn="sum", column="amount"),
+    Aggregate(fn="min", column="amount"),
+    Aggregate(fn="max", column="amount"),
+    Aggregate(fn="avg", column="amount"),
+)
+
+
+_groups = itertools.count()
+
+
+class JobCounter:
+    """Spark jobs started by this thread while counting, in total and per batch step."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.group = f"count-{next(_groups)}"
+        self.per_step: dict[str, int] = {}
+
+    def jobs(self) -> int:
+        tracker = self.spark.sparkContext.statusTracker()
+        return len(tracker.getJobIdsForGroup(self.group))
+
+    @contextmanager
+    def counting(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+        """Count the jobs of the block; ``faults.reached`` marks where each step ends."""
+        self.per_step = {}
+        last = [0]
+
+        def reached(step: str, batch_id: int) -> None:
+            now = self.jobs()
+            self.per_step[step] = now - last[0]
+            last[0] = now
+
+        self.spark.sparkContext.setJobGroup(self.group, "a counted batch")
+        monkeypatch.setattr(faults, "reached", reached)
+        try:
+            yield
+        finally:
+            monkeypatch.undo()
+            self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        self.per_step["rest"] = self.jobs() - last[0]
+
+
+def per_unit(df: DataFrame) -> DataFrame:
+    """Fails a batch with a record whose amount is 0 (ANSI division by zero)."""
+    return df.withColumn("per_unit", F.lit(100) / F.col("amount"))
+
+
+def double_amount(df: DataFrame) -> DataFrame:
+    return df.withColumn("amount", F.col("amount") * 2)
+
+
+def pipeline(**overrides: Any) -> Pipeline:
+    fields: dict[str, Any] = {
+        "name": "t",
+        "source": FileSource(path="in", format="json", schema_ddl="id LONG, amount LONG"),
+        "sink": DeltaSink(path="out"),
+    }
+    fields.update(overrides)
+    return Pipeline(**fields)
+
+
+def amount_as_seconds(df: DataFrame) -> DataFrame:
+    """``drop_file``'s records with an event time: ``amount`` seconds after the epoch."""
+    return df.withColumn("ts", F.timestamp_seconds("amount"))
+
+
+def counted_per_window(**overrides: Any) -> Pipeline:
+    """``pipeline`` with windows: records per id in 10-second windows of ``ts``, upserted
+    (update mode: every window a batch changes is written at once)."""
+    windows: dict[str, Any] = {
+        "transform": amount_as_seconds,
+        "event_time": EventTime(column="ts"),
+        "aggregation": WindowedAggregation(
+            keys=("id",),
+            window=Tumbling(size="10 seconds"),
+            aggregates=(Aggregate(fn="count"),),
+            output_mode="update",
+        ),
+    }
+    return pipeline(**(windows | overrides))
+
+
+def drop_file(root: Path, index: int, rows: int = 3) -> Path:
+    """File ``index`` holds ids index*100 .. index*100+rows-1; mtimes follow ``index``."""
+    records = [{"id": index * 100 + i, "amount": i} for i in range(rows)]
+    return write_json_lines(root / "in", f"f{index:03d}.json", records, 1_700_000_000 + index)
+
+
+def sink_ids(spark: SparkSession, root: Path, table: str = "out") -> list[int]:
+    df = spark.read.format("delta").load(str(root / table))
+    return sorted(r["id"] for r in df.select("id").collect())
+
+
+def per_window(df: DataFrame, key: str, window: Column, *aggregates: Column) -> DataFrame:
+    """A plain Spark batch's windowed aggregation of ``df``, shaped as lowmark's sink:
+    ``key``, ``window_start``, ``window_end``, then the (aliased) ``aggregates``."""
+    out = df.groupBy(key, window.alias("w")).agg(*aggregates)
+    return out.select(
+        key,
+        F.col("w.start").alias("window_start"),
+        F.col("w.end").alias("window_end"),
+        *[c for c in out.columns if c not in (key, "w")],
+    )
+
+
+def append_events(spark: SparkSession, table: Path, events: list[dict[str, Any]]) -> None:
+    """Append ``events`` (``user``, ``ts`` as ISO text, ``amount``) to the Delta table
+    ``table`` as one version."""
+    rows = [(e["user"], datetime.fromisoformat(e["ts"]), e["amount"]) for e in events]
+    df = spark.createDataFrame(rows, "user STRING, ts TIMESTAMP, amount LONG")
+    df.write.format("delta").mode("append").save(str(table))
+
+
+def vacuum_every_version(spark: SparkSession, table: Path) -> None:
+    """OPTIMIZE the Delta table ``table`` into new files, then VACUUM with no retention: the
+    files every earlier version added are gone."""
+    spark.sql(f"OPTIMIZE delta.`{table}`")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+
+
+def forget_start_offsets(checkpoint: Checkpoint) -> None:
+    """Make ``checkpoint`` look as one written before it recorded where batch 0 started."""
+    rows = pa.Table.from_pylist(
+        [{"pipeline_id": checkpoint.pipeline_id, "start_offsets": None}],
+        schema=pa.schema([("pipeline_id", pa.string()), ("start_offsets", pa.string())]),
+    )
+    checkpoint.metadata.update(rows, "pipeline_id", 0)
+
+
+class FlakyReads(Source):
+    """``inner``, whose first ``failures`` reads raise ``error`` (a broker away for a
+    while); everything else is ``inner``'s."""
+
+    def __init__(self, inner: Source, failures: int, error: Exception) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.error = error
+        self.reads = 0
+
+    def read(
+        self,
+        start: Offsets,
+        end: Offsets,
+        batch_id: int,
+        cache: bool = False,
+        strict: bool = False,
+    ) -> SourceRead:
+        self.reads += 1
+        if self.reads <= self.failures:
+            raise self.error
+        return self.inner.read(start, end, batch_id, cache, strict)
+
+    def initial_offsets(self) -> Offsets:
+        return self.inner.initial_offsets()
+
+    def plan(
+        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+    ) -> Offsets:
+        return self.inner.plan(start, batch_id, record, discover)
+
+    def backlog(self, committed_end: Offsets) -> dict[str, int]:
+        return self.inner.backlog(committed_end)
+
+    def read_batches(self, batches: Sequence[Range]) -> SourceRead | None:
+        return None  # every read goes through ``read``, so each counts
+
+    def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
+        return self.inner.partitions(start, end)
+
+    def inputs(self, start: Offsets, end: Offsets) -> list[str]:
+        return self.inner.inputs(start, end)
+
+    def confirm(self, batch: Range) -> None:
+        self.inner.confirm(batch)
+
+    def commit(self, end: Offsets) -> None:
+        self.inner.commit(end)
+
+
+def parse_times(df: DataFrame) -> DataFrame:
+    """Parses ``ts``; under ANSI mode a value that is no time fails the batch."""
+    return df.withColumn("at", F.to_timestamp("ts"))
+
+
+def slowly(df: DataFrame) -> DataFrame:
+    """Half a second per record: a batch long enough to be interrupted."""
+
+    # Nested, so it is pickled by value: Spark's Python workers need not import this
+    # module (and what it imports). No type hints: PySpark would look for a pandas UDF.
+    def after_half_a_second(value):
+        time.sleep(0.5)
+        return value
+
+    slow_id = F.udf(after_half_a_second, LongType(), useArrow=False)
+    return df.withColumn("id", slow_id("id"))
+
+
+FIRST_CONTACT_YAML = """
+pipelines:
+  - name: times
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    transform: tests.helpers:parse_times
+    sink: {kind: delta, path: out}
+  - name: into_a_file
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    sink: {kind: delta, path: a_file}
+  - name: string_time
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    sink: {kind: delta, path: out}
+    event_time: {column: ts, max_out_of_orderness: 10 seconds}
+    aggregation:
+      keys: [id]
+      window: {kind: tumbling, size: 1 minute}
+      aggregates: [{fn: count}]
+  - name: slow
+    source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    transform: tests.helpers:slowly
+    sink: {kind: delta, path: out}
+"""
+"""Pipelines a new user gets wrong: a transform that fails on a record, a sink path that
+is a file, an event-time column that is a string; and one slow enough to interrupt."""
+
+
+TICKS = dg.AssetKey(["lowmark", "ticks"])
+
+
+def tick(user: str, second: int, amount: int) -> dict[str, Any]:
+    return {"user": user, "ts": (T0 + timedelta(seconds=second)).isoformat(), "amount": amount}
+
+
+def drop_order_files(root: Path, index: int, rows: list[dict[str, Any]]) -> None:
+    write_json_lines(root / "ticks/in", f"f{index}.json", rows, 1_700_000_000 + index)
+
+
+SPARK_ERRORS = (PySparkException, Py4JJavaError)
+
+
+dividing = pipeline(
+    name="dividing",
+    transform=per_unit,
+    source=pipeline().source.model_copy(update={"max_files_per_batch": 1}),
+    max_failed_attempts=2,
+)
+
+
+def at(second: float) -> int:
+    return T0_MS + int(second * 1000)
+
+
+def drop(root: Path, partition: str, name: str, rows: list[dict[str, Any]], mtime: int) -> None:
+    write_json_lines(root / "in" / partition, name, rows, 1_700_000_000 + mtime)
+
+
+def partitioned(mode: str = "append", **event_time: Any) -> Pipeline:
+    return Pipeline(
+        name="p",
+        source=FileSource(path="in", format="json", schema_ddl=SCHEMA, partition_by_folder=True),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts", **event_time),
+        aggregation=WindowedAggregation(
+            keys=("user",),
+            window=Tumbling(size="10 seconds"),
+            aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="amount")),
+            output_mode=mode,
+        ),
+    )
+
+
+def lowmark(
+    capsys: pytest.CaptureFixture[str], root: Path, *args: str, clock: Clock | None = None
+) -> tuple[int, str, str]:
+    """Run ``lowmark --data-root root args`` in process (with ``clock`` as its clock):
+    exit code, stdout, stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        commands.main(["--data-root", str(root), *args], (report_to_dagster,), clock)
+    captured = capsys.readouterr()
+    return int(exit_info.value.code or 0), captured.out, captured.err
+
+
+SPARK_EXAMPLES = settings(
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+"""Hypothesis settings for examples that each run a pipeline: no deadline, reproducible."""
+
+
+def counted_batch(
+    spark: SparkSession, runner: MicroBatchRunner, monkeypatch: pytest.MonkeyPatch
+) -> tuple[BatchResult, JobCounter]:
+    counter = JobCounter(spark)
+    with counter.counting(monkeypatch):
+        result = runner.run_batch()
+    assert result is not None
+    print(f"batch {result.batch_id}: {counter.jobs()} jobs {counter.per_step}")
+    return result, counter
+
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
+
+
+def event(user: str, second: float, amount: int) -> dict[str, Any]:
+    return {"user": user, "ts": (T0 + timedelta(seconds=second)).isoformat(), "amount": amount}
+
+
+def drop_batches(root: Path, batches: list[list[dict[str, Any]]]) -> None:
+    for i, rows in enumerate(batches):
+        write_json_lines(root / "in", f"b{i:03d}.json", rows, 1_700_000_000 + i)
+
+
+def windowed(
+    window: Tumbling | Sliding | Session, mode: str = "append", **event_time: Any
+) -> Pipeline:
+    return Pipeline(
+        name="w",
+        source=FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts", **event_time),
+        aggregation=WindowedAggregation(
+            keys=("user",),
+            window=window,
+            aggregates=AGGREGATES,
+            output_mode=mode,
+        ),
+    )
+
+
+def reference(spark: SparkSession, root: Path, window: Tumbling | Sliding | Session) -> DataFrame:
+    """The same aggregation as one plain Spark batch over every file."""
+    df = spark.read.schema(SCHEMA).json(str(root / "in"))
+    if isinstance(window, Session):
+        w = F.session_window("ts", f"{window.gap} milliseconds")
+    elif isinstance(window, Tumbling):
+        w = F.window("ts", f"{window.size} milliseconds")
+    else:
+        w = F.window("ts", f"{window.size} milliseconds", f"{window.slide} milliseconds")
+    return per_window(
+        df,
+        "user",
+        w,
+        F.count(F.lit(1)).alias("count"),
+        F.sum("amount").alias("sum_amount"),
+        F.min("amount").alias("min_amount"),
+        F.max("amount").alias("max_amount"),
+        F.avg("amount").alias("avg_amount"),
+    )
+
+
+def sink(spark: SparkSession, root: Path) -> DataFrame:
+    return spark.read.format("delta").load(str(root / "out"))
+
+
+class FakeClock:
+    """A clock tests move by hand; ``step_ms`` > 0 makes every reading advance it."""
+
+    def __init__(self, now_ms: int = 1_767_225_600_000, step_ms: int = 0) -> None:
+        self.now = now_ms
+        self.step_ms = step_ms
+
+    def now_ms(self) -> int:
+        self.now += self.step_ms
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+def write_json_lines(folder: Path, name: str, rows: list[dict[str, Any]], mtime_s: int) -> Path:
+    """Write ``rows`` as JSON lines to ``folder/name`` with a fixed modification time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.utime(path, (mtime_s, mtime_s))
+    return path
+
+
+def entry(batch_id: int, runner: str = "r1", end: int = 0) -> OffsetEntry:
+    """An offset-log entry of batch ``batch_id`` reading partition "0" up to ``end``."""
+    return OffsetEntry(
+        batch_id=batch_id,
+        runner_id=runner,
+        start_offsets={"0": 0},
+        end_offsets={"0": end},
+        batch_watermark_ms=batch_id * 1000,
+        pipeline_fingerprint="fp",
+    )
