@@ -13,8 +13,8 @@ so counts are there after the first batch and grow as files land. Views more tha
 out-of-orderness) go to the pipeline's late table, lines that are not JSON to its
 bad-records table. Paths are relative to the data root (``lowmark.toml``).
 
-Copy the pipeline to add another; every field is in lowmark's README ("Pipelines",
-"Event time: watermarks, windows, lateness").
+Copy the pipeline to add another; every field is in lowmark's pipeline configuration
+reference (docs/reference/pipeline.md), the ideas in docs/concepts.md.
 """
 
 from __future__ import annotations
