@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -38,16 +37,17 @@ from batches.loop import faults
 from batches.loop.catch_up import ReadAhead, Seen, row_by_row
 from batches.loop.maintenance import tidy_after
 from batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, refuse_poison
+from batches.loop.sink_owner import held_elsewhere, sink_holder
 from batches.pipeline import Pipeline, resolve
 from batches.sinks.delta import DeltaTableSink, WindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, Range, Skipped, SourceRead, check_identity
-from state.checkpoint import Checkpoint, Found, find_checkpoint
+from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
 from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch, first_line
 from state.failures import FailureKind
 from state.offset_log import Identity, OffsetEntry, Offsets
-from state.ownership import Writer, last_writer
+from state.ownership import last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
 from state.table import DriverTable
@@ -885,45 +885,6 @@ class MicroBatchRunner:
             if on_batch:
                 on_batch(result)
         return results
-
-
-def sink_holder(location: str, writer: Writer) -> Found | None:
-    """The checkpoint of ``writer`` when it is beside the checkpoint ``location`` (every
-    pipeline's, and the ones ``lowmark reset`` moved aside, are by default)."""
-    return find_checkpoint(os.path.dirname(location.rstrip("/")), writer.pipeline_id)
-
-
-def held_elsewhere(
-    pipeline: Pipeline, location: str, sink: str, writer: Writer, found: Found | None
-) -> str:
-    """Why ``pipeline`` (checkpoint ``location``) may not write ``sink``, whose last
-    lowmark writer is another checkpoint's, ``writer`` (at ``found``: ``sink_holder``),
-    and the ways on.
-
-    The advice never empties another pipeline's data: a reset of this
-    pipeline only when the writer is one of its own old checkpoints; another
-    pipeline's sink wants a sink path of its own.
-    """
-    name = pipeline.name
-    held = f"up to its batch {writer.batch_id}"
-    if found is not None and found.pipeline_name != name:
-        return (
-            f"sink {sink} is pipeline {found.pipeline_name}'s (checkpoint {found.location}, "
-            f"{held}): {name} must not write it too; give {name} a sink path of its own"
-        )
-    if found is not None:
-        return (
-            f"sink {sink} holds the writes of {name}'s old checkpoint {found.location} "
-            f"({held}), and this new checkpoint would write its input again: run `lowmark "
-            f"reset {name} --after-sink` to go on after the sink's data, or `lowmark reset "
-            f"{name} --truncate-sink` to empty it and start from the beginning"
-        )
-    return (
-        f"sink {sink} holds the writes of checkpoint {writer.pipeline_id} ({held}), found "
-        f"nowhere beside {location}: if it was {name}'s, put it back at {location} and run "
-        f"`lowmark reset {name} --after-sink` to go on after the sink's data; if another "
-        f"pipeline writes this sink, give {name} a sink path of its own"
-    )
 
 
 @dataclass(frozen=True)
