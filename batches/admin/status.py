@@ -2,9 +2,10 @@
 
 Nothing here writes: a pipeline that never ran has no checkpoint, and status
 says so (with the backlog waiting for its first batch); planning is the
-runner's own rule asked as a dry run (``dry_run``). One exception: a source
-whose start moves ("latest") has it fixed by the first plan, a dry run's too,
-in a checkpoint created for it (as the first run would create it).
+runner's own planner asked for a dry run (``batches.loop.plan``). One
+exception: a source whose start moves ("latest") has it fixed by the first
+plan, a dry run's too, in a checkpoint created for it (as the first run would
+create it).
 """
 
 from __future__ import annotations
@@ -15,69 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from batches.clock import Clock, SystemClock
-from batches.loop.microbatch import MicroBatchRunner, PlannedBatch
-from batches.loop.poison import blocked
+from batches.loop.parts import read_only_planner
+from batches.loop.plan import NextBatch, Planner
 from batches.pipeline import Pipeline
-from batches.sources import Source, build_source
 from batches.sources.base import describe_range
 from state.checkpoint import Checkpoint
 from state.commit_log import COUNTS, CommitEntry
 from state.failures import FailureKind
 from state.offset_log import OffsetEntry, Offsets
 from state.session import SparkLike
-
-
-@dataclass(frozen=True)
-class DryRun:
-    """The runner's planning rule asked without writing anything (``record=False``)."""
-
-    source: Source
-    planned: PlannedBatch | None
-    """The batch a run would start with; None when there is nothing to do."""
-    runner: MicroBatchRunner | None
-    """None when the pipeline has no checkpoint yet (a dry run never creates one)."""
-    committed: OffsetEntry | None
-    """The offset-log entry of the newest committed batch (None before the first commit)."""
-    committed_end: Offsets
-    """Where the committed input ends: a new batch starts here (before the first commit,
-    the source's start)."""
-
-
-def dry_run(
-    spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
-) -> DryRun:
-    """What ``MicroBatchRunner.plan_next_batch`` would plan now; nothing is written.
-
-    A pipeline without a checkpoint gets batch 0 from the source's initial
-    offsets, as the runner would plan it (no watermark yet), without opening
-    a runner: that would create the checkpoint. Unless its start moves
-    (``Source.start_moves``): asked anew at every dry run, "latest" would
-    stay ahead of whatever lands between two (the Dagster sensor would never
-    see a batch), so the checkpoint is created with the start fixed, and the
-    runner plans. ``spark`` may be a function that returns the session (see
-    ``pipeline_status``).
-    """
-    location = pipeline.checkpoint_location(data_root)
-    if not Checkpoint.exists(location):
-        source = build_source(spark, pipeline, data_root, location, clock)
-        start = source.initial_offsets()
-        if not source.start_moves():
-            end = source.plan(start, 0, record=False)
-            now = (clock or SystemClock()).now_ms()
-            planned = PlannedBatch(0, start, end, None, False, now, None) if end != start else None
-            return DryRun(source, planned, None, None, start)
-        Checkpoint(location, pipeline.name, start_offsets=start)
-    runner = MicroBatchRunner(spark, pipeline, data_root, clock)
-    planned = runner.plan_next_batch(dry_run=True)
-    latest, done = runner.position()
-    if done is None:
-        committed = None
-    elif latest is not None and latest.batch_id == done.batch_id:
-        committed = latest  # the usual case: nothing pending, no second read
-    else:
-        committed = runner.checkpoint.offsets.get(done.batch_id)
-    end = committed.end_offsets if committed else runner.start_offsets
-    return DryRun(runner.source, planned, runner, committed, end)
 
 
 def pipeline_status(
@@ -90,7 +37,7 @@ def pipeline_status(
     status: ages and the lag count from it), last_committed_batch,
     last_committed_at_ms, pending_batch, next_batch {batch_id, replay,
     emit_only, reason} (what a run would do now, by the runner's own planning
-    rule, ``dry_run``; None when there is nothing to do), end_offsets,
+    rule, ``Planner.next_batch``; None when there is nothing to do), end_offsets,
     watermark_ms, event_time_lag_ms (as_of_ms - watermark_ms), partitions
     [{partition, max_event_time_ms, watermark_ms, last_seen_ms}], backlog (the
     source's counts, e.g. {files, bytes}), backlog_described (the same in
@@ -111,16 +58,18 @@ def pipeline_status(
     (a folder on an object store), so a status of local folders starts none.
     """
     as_of = (clock or SystemClock()).now_ms()
-    dry = dry_run(spark, pipeline, data_root, clock)
-    runner, source = dry.runner, dry.source
-    backlog = source.backlog(dry.committed_end)
-    latest, done = runner.position() if runner else (None, None)
+    planner = read_only_planner(spark, pipeline, data_root, clock)
+    nxt = planner.next_batch(dry_run=True)
+    committed = planner.last_committed()
+    source, checkpoint = planner.source, planner.checkpoint
+    backlog = source.backlog(_committed_end(planner, committed))
+    latest, done = planner.position()
     watermark = done.next_watermark_ms if done else None
     return {
         "pipeline": pipeline.name,
         "checkpoint": pipeline.checkpoint_location(data_root),
-        "checkpoint_exists": runner is not None,
-        "pipeline_id": runner.checkpoint.pipeline_id if runner else None,
+        "checkpoint_exists": checkpoint is not None,
+        "pipeline_id": checkpoint.pipeline_id if checkpoint else None,
         "as_of_ms": as_of,
         "last_committed_batch": done.batch_id if done else None,
         "last_committed_at_ms": _epoch_ms(done.created_at) if done else None,
@@ -129,18 +78,18 @@ def pipeline_status(
             if latest and (done is None or latest.batch_id > done.batch_id)
             else None
         ),
-        "next_batch": _next_batch(dry, backlog),
-        "end_offsets": dry.committed_end if done else None,
+        "next_batch": _next_batch(planner, nxt, backlog),
+        "end_offsets": committed.end_offsets if committed else None,
         "watermark_ms": watermark,
         "event_time_lag_ms": as_of - watermark if watermark is not None else None,
-        "partitions": _partitions(runner, done) if runner else [],
+        "partitions": _partitions(planner, done),
         "backlog": backlog,
         "backlog_described": source.describe_backlog(backlog),
         "totals": done.totals if done else dict.fromkeys(COUNTS, 0),
         "accounting": _accounting(pipeline, done.totals if done else {}),
-        "last_batch": _last_batch(pipeline, done, dry.committed),
-        "blocked": _blocked(dry),
-        "last_failure": _last_failure(dry),
+        "last_batch": _last_batch(pipeline, done, committed),
+        "blocked": nxt.blocked,
+        "last_failure": _last_failure(planner, nxt),
     }
 
 
@@ -166,13 +115,14 @@ def pipeline_plan(
     emit_only false).
     """
     as_of = (clock or SystemClock()).now_ms()
-    dry = dry_run(spark, pipeline, data_root, clock)
-    planned, source = dry.planned, dry.source
-    backlog = source.backlog(dry.committed_end)
+    planner = read_only_planner(spark, pipeline, data_root, clock)
+    nxt = planner.next_batch(dry_run=True)
+    planned, source = nxt.planned, planner.source
+    backlog = source.backlog(_committed_end(planner, planner.last_committed()))
     plan: dict[str, Any] = {
         "pipeline": pipeline.name,
         "checkpoint": pipeline.checkpoint_location(data_root),
-        "checkpoint_exists": dry.runner is not None,
+        "checkpoint_exists": planner.checkpoint is not None,
         "as_of_ms": as_of,
         "reason": f"nothing to do ({source.describe_backlog(backlog)})",
         "batch_id": None,
@@ -197,7 +147,7 @@ def pipeline_plan(
         )
     return (
         plan
-        | (_next_batch(dry, backlog) or {})
+        | (_next_batch(planner, nxt, backlog) or {})
         | {
             "start_offsets": planned.start,
             "end_offsets": planned.end,
@@ -206,27 +156,24 @@ def pipeline_plan(
             "bytes": source.input_bytes(planned.start, planned.end),
             "watermark_ms": planned.watermark_ms,
             "planned_at_ms": planned.planned_at_ms,
-            "blocked": _blocked(dry),
+            "blocked": nxt.blocked,
         }
     )
 
 
-def _blocked(dry: DryRun) -> str | None:
-    """Why the planned batch is not run again by itself (a poison batch, or one that kept
-    stopping on an operational error), or None."""
-    planned = dry.planned
-    if dry.runner is None or planned is None or not planned.replay:
-        return None
-    return blocked(dry.runner, planned)
+def _committed_end(planner: Planner, committed: OffsetEntry | None) -> Offsets:
+    """Where the committed input ends: a new batch starts here (before the first commit,
+    the source's start)."""
+    return committed.end_offsets if committed else planner.start_offsets
 
 
-def _last_failure(dry: DryRun) -> dict[str, Any] | None:
+def _last_failure(planner: Planner, nxt: NextBatch) -> dict[str, Any] | None:
     """The planned batch's latest failed attempt: ``{kind, error, failed_at_ms, attempts
     {data, operational}}`` (``batches.loop.poison``), or None when it has not failed."""
-    planned = dry.planned
-    if dry.runner is None or planned is None:
+    planned = nxt.planned
+    if planner.checkpoint is None or planned is None:
         return None
-    failures = dry.runner.checkpoint.failures.of(planned.batch_id)
+    failures = planner.checkpoint.failures.of(planned.batch_id)
     if not failures:
         return None
     last = failures[-1]
@@ -239,23 +186,22 @@ def _last_failure(dry: DryRun) -> dict[str, Any] | None:
     }
 
 
-def _next_batch(dry: DryRun, backlog: dict[str, int]) -> dict[str, Any] | None:
+def _next_batch(planner: Planner, nxt: NextBatch, backlog: dict[str, int]) -> dict[str, Any] | None:
     """``{batch_id, replay, emit_only, reason}`` of the planned batch (``backlog``: what
     waits past its start), or None."""
-    planned = dry.planned
+    planned = nxt.planned
     if planned is None:
         return None
-    emit_only = not planned.replay and planned.end == planned.start
     if planned.replay:
         reason = f"batch {planned.batch_id} is uncommitted: replay it"
-    elif emit_only:
+    elif planned.emit_only:
         reason = "the watermark moved: windows close without new data"
     else:
-        reason = dry.source.describe_backlog(backlog)
+        reason = planner.source.describe_backlog(backlog)
     return {
         "batch_id": planned.batch_id,
         "replay": planned.replay,
-        "emit_only": emit_only,
+        "emit_only": planned.emit_only,
         "reason": reason,
     }
 
@@ -303,12 +249,12 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     return went | {"in_closed_windows": closed, "in_open_windows": windowed - closed}
 
 
-def _partitions(runner: MicroBatchRunner, done: CommitEntry | None) -> list[dict[str, Any]]:
+def _partitions(planner: Planner, done: CommitEntry | None) -> list[dict[str, Any]]:
     """Per source partition, its times as of the commit ``done`` (by partition)."""
-    event_time = runner.pipeline.event_time
+    event_time = planner.pipeline.event_time
     if done is None or event_time is None:
         return []
-    times = sorted(runner.partition_times(done).values(), key=lambda t: t.partition)
+    times = sorted(planner.partition_times(done).values(), key=lambda t: t.partition)
     return [
         {
             "partition": t.partition,

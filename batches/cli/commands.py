@@ -3,7 +3,7 @@
 User errors (LowmarkError) print one red line and exit 2, never a stack
 trace; everything committed before the error stays committed. A batch that
 fails prints one paragraph (the batch, its input, the error's first line,
-the attempt, what to do: ``batches.loop.poison.failure_report``); the details
+the attempt, what to do: ``MicroBatchRunner.failure_report``); the details
 (tracebacks, Spark's own logs) go to the log file (``batches.cli.logs``), and
 ``--verbose`` prints them too. Ctrl-C while batches run cancels the batch in
 progress (the next run replays it); a second Ctrl-C quits at once.
@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from rich.console import Console
 
 from batches.admin.reset import reset as reset_pipeline
+from batches.admin.skip_batch import set_aside
 from batches.admin.status import pipeline_history, pipeline_plan, pipeline_status
 from batches.cli.display import duration, iso_utc, moment, print_fields, print_json, print_table
 from batches.cli.logs import (
@@ -45,7 +46,6 @@ from batches.errors import BatchFailed, RunInFlight
 from batches.loop.follow import follow
 from batches.loop.maintenance import compact_checkpoint
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.loop.poison import failure_report, set_aside
 from batches.pipeline import Pipeline, resolve
 from batches.registry import get_pipeline, load_pipelines
 from batches.sources.base import describe_range
@@ -267,11 +267,11 @@ def run(
 @contextmanager
 def _reported(runner: MicroBatchRunner) -> Iterator[None]:
     """An error that stopped one of ``runner``'s batches becomes ``BatchFailed``: one
-    paragraph on the batch (``failure_report``)."""
+    paragraph on the batch (``MicroBatchRunner.failure_report``)."""
     try:
         yield
     except Exception as exc:
-        report = failure_report(runner, exc)
+        report = runner.failure_report(exc)
         if report is None:
             raise
         raise BatchFailed(report) from exc
@@ -624,7 +624,7 @@ def skip_batch(
     """
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
-    done = set_aside(MicroBatchRunner(c.spark, p, c.data_root, c.clock), batch, reason)
+    done = set_aside(c.spark, p, c.data_root, batch, reason, c.clock)
     if as_json:
         print_json(
             out, {"pipeline": p.name} | dataclasses.asdict(done) | {"next_batch": done.batch_id + 1}

@@ -8,10 +8,29 @@ last writer is looked up among the checkpoints beside this one.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from batches.errors import SinkHeldElsewhere, SinkNotATable
 from batches.pipeline import Pipeline
-from state.checkpoint import Found, find_checkpoint
-from state.ownership import Writer
+from state.checkpoint import Checkpoint, Found, find_checkpoint
+from state.ownership import Writer, last_writer
+
+
+def check_sink_is_ours(pipeline: Pipeline, checkpoint: Checkpoint, sink: str) -> None:
+    """Before ``checkpoint``'s first batch: its ``sink`` must be a folder (or nothing yet),
+    and must not hold another checkpoint's writes, or the source, read from the start
+    again, would land in it twice."""
+    if Path(sink).is_file():
+        raise SinkNotATable(
+            f"sink {sink} of {pipeline.name} is a file, not a folder a Delta table can live "
+            "in: point the pipeline's sink path at a folder, or move the file away"
+        )
+    writer = last_writer(sink)
+    if writer is None or writer.pipeline_id in {checkpoint.pipeline_id, checkpoint.adopted_from}:
+        return
+    location = checkpoint.location
+    holder = sink_holder(location, writer)
+    raise SinkHeldElsewhere(held_elsewhere(pipeline, location, sink, writer, holder))
 
 
 def sink_holder(location: str, writer: Writer) -> Found | None:

@@ -19,12 +19,13 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from batches.admin.health import failing_batch
+from batches.admin.skip_batch import set_aside
 from batches.admin.status import pipeline_status
 from batches.cli.display import iso_utc
 from batches.errors import PipelineConfigInvalid, PoisonBatch, SourceFileMissing
 from batches.loop import faults
 from batches.loop.microbatch import MicroBatchRunner
-from batches.loop.poison import set_aside
+from batches.loop.parts import build_parts
 from batches.windows import Tumbling
 from orchestration.definitions import build_definitions
 from orchestration.resources import LowmarkResource, SparkResource
@@ -85,7 +86,7 @@ def test_skip_batch_records_the_input_and_the_pipeline_goes_on(
     with pytest.raises(SPARK_ERRORS):
         MicroBatchRunner(spark, dividing, data_root).run_batch()
     with pytest.raises(PipelineConfigInvalid, match="not its uncommitted batch"):
-        set_aside(MicroBatchRunner(spark, dividing, data_root), 2, "wrong batch")
+        set_aside(spark, dividing, data_root, 2, "wrong batch")
     code, out, err = lowmark(
         capsys, data_root, "--pipelines", __name__, "skip-batch", "dividing",
         "1", "--reason", "amount 0 from the test feed",
@@ -116,7 +117,7 @@ def test_set_aside_puts_the_window_state_back_as_the_batch_before_left_it(
     # Batch 2 dies after its state write: the state holds its windows, the sink not.
     with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_state", 2)):
         MicroBatchRunner(spark, p, skipped_root).run(max_batches=None)
-    done = set_aside(MicroBatchRunner(spark, p, skipped_root), 2, "test")
+    done = set_aside(spark, p, skipped_root, 2, "test")
     assert done.state_restored_to is not None
     MicroBatchRunner(spark, p, skipped_root).run(max_batches=None)
     # The sink is what the input without batch 2's file gives.
@@ -174,8 +175,10 @@ def test_a_transient_error_during_a_replay_is_tried_again_after_pauses_and_never
 ) -> None:
     _claimed_then_interrupted(spark, data_root)
     pauses: list[float] = []
-    runner = MicroBatchRunner(spark, fragile, data_root, sleep=pauses.append)
-    runner.source = FlakyReads(runner.source, 2, ConnectionResetError("connection reset by peer"))
+    built = build_parts(spark, fragile, data_root).source
+    flaky = FlakyReads(built, 2, ConnectionResetError("connection reset by peer"))
+    parts = build_parts(spark, fragile, data_root, source=flaky)
+    runner = MicroBatchRunner(spark, fragile, data_root, sleep=pauses.append, parts=parts)
     result = runner.run_batch()
     assert result is not None and (result.batch_id, result.replay) == (0, True)
     # Two reads failed: one pause after each, the second twice the first.
