@@ -23,6 +23,7 @@ from batches.collect import collect, empty_of, observed, shuffle_partitions, to_
 from batches.errors import PipelineConfigInvalid
 from batches.event_time.stage import (
     BatchFrames,
+    WindowChanges,
     WindowedStage,
     late_table,
     partition_max_event_ms,
@@ -234,9 +235,8 @@ class BatchWork:
 
     def windows(
         self, partials: pa.Table, taken: Taken | None, planned: PlannedBatch
-    ) -> dict[str, pa.Table]:
-        """Step 5: the batch's window changes (upserts, deletes, output, retract, closed)
-        as Arrow tables; nothing is written.
+    ) -> WindowChanges:
+        """Step 5: the batch's window changes, on the driver; nothing is written.
 
         The state rows the partials touch and those the watermark makes final
         are read on the driver as of the state batch ``planned`` starts from
@@ -259,15 +259,9 @@ class BatchWork:
             to_frame(spark, final, schema) if final is not None else None,
             planned.batch_id,
         )
-        return collect(
-            {
-                "upserts": merged.upserts,
-                "deletes": merged.deletes,
-                "output": merged.output,
-                "retract": merged.retract,
-                "closed": merged.closed,
-            }
-        )
+        # One job collects every table of the merge.
+        tables = collect({f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)})
+        return WindowChanges(**tables)
 
     def _state_as_of(self, planned: PlannedBatch) -> int | None:
         """The state version batch ``planned`` starts from: the newest (``LATEST``), or, for

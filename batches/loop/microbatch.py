@@ -286,7 +286,7 @@ class MicroBatchRunner:
         changes = (
             parts.work.windows(seen.partials, taken, planned) if seen.partials is not None else None
         )
-        rows_out = changes["output"].num_rows if changes is not None else seen.rows_out
+        rows_out = changes.output.num_rows if changes is not None else seen.rows_out
         timer.lap("event_time")
 
         # Step 6. Writes: bad records, state, sink, late records.
@@ -298,7 +298,7 @@ class MicroBatchRunner:
         versions: dict[str, int] = {}
         if parts.stage is not None and changes is not None:
             state = parts.stage.state
-            state_version = state.apply(changes["upserts"], changes["deletes"], batch_id)
+            state_version = state.apply(changes.upserts, changes.deletes, batch_id)
             if state_version is not None:
                 versions["state"] = state_version
         timer.lap("state")
@@ -306,8 +306,8 @@ class MicroBatchRunner:
         sink = parts.sink
         if isinstance(sink, WindowSink):
             assert changes is not None  # a windowed batch always has its window changes
-            retract = changes["retract"] if self.pipeline.sink_config().mode == "merge" else None
-            sink_version = sink.write(changes["output"], batch_id, retract)
+            retract = changes.retract if self.pipeline.sink_config().mode == "merge" else None
+            sink_version = sink.write(changes.output, batch_id, retract)
         else:
             assert taken is not None  # a stateless batch always reads its input itself
             sink_rows, read = taken.out.drop(PARTITION_COLUMN), taken.read
@@ -335,7 +335,7 @@ class MicroBatchRunner:
             rows_late=rows_late,
             rows_dropped=rows_in - seen.rows_out,
             rows_windowed=seen.rows_out - rows_late if parts.stage is not None else 0,
-            rows_closed=total(changes["closed"], ROWS) if changes is not None else 0,
+            rows_closed=total(changes.closed, ROWS) if changes is not None else 0,
         )
         commit = commit_batch(
             ckpt,
