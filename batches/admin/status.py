@@ -10,6 +10,7 @@ create it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,30 +28,106 @@ from state.offset_log import OffsetEntry, Offsets
 from state.session import SparkLike
 
 
+@dataclass(frozen=True)
+class NextBatchStatus:
+    """What a run would do now, by the runner's own planning rule (``Planner.next_batch``)."""
+
+    batch_id: int
+    replay: bool
+    """An uncommitted batch, run again with exactly its offsets and watermark."""
+    emit_only: bool
+    """No new input, but the watermark moved and closes windows."""
+    reason: str
+    """Why, in words."""
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One source partition's event times as of the newest commit."""
+
+    partition: str
+    max_event_time_ms: int
+    watermark_ms: int
+    last_seen_ms: int
+
+
+@dataclass(frozen=True)
+class LastBatch:
+    """The newest committed batch."""
+
+    batch_id: int
+    committed_at_ms: int
+    input: str
+    """Its input range in words."""
+    accounting: dict[str, int]
+    """Where its records went (``_accounting``, of one batch)."""
+    closed_windows_held: int | None
+    """How many records the windows it closed held (None: no windows)."""
+
+
+@dataclass(frozen=True)
+class LastFailure:
+    """The next batch's latest failed attempt (``batches.loop.poison``)."""
+
+    kind: FailureKind
+    error: str
+    failed_at_ms: int
+    attempts: dict[str, int]
+    """Failed attempts so far, by kind: ``{data, operational}``."""
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    """A pipeline's position: committed batch, pending batch, next batch, offsets, backlog.
+
+    Its fields are ``lowmark status --json``'s keys (``to_json``: stable,
+    documented in the README).
+    """
+
+    pipeline: str
+    checkpoint: str
+    checkpoint_exists: bool
+    pipeline_id: str | None
+    as_of_ms: int
+    """The processing time of this status: ages and the lag count from it."""
+    last_committed_batch: int | None
+    last_committed_at_ms: int | None
+    pending_batch: int | None
+    """The uncommitted batch a run replays first (None: none)."""
+    next_batch: NextBatchStatus | None
+    """None when there is nothing to do."""
+    end_offsets: Offsets | None
+    """Where the committed input ends (None before the first commit)."""
+    watermark_ms: int | None
+    event_time_lag_ms: int | None
+    """``as_of_ms - watermark_ms``."""
+    partitions: list[PartitionStatus]
+    backlog: dict[str, int]
+    """The source's counts of what waits past the committed end, e.g. ``{files, bytes}``."""
+    backlog_described: str
+    """``backlog`` in words."""
+    totals: dict[str, int]
+    """The commit counts summed over every committed batch (``CommitEntry.totals``)."""
+    accounting: dict[str, int]
+    """Where the records read went, over all batches (``_accounting``)."""
+    last_batch: LastBatch | None
+    """None before the first commit."""
+    blocked: str | None
+    """Why the next batch is not run again by itself: a poison batch, or one that kept
+    stopping on an operational error (``batches.loop.poison``); else None."""
+    last_failure: LastFailure | None
+    """None when the next batch has not failed."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The status as JSON-ready data: ``lowmark status --json``, Dagster metadata."""
+        return dataclasses.asdict(self)
+
+
 def pipeline_status(
     spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
-) -> dict[str, Any]:
-    """The pipeline's position: committed batch, pending batch, next batch, offsets, backlog.
-
-    Keys (stable, documented in the README): pipeline, checkpoint,
-    checkpoint_exists, pipeline_id, as_of_ms (the processing time of this
-    status: ages and the lag count from it), last_committed_batch,
-    last_committed_at_ms, pending_batch, next_batch {batch_id, replay,
-    emit_only, reason} (what a run would do now, by the runner's own planning
-    rule, ``Planner.next_batch``; None when there is nothing to do), end_offsets,
-    watermark_ms, event_time_lag_ms (as_of_ms - watermark_ms), partitions
-    [{partition, max_event_time_ms, watermark_ms, last_seen_ms}], backlog (the
-    source's counts, e.g. {files, bytes}), backlog_described (the same in
-    words), totals {rows_in, rows_out, rows_bad, rows_late, ...}, accounting
-    (where the records read went, over all batches, see ``_accounting``),
-    last_batch {batch_id, committed_at_ms, input, accounting,
-    closed_windows_held} (the newest committed batch: its input range in
-    words, where its records went, and how many records the windows it closed
-    held; None before the first commit), blocked (why the next batch is not
-    run again by itself: a poison batch, or one that kept stopping on an
-    operational error, ``batches.loop.poison``; else None), last_failure (the next
-    batch's latest failed attempt {kind, error, failed_at_ms, attempts {data,
-    operational}}; None when it has not failed).
+) -> PipelineStatus:
+    """The pipeline's position now (``PipelineStatus``), by the runner's own planner asked
+    for a dry run.
 
     Reads the checkpoint on the driver only, a few rows of each log: the
     commit entry carries the running totals. ``spark`` may be a function
@@ -62,35 +139,33 @@ def pipeline_status(
     nxt = planner.next_batch(dry_run=True)
     committed = planner.last_committed()
     source, checkpoint = planner.source, planner.checkpoint
-    backlog = source.backlog(_committed_end(planner, committed))
+    end = _committed_end(planner, committed)
+    backlog = source.backlog(end)
     latest, done = planner.position()
     watermark = done.next_watermark_ms if done else None
-    return {
-        "pipeline": pipeline.name,
-        "checkpoint": pipeline.checkpoint_location(data_root),
-        "checkpoint_exists": checkpoint is not None,
-        "pipeline_id": checkpoint.pipeline_id if checkpoint else None,
-        "as_of_ms": as_of,
-        "last_committed_batch": done.batch_id if done else None,
-        "last_committed_at_ms": _epoch_ms(done.created_at) if done else None,
-        "pending_batch": (
-            latest.batch_id
-            if latest and (done is None or latest.batch_id > done.batch_id)
-            else None
-        ),
-        "next_batch": _next_batch(planner, nxt, backlog),
-        "end_offsets": committed.end_offsets if committed else None,
-        "watermark_ms": watermark,
-        "event_time_lag_ms": as_of - watermark if watermark is not None else None,
-        "partitions": _partitions(planner, done),
-        "backlog": backlog,
-        "backlog_described": source.describe_backlog(backlog),
-        "totals": done.totals if done else dict.fromkeys(COUNTS, 0),
-        "accounting": _accounting(pipeline, done.totals if done else {}),
-        "last_batch": _last_batch(pipeline, done, committed),
-        "blocked": nxt.blocked,
-        "last_failure": _last_failure(planner, nxt),
-    }
+    pending = latest and (done is None or latest.batch_id > done.batch_id)
+    return PipelineStatus(
+        pipeline=pipeline.name,
+        checkpoint=pipeline.checkpoint_location(data_root),
+        checkpoint_exists=checkpoint is not None,
+        pipeline_id=checkpoint.pipeline_id if checkpoint else None,
+        as_of_ms=as_of,
+        last_committed_batch=done.batch_id if done else None,
+        last_committed_at_ms=_epoch_ms(done.created_at) if done else None,
+        pending_batch=latest.batch_id if latest and pending else None,
+        next_batch=_next_batch(planner, nxt, backlog),
+        end_offsets=end if done else None,
+        watermark_ms=watermark,
+        event_time_lag_ms=as_of - watermark if watermark is not None else None,
+        partitions=_partitions(planner, done),
+        backlog=backlog,
+        backlog_described=source.describe_backlog(backlog),
+        totals=done.totals if done else dict.fromkeys(COUNTS, 0),
+        accounting=_accounting(pipeline, done.totals if done else {}),
+        last_batch=_last_batch(pipeline, done, committed),
+        blocked=nxt.blocked,
+        last_failure=_last_failure(planner, nxt),
+    )
 
 
 def pipeline_plan(
@@ -129,6 +204,7 @@ def pipeline_plan(
         "replay": False,
         "emit_only": False,
     }
+    next_status = _next_batch(planner, nxt, backlog)
     if planned is None:
         return (
             plan
@@ -147,7 +223,7 @@ def pipeline_plan(
         )
     return (
         plan
-        | (_next_batch(planner, nxt, backlog) or {})
+        | (dataclasses.asdict(next_status) if next_status is not None else {})
         | {
             "start_offsets": planned.start,
             "end_offsets": planned.end,
@@ -167,9 +243,8 @@ def _committed_end(planner: Planner, committed: OffsetEntry | None) -> Offsets:
     return committed.end_offsets if committed else planner.start_offsets
 
 
-def _last_failure(planner: Planner, nxt: NextBatch) -> dict[str, Any] | None:
-    """The planned batch's latest failed attempt: ``{kind, error, failed_at_ms, attempts
-    {data, operational}}`` (``batches.loop.poison``), or None when it has not failed."""
+def _last_failure(planner: Planner, nxt: NextBatch) -> LastFailure | None:
+    """The planned batch's latest failed attempt, or None when it has not failed."""
     planned = nxt.planned
     if planner.checkpoint is None or planned is None:
         return None
@@ -178,17 +253,14 @@ def _last_failure(planner: Planner, nxt: NextBatch) -> dict[str, Any] | None:
         return None
     last = failures[-1]
     kinds: list[FailureKind] = ["data", "operational"]
-    return {
-        "kind": last.kind,
-        "error": last.error,
-        "failed_at_ms": _epoch_ms(last.failed_at),
-        "attempts": {k: sum(f.kind == k for f in failures) for k in kinds},
-    }
+    attempts: dict[str, int] = {k: sum(f.kind == k for f in failures) for k in kinds}
+    return LastFailure(last.kind, last.error, _epoch_ms(last.failed_at), attempts)
 
 
-def _next_batch(planner: Planner, nxt: NextBatch, backlog: dict[str, int]) -> dict[str, Any] | None:
-    """``{batch_id, replay, emit_only, reason}`` of the planned batch (``backlog``: what
-    waits past its start), or None."""
+def _next_batch(
+    planner: Planner, nxt: NextBatch, backlog: dict[str, int]
+) -> NextBatchStatus | None:
+    """The planned batch in words (``backlog``: what waits past its start), or None."""
     planned = nxt.planned
     if planned is None:
         return None
@@ -198,29 +270,23 @@ def _next_batch(planner: Planner, nxt: NextBatch, backlog: dict[str, int]) -> di
         reason = "the watermark moved: windows close without new data"
     else:
         reason = planner.source.describe_backlog(backlog)
-    return {
-        "batch_id": planned.batch_id,
-        "replay": planned.replay,
-        "emit_only": planned.emit_only,
-        "reason": reason,
-    }
+    return NextBatchStatus(planned.batch_id, planned.replay, planned.emit_only, reason)
 
 
 def _last_batch(
     pipeline: Pipeline, done: CommitEntry | None, offsets: OffsetEntry | None
-) -> dict[str, Any] | None:
-    """The newest committed batch ``done`` (with its offset-log entry): see
-    ``pipeline_status``."""
+) -> LastBatch | None:
+    """The newest committed batch ``done`` (with its offset-log entry)."""
     if done is None or offsets is None:
         return None
     windowed = pipeline.aggregation is not None
-    return {
-        "batch_id": done.batch_id,
-        "committed_at_ms": _epoch_ms(done.created_at),
-        "input": describe_range(offsets.start_offsets, offsets.end_offsets),
-        "accounting": _accounting(pipeline, {k: getattr(done, k) for k in COUNTS}, total=False),
-        "closed_windows_held": done.rows_closed if windowed else None,
-    }
+    return LastBatch(
+        batch_id=done.batch_id,
+        committed_at_ms=_epoch_ms(done.created_at),
+        input=describe_range(offsets.start_offsets, offsets.end_offsets),
+        accounting=_accounting(pipeline, {k: getattr(done, k) for k in COUNTS}, total=False),
+        closed_windows_held=done.rows_closed if windowed else None,
+    )
 
 
 def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) -> dict[str, int]:
@@ -249,19 +315,16 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     return went | {"in_closed_windows": closed, "in_open_windows": windowed - closed}
 
 
-def _partitions(planner: Planner, done: CommitEntry | None) -> list[dict[str, Any]]:
+def _partitions(planner: Planner, done: CommitEntry | None) -> list[PartitionStatus]:
     """Per source partition, its times as of the commit ``done`` (by partition)."""
     event_time = planner.pipeline.event_time
     if done is None or event_time is None:
         return []
     times = sorted(planner.partition_times(done).values(), key=lambda t: t.partition)
     return [
-        {
-            "partition": t.partition,
-            "max_event_time_ms": t.max_event_time_ms,
-            "watermark_ms": t.watermark_ms(event_time),
-            "last_seen_ms": t.last_seen_ms,
-        }
+        PartitionStatus(
+            t.partition, t.max_event_time_ms, t.watermark_ms(event_time), t.last_seen_ms
+        )
         for t in times
     ]
 
@@ -298,7 +361,7 @@ class PendingWork:
     an operational error; None: a run may start now."""
 
 
-def pending_work(status: dict[str, Any], pause_ms: int = 0) -> PendingWork | None:
+def pending_work(status: PipelineStatus, pause_ms: int = 0) -> PendingWork | None:
     """The next batch ``status`` (from ``pipeline_status``) calls for, or None when idle
     or blocked (a poison batch).
 
@@ -307,13 +370,11 @@ def pending_work(status: dict[str, Any], pause_ms: int = 0) -> PendingWork | Non
     after the first such stop, twice that after the second, and so on, so
     the problem is not met by a new run (and a Spark start) every tick.
     """
-    nxt = status["next_batch"]
-    if nxt is None or status["blocked"]:
+    nxt = status.next_batch
+    if nxt is None or status.blocked:
         return None
-    failed = status["last_failure"]
+    failed = status.last_failure
     not_before = None
-    if failed is not None and failed["kind"] == "operational":
-        not_before = failed["failed_at_ms"] + pause_ms * 2 ** (
-            failed["attempts"]["operational"] - 1
-        )
-    return PendingWork(nxt["batch_id"], nxt["replay"], nxt["reason"], not_before)
+    if failed is not None and failed.kind == "operational":
+        not_before = failed.failed_at_ms + pause_ms * 2 ** (failed.attempts["operational"] - 1)
+    return PendingWork(nxt.batch_id, nxt.replay, nxt.reason, not_before)

@@ -71,7 +71,7 @@ def test_a_batch_that_fails_every_time_stops_after_its_attempts_and_says_why(
     assert "batch 1 of dividing failed 2 times" in message and "f001.json" in message
     assert "DIVIDE_BY_ZERO" in message and "lowmark skip-batch dividing 1" in message
     status = pipeline_status(spark, dividing, data_root)
-    assert status["blocked"] == message
+    assert status.blocked == message
     # --retry runs it once more (it fails again: the transform is unchanged).
     with pytest.raises(SPARK_ERRORS):
         MicroBatchRunner(spark, dividing, data_root).run(retry=True)
@@ -102,7 +102,7 @@ def test_skip_batch_records_the_input_and_the_pipeline_goes_on(
     ]
     assert bad[0].reason == "set aside by lowmark skip-batch: amount 0 from the test feed"
     status = pipeline_status(spark, dividing, data_root)
-    assert status["blocked"] is None and status["last_committed_batch"] == 2
+    assert status.blocked is None and status.last_committed_batch == 2
 
 
 def test_set_aside_puts_the_window_state_back_as_the_batch_before_left_it(
@@ -228,7 +228,7 @@ def test_a_lasting_operational_error_blocks_the_batch_with_its_reason_and_the_se
         assert "batch 0 of fragile stopped 3 times" in message
         assert "f000.json (taken by batch 0) is gone: put it back" in message
         assert "lowmark run fragile --retry" in message
-        assert pipeline_status(spark, fragile, data_root)["blocked"] == message
+        assert pipeline_status(spark, fragile, data_root).blocked == message
         data = tick()
         assert not data.run_requests and data.skip_message == message
         # The Dagster check sends the operator to the error's own fix, not to the transform.
