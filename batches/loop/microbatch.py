@@ -96,8 +96,10 @@ class MicroBatchRunner:
 
     @property
     def spark(self) -> SparkSession:
-        """The session; a runner that only plans (a dry run) never starts one."""
+        """The session, started on first use."""
         return self._spark()
+
+    # The parts by name: what callers (the CLI, Dagster, tests) look at.
 
     @property
     def checkpoint(self) -> Checkpoint:
