@@ -73,7 +73,7 @@ class RunInFlight(LowmarkError):
 
 class BatchFailed(LowmarkError):
     """A batch stopped on an error: which batch, its input, the error's first line, the
-    attempt and what to do, in one paragraph (``batches.loop.poison.failure_report``)."""
+    attempt and what to do, in one paragraph (``MicroBatchRunner.failure_report``)."""
 
 
 class SinkNotATable(LowmarkError):

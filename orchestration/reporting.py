@@ -33,7 +33,7 @@ class BatchReports:
         self.partitions = (
             partitions if isinstance(partitions, dg.TimeWindowPartitionsDefinition) else None
         )
-        _, done = runner.position()
+        _, done = runner.planner.position()
         self.ran_with_ms = done.next_watermark_ms if done else None
         self.reported = (
             set(instance.get_materialized_partitions(sink_key(pipeline)))

@@ -78,23 +78,23 @@ def pipeline_sensor(pipeline: Pipeline, job: "UnresolvedAssetJobDefinition") -> 
             return dg.SkipReason(f"run {run.run_id} of {pipeline.name} is {run.status.value}")
         # The session method, not a session: a tick over local folders starts no Spark.
         status = pipeline_status(spark.session, pipeline, lowmark.root())
-        if status["blocked"]:
-            return dg.SkipReason(status["blocked"])
+        if status.blocked:
+            return dg.SkipReason(status.blocked)
         work = pending_work(status, sensor_interval_seconds() * 1000)
         if work is None:
-            at = status["last_committed_batch"]
+            at = status.last_committed_batch
             return dg.SkipReason(
                 f"{pipeline.name} is caught up (last committed batch {at}): no new data"
             )
-        if work.not_before_ms is not None and status["as_of_ms"] < work.not_before_ms:
-            failed = status["last_failure"]
+        failed = status.last_failure
+        if work.not_before_ms is not None and failed and status.as_of_ms < work.not_before_ms:
             return dg.SkipReason(
                 f"batch {work.batch_id} of {pipeline.name} stopped "
-                f"{failed['attempts']['operational']} times (last: {failed['error']}): no run "
+                f"{failed.attempts['operational']} times (last: {failed.error}): no run "
                 f"before {iso_utc(work.not_before_ms)}, the wait doubling with each stop; "
                 f"or run `lowmark run {pipeline.name}` once it is fixed"
             )
-        run_key = batch_run_key(pipeline, status["pipeline_id"], work.batch_id)
+        run_key = batch_run_key(pipeline, status.pipeline_id, work.batch_id)
         if work.replay:
             finished = runs_of(context.instance, pipeline, FINISHED, among=50)
             after = finished[0].run_id if finished else "none"

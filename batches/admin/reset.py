@@ -36,7 +36,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
-from batches.loop.microbatch import held_elsewhere, sink_holder
+from batches.loop.sink_owner import held_elsewhere, sink_holder
 from batches.pipeline import Pipeline, resolve
 from state.checkpoint import Checkpoint
 from state.delta import USER_METADATA_CONF

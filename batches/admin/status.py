@@ -2,23 +2,24 @@
 
 Nothing here writes: a pipeline that never ran has no checkpoint, and status
 says so (with the backlog waiting for its first batch); planning is the
-runner's own rule asked as a dry run (``dry_run``). One exception: a source
-whose start moves ("latest") has it fixed by the first plan, a dry run's too,
-in a checkpoint created for it (as the first run would create it).
+runner's own planner asked for a dry run (``batches.loop.plan``). One
+exception: a source whose start moves ("latest") has it fixed by the first
+plan, a dry run's too, in a checkpoint created for it (as the first run would
+create it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from batches.clock import Clock, SystemClock
-from batches.loop.microbatch import MicroBatchRunner, PlannedBatch
-from batches.loop.poison import blocked
+from batches.loop.parts import read_only_planner
+from batches.loop.plan import NextBatch, Planner
 from batches.pipeline import Pipeline
-from batches.sources import Source, build_source
 from batches.sources.base import describe_range
 from state.checkpoint import Checkpoint
 from state.commit_log import COUNTS, CommitEntry
@@ -28,82 +29,105 @@ from state.session import SparkLike
 
 
 @dataclass(frozen=True)
-class DryRun:
-    """The runner's planning rule asked without writing anything (``record=False``)."""
+class NextBatchStatus:
+    """What a run would do now, by the runner's own planning rule (``Planner.next_batch``)."""
 
-    source: Source
-    planned: PlannedBatch | None
-    """The batch a run would start with; None when there is nothing to do."""
-    runner: MicroBatchRunner | None
-    """None when the pipeline has no checkpoint yet (a dry run never creates one)."""
-    committed: OffsetEntry | None
-    """The offset-log entry of the newest committed batch (None before the first commit)."""
-    committed_end: Offsets
-    """Where the committed input ends: a new batch starts here (before the first commit,
-    the source's start)."""
+    batch_id: int
+    replay: bool
+    """An uncommitted batch, run again with exactly its offsets and watermark."""
+    emit_only: bool
+    """No new input, but the watermark moved and closes windows."""
+    reason: str
+    """Why, in words."""
 
 
-def dry_run(
-    spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
-) -> DryRun:
-    """What ``MicroBatchRunner.plan_next_batch`` would plan now; nothing is written.
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One source partition's event times as of the newest commit."""
 
-    A pipeline without a checkpoint gets batch 0 from the source's initial
-    offsets, as the runner would plan it (no watermark yet), without opening
-    a runner: that would create the checkpoint. Unless its start moves
-    (``Source.start_moves``): asked anew at every dry run, "latest" would
-    stay ahead of whatever lands between two (the Dagster sensor would never
-    see a batch), so the checkpoint is created with the start fixed, and the
-    runner plans. ``spark`` may be a function that returns the session (see
-    ``pipeline_status``).
+    partition: str
+    max_event_time_ms: int
+    watermark_ms: int
+    last_seen_ms: int
+
+
+@dataclass(frozen=True)
+class LastBatch:
+    """The newest committed batch."""
+
+    batch_id: int
+    committed_at_ms: int
+    input: str
+    """Its input range in words."""
+    accounting: dict[str, int]
+    """Where its records went (``_accounting``, of one batch)."""
+    closed_windows_held: int | None
+    """How many records the windows it closed held (None: no windows)."""
+
+
+@dataclass(frozen=True)
+class LastFailure:
+    """The next batch's latest failed attempt (``batches.loop.poison``)."""
+
+    kind: FailureKind
+    error: str
+    failed_at_ms: int
+    attempts: dict[str, int]
+    """Failed attempts so far, by kind: ``{data, operational}``."""
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    """A pipeline's position: committed batch, pending batch, next batch, offsets, backlog.
+
+    Its fields are ``lowmark status --json``'s keys (``to_json``: stable,
+    documented in the README).
     """
-    location = pipeline.checkpoint_location(data_root)
-    if not Checkpoint.exists(location):
-        source = build_source(spark, pipeline, data_root, location, clock)
-        start = source.initial_offsets()
-        if not source.start_moves():
-            end = source.plan(start, 0, record=False)
-            now = (clock or SystemClock()).now_ms()
-            planned = PlannedBatch(0, start, end, None, False, now, None) if end != start else None
-            return DryRun(source, planned, None, None, start)
-        Checkpoint(location, pipeline.name, start_offsets=start)
-    runner = MicroBatchRunner(spark, pipeline, data_root, clock)
-    planned = runner.plan_next_batch(dry_run=True)
-    latest, done = runner.position()
-    if done is None:
-        committed = None
-    elif latest is not None and latest.batch_id == done.batch_id:
-        committed = latest  # the usual case: nothing pending, no second read
-    else:
-        committed = runner.checkpoint.offsets.get(done.batch_id)
-    end = committed.end_offsets if committed else runner.start_offsets
-    return DryRun(runner.source, planned, runner, committed, end)
+
+    pipeline: str
+    checkpoint: str
+    checkpoint_exists: bool
+    pipeline_id: str | None
+    as_of_ms: int
+    """The processing time of this status: ages and the lag count from it."""
+    last_committed_batch: int | None
+    last_committed_at_ms: int | None
+    pending_batch: int | None
+    """The uncommitted batch a run replays first (None: none)."""
+    next_batch: NextBatchStatus | None
+    """None when there is nothing to do."""
+    end_offsets: Offsets | None
+    """Where the committed input ends (None before the first commit)."""
+    watermark_ms: int | None
+    event_time_lag_ms: int | None
+    """``as_of_ms - watermark_ms``."""
+    partitions: list[PartitionStatus]
+    backlog: dict[str, int]
+    """The source's counts of what waits past the committed end, e.g. ``{files, bytes}``."""
+    backlog_described: str
+    """``backlog`` in words."""
+    totals: dict[str, int]
+    """The commit counts summed over every committed batch (``CommitEntry.totals``)."""
+    accounting: dict[str, int]
+    """Where the records read went, over all batches (``_accounting``)."""
+    last_batch: LastBatch | None
+    """None before the first commit."""
+    blocked: str | None
+    """Why the next batch is not run again by itself: a poison batch, or one that kept
+    stopping on an operational error (``batches.loop.poison``); else None."""
+    last_failure: LastFailure | None
+    """None when the next batch has not failed."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The status as JSON-ready data: ``lowmark status --json``, Dagster metadata."""
+        return dataclasses.asdict(self)
 
 
 def pipeline_status(
     spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
-) -> dict[str, Any]:
-    """The pipeline's position: committed batch, pending batch, next batch, offsets, backlog.
-
-    Keys (stable, documented in the README): pipeline, checkpoint,
-    checkpoint_exists, pipeline_id, as_of_ms (the processing time of this
-    status: ages and the lag count from it), last_committed_batch,
-    last_committed_at_ms, pending_batch, next_batch {batch_id, replay,
-    emit_only, reason} (what a run would do now, by the runner's own planning
-    rule, ``dry_run``; None when there is nothing to do), end_offsets,
-    watermark_ms, event_time_lag_ms (as_of_ms - watermark_ms), partitions
-    [{partition, max_event_time_ms, watermark_ms, last_seen_ms}], backlog (the
-    source's counts, e.g. {files, bytes}), backlog_described (the same in
-    words), totals {rows_in, rows_out, rows_bad, rows_late, ...}, accounting
-    (where the records read went, over all batches, see ``_accounting``),
-    last_batch {batch_id, committed_at_ms, input, accounting,
-    closed_windows_held} (the newest committed batch: its input range in
-    words, where its records went, and how many records the windows it closed
-    held; None before the first commit), blocked (why the next batch is not
-    run again by itself: a poison batch, or one that kept stopping on an
-    operational error, ``batches.loop.poison``; else None), last_failure (the next
-    batch's latest failed attempt {kind, error, failed_at_ms, attempts {data,
-    operational}}; None when it has not failed).
+) -> PipelineStatus:
+    """The pipeline's position now (``PipelineStatus``), by the runner's own planner asked
+    for a dry run.
 
     Reads the checkpoint on the driver only, a few rows of each log: the
     commit entry carries the running totals. ``spark`` may be a function
@@ -111,37 +135,37 @@ def pipeline_status(
     (a folder on an object store), so a status of local folders starts none.
     """
     as_of = (clock or SystemClock()).now_ms()
-    dry = dry_run(spark, pipeline, data_root, clock)
-    runner, source = dry.runner, dry.source
-    backlog = source.backlog(dry.committed_end)
-    latest, done = runner.position() if runner else (None, None)
+    planner = read_only_planner(spark, pipeline, data_root, clock)
+    nxt = planner.next_batch(dry_run=True)
+    committed = planner.last_committed()
+    source, checkpoint = planner.source, planner.checkpoint
+    end = _committed_end(planner, committed)
+    backlog = source.backlog(end)
+    latest, done = planner.position()
     watermark = done.next_watermark_ms if done else None
-    return {
-        "pipeline": pipeline.name,
-        "checkpoint": pipeline.checkpoint_location(data_root),
-        "checkpoint_exists": runner is not None,
-        "pipeline_id": runner.checkpoint.pipeline_id if runner else None,
-        "as_of_ms": as_of,
-        "last_committed_batch": done.batch_id if done else None,
-        "last_committed_at_ms": _epoch_ms(done.created_at) if done else None,
-        "pending_batch": (
-            latest.batch_id
-            if latest and (done is None or latest.batch_id > done.batch_id)
-            else None
-        ),
-        "next_batch": _next_batch(dry, backlog),
-        "end_offsets": dry.committed_end if done else None,
-        "watermark_ms": watermark,
-        "event_time_lag_ms": as_of - watermark if watermark is not None else None,
-        "partitions": _partitions(runner, done) if runner else [],
-        "backlog": backlog,
-        "backlog_described": source.describe_backlog(backlog),
-        "totals": done.totals if done else dict.fromkeys(COUNTS, 0),
-        "accounting": _accounting(pipeline, done.totals if done else {}),
-        "last_batch": _last_batch(pipeline, done, dry.committed),
-        "blocked": _blocked(dry),
-        "last_failure": _last_failure(dry),
-    }
+    pending = latest and (done is None or latest.batch_id > done.batch_id)
+    return PipelineStatus(
+        pipeline=pipeline.name,
+        checkpoint=pipeline.checkpoint_location(data_root),
+        checkpoint_exists=checkpoint is not None,
+        pipeline_id=checkpoint.pipeline_id if checkpoint else None,
+        as_of_ms=as_of,
+        last_committed_batch=done.batch_id if done else None,
+        last_committed_at_ms=_epoch_ms(done.created_at) if done else None,
+        pending_batch=latest.batch_id if latest and pending else None,
+        next_batch=_next_batch(planner, nxt, backlog),
+        end_offsets=end if done else None,
+        watermark_ms=watermark,
+        event_time_lag_ms=as_of - watermark if watermark is not None else None,
+        partitions=_partitions(planner, done),
+        backlog=backlog,
+        backlog_described=source.describe_backlog(backlog),
+        totals=done.totals if done else dict.fromkeys(COUNTS, 0),
+        accounting=_accounting(pipeline, done.totals if done else {}),
+        last_batch=_last_batch(pipeline, done, committed),
+        blocked=nxt.blocked,
+        last_failure=_last_failure(planner, nxt),
+    )
 
 
 def pipeline_plan(
@@ -166,19 +190,21 @@ def pipeline_plan(
     emit_only false).
     """
     as_of = (clock or SystemClock()).now_ms()
-    dry = dry_run(spark, pipeline, data_root, clock)
-    planned, source = dry.planned, dry.source
-    backlog = source.backlog(dry.committed_end)
+    planner = read_only_planner(spark, pipeline, data_root, clock)
+    nxt = planner.next_batch(dry_run=True)
+    planned, source = nxt.planned, planner.source
+    backlog = source.backlog(_committed_end(planner, planner.last_committed()))
     plan: dict[str, Any] = {
         "pipeline": pipeline.name,
         "checkpoint": pipeline.checkpoint_location(data_root),
-        "checkpoint_exists": dry.runner is not None,
+        "checkpoint_exists": planner.checkpoint is not None,
         "as_of_ms": as_of,
         "reason": f"nothing to do ({source.describe_backlog(backlog)})",
         "batch_id": None,
         "replay": False,
         "emit_only": False,
     }
+    next_status = _next_batch(planner, nxt, backlog)
     if planned is None:
         return (
             plan
@@ -197,7 +223,7 @@ def pipeline_plan(
         )
     return (
         plan
-        | (_next_batch(dry, backlog) or {})
+        | (dataclasses.asdict(next_status) if next_status is not None else {})
         | {
             "start_offsets": planned.start,
             "end_offsets": planned.end,
@@ -206,75 +232,61 @@ def pipeline_plan(
             "bytes": source.input_bytes(planned.start, planned.end),
             "watermark_ms": planned.watermark_ms,
             "planned_at_ms": planned.planned_at_ms,
-            "blocked": _blocked(dry),
+            "blocked": nxt.blocked,
         }
     )
 
 
-def _blocked(dry: DryRun) -> str | None:
-    """Why the planned batch is not run again by itself (a poison batch, or one that kept
-    stopping on an operational error), or None."""
-    planned = dry.planned
-    if dry.runner is None or planned is None or not planned.replay:
-        return None
-    return blocked(dry.runner, planned)
+def _committed_end(planner: Planner, committed: OffsetEntry | None) -> Offsets:
+    """Where the committed input ends: a new batch starts here (before the first commit,
+    the source's start)."""
+    return committed.end_offsets if committed else planner.start_offsets
 
 
-def _last_failure(dry: DryRun) -> dict[str, Any] | None:
-    """The planned batch's latest failed attempt: ``{kind, error, failed_at_ms, attempts
-    {data, operational}}`` (``batches.loop.poison``), or None when it has not failed."""
-    planned = dry.planned
-    if dry.runner is None or planned is None:
+def _last_failure(planner: Planner, nxt: NextBatch) -> LastFailure | None:
+    """The planned batch's latest failed attempt, or None when it has not failed."""
+    planned = nxt.planned
+    if planner.checkpoint is None or planned is None:
         return None
-    failures = dry.runner.checkpoint.failures.of(planned.batch_id)
+    failures = planner.checkpoint.failures.of(planned.batch_id)
     if not failures:
         return None
     last = failures[-1]
     kinds: list[FailureKind] = ["data", "operational"]
-    return {
-        "kind": last.kind,
-        "error": last.error,
-        "failed_at_ms": _epoch_ms(last.failed_at),
-        "attempts": {k: sum(f.kind == k for f in failures) for k in kinds},
-    }
+    attempts: dict[str, int] = {k: sum(f.kind == k for f in failures) for k in kinds}
+    return LastFailure(last.kind, last.error, _epoch_ms(last.failed_at), attempts)
 
 
-def _next_batch(dry: DryRun, backlog: dict[str, int]) -> dict[str, Any] | None:
-    """``{batch_id, replay, emit_only, reason}`` of the planned batch (``backlog``: what
-    waits past its start), or None."""
-    planned = dry.planned
+def _next_batch(
+    planner: Planner, nxt: NextBatch, backlog: dict[str, int]
+) -> NextBatchStatus | None:
+    """The planned batch in words (``backlog``: what waits past its start), or None."""
+    planned = nxt.planned
     if planned is None:
         return None
-    emit_only = not planned.replay and planned.end == planned.start
     if planned.replay:
         reason = f"batch {planned.batch_id} is uncommitted: replay it"
-    elif emit_only:
+    elif planned.emit_only:
         reason = "the watermark moved: windows close without new data"
     else:
-        reason = dry.source.describe_backlog(backlog)
-    return {
-        "batch_id": planned.batch_id,
-        "replay": planned.replay,
-        "emit_only": emit_only,
-        "reason": reason,
-    }
+        reason = planner.source.describe_backlog(backlog)
+    return NextBatchStatus(planned.batch_id, planned.replay, planned.emit_only, reason)
 
 
 def _last_batch(
     pipeline: Pipeline, done: CommitEntry | None, offsets: OffsetEntry | None
-) -> dict[str, Any] | None:
-    """The newest committed batch ``done`` (with its offset-log entry): see
-    ``pipeline_status``."""
+) -> LastBatch | None:
+    """The newest committed batch ``done`` (with its offset-log entry)."""
     if done is None or offsets is None:
         return None
     windowed = pipeline.aggregation is not None
-    return {
-        "batch_id": done.batch_id,
-        "committed_at_ms": _epoch_ms(done.created_at),
-        "input": describe_range(offsets.start_offsets, offsets.end_offsets),
-        "accounting": _accounting(pipeline, {k: getattr(done, k) for k in COUNTS}, total=False),
-        "closed_windows_held": done.rows_closed if windowed else None,
-    }
+    return LastBatch(
+        batch_id=done.batch_id,
+        committed_at_ms=_epoch_ms(done.created_at),
+        input=describe_range(offsets.start_offsets, offsets.end_offsets),
+        accounting=_accounting(pipeline, {k: getattr(done, k) for k in COUNTS}, total=False),
+        closed_windows_held=done.rows_closed if windowed else None,
+    )
 
 
 def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) -> dict[str, int]:
@@ -303,19 +315,16 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     return went | {"in_closed_windows": closed, "in_open_windows": windowed - closed}
 
 
-def _partitions(runner: MicroBatchRunner, done: CommitEntry | None) -> list[dict[str, Any]]:
+def _partitions(planner: Planner, done: CommitEntry | None) -> list[PartitionStatus]:
     """Per source partition, its times as of the commit ``done`` (by partition)."""
-    event_time = runner.pipeline.event_time
+    event_time = planner.pipeline.event_time
     if done is None or event_time is None:
         return []
-    times = sorted(runner.partition_times(done).values(), key=lambda t: t.partition)
+    times = sorted(planner.partition_times(done).values(), key=lambda t: t.partition)
     return [
-        {
-            "partition": t.partition,
-            "max_event_time_ms": t.max_event_time_ms,
-            "watermark_ms": t.watermark_ms(event_time),
-            "last_seen_ms": t.last_seen_ms,
-        }
+        PartitionStatus(
+            t.partition, t.max_event_time_ms, t.watermark_ms(event_time), t.last_seen_ms
+        )
         for t in times
     ]
 
@@ -352,7 +361,7 @@ class PendingWork:
     an operational error; None: a run may start now."""
 
 
-def pending_work(status: dict[str, Any], pause_ms: int = 0) -> PendingWork | None:
+def pending_work(status: PipelineStatus, pause_ms: int = 0) -> PendingWork | None:
     """The next batch ``status`` (from ``pipeline_status``) calls for, or None when idle
     or blocked (a poison batch).
 
@@ -361,13 +370,11 @@ def pending_work(status: dict[str, Any], pause_ms: int = 0) -> PendingWork | Non
     after the first such stop, twice that after the second, and so on, so
     the problem is not met by a new run (and a Spark start) every tick.
     """
-    nxt = status["next_batch"]
-    if nxt is None or status["blocked"]:
+    nxt = status.next_batch
+    if nxt is None or status.blocked:
         return None
-    failed = status["last_failure"]
+    failed = status.last_failure
     not_before = None
-    if failed is not None and failed["kind"] == "operational":
-        not_before = failed["failed_at_ms"] + pause_ms * 2 ** (
-            failed["attempts"]["operational"] - 1
-        )
-    return PendingWork(nxt["batch_id"], nxt["replay"], nxt["reason"], not_before)
+    if failed is not None and failed.kind == "operational":
+        not_before = failed.failed_at_ms + pause_ms * 2 ** (failed.attempts["operational"] - 1)
+    return PendingWork(nxt.batch_id, nxt.replay, nxt.reason, not_before)

@@ -3,7 +3,7 @@
 User errors (LowmarkError) print one red line and exit 2, never a stack
 trace; everything committed before the error stays committed. A batch that
 fails prints one paragraph (the batch, its input, the error's first line,
-the attempt, what to do: ``batches.loop.poison.failure_report``); the details
+the attempt, what to do: ``MicroBatchRunner.failure_report``); the details
 (tracebacks, Spark's own logs) go to the log file (``batches.cli.logs``), and
 ``--verbose`` prints them too. Ctrl-C while batches run cancels the batch in
 progress (the next run replays it); a second Ctrl-C quits at once.
@@ -28,7 +28,14 @@ from pyspark.sql import SparkSession
 from rich.console import Console
 
 from batches.admin.reset import reset as reset_pipeline
-from batches.admin.status import pipeline_history, pipeline_plan, pipeline_status
+from batches.admin.skip_batch import set_aside
+from batches.admin.status import (
+    NextBatchStatus,
+    PipelineStatus,
+    pipeline_history,
+    pipeline_plan,
+    pipeline_status,
+)
 from batches.cli.display import duration, iso_utc, moment, print_fields, print_json, print_table
 from batches.cli.logs import (
     DETAILS,
@@ -45,7 +52,6 @@ from batches.errors import BatchFailed, RunInFlight
 from batches.loop.follow import follow
 from batches.loop.maintenance import compact_checkpoint
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.loop.poison import failure_report, set_aside
 from batches.pipeline import Pipeline, resolve
 from batches.registry import get_pipeline, load_pipelines
 from batches.sources.base import describe_range
@@ -267,11 +273,11 @@ def run(
 @contextmanager
 def _reported(runner: MicroBatchRunner) -> Iterator[None]:
     """An error that stopped one of ``runner``'s batches becomes ``BatchFailed``: one
-    paragraph on the batch (``failure_report``)."""
+    paragraph on the batch (``MicroBatchRunner.failure_report``)."""
     try:
         yield
     except Exception as exc:
-        report = failure_report(runner, exc)
+        report = runner.failure_report(exc)
         if report is None:
             raise
         raise BatchFailed(report) from exc
@@ -379,24 +385,20 @@ def status(
     p = get_pipeline(pipeline, c.pipelines)
     s = pipeline_status(c.spark, p, c.data_root, c.clock)
     if as_json:
-        print_json(out, s)
+        print_json(out, s.to_json())
         return
-    now = s["as_of_ms"]
-    last = s["last_batch"]
-    pending = s["pending_batch"]
-    nxt = s["next_batch"]
+    now, last, pending = s.as_of_ms, s.last_batch, s.pending_batch
     checkpoint = (
-        f"{s['checkpoint']} (id {s['pipeline_id']})"
-        if s["checkpoint_exists"]
-        else f"none yet: the first batch creates {s['checkpoint']}"
+        f"{s.checkpoint} (id {s.pipeline_id})"
+        if s.checkpoint_exists
+        else f"none yet: the first batch creates {s.checkpoint}"
     )
     fields = [
         ("pipeline", p.name),
         ("checkpoint", checkpoint),
         (
             "last committed",
-            f"batch {last['batch_id']}, {moment(last['committed_at_ms'], now)}; "
-            f"input: {last['input']}"
+            f"batch {last.batch_id}, {moment(last.committed_at_ms, now)}; input: {last.input}"
             if last
             else "none yet",
         ),
@@ -404,53 +406,49 @@ def status(
             "pending batch",
             f"batch {pending} (uncommitted: a run replays it)" if pending is not None else "none",
         ),
-        ("next batch", _next_words(nxt)),
+        ("next batch", _next_words(s.next_batch)),
     ]
-    if s["blocked"]:
-        fields.append(("blocked", s["blocked"]))
-    elif s["last_failure"]:
-        failed = s["last_failure"]
+    if s.blocked:
+        fields.append(("blocked", s.blocked))
+    elif s.last_failure:
+        failed = s.last_failure
         fields.append(
-            (
-                "last failure",
-                f"{failed['kind']}, {moment(failed['failed_at_ms'], now)}: {failed['error']}",
-            )
+            ("last failure", f"{failed.kind}, {moment(failed.failed_at_ms, now)}: {failed.error}")
         )
-    fields.append(("backlog", s["backlog_described"]))
+    fields.append(("backlog", s.backlog_described))
     if p.event_time is not None:
         fields += _watermark_fields(s)
     if last:
-        held = last["closed_windows_held"]
+        held = last.closed_windows_held
         closed = f"; the windows it closed held {held} records" if held is not None else ""
-        fields.append((f"batch {last['batch_id']}", _went(last["accounting"]) + closed))
-    fields.append(("all batches", _went(s["accounting"])))
+        fields.append((f"batch {last.batch_id}", _went(last.accounting) + closed))
+    fields.append(("all batches", _went(s.accounting)))
     print_fields(out, fields)
 
 
-def _next_words(nxt: dict[str, Any] | None) -> str:
+def _next_words(nxt: NextBatchStatus | None) -> str:
     """Status's ``next_batch`` in words."""
     if nxt is None:
         return "none: caught up"
-    if nxt["replay"]:
-        return f"batch {nxt['batch_id']}, the replay of the uncommitted batch"
-    return f"batch {nxt['batch_id']}: {nxt['reason']}"
+    if nxt.replay:
+        return f"batch {nxt.batch_id}, the replay of the uncommitted batch"
+    return f"batch {nxt.batch_id}: {nxt.reason}"
 
 
-def _watermark_fields(s: dict[str, Any]) -> list[tuple[str, str]]:
+def _watermark_fields(s: PipelineStatus) -> list[tuple[str, str]]:
     """The watermark, the event-time lag and each partition's times of status ``s``."""
-    now, watermark = s["as_of_ms"], s["watermark_ms"]
+    now, watermark = s.as_of_ms, s.watermark_ms
     if watermark is None:
         return [("watermark", "none yet: no event time committed")]
-    fields = [
-        ("watermark", moment(watermark, now)),
-        ("event-time lag", duration(s["event_time_lag_ms"])),
-    ]
-    for part in s["partitions"]:
+    fields = [("watermark", moment(watermark, now))]
+    if s.event_time_lag_ms is not None:
+        fields.append(("event-time lag", duration(s.event_time_lag_ms)))
+    for part in s.partitions:
         fields.append(
             (
-                f"partition {part['partition']}",
-                f"max event time {moment(part['max_event_time_ms'], now)}; watermark "
-                f"{iso_utc(part['watermark_ms'])}; last data {moment(part['last_seen_ms'], now)}",
+                f"partition {part.partition}",
+                f"max event time {moment(part.max_event_time_ms, now)}; watermark "
+                f"{iso_utc(part.watermark_ms)}; last data {moment(part.last_seen_ms, now)}",
             )
         )
     return fields
@@ -624,7 +622,7 @@ def skip_batch(
     """
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
-    done = set_aside(MicroBatchRunner(c.spark, p, c.data_root, c.clock), batch, reason)
+    done = set_aside(c.spark, p, c.data_root, batch, reason, c.clock)
     if as_json:
         print_json(
             out, {"pipeline": p.name} | dataclasses.asdict(done) | {"next_batch": done.batch_id + 1}
@@ -729,9 +727,9 @@ def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
                 "batches": [_batch_json(r) for r in results],
                 "sink": sink,
                 "sink_rows": spark.read.format("delta").load(sink).count(),
-                "rows_bad": s["totals"]["rows_bad"],
-                "rows_late": s["totals"]["rows_late"],
-                "last_committed_batch": s["last_committed_batch"],
+                "rows_bad": s.totals["rows_bad"],
+                "rows_late": s.totals["rows_late"],
+                "last_committed_batch": s.last_committed_batch,
             }
         )
         if not as_json:

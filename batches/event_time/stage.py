@@ -187,6 +187,23 @@ def late_table(records: pa.Table, batch_id: int, watermark_ms: int | None) -> pa
 
 
 @dataclass(frozen=True)
+class WindowChanges:
+    """What a batch's windows change, as Arrow tables on the driver (``StageOutput``,
+    collected; or the driver merge's own)."""
+
+    output: pa.Table
+    """The rows the sink gets."""
+    retract: pa.Table
+    """Windows the sink must drop (update mode: sessions merged into a longer one)."""
+    upserts: pa.Table
+    """State rows to write (the windows the batch touched, merged)."""
+    deletes: pa.Table
+    """State rows to remove (the windows the batch closed)."""
+    closed: pa.Table
+    """The ``_lowmark_rows`` of the windows the batch closes (final, purged, not merged)."""
+
+
+@dataclass(frozen=True)
 class StageOutput:
     """What the batch must write, as lazy frames over local data."""
 
@@ -457,11 +474,11 @@ class WindowedStage:
 
     def merge_on_driver(
         self, partials: pa.Table, nearby: pa.Table | None, final: pa.Table | None, batch_id: int
-    ) -> dict[str, pa.Table]:
+    ) -> WindowChanges:
         """``merge`` over Arrow tables on the driver: no Spark job (see ``merges_on_driver``).
 
-        Returns the tables ``merge`` gives: upserts, deletes, output, retract
-        (none: tumbling and sliding windows keep their identity), closed.
+        Gives the tables ``merge`` gives (no retract: tumbling and sliding
+        windows keep their identity).
         """
         identity = list(self.identity)
         columns = partials.column_names
@@ -492,13 +509,13 @@ class WindowedStage:
             names=[*identity, *[name for name, _ in finishes]],
         )
         batches = pa.array([batch_id] * merged.num_rows, pa.int64())
-        return {
-            "upserts": merged.append_column("updated_batch", batches),
-            "deletes": stored_final.select(identity),
-            "output": output.cast(_nullable(output.schema)),
-            "retract": stored_final.select(identity).slice(0, 0),
-            "closed": stored_final.select([ROWS]),
-        }
+        return WindowChanges(
+            output=output.cast(_nullable(output.schema)),
+            retract=stored_final.select(identity).slice(0, 0),
+            upserts=merged.append_column("updated_batch", batches),
+            deletes=stored_final.select(identity),
+            closed=stored_final.select([ROWS]),
+        )
 
     def _finish(self, windows: DataFrame) -> DataFrame:
         """Output rows (keys, window, one column per aggregate) of state-shaped ``windows``."""

@@ -1,7 +1,7 @@
 """Catch-up read-ahead: step 4 of the next several batches in ONE Spark job.
 
 A windowed batch's one job reads its input and collects its window partials
-(``MicroBatchRunner._look``). When a batch finds more input waiting than it
+(``BatchWork.look``). When a batch finds more input waiting than it
 may take, the jobs of the batches after it would each pay a job's fixed cost
 (scheduling, a scan per file split, a shuffle) for a fraction of the data.
 The read-ahead scans those batches' input once, every record tagged with

@@ -1,8 +1,9 @@
 """Fault injection: die at a named step of a batch, to prove recovery.
 
-``MicroBatchRunner.run_batch`` calls ``reached(step, batch_id)`` once at each
-step below. With ``LOWMARK_KILL_AT=<step>@<batch_id>`` (e.g. ``after_sink@3``)
-in the environment, reaching that step of that batch sends SIGKILL to the
+A batch (``MicroBatchRunner._batch``; ``before_commit``: ``commit_batch``)
+calls ``reached(step, batch_id)`` once at each step below. With
+``LOWMARK_KILL_AT=<step>@<batch_id>`` (e.g. ``after_sink@3``) in the
+environment, reaching that step of that batch sends SIGKILL to the
 Spark JVM and to the process itself: no cleanup, no ``finally``, as if the
 machine died there. Unset (always, outside crash tests), a call costs one
 environment lookup. A replay reaches the same steps, so it can be killed too.

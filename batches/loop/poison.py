@@ -10,7 +10,8 @@ shows it as ``blocked`` and the Dagster sensor skips with that reason
 instead of launching a run per tick. The ways on:
 
 - fix the transform, then ``lowmark run PIPELINE --retry``;
-- or ``lowmark skip-batch PIPELINE BATCH --reason TEXT`` (``set_aside``): the
+- or ``lowmark skip-batch PIPELINE BATCH --reason TEXT``
+  (``batches.admin.skip_batch.set_aside``): the
   batch's input is recorded in ``bad_records`` (one row per file, with the
   reason), its window state is put back as the commit before it left it,
   and an empty commit lets the pipeline go on. Nothing is dropped silently:
@@ -41,12 +42,10 @@ the batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from typing import Literal
 
-import pyarrow as pa
 from confluent_kafka import KafkaException
-from deltalake import DeltaTable
 
 from batches.errors import (
     Interrupted,
@@ -55,21 +54,10 @@ from batches.errors import (
     SinkWriteFailed,
     SourceFileUnreadable,
 )
-from state import quarantine
-from state.commit_log import CommitEntry
-from state.errors import (
-    CheckpointCorrupt,
-    ConcurrentRunner,
-    LowmarkError,
-    WriteConflict,
-    first_line,
-    jvm_causes,
-)
-from state.failures import FailureKind
-from state.table import DriverTable
-
-if TYPE_CHECKING:
-    from batches.loop.microbatch import MicroBatchRunner, PlannedBatch
+from batches.pipeline import Pipeline
+from batches.sources.base import Range, Source
+from state.errors import ConcurrentRunner, LowmarkError, WriteConflict, first_line, jvm_causes
+from state.failures import Failure, FailureKind, FailureLog
 
 SHOWN_INPUTS = 5
 """Input items a message names before it says how many more there are."""
@@ -122,49 +110,57 @@ def _retriable(exc: KafkaException) -> bool:
     return bool(getattr(error, "retriable", lambda: False)())
 
 
-def blocked(runner: MicroBatchRunner, planned: PlannedBatch) -> str | None:
-    """Why ``planned`` is not run again by itself, or None when it may run."""
-    failures = runner.checkpoint.failures.of(planned.batch_id)
-    limit = runner.pipeline.max_failed_attempts
-    name = runner.pipeline.name
+def blocked(
+    pipeline: Pipeline, failures: Sequence[Failure], source: Source, batch: Range
+) -> str | None:
+    """Why ``batch``, which failed ``failures`` times, is not run again by itself, or None
+    when it may run."""
+    limit = pipeline.max_failed_attempts
+    name = pipeline.name
     stops = [f for f in failures if f.kind == "operational"]
     if len(stops) >= limit:
         return (
-            f"batch {planned.batch_id} of {name} stopped {len(stops)} times on the same "
+            f"batch {batch.batch_id} of {name} stopped {len(stops)} times on the same "
             f"kind of error, not on its data (last: {stops[-1].error}): do what it says, then "
             f"run `lowmark run {name} --retry`"
         )
-    failures = [f for f in failures if f.kind == "data"]
-    if len(failures) < limit:
+    data = [f for f in failures if f.kind == "data"]
+    if len(data) < limit:
         return None
-    shown = _inputs(runner, planned)
     return (
-        f"batch {planned.batch_id} of {name} failed {len(failures)} times (input: {shown}; "
-        f"last error: {failures[-1].error}): fix the transform and run `lowmark run {name} "
-        f"--retry`, or set its input aside with `lowmark skip-batch {name} "
-        f'{planned.batch_id} --reason "..."`'
+        f"batch {batch.batch_id} of {name} failed {len(data)} times (input: "
+        f"{_inputs(source, batch)}; last error: {data[-1].error}): fix the transform and run "
+        f"`lowmark run {name} --retry`, or set its input aside with `lowmark skip-batch {name} "
+        f'{batch.batch_id} --reason "..."`'
     )
 
 
-def _inputs(runner: MicroBatchRunner, planned: PlannedBatch) -> str:
-    """The input of ``planned`` in words: its first ``SHOWN_INPUTS`` items and how many
+def _inputs(source: Source, batch: Range) -> str:
+    """The input of ``batch`` in words: its first ``SHOWN_INPUTS`` items and how many
     more."""
-    items = runner.source.inputs(planned.start, planned.end)
+    items = source.inputs(batch.start, batch.end)
     shown = ", ".join(items[:SHOWN_INPUTS]) or "none"
     if len(items) > SHOWN_INPUTS:
         shown += f" and {len(items) - SHOWN_INPUTS} more"
     return shown
 
 
-def failure_report(runner: MicroBatchRunner, exc: Exception) -> str | None:
-    """``exc``, which stopped the batch ``runner`` was running, in one paragraph: the
-    batch, its input, the error's first line, the attempt and what to do. None when no
-    batch was running, or ``exc`` is no failure of the batch (it says all itself)."""
-    planned, kind = runner.attempting, failure_kind(exc)
-    if planned is None or kind == "none":
+def failure_report(
+    pipeline: Pipeline,
+    source: Source,
+    failures: FailureLog,
+    attempting: Range | None,
+    exc: Exception,
+) -> str | None:
+    """``exc``, which stopped the batch ``attempting`` (its failed attempts, this one
+    included, are in ``failures``), in one paragraph: the batch, its input, the error's
+    first line, the attempt and what to do. None when no batch was running, or ``exc`` is
+    no failure of the batch (it says all itself)."""
+    kind = failure_kind(exc)
+    if attempting is None or kind == "none":
         return None
-    name, batch_id = runner.pipeline.name, planned.batch_id
-    what = f"batch {batch_id} of {name} (input: {_inputs(runner, planned)})"
+    name, batch_id = pipeline.name, attempting.batch_id
+    what = f"batch {batch_id} of {name} (input: {_inputs(source, attempting)})"
     error = first_line(exc)
     if kind == "transient":
         waited = f"{sum(TRANSIENT_PAUSES_S):g} s"
@@ -172,8 +168,8 @@ def failure_report(runner: MicroBatchRunner, exc: Exception) -> str | None:
             f"{what} could not reach what it reads or writes, retried for {waited}: {error}; "
             f"once it is back, `lowmark run {name}` replays the batch"
         )
-    limit = runner.pipeline.max_failed_attempts
-    attempts = sum(f.kind == kind for f in runner.checkpoint.failures.of(batch_id))
+    limit = pipeline.max_failed_attempts
+    attempts = sum(f.kind == kind for f in failures.of(batch_id))
     if kind == "operational":  # lowmark's own line: it says what to do
         return f"{what} stopped (attempt {attempts} of {limit}): {error}"
     return (
@@ -182,102 +178,3 @@ def failure_report(runner: MicroBatchRunner, exc: Exception) -> str | None:
         f'runs stop at it, and `lowmark skip-batch {name} {batch_id} --reason "..."` '
         "sets its input aside"
     )
-
-
-def refuse_poison(runner: MicroBatchRunner, planned: PlannedBatch) -> None:
-    """Raise ``PoisonBatch`` if ``planned`` failed ``max_failed_attempts`` times (of one kind)."""
-    reason = blocked(runner, planned)
-    if reason is not None:
-        raise PoisonBatch(reason)
-
-
-@dataclass(frozen=True)
-class SetAside:
-    """What ``set_aside`` did."""
-
-    batch_id: int
-    inputs: list[str]
-    state_restored_to: int | None
-    """The window state version put back (None: the batch wrote no state)."""
-
-
-def set_aside(runner: MicroBatchRunner, batch_id: int, reason: str) -> SetAside:
-    """Commit the uncommitted batch ``batch_id`` without its input (see the module doc)."""
-    planned = runner.plan_next_batch(dry_run=True)
-    name = runner.pipeline.name
-    if planned is None or not planned.replay or planned.batch_id != batch_id:
-        pending = f"batch {planned.batch_id}" if planned and planned.replay else "none"
-        raise PipelineConfigInvalid(
-            f"batch {batch_id} of {name} is not its uncommitted batch (uncommitted: {pending}): "
-            "only a batch that was planned and never committed can be set aside"
-        )
-    ckpt, sink = runner.checkpoint, runner.sink
-    if DriverTable(sink.path, None, "sink").landed(sink.txn_app_id, batch_id):
-        raise PipelineConfigInvalid(
-            f"batch {batch_id} of {name} already wrote its sink: its input did not stop it; "
-            f"run `lowmark run {name}` to finish it"
-        )
-    restored = _restore_state(runner, planned)
-    inputs = runner.source.inputs(planned.start, planned.end)
-    rows = [
-        {
-            "batch_id": batch_id,
-            "source_file": item,
-            "raw": None,
-            "reason": f"set aside by lowmark skip-batch: {reason}",
-        }
-        for item in inputs
-    ]
-    table = pa.Table.from_pylist(rows, schema=quarantine.SCHEMA)
-    ckpt.bad_records.append_once(table, ckpt.txn_app_id("skipped"), batch_id)
-    previous = planned.previous
-    versions = dict(previous.table_versions) if previous else {}
-    if runner.stage is not None and runner.stage.state.table.exists():
-        versions["state"] = runner.stage.state.table.version()
-    event_time = runner.pipeline.event_time
-    if event_time is not None and previous is not None:
-        times = runner.partition_times(previous)
-        versions["watermarks"] = ckpt.watermarks.write(
-            batch_id,
-            [
-                (p, t.max_event_time_ms, t.watermark_ms(event_time), t.last_seen_ms)
-                for p, t in sorted(times.items())
-            ],
-        )
-    commit = CommitEntry(
-        batch_id=batch_id,
-        runner_id=runner.runner_id,
-        next_watermark_ms=planned.watermark_ms,
-        table_versions=versions,
-        rows_in=0,
-        rows_out=0,
-        rows_bad=0,
-        rows_late=0,
-        rows_dropped=0,
-        rows_windowed=0,
-        rows_closed=0,
-    ).plus_totals(previous)
-    ckpt.commits.claim(commit)
-    return SetAside(batch_id, inputs, restored)
-
-
-def _restore_state(runner: MicroBatchRunner, planned: PlannedBatch) -> int | None:
-    """Put the window state back as commit N-1 left it, if batch N's state write landed."""
-    stage = runner.stage
-    if stage is None or not stage.state.table.landed(stage.state.txn_app_id, planned.batch_id):
-        return None
-    recorded = planned.previous.table_versions.get("state") if planned.previous else None
-    table = DeltaTable(stage.state.path)
-    if recorded is None:  # no state before this batch: it held no windows
-        table.delete()
-        return None
-    try:
-        table.restore(recorded)
-    except Exception as exc:  # delta-rs raises plain exceptions for a log or files gone
-        raise CheckpointCorrupt(
-            f"window state table {stage.state.path} no longer has version {recorded}, the "
-            f"state batch {planned.batch_id} is set aside to (a VACUUM with a retention shorter "
-            "than the time since the crash removed its files): restore them from backup, or "
-            "start over with `lowmark reset`"
-        ) from exc
-    return recorded

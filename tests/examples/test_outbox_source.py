@@ -48,7 +48,7 @@ def test_an_outbox_table_is_read_exactly_once_and_emptied_behind_the_frontier(
     orders = [json.dumps({"order_id": i, "amount": 10 * i}) for i in range(1, 4)]
     insert(data_root / "app.db", [*orders[:2], "not json", orders[2]])
 
-    assert pipeline_status(spark, pipeline, data_root)["backlog"] == {"rows": 4}
+    assert pipeline_status(spark, pipeline, data_root).backlog == {"rows": 4}
     results = MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
     # Two ids a batch from id 0; SQLite's ids start at 1: [0, 2) holds id 1, [2, 4) ids 2
     # and 3 (the malformed one: read, and counted bad), [4, 6) id 4.

@@ -112,7 +112,7 @@ def test_a_stale_runner_never_records_a_file_another_runner_recorded(
     fresh = MicroBatchRunner(spark, p, data_root)
     fresh.run_batch()  # batch 0 takes file 0 and records files 0 and 1
     stale = MicroBatchRunner(spark, p, data_root)
-    stale.plan_next_batch(dry_run=True)  # it now holds batch 0's position and manifest
+    stale.planner.next_batch(dry_run=True)  # it now holds batch 0's position and manifest
     fresh.run_batch()  # batch 1 takes file 1 and discovers nothing
     drop_file(data_root, 2)
     fresh.run_batch()  # batch 2 records and takes file 2

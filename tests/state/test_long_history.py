@@ -144,7 +144,7 @@ def test_after_10_000_batches_each_log_holds_what_it_held_after_10(
         assert len(runner.checkpoint.files.files(retired=True)) == entry.end_offsets["0"]
         # A sensor tick after it: where the pipeline stands, nothing to run.
         status = pipeline_status(spark, _pipeline(), root)
-        assert status["last_committed_batch"] == last and status["next_batch"] is None
+        assert status.last_committed_batch == last and status.next_batch is None
         # Then a file lands: the next batch plans, takes it alone, and commits.
         write_json_lines(root / "in", "next.json", [event("a", 10 * history, 1)], 1_800_000_000)
         result = MicroBatchRunner(spark, _pipeline(), root).run_batch()

@@ -12,10 +12,10 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from batches.admin.skip_batch import set_aside
 from batches.loop import faults
 from batches.loop.maintenance import compact_checkpoint
 from batches.loop.microbatch import MicroBatchRunner
-from batches.loop.poison import set_aside
 from batches.pipeline import Maintenance
 from batches.windows import Tumbling
 from state.errors import CheckpointCorrupt
@@ -91,7 +91,7 @@ def test_a_replay_after_an_idle_stretch_still_reads_the_state_of_the_last_commit
     days_ago = time.time() - 3 * 24 * 3600
     for log_file in Path(runner.checkpoint.location).glob("*/_delta_log/*"):
         os.utime(log_file, (days_ago, days_ago))
-    batch = runner.plan_next_batch(dry_run=True)
+    batch = runner.planner.next_batch(dry_run=True).planned
     assert batch is not None
     crash = faults.KillPoint("after_state", batch.batch_id)
     with pytest.raises(faults.InjectedCrash), faults.crash_at(crash):
@@ -182,5 +182,5 @@ def test_setting_aside_a_batch_whose_earlier_state_was_vacuumed_says_so_in_one_l
     # Someone's zero-retention VACUUM removed the files of the state skip-batch puts back.
     _optimize_and_vacuum_now(runner.stage.state.path)
     with pytest.raises(CheckpointCorrupt, match="version") as error:
-        set_aside(MicroBatchRunner(spark, p, data_root), 5, "test")
+        set_aside(spark, p, data_root, 5, "test")
     assert "\n" not in str(error.value)

@@ -50,10 +50,10 @@ def test_an_idle_partition_lets_time_close_windows_without_new_data(
     drop(data_root, "p1", "a.json", [event("b", 3, 1)], 1)
     runner.run_batch()  # watermark min(40, 3) = 3: nothing closes
     assert runner.run_batch() is None
-    assert pipeline_status(spark, runner.pipeline, data_root, clock)["next_batch"] is None
+    assert pipeline_status(spark, runner.pipeline, data_root, clock).next_batch is None
     clock.advance(60_000)  # both idle: the max (40 s) is used
     # `lowmark status` and the Dagster sensor ask the runner's rule: they see the batch too.
-    assert pipeline_status(spark, runner.pipeline, data_root, clock)["next_batch"] == {
+    assert pipeline_status(spark, runner.pipeline, data_root, clock).to_json()["next_batch"] == {
         "batch_id": 1,
         "replay": False,
         "emit_only": True,

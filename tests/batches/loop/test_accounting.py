@@ -92,7 +92,7 @@ def test_every_record_read_is_bad_dropped_late_or_in_a_closed_or_open_window(
             assert totals["rows_closed"] == _sum(spark, str(root / "out"), "count")
         open_rows = _sum(spark, runner.checkpoint.table("state_windows"), "_lowmark_rows")
         assert totals["rows_windowed"] - totals["rows_closed"] == open_rows
-        accounting = pipeline_status(spark, p, root)["accounting"]
+        accounting = pipeline_status(spark, p, root).accounting
         assert accounting["read"] == sum(v for k, v in accounting.items() if k != "read")
 
 

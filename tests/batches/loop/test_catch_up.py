@@ -54,7 +54,7 @@ def _run(
     """Every batch of ``p`` over ``root``; the results and each batch's Spark jobs."""
     runner = MicroBatchRunner(spark, p, root)
     results, jobs = [], []
-    while runner.plan_next_batch(dry_run=True) is not None:
+    while runner.planner.next_batch(dry_run=True).planned is not None:
         result, counter = counted_batch(spark, runner, monkeypatch)
         results.append(result)
         jobs.append(counter.jobs())

@@ -36,7 +36,7 @@ def test_an_empty_checkpoint_plans_batch_zero_from_the_initial_offsets(
 ) -> None:
     drop_file(data_root, 0)
     runner = MicroBatchRunner(spark, pipeline(), data_root)
-    planned = runner.plan_next_batch()
+    planned = runner.planner.next_batch().planned
     assert planned is not None
     assert (planned.batch_id, planned.start, planned.end, planned.replay) == (
         0,
@@ -64,7 +64,7 @@ def test_after_a_commit_the_next_batch_starts_at_the_previous_end(
     first = runner.run_batch()
     drop_file(data_root, 1)
     drop_file(data_root, 2)
-    planned = runner.plan_next_batch()
+    planned = runner.planner.next_batch().planned
     assert first is not None and planned is not None
     assert (planned.batch_id, planned.start, planned.end) == (1, first.end, {"0": 3})
 
@@ -80,7 +80,7 @@ def test_a_crash_before_the_commit_replays_the_recorded_offsets_not_new_ones(
     drop_file(data_root, 1)  # arrives while the pipeline is down
 
     restarted = MicroBatchRunner(spark, pipeline(source=ONE_FILE), data_root)
-    planned = restarted.plan_next_batch()
+    planned = restarted.planner.next_batch().planned
     assert planned is not None
     assert (planned.batch_id, planned.start, planned.end, planned.replay) == (
         0,
@@ -141,17 +141,17 @@ def test_a_commit_two_behind_the_offsets_is_refused_naming_both_ids(
 ) -> None:
     runner = MicroBatchRunner(spark, pipeline(), data_root)
     for n in range(4):
-        runner.checkpoint.offsets.add(_offsets(n, runner.fingerprint))
+        runner.checkpoint.offsets.add(_offsets(n, runner.planner.fingerprint))
     runner.checkpoint.commits.add(CommitEntry(batch_id=1, runner_id="x"))
     with pytest.raises(CheckpointCorrupt, match=r"latest offsets batch 3, latest commit batch 1"):
-        runner.plan_next_batch()
+        runner.planner.next_batch()
 
 
 def test_commits_without_offsets_are_refused(spark: SparkSession, data_root: Path) -> None:
     runner = MicroBatchRunner(spark, pipeline(), data_root)
     runner.checkpoint.commits.add(CommitEntry(batch_id=0, runner_id="x"))
     with pytest.raises(CheckpointCorrupt, match="offset log is empty"):
-        runner.plan_next_batch()
+        runner.planner.next_batch()
 
 
 def test_no_commits_but_offsets_past_batch_zero_is_refused(
@@ -159,9 +159,9 @@ def test_no_commits_but_offsets_past_batch_zero_is_refused(
 ) -> None:
     runner = MicroBatchRunner(spark, pipeline(), data_root)
     for n in range(2):
-        runner.checkpoint.offsets.add(_offsets(n, runner.fingerprint))
+        runner.checkpoint.offsets.add(_offsets(n, runner.planner.fingerprint))
     with pytest.raises(CheckpointCorrupt, match="latest commit batch None"):
-        runner.plan_next_batch()
+        runner.planner.next_batch()
 
 
 def test_a_changed_pipeline_on_an_old_checkpoint_is_refused(
@@ -180,13 +180,12 @@ def test_a_second_runner_planning_the_same_batch_stops_with_concurrent_runner(
     drop_file(data_root, 0)
     first = MicroBatchRunner(spark, pipeline(), data_root)
     second = MicroBatchRunner(spark, pipeline(), data_root)
-    planned = second.plan_next_batch()  # second plans batch 0 ...
+    planned = second.planner.next_batch().planned  # second plans batch 0 ...
     first.run_batch()  # ... while first runs and commits it
     assert planned is not None
     with pytest.raises(ConcurrentRunner, match="another `lowmark run`"):
-        second.checkpoint.offsets.claim(
-            _offsets(0, second.fingerprint).model_copy(update={"runner_id": second.runner_id})
-        )
+        claimed = _offsets(0, second.planner.fingerprint)
+        second.checkpoint.offsets.claim(claimed.model_copy(update={"runner_id": second.runner_id}))
     assert sink_ids(spark, data_root) == [0, 1, 2]
 
 

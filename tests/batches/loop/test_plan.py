@@ -13,9 +13,12 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from batches import demo
+from batches.admin.skip_batch import set_aside
 from batches.cli.display import moment
 from batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from batches.loop.microbatch import MicroBatchRunner
+from batches.loop.parts import read_only_planner
+from batches.loop.plan import NextKind
 from tests.helpers import (
     SPARK_ERRORS,
     FakeClock,
@@ -217,3 +220,29 @@ def test_the_plan_of_a_poison_batch_says_why_it_is_blocked_until_skip_batch_sets
     plan = plan_json(capsys, data_root, "--pipelines", POISON, "plan", "dividing")
     assert (plan["batch_id"], plan["replay"], plan["blocked"]) == (2, False, None)
     assert plan["inputs"][0].endswith("f002.json")
+
+
+def test_the_planner_answers_new_replay_blocked_or_nothing_and_a_retry_unblocks(
+    spark: SparkSession, data_root: Path
+) -> None:
+    for i, amount in enumerate([1, 0]):  # file 1's zero amount fails the transform
+        rows = [{"id": i, "amount": amount}]
+        write_json_lines(data_root / "in", f"f{i:03d}.json", rows, 1_700_000_000 + i)
+
+    def kind(retry: bool = False) -> NextKind:
+        planner = read_only_planner(spark, dividing, data_root)
+        return planner.next_batch(dry_run=True, retry=retry).kind
+
+    assert kind() == "new"
+    assert not (data_root / "_lowmark").exists()  # a dry run of a fixed start creates nothing
+    MicroBatchRunner(spark, dividing, data_root).run_batch()
+    assert kind() == "new"
+    for _ in range(dividing.max_failed_attempts - 1):
+        with pytest.raises(SPARK_ERRORS):
+            MicroBatchRunner(spark, dividing, data_root).run_batch()
+        assert kind() == "replay"
+    with pytest.raises(SPARK_ERRORS):
+        MicroBatchRunner(spark, dividing, data_root).run_batch()
+    assert (kind(), kind(retry=True)) == ("blocked", "replay")
+    set_aside(spark, dividing, data_root, 1, "a zero amount")
+    assert kind() == "nothing"

@@ -19,12 +19,13 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from batches.admin.health import failing_batch
+from batches.admin.skip_batch import set_aside
 from batches.admin.status import pipeline_status
 from batches.cli.display import iso_utc
 from batches.errors import PipelineConfigInvalid, PoisonBatch, SourceFileMissing
 from batches.loop import faults
 from batches.loop.microbatch import MicroBatchRunner
-from batches.loop.poison import set_aside
+from batches.loop.parts import build_parts
 from batches.windows import Tumbling
 from orchestration.definitions import build_definitions
 from orchestration.resources import LowmarkResource, SparkResource
@@ -70,7 +71,7 @@ def test_a_batch_that_fails_every_time_stops_after_its_attempts_and_says_why(
     assert "batch 1 of dividing failed 2 times" in message and "f001.json" in message
     assert "DIVIDE_BY_ZERO" in message and "lowmark skip-batch dividing 1" in message
     status = pipeline_status(spark, dividing, data_root)
-    assert status["blocked"] == message
+    assert status.blocked == message
     # --retry runs it once more (it fails again: the transform is unchanged).
     with pytest.raises(SPARK_ERRORS):
         MicroBatchRunner(spark, dividing, data_root).run(retry=True)
@@ -85,7 +86,7 @@ def test_skip_batch_records_the_input_and_the_pipeline_goes_on(
     with pytest.raises(SPARK_ERRORS):
         MicroBatchRunner(spark, dividing, data_root).run_batch()
     with pytest.raises(PipelineConfigInvalid, match="not its uncommitted batch"):
-        set_aside(MicroBatchRunner(spark, dividing, data_root), 2, "wrong batch")
+        set_aside(spark, dividing, data_root, 2, "wrong batch")
     code, out, err = lowmark(
         capsys, data_root, "--pipelines", __name__, "skip-batch", "dividing",
         "1", "--reason", "amount 0 from the test feed",
@@ -101,7 +102,7 @@ def test_skip_batch_records_the_input_and_the_pipeline_goes_on(
     ]
     assert bad[0].reason == "set aside by lowmark skip-batch: amount 0 from the test feed"
     status = pipeline_status(spark, dividing, data_root)
-    assert status["blocked"] is None and status["last_committed_batch"] == 2
+    assert status.blocked is None and status.last_committed_batch == 2
 
 
 def test_set_aside_puts_the_window_state_back_as_the_batch_before_left_it(
@@ -116,7 +117,7 @@ def test_set_aside_puts_the_window_state_back_as_the_batch_before_left_it(
     # Batch 2 dies after its state write: the state holds its windows, the sink not.
     with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_state", 2)):
         MicroBatchRunner(spark, p, skipped_root).run(max_batches=None)
-    done = set_aside(MicroBatchRunner(spark, p, skipped_root), 2, "test")
+    done = set_aside(spark, p, skipped_root, 2, "test")
     assert done.state_restored_to is not None
     MicroBatchRunner(spark, p, skipped_root).run(max_batches=None)
     # The sink is what the input without batch 2's file gives.
@@ -174,8 +175,10 @@ def test_a_transient_error_during_a_replay_is_tried_again_after_pauses_and_never
 ) -> None:
     _claimed_then_interrupted(spark, data_root)
     pauses: list[float] = []
-    runner = MicroBatchRunner(spark, fragile, data_root, sleep=pauses.append)
-    runner.source = FlakyReads(runner.source, 2, ConnectionResetError("connection reset by peer"))
+    built = build_parts(spark, fragile, data_root).source
+    flaky = FlakyReads(built, 2, ConnectionResetError("connection reset by peer"))
+    parts = build_parts(spark, fragile, data_root, source=flaky)
+    runner = MicroBatchRunner(spark, fragile, data_root, sleep=pauses.append, parts=parts)
     result = runner.run_batch()
     assert result is not None and (result.batch_id, result.replay) == (0, True)
     # Two reads failed: one pause after each, the second twice the first.
@@ -225,7 +228,7 @@ def test_a_lasting_operational_error_blocks_the_batch_with_its_reason_and_the_se
         assert "batch 0 of fragile stopped 3 times" in message
         assert "f000.json (taken by batch 0) is gone: put it back" in message
         assert "lowmark run fragile --retry" in message
-        assert pipeline_status(spark, fragile, data_root)["blocked"] == message
+        assert pipeline_status(spark, fragile, data_root).blocked == message
         data = tick()
         assert not data.run_requests and data.skip_message == message
         # The Dagster check sends the operator to the error's own fix, not to the transform.

@@ -312,4 +312,4 @@ def test_maintenance_retires_committed_files_once_they_left_the_folder_and_no_ot
 
     assert runner.run_batch() is not None  # planning goes on after the retired files
     assert sink_ids(spark, data_root) == [i * 100 + r for i in range(4) for r in range(3)]
-    assert runner.plan_next_batch(dry_run=True) is None
+    assert runner.planner.next_batch(dry_run=True).planned is None

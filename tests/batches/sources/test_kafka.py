@@ -311,8 +311,11 @@ def test_each_commit_commits_the_frontier_to_the_consumer_group_and_status_shows
     runner.run_batch()
     assert kafka.committed("lowmark-grouped", topic) == {0: 3, 1: 3}
     status = pipeline_status(spark, pipeline, data_root)
-    assert status["backlog"] == {"records": 2, "partitions": 1}
-    assert status["next_batch"]["reason"] == "2 Kafka records waiting in 1 partitions"
+    assert status.backlog == {"records": 2, "partitions": 1}
+    assert (
+        status.next_batch is not None
+        and status.next_batch.reason == "2 Kafka records waiting in 1 partitions"
+    )
     runner.run(max_batches=None)
     assert kafka.committed("lowmark-grouped", topic) == {0: 5, 1: 3}
 
@@ -369,9 +372,11 @@ def test_a_windowed_pipeline_over_three_partitions_goes_on_when_one_goes_idle(
             kafka.produce(topic, [event(f"u{p}", second, second)], partition=p)
         runner.run(max_batches=None)
     status = pipeline_status(spark, pipeline, data_root, clock)
-    times = {t["partition"]: t for t in status["partitions"]}
+    times = {t.partition: t for t in status.partitions}
     idle = times[f"{topic}:2"]
-    assert status["watermark_ms"] > idle["max_event_time_ms"]  # partition 2 holds nothing back
+    assert (
+        status.watermark_ms is not None and status.watermark_ms > idle.max_event_time_ms
+    )  # partition 2 holds nothing back
 
     every = spark.createDataFrame(
         [(f"u{p}", T0 + timedelta(seconds=s), s) for p in range(3) for s in (1, 5, 12)]
@@ -385,7 +390,7 @@ def test_a_windowed_pipeline_over_three_partitions_goes_on_when_one_goes_idle(
         F.count(F.lit(1)).alias("count"),
         F.sum("amount").alias("sum_amount"),
     ).where(  # append mode: windows the watermark closed (allowed lateness 0)
-        F.unix_millis("window_end") <= F.lit(status["watermark_ms"])
+        F.unix_millis("window_end") <= F.lit(status.watermark_ms)
     )
     assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)
 

@@ -110,11 +110,11 @@ def test_a_source_gone_idle_does_not_hold_the_watermark_back(
         clock.advance(30_000)
         runner.run(max_batches=None)
     status = pipeline_status(spark, pipeline, data_root, clock)
-    times = {t["partition"]: t for t in status["partitions"]}
+    times = {t.partition: t for t in status.partitions}
     assert set(times) == {"live/0", "done/0"}
-    assert times["done/0"]["max_event_time_ms"] == START_MS + 4_000
+    assert times["done/0"].max_event_time_ms == START_MS + 4_000
     # 110 s of "live" events: its watermark leads, the idle source is left out.
-    assert status["watermark_ms"] == times["live/0"]["max_event_time_ms"] > START_MS + 100_000
+    assert status.watermark_ms == times["live/0"].max_event_time_ms > START_MS + 100_000
 
 
 def test_sources_of_different_shapes_without_transforms_are_refused_in_one_line(

@@ -1,0 +1,293 @@
+"""The Spark work of a batch: read and transform (step 3), look (step 4), windows (step 5).
+
+What the runner (``batches.loop.microbatch``) hands to Spark; everything
+else a batch does is driver-side bookkeeping. The catch-up read-ahead
+(``batches.loop.catch_up``) builds its frames here too (``BatchWork.unwatermarked``),
+so a batch it looked at ahead is looked at exactly as its own job would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import pyarrow as pa
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
+from batches.errors import PipelineConfigInvalid
+from batches.event_time.stage import (
+    BatchFrames,
+    WindowChanges,
+    WindowedStage,
+    late_table,
+    partition_max_event_ms,
+)
+from batches.loop.catch_up import Seen, row_by_row
+from batches.loop.plan import PlannedBatch
+from batches.pipeline import Pipeline
+from batches.sinks.delta import DeltaTableSink, WindowSink
+from batches.sources.base import PARTITION_COLUMN, Range, Source, SourceRead
+from state.checkpoint import Checkpoint
+from state.table import DriverTable
+from state.window_state import LATEST
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Taken:
+    """Step 3 of a batch: lazy frames over its input."""
+
+    read: SourceRead
+    out: DataFrame
+    """The transformed records."""
+    frames: BatchFrames | None
+    """Windowed: the stage's frames over ``out``."""
+
+
+class BatchWork:
+    """The Spark work of one pipeline's batches, over its source, stage and checkpoint."""
+
+    def __init__(
+        self,
+        spark: Callable[[], SparkSession],
+        pipeline: Pipeline,
+        checkpoint: Checkpoint,
+        source: Source,
+        stage: WindowedStage | None,
+        sink: WindowSink | DeltaTableSink,
+    ) -> None:
+        self._spark = spark
+        self.pipeline = pipeline
+        self.checkpoint = checkpoint
+        self.source = source
+        self.stage = stage
+        self.sink = sink
+
+    def take(self, planned: PlannedBatch) -> Taken:
+        """Step 3 for ``planned``: its read, transformed records and (windowed) stage frames,
+        all lazy. A stateless batch reads its input twice (counts, then the sink write):
+        its parse is cached. A replay of a batch that already wrote something reads
+        strictly what it read then (``Source.read``)."""
+        strict = planned.replay and self._wrote_any(planned.batch_id)
+        return self._take(
+            planned.range,
+            planned.watermark_ms,
+            planned.planned_at_ms,
+            cache=self.stage is None,
+            strict=strict,
+        )
+
+    def _take(
+        self,
+        batch: Range,
+        watermark_ms: int | None,
+        now_ms: int,
+        cache: bool = False,
+        strict: bool = False,
+        observe: bool = True,
+    ) -> Taken:
+        """Step 3 for ``batch`` (``observe``: see ``WindowedStage.batch_frames``)."""
+        read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
+        out = self._transformed(read, batch)
+        frames = (
+            self.stage.batch_frames(
+                out, watermark_ms, batch.batch_id, self._partitions_of(batch), now_ms, observe
+            )
+            if self.stage is not None
+            else None
+        )
+        return Taken(read, out, frames)
+
+    def _transformed(self, read: SourceRead, batch: Range) -> DataFrame:
+        """The records of ``read`` (of ``batch``'s range) after the pipeline's transform."""
+        out = self.pipeline.transform(read.records) if self.pipeline.transform else read.records
+        if PARTITION_COLUMN not in out.columns:
+            # A transform that selected its columns dropped the partition; when the batch
+            # reads one partition (or none: no records) there is nothing to lose by
+            # putting it back.
+            moved = self._partitions_of(batch)
+            if len(moved) <= 1:
+                partition = F.lit(moved[0] if moved else None).cast("string")
+                out = out.withColumn(PARTITION_COLUMN, partition)
+        return out
+
+    def _partitions_of(self, batch: Range) -> tuple[str, ...]:
+        """The source partitions ``batch`` takes records from."""
+        return self.source.partitions(batch.start, batch.end)
+
+    def _wrote_any(self, batch_id: int) -> bool:
+        """True if a write of batch ``batch_id`` landed (its replay must read what it read)."""
+        ckpt = self.checkpoint
+        written = [
+            (ckpt.bad_records, ckpt.txn_app_id("bad_records")),
+            (ckpt.late, ckpt.txn_app_id("late")),
+            (ckpt.watermarks.table, ckpt.txn_app_id("watermarks")),
+            (DriverTable(self.sink.path, None, "sink"), self.sink.txn_app_id),
+        ]
+        if self.stage is not None:
+            written.append((self.stage.state.table, self.stage.state.txn_app_id))
+        return any(table.landed(app_id, batch_id) for table, app_id in written)
+
+    def unwatermarked(
+        self, batches: Sequence[Range], now_ms: int
+    ) -> tuple[SourceRead, BatchFrames] | None:
+        """Step 3 with no watermark and nothing observed, as the catch-up read-ahead looks:
+        of one batch, or of several in one read, each record tagged with its batch. None
+        when the source cannot tag, or the transform may not keep the tag row by row
+        (``catch_up.row_by_row``): each batch is then looked at on its own."""
+        assert self.stage is not None
+        if len(batches) == 1:
+            taken = self._take(batches[0], None, now_ms, observe=False)
+            assert taken.frames is not None
+            return taken.read, taken.frames
+        read = self.source.read_batches(batches)
+        if read is None:
+            return None
+        whole = Range(batches[0].batch_id, batches[0].start, batches[-1].end)
+        out = self._transformed(read, whole)
+        if not row_by_row(out, read.records):
+            return None
+        frames = self.stage.batch_frames(
+            out, None, whole.batch_id, self._partitions_of(whole), now_ms, observe=False
+        )
+        return read, frames
+
+    def look(self, taken: Taken, planned: PlannedBatch) -> Seen:
+        """Step 4: what the batch's records give, in one Spark job when all is well.
+
+        Windowed: the job computes the partials while Spark observes the
+        input's counts, the late rows (collected as they are read) and each
+        partition's max event time. Only when it saw bad rows (or could not
+        observe: see ``collect.observed``) does a second job read the input
+        again, cached, for those rows; it must find as many rows and late rows
+        as the first saw (a transform must be deterministic). No input, no
+        job. Stateless: one job over the cached input (the sink write reads it
+        again).
+        """
+        read, frames = taken.read, taken.frames
+        if frames is None:
+            return self._counted(read, taken.out, None, planned)
+        if planned.start == planned.end:
+            return Seen(0, None, None, {}, 0, empty_of(frames.partials))
+        with shuffle_partitions(self._spark(), read.size_bytes):
+            partials = explained(read, lambda: collect({"partials": frames.partials}))
+        counts, stats = observed(read.counts), frames.stats()
+        if counts is not None and stats is not None and not counts.get("bad"):
+            late = None
+            if stats.late and stats.late_records is not None:
+                late = late_table(stats.late_records, planned.batch_id, planned.watermark_ms)
+            return Seen(counts["rows"], None, late, stats.max_ms, stats.rows, partials["partials"])
+        again = self._take(planned.range, planned.watermark_ms, planned.planned_at_ms, cache=True)
+        assert again.frames is not None
+        seen = self._counted(again.read, again.out, again.frames.late, planned)
+        seen_late = seen.late.num_rows if seen.late is not None else 0
+        if stats is not None and (seen.rows_out, seen_late) != (stats.rows, stats.late):
+            raise PipelineConfigInvalid(
+                f"the transform of {self.pipeline.name} gave batch {planned.batch_id} "
+                f"{stats.rows} records ({stats.late} late) in one job and {seen.rows_out} "
+                f"({seen_late} late) in another over the same input: make it deterministic "
+                "(no rand(), no current time, no reads of changing tables)"
+            )
+        return dataclasses.replace(seen, partials=partials["partials"])
+
+    def _counted(
+        self, read: SourceRead, out: DataFrame, late: DataFrame | None, planned: PlannedBatch
+    ) -> Seen:
+        """One job over ``read`` (cached): counts, max event times, bad rows and ``late``."""
+        event_time = self.pipeline.event_time
+        parts: dict[str, DataFrame] = {
+            "input": read.records.agg(F.count(F.lit(1)).alias("rows")),
+            "output": (
+                partition_max_event_ms(out, event_time, planned.planned_at_ms)
+                if event_time is not None
+                else out.agg(F.count(F.lit(1)).alias("rows"))
+            ),
+        }
+        if read.bad is not None:
+            parts["bad"] = read.bad
+        if late is not None:
+            parts["late"] = late
+        try:
+            with shuffle_partitions(self._spark(), read.size_bytes):
+                seen = explained(read, lambda: collect(parts))
+        finally:
+            if late is not None:  # the windowed fallback: nothing else reads the cache
+                read.unpersist()
+        max_ms: dict[str, int] = {}
+        if event_time is not None:
+            stats = seen["output"].to_pylist()
+            max_ms = {r[PARTITION_COLUMN]: r["max_ms"] for r in stats if r["max_ms"] is not None}
+        return Seen(
+            total(seen["input"], "rows"),
+            seen.get("bad"),
+            seen.get("late"),
+            max_ms,
+            total(seen["output"], "rows"),
+            None,
+        )
+
+    def windows(
+        self, partials: pa.Table, taken: Taken | None, planned: PlannedBatch
+    ) -> WindowChanges:
+        """Step 5: the batch's window changes, on the driver; nothing is written.
+
+        The state rows the partials touch and those the watermark makes final
+        are read on the driver as of the state batch ``planned`` starts from
+        (``_state_as_of``); the merge runs there too when the aggregates allow,
+        else as one Spark job over that local data (``taken``: the batch's own
+        frames, which a batch merged in Spark always has).
+        """
+        stage = self.stage
+        assert stage is not None
+        nearby, final = stage.state_rows(partials, self._state_as_of(planned), planned.watermark_ms)
+        if stage.merges_on_driver:
+            return stage.merge_on_driver(partials, nearby, final, planned.batch_id)
+        assert taken is not None and taken.frames is not None  # never read ahead
+        spark = self._spark()
+        schema = taken.frames.partials.schema
+        local = to_frame(spark, partials, schema)
+        merged = stage.merge(
+            local,
+            to_frame(spark, nearby, schema) if nearby is not None else None,
+            to_frame(spark, final, schema) if final is not None else None,
+            planned.batch_id,
+        )
+        # One job collects every table of the merge.
+        tables = collect({f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)})
+        return WindowChanges(**tables)
+
+    def _state_as_of(self, planned: PlannedBatch) -> int | None:
+        """The state version batch ``planned`` starts from: the newest (``LATEST``), or, for
+        a replay whose own state write landed, the one commit N-1 recorded (None: no state
+        yet). See ``state.window_state``."""
+        recorded = planned.previous.table_versions.get("state") if planned.previous else None
+        if recorded is None or self.stage is None:
+            return None
+        state = self.stage.state
+        if planned.replay and state.table.landed(state.txn_app_id, planned.batch_id):
+            return recorded
+        return LATEST
+
+
+def explained(read: SourceRead, job: Callable[[], T]) -> T:
+    """Run a Spark ``job`` over the batch's input, naming the input file it could not read."""
+    try:
+        return job()
+    except (Py4JJavaError, PySparkException) as exc:
+        error = read.explain(exc)
+        if error is None:
+            raise
+        read.unpersist()
+        raise error from exc
+
+
+def total(table: pa.Table, column: str) -> int:
+    """The sum of ``column`` over ``table``'s rows (nulls count as nothing)."""
+    return int(sum(v for v in table.column(column).to_pylist() if v is not None))

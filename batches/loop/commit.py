@@ -1,0 +1,73 @@
+"""Step 7, the one commit path: a batch is done once its commit-log entry is written.
+
+Used by the runner after a batch's writes, and by ``lowmark skip-batch``
+(``batches.admin.skip_batch``), which commits a batch without its input: a
+field a commit gains is added here, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from batches.event_time.watermarks import PartitionTime
+from batches.loop import faults
+from batches.loop.plan import PlannedBatch
+from batches.pipeline import Pipeline
+from state.checkpoint import Checkpoint
+from state.commit_log import CommitEntry
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """Where a batch's records went (``CommitEntry``'s counts); all zero: no input taken."""
+
+    rows_in: int = 0
+    rows_out: int = 0
+    rows_bad: int = 0
+    rows_late: int = 0
+    rows_dropped: int = 0
+    rows_windowed: int = 0
+    rows_closed: int = 0
+
+
+def commit_batch(
+    checkpoint: Checkpoint,
+    pipeline: Pipeline,
+    planned: PlannedBatch,
+    runner_id: str,
+    next_watermark_ms: int | None,
+    versions: dict[str, int],
+    partitions: dict[str, PartitionTime] | None,
+    counts: BatchCounts,
+) -> CommitEntry:
+    """Commit batch ``planned``; the entry written.
+
+    Step 7a. The per-partition times ``partitions`` (event-time pipelines;
+             None: none to write), one row each in the watermarks table.
+    Step 7b. The commit entry: ``next_watermark_ms`` (the next batch starts
+             from it), the table ``versions`` the batch wrote (and the
+             watermarks'), its ``counts`` and the running totals. A runner
+             whose claim loses to another's stops (``CommitLog.claim``).
+    """
+    batch_id = planned.batch_id
+    versions = dict(versions)
+    event_time = pipeline.event_time
+    if event_time is not None and partitions is not None:
+        versions["watermarks"] = checkpoint.watermarks.write(
+            batch_id,
+            [
+                (p, t.max_event_time_ms, t.watermark_ms(event_time), t.last_seen_ms)
+                for p, t in sorted(partitions.items())
+            ],
+        )
+    commit = CommitEntry(
+        batch_id=batch_id,
+        runner_id=runner_id,
+        next_watermark_ms=next_watermark_ms,
+        table_versions=versions,
+        **dataclasses.asdict(counts),
+    ).plus_totals(planned.previous)
+    faults.reached("before_commit", batch_id)
+    checkpoint.commits.claim(commit)
+    return commit

@@ -1,0 +1,104 @@
+"""The parts a pipeline's batches run with, built in one place.
+
+``build_parts`` gives a runner (``batches.loop.microbatch``) and ``lowmark
+skip-batch`` everything they work with: the checkpoint (opened, or created),
+the source, the event-time stage, the sink, the Spark work, the read-ahead
+and the planner. ``read_only_planner`` gives a read-only question (``lowmark
+status``, ``lowmark plan``, a sensor tick) the planner alone, and never
+creates a checkpoint for it (but see ``Planner.next_batch`` on a start that
+moves). Building parts starts no Spark: each part asks ``spark`` for the
+session when it first needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from batches.clock import Clock, SystemClock
+from batches.event_time.stage import WindowedStage, window_state
+from batches.loop.batch_work import BatchWork
+from batches.loop.catch_up import ReadAhead
+from batches.loop.plan import Planner
+from batches.pipeline import Pipeline, resolve
+from batches.sinks.delta import DeltaTableSink, WindowSink
+from batches.sources import build_source
+from batches.sources.base import Source
+from state.checkpoint import Checkpoint
+from state.session import SparkLike, provider
+
+
+@dataclass(frozen=True)
+class BatchParts:
+    """What the batches of one pipeline run with."""
+
+    checkpoint: Checkpoint
+    source: Source
+    stage: WindowedStage | None
+    """Windowed pipelines' event-time stage (None: a stateless pipeline)."""
+    sink: WindowSink | DeltaTableSink
+    work: BatchWork
+    read_ahead: ReadAhead | None
+    """Windowed pipelines' catch-up read-ahead (``batches.loop.catch_up``)."""
+    planner: Planner
+
+
+def build_parts(
+    spark: SparkLike,
+    pipeline: Pipeline,
+    data_root: Path,
+    clock: Clock | None = None,
+    source: Source | None = None,
+) -> BatchParts:
+    """The parts of ``pipeline``'s batches, over its checkpoint (created if there is none).
+
+    ``clock``: what "now" is read from (default: the wall clock); ``source``:
+    the runtime source to read through (default: the one its configuration
+    builds, ``build_source``).
+    """
+    clock = clock or SystemClock()
+    session = provider(spark)
+    checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
+    source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
+    stage = _stage(pipeline, checkpoint)
+    config = pipeline.sink_config()
+    sink_path = resolve(config.path, data_root)
+    # One writer engine per sink table: a windowed pipeline's few windows are
+    # written from the driver, a stateless pipeline's records by Spark.
+    sink: WindowSink | DeltaTableSink = (
+        WindowSink(config, sink_path, checkpoint.txn_app_id("sink"))
+        if stage is not None
+        else DeltaTableSink(spark, config, sink_path, checkpoint.txn_app_id("sink"))
+    )
+    work = BatchWork(session, pipeline, checkpoint, source, stage, sink)
+    read_ahead = (
+        ReadAhead(session, source, stage, work.unwatermarked, pipeline.read_ahead_batches)
+        if stage is not None
+        else None
+    )
+    planner = Planner(pipeline, checkpoint, source, stage, clock)
+    return BatchParts(checkpoint, source, stage, sink, work, read_ahead, planner)
+
+
+def read_only_planner(
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
+) -> Planner:
+    """The planner of ``pipeline`` for a read-only question: over its checkpoint if it has
+    one, else over the location, which planning creates only to fix a start that moves."""
+    clock = clock or SystemClock()
+    location = pipeline.checkpoint_location(data_root)
+    if not Checkpoint.exists(location):
+        source = build_source(spark, pipeline, data_root, location, clock)
+        return Planner(pipeline, location, source, None, clock)
+    checkpoint = Checkpoint(location, pipeline.name)
+    source = build_source(spark, pipeline, data_root, checkpoint, clock)
+    return Planner(pipeline, checkpoint, source, _stage(pipeline, checkpoint), clock)
+
+
+def _stage(pipeline: Pipeline, checkpoint: Checkpoint) -> WindowedStage | None:
+    """The event-time stage of a windowed pipeline, its state in ``checkpoint``."""
+    if pipeline.aggregation is None or pipeline.event_time is None:
+        return None
+    return WindowedStage(
+        pipeline.event_time, pipeline.aggregation, window_state(checkpoint, pipeline.aggregation)
+    )

@@ -1,0 +1,373 @@
+"""The planner: what runs next, by the recovery rule, read-only.
+
+One rule answers every "what now?": the runner before each batch, ``lowmark
+status`` and ``lowmark plan`` (and through status the Dagster sensor), poison
+handling and ``lowmark skip-batch``, before batch 0 too. Its answer
+(``NextBatch``) is a new batch, the replay of an uncommitted one, an
+emit-only batch, a blocked batch (a poison batch, or one that kept stopping
+on an operational error: ``batches.loop.poison``), or nothing.
+
+Planning reads the two logs' latest entries and asks the source; it writes
+nothing but, when a run plans (not a dry run), what the source records of
+its discoveries, and batch 0's start when the source chose it (see
+``Planner.next_batch``). It needs no Spark session for local folders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from batches.clock import Clock
+from batches.event_time.stage import WindowedStage
+from batches.event_time.watermarks import PartitionTime, observe, pipeline_watermark
+from batches.loop.poison import blocked
+from batches.pipeline import Pipeline
+from batches.sources.base import Range, Skipped, Source, check_identity
+from state.checkpoint import Checkpoint
+from state.commit_log import CommitEntry
+from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
+from state.offset_log import Identity, OffsetEntry, Offsets
+from state.window_state import LATEST
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """The next batch to run: its id, input range, watermark and what it builds on."""
+
+    batch_id: int
+    start: Offsets
+    end: Offsets
+    watermark_ms: int | None
+    replay: bool
+    planned_at_ms: int
+    """Processing time the batch was planned (recorded as the offsets' created_at)."""
+    previous: CommitEntry | None
+    """The commit of batch_id - 1 (its state version and partition times are this batch's input)."""
+    identity: Identity = field(default_factory=dict)
+    """What the source's offsets point into (``Source.identity``), recorded with them."""
+    skipped: Skipped | None = None
+    """Input upstream lost past the previous batch's end, which this batch (starting after
+    it) passes over (``on_data_loss: skip``)."""
+    waiting: tuple[str, ...] = ()
+    """Source partitions with records past ``end`` when planned (recorded in the offset log)."""
+
+    @property
+    def range(self) -> Range:
+        """The batch's input: its id and ``[start, end)``."""
+        return Range(self.batch_id, self.start, self.end)
+
+    @property
+    def emit_only(self) -> bool:
+        """A new batch with no input: the watermark moved and closes windows."""
+        return not self.replay and self.end == self.start
+
+
+NextKind = Literal["new", "replay", "emit_only", "blocked", "nothing"]
+
+
+@dataclass(frozen=True)
+class NextBatch:
+    """The planner's answer: the batch that runs next, if any, and whether it is blocked."""
+
+    planned: PlannedBatch | None
+    """None: nothing to do."""
+    blocked: str | None = None
+    """Why ``planned`` (a replay) is not run again by itself (``poison.blocked``); None: it
+    may run."""
+
+    @property
+    def kind(self) -> NextKind:
+        """What runs next, in one word."""
+        planned = self.planned
+        if planned is None:
+            return "nothing"
+        if self.blocked is not None:
+            return "blocked"
+        if planned.replay:
+            return "replay"
+        return "emit_only" if planned.emit_only else "new"
+
+
+class Planner:
+    """Plans the batches of one pipeline from its checkpoint and source.
+
+    ``checkpoint`` may be the location of a checkpoint that does not exist
+    yet (a pipeline that never ran): the planner then plans batch 0 without
+    creating it, unless the source's start moves (see ``next_batch``).
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        checkpoint: Checkpoint | str,
+        source: Source,
+        stage: WindowedStage | None,
+        clock: Clock,
+    ) -> None:
+        self.pipeline = pipeline
+        self.checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else None
+        """None while the pipeline has no checkpoint."""
+        self.location = checkpoint.location if isinstance(checkpoint, Checkpoint) else checkpoint
+        self.source = source
+        self.stage = stage
+        self.clock = clock
+        self.fingerprint = pipeline.fingerprint()
+        self._position: tuple[OffsetEntry, CommitEntry] | None = None
+        self._partitions: dict[str, PartitionTime] | None = None
+
+    @property
+    def start_offsets(self) -> Offsets:
+        """Where batch 0 starts: as the checkpoint recorded it (the first plan records it;
+        ``lowmark reset`` may record another start), else the source's beginning now."""
+        recorded = self.checkpoint.start_offsets if self.checkpoint else None
+        return recorded if recorded is not None else self.source.initial_offsets()
+
+    def next_batch(self, dry_run: bool = False, retry: bool = False) -> NextBatch:
+        """Decide which batch runs next (``NextBatch``).
+
+        ``dry_run`` writes nothing (the source records no discovery), except
+        batch 0's start when it moves (``Source.start_moves``: "latest"), which
+        the first plan fixes in the checkpoint (creating it if need be): what
+        ``lowmark status`` and the Dagster sensor ask, so they follow this one
+        rule instead of a copy of it. A replay that failed
+        ``max_failed_attempts`` times is ``blocked`` unless ``retry``.
+
+        The recovery rule, over the latest offset-log entry and the latest
+        commit-log entry::
+
+            latest = offsets.latest()          # may be None
+            done   = commits.latest()          # may be None
+            if latest is None:       plan batch 0 from the source's initial offsets
+            elif done == latest:     plan batch latest+1 starting at offsets[latest].end
+            elif done == latest - 1 or (done is None and latest == 0):
+                                     REPLAY batch latest with exactly offsets[latest]
+                                     and offsets[latest].batch_watermark_ms
+            else:                    raise CheckpointCorrupt naming both ids
+
+        A new batch is planned only if the source has data past the committed
+        end, or if the watermark (re-evaluated now, so idle partitions stop
+        holding it back) would close windows: an empty batch that emits. The
+        pipeline fingerprint of the latest entry must match, and so must the
+        source's identity it recorded (a replaced source stops the pipeline:
+        its offsets point into the old one). ``position`` reads the two
+        entries.
+        """
+        planned = self._plan(dry_run)
+        if planned is None or not planned.replay or retry or self.checkpoint is None:
+            return NextBatch(planned)
+        failures = self.checkpoint.failures.of(planned.batch_id)
+        return NextBatch(planned, blocked(self.pipeline, failures, self.source, planned.range))
+
+    def _plan(self, dry_run: bool) -> PlannedBatch | None:
+        """The recovery rule (``next_batch``)."""
+        latest, done = self.position()
+        done_id = done.batch_id if done else None
+        if latest is None:
+            if done is not None:
+                raise CheckpointCorrupt(
+                    f"commit log of {self.location} has batch {done_id} but the "
+                    "offset log is empty: restore offsets/ or start over with `lowmark reset`"
+                )
+            start = self.start_offsets
+            # A start that moves ("latest") is fixed by the first plan, a dry run's too:
+            # asked anew by every plan, it would stay ahead of whatever lands in between.
+            fixes = not dry_run or self.source.start_moves()
+            if fixes and (self.checkpoint is None or self.checkpoint.start_offsets is None):
+                start = self._fix_start(start)
+            return self._plan_new(0, start, None, None, dry_run)
+        if latest.pipeline_fingerprint != self.fingerprint:
+            raise FingerprintMismatch(
+                f"pipeline {self.pipeline.name} changed since its checkpoint "
+                f"{self.location} was written (fingerprint "
+                f"{latest.pipeline_fingerprint} -> {self.fingerprint}): restore the old "
+                f"definition, or start over with `lowmark reset {self.pipeline.name} "
+                "--truncate-sink`"
+            )
+        if done is not None and done.batch_id == latest.batch_id:
+            return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
+        if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
+            previous = done if done_id == latest.batch_id - 1 else None
+            self._check_identity(latest)
+            return PlannedBatch(
+                latest.batch_id,
+                latest.start_offsets,
+                latest.end_offsets,
+                latest.batch_watermark_ms,
+                replay=True,
+                planned_at_ms=_ms(latest.created_at),
+                previous=previous,
+                identity=latest.source_identity,
+                skipped=_recorded_skip(latest),
+                waiting=tuple(latest.waiting_partitions),
+            )
+        raise CheckpointCorrupt(
+            f"checkpoint {self.location} is inconsistent: latest offsets batch "
+            f"{latest.batch_id}, latest commit batch {done_id}; expected the commit to be "
+            f"{latest.batch_id} or {latest.batch_id - 1}. Restore both logs from one backup, "
+            "or start over with `lowmark reset`"
+        )
+
+    def _fix_start(self, start: Offsets) -> Offsets:
+        """Record ``start`` as where batch 0 starts, in a checkpoint created for it if there
+        is none; the start recorded (another planner may have been first)."""
+        if self.checkpoint is None:
+            self.checkpoint = Checkpoint(self.location, self.pipeline.name, start_offsets=start)
+        if self.checkpoint.start_offsets is None:
+            self.checkpoint.record_start_offsets(start)
+        recorded = self.checkpoint.start_offsets
+        assert recorded is not None
+        return recorded
+
+    def _plan_new(
+        self,
+        batch_id: int,
+        start: Offsets,
+        latest: OffsetEntry | None,
+        done: CommitEntry | None,
+        dry_run: bool,
+    ) -> PlannedBatch | None:
+        identity = self._check_identity(latest)
+        now = self.clock.now_ms()
+        # Lost input is passed over by starting after it: the offset log shows the gap.
+        skipped = self.source.past_lost(start)
+        if skipped is not None:
+            start = skipped.start
+        end = self.source.plan(start, batch_id, record=not dry_run)
+        waiting = self.source.waiting_partitions(end)
+        watermark = done.next_watermark_ms if done else None
+        if self.pipeline.event_time is not None and done is not None:
+            parts = self.partition_times(done)
+            active = self.with_records(Range(batch_id, start, end), waiting)
+            watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark, active)
+        if end == start and skipped is None:
+            previous_watermark = latest.batch_watermark_ms if latest else None
+            if watermark is None or watermark == previous_watermark or self.stage is None:
+                return None
+            state_version = LATEST if done and "state" in done.table_versions else None
+            if not self.stage.would_emit(state_version, watermark):
+                return None
+        return PlannedBatch(
+            batch_id, start, end, watermark, False, now, done, identity, skipped, waiting
+        )
+
+    def _check_identity(self, latest: OffsetEntry | None) -> Identity:
+        """The source's identity now, after checking it is the one ``latest`` recorded (or,
+        before batch 0, the one the checkpoint's start offsets were read from)."""
+        identity = self.source.identity()
+        name = self.pipeline.name
+        if latest is not None:
+            check_identity(latest.source_identity, identity, f"batch {latest.batch_id}", name)
+        else:
+            read_up_to = "the start offsets of this checkpoint (`lowmark reset --after-sink`)"
+            recorded = self.checkpoint.start_identity if self.checkpoint else {}
+            check_identity(recorded, identity, read_up_to, name)
+        return identity
+
+    def position(self) -> tuple[OffsetEntry | None, CommitEntry | None]:
+        """The latest offset-log and commit-log entries (None, None: no checkpoint yet).
+
+        Read once per planner: after its runner's commit (``committed``), or a
+        read where both are the same batch, it knows where it stands; a runner
+        that raced it is still caught by the offset log.
+        """
+        if self._position is not None:
+            return self._position
+        if self.checkpoint is None:
+            return None, None
+        latest = self.checkpoint.offsets.get_latest()
+        done = self.checkpoint.commits.get_latest()
+        self._check_tables_of(done)
+        if latest is not None and done is not None and latest.batch_id == done.batch_id:
+            self._position = (latest, done)
+        return latest, done
+
+    def last_committed(self) -> OffsetEntry | None:
+        """The offset-log entry of the newest committed batch (None before the first commit)."""
+        latest, done = self.position()
+        if done is None:
+            return None
+        if latest is not None and latest.batch_id == done.batch_id:
+            return latest  # the usual case: nothing pending, no second read
+        assert self.checkpoint is not None
+        return self.checkpoint.offsets.get(done.batch_id)
+
+    def committed(
+        self, offsets: OffsetEntry, commit: CommitEntry, partitions: dict[str, PartitionTime]
+    ) -> None:
+        """Batch ``offsets.batch_id`` committed (``commit``), leaving ``partitions``' times:
+        where the next plan starts, with no read of the logs."""
+        self._position = (offsets, commit)
+        self._partitions = partitions if self.pipeline.event_time is not None else None
+
+    def forget(self) -> None:
+        """Read the logs again at the next plan (what this planner knew may be stale)."""
+        self._position, self._partitions = None, None
+
+    def partition_times(self, committed: CommitEntry) -> dict[str, PartitionTime]:
+        """Per-partition times as of ``committed``, which wrote them to the watermarks table."""
+        if self._partitions is None:
+            rows = (
+                self.checkpoint.watermarks.at(committed.batch_id)
+                if self.checkpoint is not None and "watermarks" in committed.table_versions
+                else []
+            )
+            self._partitions = {p: PartitionTime(p, max_ms, seen) for p, max_ms, _, seen in rows}
+        return self._partitions
+
+    def times_after(
+        self, planned: PlannedBatch, max_event_ms: dict[str, int]
+    ) -> tuple[dict[str, PartitionTime], int | None]:
+        """Each partition's times after ``planned`` saw ``max_event_ms`` (its newest event
+        time per partition), and the watermark the next batch starts from."""
+        event_time = self.pipeline.event_time
+        if event_time is None:
+            return {}, planned.watermark_ms
+        known = self.partition_times(planned.previous) if planned.previous else {}
+        partitions = observe(known, max_event_ms, planned.planned_at_ms)
+        watermark = pipeline_watermark(
+            partitions,
+            event_time,
+            planned.planned_at_ms,
+            planned.watermark_ms,
+            self.with_records(planned.range, planned.waiting),
+        )
+        return partitions, watermark
+
+    def with_records(self, batch: Range, waiting: Sequence[str]) -> frozenset[str]:
+        """The partitions that had records waiting when ``batch`` was planned: those it takes
+        records from and those with records past its end (``waiting``). None of them is
+        idle for its watermarks, however long ago it was last read."""
+        return frozenset(self.source.partitions(batch.start, batch.end)) | frozenset(waiting)
+
+    def _check_tables_of(self, done: CommitEntry | None) -> None:
+        """The state table the last commit wrote and the next batch reads must still be there.
+
+        Without it the next batch would start from empty state: a silent
+        restart from zero of what it holds.
+        """
+        if done is None or "state" not in done.table_versions or self.stage is None:
+            return
+        if not self.stage.state.table.exists():
+            raise CheckpointMissing(
+                f"window state table {self.stage.state.path} is missing, but commit "
+                f"{done.batch_id} wrote it: restore it from backup, or start over with "
+                "`lowmark reset`"
+            )
+
+
+def _recorded_skip(entry: OffsetEntry) -> Skipped | None:
+    """The input batch ``entry`` passed over, as its offset-log entry recorded it."""
+    if not entry.input_skipped:
+        return None
+    return Skipped(entry.start_offsets, entry.input_skipped, "as recorded in the offset log")
+
+
+def _ms(moment: datetime) -> int:
+    """Epoch milliseconds of ``moment``, exactly (no float rounding: a replay must plan
+    with the very processing time the batch was planned with)."""
+    return (moment - EPOCH) // timedelta(milliseconds=1)

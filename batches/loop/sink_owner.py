@@ -1,0 +1,72 @@
+"""Whose writes a sink holds: a new checkpoint must not write a sink another one wrote.
+
+Every sink write records its writer (``state.ownership``); before a
+checkpoint's first batch, and before ``lowmark reset`` adopts a sink, the
+last writer is looked up among the checkpoints beside this one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from batches.errors import SinkHeldElsewhere, SinkNotATable
+from batches.pipeline import Pipeline
+from state.checkpoint import Checkpoint, Found, find_checkpoint
+from state.ownership import Writer, last_writer
+
+
+def check_sink_is_ours(pipeline: Pipeline, checkpoint: Checkpoint, sink: str) -> None:
+    """Before ``checkpoint``'s first batch: its ``sink`` must be a folder (or nothing yet),
+    and must not hold another checkpoint's writes, or the source, read from the start
+    again, would land in it twice."""
+    if Path(sink).is_file():
+        raise SinkNotATable(
+            f"sink {sink} of {pipeline.name} is a file, not a folder a Delta table can live "
+            "in: point the pipeline's sink path at a folder, or move the file away"
+        )
+    writer = last_writer(sink)
+    if writer is None or writer.pipeline_id in {checkpoint.pipeline_id, checkpoint.adopted_from}:
+        return
+    location = checkpoint.location
+    holder = sink_holder(location, writer)
+    raise SinkHeldElsewhere(held_elsewhere(pipeline, location, sink, writer, holder))
+
+
+def sink_holder(location: str, writer: Writer) -> Found | None:
+    """The checkpoint of ``writer`` when it is beside the checkpoint ``location`` (every
+    pipeline's, and the ones ``lowmark reset`` moved aside, are by default)."""
+    return find_checkpoint(os.path.dirname(location.rstrip("/")), writer.pipeline_id)
+
+
+def held_elsewhere(
+    pipeline: Pipeline, location: str, sink: str, writer: Writer, found: Found | None
+) -> str:
+    """Why ``pipeline`` (checkpoint ``location``) may not write ``sink``, whose last
+    lowmark writer is another checkpoint's, ``writer`` (at ``found``: ``sink_holder``),
+    and the ways on.
+
+    The advice never empties another pipeline's data: a reset of this
+    pipeline only when the writer is one of its own old checkpoints; another
+    pipeline's sink wants a sink path of its own.
+    """
+    name = pipeline.name
+    held = f"up to its batch {writer.batch_id}"
+    if found is not None and found.pipeline_name != name:
+        return (
+            f"sink {sink} is pipeline {found.pipeline_name}'s (checkpoint {found.location}, "
+            f"{held}): {name} must not write it too; give {name} a sink path of its own"
+        )
+    if found is not None:
+        return (
+            f"sink {sink} holds the writes of {name}'s old checkpoint {found.location} "
+            f"({held}), and this new checkpoint would write its input again: run `lowmark "
+            f"reset {name} --after-sink` to go on after the sink's data, or `lowmark reset "
+            f"{name} --truncate-sink` to empty it and start from the beginning"
+        )
+    return (
+        f"sink {sink} holds the writes of checkpoint {writer.pipeline_id} ({held}), found "
+        f"nowhere beside {location}: if it was {name}'s, put it back at {location} and run "
+        f"`lowmark reset {name} --after-sink` to go on after the sink's data; if another "
+        f"pipeline writes this sink, give {name} a sink path of its own"
+    )
