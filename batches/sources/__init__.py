@@ -22,7 +22,7 @@ from batches.sources.delta_table import DeltaStreamSource
 from batches.sources.files import FileStreamSource
 from batches.sources.kafka import KafkaStreamSource
 from batches.sources.synthetic import SyntheticStreamSource
-from batches.sources.union import SourceUnion
+from batches.sources.union import UnionStreamSource
 from state.checkpoint import Checkpoint
 from state.manifest import FileManifest
 from state.session import SparkLike
@@ -48,7 +48,7 @@ def build_source(
     def build(config: SourceConfig) -> Source:
         if isinstance(config, UnionSource):
             parts = {name: build(c) for name, c in config.sources.items()}
-            return SourceUnion(parts, config.transforms)
+            return UnionStreamSource(parts, config.transforms)
         if isinstance(config, CustomSource):
             source = config.factory(spark, config.options, data_root)
             if not isinstance(source, Source):

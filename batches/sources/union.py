@@ -35,7 +35,7 @@ def named(offsets: Offsets, name: str) -> Offsets:
     return {f"{name}{SEPARATOR}{k}": v for k, v in offsets.items()}
 
 
-class SourceUnion(Source):
+class UnionStreamSource(Source):
     """``parts`` by name; ``transforms`` (by name) run on a part's records before the union."""
 
     def __init__(
