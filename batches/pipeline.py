@@ -539,7 +539,7 @@ class Maintenance(_Config):
     """How the runner keeps the checkpoint small over a long life (``state.maintenance``)."""
 
     every_batches: int = Field(
-        default=100, ge=1, description="Tidy the checkpoint after every this many batches."
+        default=100, ge=1, description="Run maintenance after every this many batches."
     )
     log_batches: int = Field(
         default=100,
@@ -583,7 +583,8 @@ class Pipeline(_Config):
         default=None, description="Event-time partitions for backfills (windowed pipelines)."
     )
     maintenance: Maintenance = Field(
-        default_factory=Maintenance, description="Log retention and compaction of the checkpoint."
+        default_factory=Maintenance,
+        description="Checkpoint maintenance: how often, and how many batches the logs keep.",
     )
     max_failed_attempts: int = Field(
         default=3,

@@ -43,7 +43,7 @@ from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.durations import parse_duration_ms
 from batches.errors import BatchFailed, RunInFlight
 from batches.loop.follow import follow
-from batches.loop.maintenance import compact_checkpoint
+from batches.loop.maintenance import maintain_checkpoint
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.loop.poison import failure_report, set_aside
 from batches.pipeline import Pipeline, resolve
@@ -570,18 +570,18 @@ def compact(
     pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Tidy PIPELINE's checkpoint now: old log entries go, small files merge, old files and
-    Delta log files are removed.
+    """Run maintenance of PIPELINE's checkpoint now: old log entries go, small files merge,
+    old files and Delta log files are removed.
 
     What a batch does by itself every `maintenance.every_batches` batches,
-    with the pipeline's `maintenance` retention. Starts no Spark over a local
+    with the pipeline's `maintenance` settings. Starts no Spark over a local
     folder; safe while the pipeline runs (a table a batch is writing is left
     for next time) and between a crash and its replay (the window state the
     last commit recorded, which the replay and backfills read, is kept).
     """
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
-    done = compact_checkpoint(c.spark, p, c.data_root)
+    done = maintain_checkpoint(c.spark, p, c.data_root)
     if as_json:
         counts = (
             dataclasses.asdict(done)

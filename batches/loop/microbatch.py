@@ -36,7 +36,7 @@ from batches.event_time.stage import (
 from batches.event_time.watermarks import PartitionTime, observe, pipeline_watermark
 from batches.loop import faults
 from batches.loop.catch_up import ReadAhead, Seen, row_by_row
-from batches.loop.maintenance import tidy_after
+from batches.loop.maintenance import maintain_after
 from batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, refuse_poison
 from batches.pipeline import Pipeline, resolve
 from batches.sinks.delta import DeltaTableSink, WindowSink
@@ -596,10 +596,10 @@ class MicroBatchRunner:
         lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
         self.source.commit(planned.end)
         timer.lap("source_commit")
-        upkeep = self.pipeline.maintenance
-        if (batch_id + 1) % upkeep.every_batches == 0:
+        maintenance = self.pipeline.maintenance
+        if (batch_id + 1) % maintenance.every_batches == 0:
             state = self.stage.state.table if self.stage else None
-            tidy_after(ckpt, self.source, batch, upkeep, state, versions.get("state"))
+            maintain_after(ckpt, self.source, batch, maintenance, state, versions.get("state"))
             timer.lap("maintenance")
         ckpt.progress.add(
             ProgressEntry(
