@@ -28,7 +28,8 @@ MAX_FUTURE_MS = 86_400_000
 
 
 class EventTime(_Config):
-    """Where event time is and how far it may lag (seeds 000, 003).
+    """Where event time is and how far it may lag (bounded out-of-orderness, idle partitions,
+    maximum event-time lag).
 
     ``column`` is a timestamp column of the transformed records. A source
     partition's watermark is its max event time minus ``max_out_of_orderness``;

@@ -1,4 +1,4 @@
-"""Does a batch's cost follow the windows it touches, or total state? (issue 3, item 7)
+"""Does a batch's cost follow the windows it touches, or total state?
 
 For each state size N, a windowed pipeline (tumbling one-minute windows per
 user, count + sum) is filled with N open windows through the engine, in

@@ -1,7 +1,8 @@
 """The micro-batch loop: plan, write ahead, read, transform, sink, commit.
 
 ``MicroBatchRunner.run_batch`` is one micro-batch, top to bottom, in numbered
-steps; ``plan_next_batch`` holds the recovery rule (seed 001, made exact).
+steps; ``plan_next_batch`` holds the recovery rule (Spark's offset log and commit log
+algorithm, with an impossible log state an error rather than a warning).
 """
 
 from __future__ import annotations
