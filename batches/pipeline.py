@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, Union
 
 from pydantic import (
     BaseModel,
@@ -36,16 +36,33 @@ class _Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class _SourceConfig(_Config):
+class SourceKind(_Config):
+    """What every source config is: a ``kind`` (its tag in YAML) and the runtime it builds.
+
+    A built-in kind is one such model with a ``kind`` literal and a ``RUNTIME``,
+    entered in ``ONE_SYSTEM_SOURCES``; the kinds a pipeline accepts, their
+    parsing and ``batches.sources.build_source`` follow from there.
+    """
+
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset()
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+    RUNTIME: ClassVar[str]
+    """Import path (``module:qualname``) of the function that builds the runtime source
+    from this config and a ``batches.sources.context.SourceContext``."""
+
+    kind: str
 
     def semantics(self) -> dict[str, Any]:
         """What the pipeline's fingerprint hashes of this source."""
         return self.model_dump(exclude=set(self.OPERATIONAL))
 
+    @property
+    def label(self) -> str:
+        """What the source reads, in a few words."""
+        raise NotImplementedError(f"{type(self).__name__} names no label")
 
-class FileSource(_SourceConfig):
+
+class FileSource(SourceKind):
     """A folder that new files keep landing in (like Spark's file stream source).
 
     New files are taken in (modification time, path) order. Files must not
@@ -58,6 +75,8 @@ class FileSource(_SourceConfig):
         | {"archive_dir"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.files:FileStreamSource.from_config"
 
     kind: Literal["files"] = "files"
     path: str = Field(description="Folder to watch, relative to the data root or absolute.")
@@ -133,7 +152,7 @@ def start_time_ms(value: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-class KafkaSource(_SourceConfig):
+class KafkaSource(SourceKind):
     """Kafka topics, read in exact offset ranges per topic partition.
 
     Each topic partition is a source partition (offsets, its own watermark).
@@ -149,6 +168,8 @@ class KafkaSource(_SourceConfig):
         | {"starting_offsets", "on_data_loss"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.kafka:KafkaStreamSource.from_config"
 
     kind: Literal["kafka"] = "kafka"
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers.")
@@ -203,7 +224,7 @@ class KafkaSource(_SourceConfig):
         return ",".join(self.topics)
 
 
-class DeltaSource(_SourceConfig):
+class DeltaSource(SourceKind):
     """A Delta table other jobs write (an upstream lowmark sink, say), read version by version.
 
     Offsets are the next version to read (``version``) and, inside a version
@@ -222,6 +243,8 @@ class DeltaSource(_SourceConfig):
         | {"starting_version", "on_data_loss"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.delta_table:DeltaStreamSource.from_config"
 
     kind: Literal["delta"] = "delta"
     path: str = Field(description="Table folder, relative to the data root or absolute.")
@@ -277,7 +300,7 @@ class DeltaSource(_SourceConfig):
         return self.path
 
 
-class SyntheticSource(_SourceConfig):
+class SyntheticSource(SourceKind):
     """Deterministic events from a seed, for demos, tests and benchmarks.
 
     Partition ``p``'s record ``i`` is a pure function of the settings, ``p`` and
@@ -294,6 +317,8 @@ class SyntheticSource(_SourceConfig):
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"max_rows_per_batch", "starting_offsets"})
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.synthetic:SyntheticStreamSource.from_config"
 
     kind: Literal["synthetic"] = "synthetic"
     seed: int = Field(default=0, description="Same seed, same events.")
@@ -352,7 +377,7 @@ class SyntheticSource(_SourceConfig):
         return f"seed {self.seed}"
 
 
-class CustomSource(_SourceConfig):
+class CustomSource(SourceKind):
     """A source the user writes for their own system (docs/sources.md).
 
     ``factory`` is called as ``factory(spark, options, data_root)`` and
@@ -362,6 +387,8 @@ class CustomSource(_SourceConfig):
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"operational"})
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.custom:from_factory"
 
     kind: Literal["custom"] = "custom"
     factory: ImportString[Callable[..., Any]] = Field(
@@ -384,7 +411,20 @@ class CustomSource(_SourceConfig):
         return super().semantics() | {"options": options}
 
 
-SOURCE_KINDS = frozenset({"files", "kafka", "delta", "synthetic", "custom", "union"})
+ONE_SYSTEM_SOURCES: tuple[type[SourceKind], ...] = (
+    FileSource,
+    KafkaSource,
+    DeltaSource,
+    SyntheticSource,
+    CustomSource,
+)
+"""The built-in kinds that read one system (what a union combines): the one place a kind
+is entered."""
+
+
+def kind_of(model: type[SourceKind]) -> str:
+    """The ``kind`` tag of a source config model (its literal's default)."""
+    return str(model.model_fields["kind"].default)
 
 
 def _source_kind(value: Any) -> str:
@@ -394,18 +434,21 @@ def _source_kind(value: Any) -> str:
     return str(getattr(value, "kind", "files"))
 
 
-OneSource = Annotated[
-    Annotated[FileSource, Tag("files")]
-    | Annotated[KafkaSource, Tag("kafka")]
-    | Annotated[DeltaSource, Tag("delta")]
-    | Annotated[SyntheticSource, Tag("synthetic")]
-    | Annotated[CustomSource, Tag("custom")],
-    Discriminator(_source_kind),
-]
+def _told_apart_by_kind(models: tuple[type[SourceKind], ...]) -> Any:
+    """The union of ``models``, parsed by ``kind`` (default ``files``)."""
+    tagged = tuple(Annotated[model, Tag(kind_of(model))] for model in models)
+    return Annotated[Union[tagged], Discriminator(_source_kind)]  # noqa: UP007
+
+
+# mypy sees any source as the base model; pydantic parses the union of the kinds.
+if TYPE_CHECKING:
+    OneSource: TypeAlias = SourceKind
+else:
+    OneSource = _told_apart_by_kind(ONE_SYSTEM_SOURCES)
 """A source that reads one system."""
 
 
-class UnionSource(_SourceConfig):
+class UnionSource(SourceKind):
     """Several sources read as one stream (a union of their records).
 
     Each named source keeps its own offsets (``<name>/<partition>`` in the
@@ -416,6 +459,8 @@ class UnionSource(_SourceConfig):
     different shapes can meet); after them, every source must have the same
     columns. At most one ``files`` source (the checkpoint has one file manifest).
     """
+
+    RUNTIME: ClassVar[str] = "batches.sources.union:UnionStreamSource.from_config"
 
     kind: Literal["union"] = "union"
     sources: dict[str, OneSource] = Field(
@@ -450,15 +495,15 @@ class UnionSource(_SourceConfig):
         return "+".join(self.sources)
 
 
-SourceConfig = Annotated[
-    Annotated[FileSource, Tag("files")]
-    | Annotated[KafkaSource, Tag("kafka")]
-    | Annotated[DeltaSource, Tag("delta")]
-    | Annotated[SyntheticSource, Tag("synthetic")]
-    | Annotated[CustomSource, Tag("custom")]
-    | Annotated[UnionSource, Tag("union")],
-    Discriminator(_source_kind),
-]
+SOURCE_MODELS: tuple[type[SourceKind], ...] = (*ONE_SYSTEM_SOURCES, UnionSource)
+"""Every source config model a pipeline accepts."""
+
+SOURCE_KINDS = frozenset(kind_of(model) for model in SOURCE_MODELS)
+
+if TYPE_CHECKING:
+    SourceConfig: TypeAlias = SourceKind
+else:
+    SourceConfig = _told_apart_by_kind(SOURCE_MODELS)
 """Any source a pipeline can read, told apart by ``kind`` (default ``files``)."""
 
 
