@@ -35,7 +35,7 @@ def _no_spark() -> SparkSession:
 
 
 def test_the_kinds_a_pipeline_accepts_are_the_kinds_of_its_source_models() -> None:
-    assert SOURCE_KINDS == {"files", "kafka", "delta", "synthetic", "custom", "union"}
+    assert {"files", "kafka", "delta", "synthetic", "custom", "union"} == SOURCE_KINDS
     assert {kind_of(m) for m in SOURCE_MODELS} == SOURCE_KINDS
     assert UnionSource not in ONE_SYSTEM_SOURCES
 
