@@ -40,7 +40,7 @@ from batches.loop.catch_up import ReadAhead, Seen, row_by_row
 from batches.loop.maintenance import maintain_after
 from batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, refuse_poison
 from batches.pipeline import Pipeline, resolve
-from batches.sinks.delta import DeltaTableSink, WindowSink
+from batches.sinks.delta import DeltaTableSink, DeltaWindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, Range, Skipped, SourceRead, check_identity
 from state.checkpoint import Checkpoint, Found, find_checkpoint
@@ -141,8 +141,8 @@ class MicroBatchRunner:
         )
         # One writer engine per sink table: a windowed pipeline's few windows are
         # written from the driver, a stateless pipeline's records by Spark.
-        self.sink: WindowSink | DeltaTableSink = (
-            WindowSink(sink, sink_path, ckpt.txn_app_id("sink"))
+        self.sink: DeltaWindowSink | DeltaTableSink = (
+            DeltaWindowSink(sink, sink_path, ckpt.txn_app_id("sink"))
             if self.stage is not None
             else DeltaTableSink(spark, sink, sink_path, ckpt.txn_app_id("sink"))
         )
@@ -527,7 +527,7 @@ class MicroBatchRunner:
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = self.sink
-        if isinstance(sink, WindowSink):
+        if isinstance(sink, DeltaWindowSink):
             retract = changes["retract"] if self.pipeline.sink_config().mode == "merge" else None
             sink_version = sink.write(changes["output"], batch_id, retract)
         else:

@@ -6,7 +6,7 @@ sink table has one writer engine, fixed by the pipeline's kind:
 
 - ``DeltaTableSink``: a stateless pipeline's records, any number of them,
   written by Spark's executors;
-- ``WindowSink``: a windowed pipeline's emitted windows, a few per batch,
+- ``DeltaWindowSink``: a windowed pipeline's emitted windows, a few per batch,
   already on the driver, written there with delta-rs (no Spark job). Its
   backfills write with delta-rs too.
 
@@ -79,7 +79,7 @@ class DeltaTableSink(Sink):
         return latest_version(self.path)
 
 
-class WindowSink:
+class DeltaWindowSink:
     """The sink of a windowed pipeline: emitted windows appended, or MERGEd on keys + window.
 
     Contract as ``Sink``, over Arrow tables: ``write(rows, batch_id, retract)``
