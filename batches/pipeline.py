@@ -27,6 +27,7 @@ from pydantic import (
 from pyspark.sql import DataFrame
 
 from batches.durations import DurationMs
+from batches.errors import PipelineConfigInvalid
 from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 
 Transform = Callable[[DataFrame], DataFrame]
@@ -540,6 +541,57 @@ class DeltaSink(_Config):
             raise ValueError("`keys` only apply to mode 'merge'")
         return self
 
+    @property
+    def label(self) -> str:
+        """Where the sink writes and how, in a few words."""
+        return f"{self.path} ({self.mode})"
+
+
+class CustomSink(_Config):
+    """A sink the user writes for their own system (``batches.sinks.base.Sink``).
+
+    ``factory`` is called as ``factory(spark, options, data_root, app_id)`` and
+    returns a ``batches.sinks.base.Sink``, whose ``write(df, batch_id, retract)``
+    the runner calls with each batch's output: a stateless pipeline's records, or
+    a windowed pipeline's emitted windows (and, in update mode, ``retract``: the
+    windows the batch supersedes) as a DataFrame built on the driver. A replay
+    calls ``write`` again with the same batch id and rows: the pipeline is
+    exactly-once if the sink is idempotent per ``(app_id, batch_id)``,
+    at-least-once otherwise. ``app_id`` names the checkpoint (a new one after a
+    start over), for a Delta table: ``txnAppId = app_id``, ``txnVersion = batch_id``.
+    lowmark cannot read such a sink: backfills and ``lowmark reset`` need a Delta
+    sink, and the check that no other checkpoint writes the sink is the sink's own.
+    """
+
+    kind: Literal["custom"] = "custom"
+    factory: ImportString[Callable[..., Any]] = Field(
+        description="Import path of the function that builds the sink (module:function)."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The sink's settings (where and how it writes; left out of the "
+        "fingerprint, as changing them changes no batch's rows).",
+    )
+
+    @property
+    def label(self) -> str:
+        """The sink, in a few words (its factory)."""
+        return f"{getattr(self.factory, '__module__', '?')}.{self.factory.__name__}"
+
+
+def _sink_kind(value: Any) -> str:
+    """A sink's ``kind``; ``delta`` when not given (what every sink was before others)."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "delta"))
+    return str(getattr(value, "kind", "delta"))
+
+
+SinkConfig = Annotated[
+    Annotated[DeltaSink, Tag("delta")] | Annotated[CustomSink, Tag("custom")],
+    Discriminator(_sink_kind),
+]
+"""Any sink a pipeline can write, told apart by ``kind`` (default ``delta``)."""
+
 
 class HealthChecks(_Config):
     """Bounds the Dagster asset checks hold a pipeline to (they warn, never stop a run).
@@ -611,7 +663,7 @@ class Pipeline(_Config):
     transform: ImportString[Transform] | None = Field(
         default=None, description="DataFrame → DataFrame applied to each batch."
     )
-    sink: DeltaSink
+    sink: SinkConfig
     event_time: EventTime | None = Field(
         default=None, description="Event-time column, out-of-orderness, idleness, lateness."
     )
@@ -653,7 +705,7 @@ class Pipeline(_Config):
         if self.aggregation is not None:
             if self.event_time is None:
                 raise ValueError("`aggregation` needs `event_time` (which column holds event time)")
-            if self.sink.mode != "append":
+            if isinstance(self.sink, DeltaSink) and self.sink.mode != "append":
                 raise ValueError(
                     "a windowed pipeline sets how the sink is written through "
                     "`aggregation.output_mode`; leave `sink.mode` at append"
@@ -662,14 +714,32 @@ class Pipeline(_Config):
             raise ValueError(
                 "`backfill` recomputes event-time windows: it needs `aggregation`; remove it"
             )
+        if self.backfill is not None and not isinstance(self.sink, DeltaSink):
+            raise ValueError(
+                "`backfill` replaces a slice of the sink's Delta table: it needs a "
+                "`kind: delta` sink; remove it"
+            )
         return self
 
-    def sink_config(self) -> DeltaSink:
-        """The sink as written: update-mode aggregations MERGE on keys + window."""
-        if self.aggregation is not None and self.aggregation.output_mode == "update":
+    def sink_config(self) -> DeltaSink | CustomSink:
+        """The sink as written: update-mode aggregations MERGE a Delta sink on keys + window."""
+        merges = self.aggregation is not None and self.aggregation.output_mode == "update"
+        if merges and isinstance(self.sink, DeltaSink):
+            assert self.aggregation is not None
             keys = (*self.aggregation.keys, "window_start", "window_end")
             return self.sink.model_copy(update={"mode": "merge", "keys": keys})
         return self.sink
+
+    def delta_sink(self, needed_by: str, way_on: str) -> DeltaSink:
+        """The pipeline's Delta sink, for ``needed_by`` (what reads the sink's table: a
+        backfill, ``lowmark reset``); for a custom sink, ``PipelineConfigInvalid`` naming
+        ``needed_by`` and ``way_on``."""
+        if isinstance(self.sink, DeltaSink):
+            return self.sink
+        raise PipelineConfigInvalid(
+            f"pipeline {self.name} writes a custom sink ({self.sink.label}): {needed_by} "
+            f"reads the sink's table, so it needs a `kind: delta` sink; {way_on}"
+        )
 
     def fingerprint(self) -> str:
         """Hash of everything that changes what a batch computes.
@@ -685,8 +755,9 @@ class Pipeline(_Config):
         semantics = {
             "source": self.source.semantics(),
             "transform": self.transform,
-            # Properties apply when the sink is created, and change no batch's rows.
-            "sink": self.sink.model_dump(exclude={"properties"}),
+            # Properties apply when the sink is created, and change no batch's rows; nor
+            # do a custom sink's options (where and how it writes).
+            "sink": self.sink.model_dump(exclude={"properties", "options"}),
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }

@@ -39,7 +39,8 @@ from batches.loop import faults
 from batches.loop.catch_up import ReadAhead, Seen, row_by_row
 from batches.loop.maintenance import maintain_after
 from batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, refuse_poison
-from batches.pipeline import Pipeline, resolve
+from batches.pipeline import Pipeline
+from batches.sinks import Sink, WindowedSink, build_sink
 from batches.sinks.delta import DeltaTableSink, DeltaWindowSink
 from batches.sources import build_source
 from batches.sources.base import PARTITION_COLUMN, Range, Skipped, SourceRead, check_identity
@@ -51,7 +52,6 @@ from state.offset_log import Identity, OffsetEntry, Offsets
 from state.ownership import Writer, last_writer
 from state.progress import ProgressEntry
 from state.session import SparkLike, provider
-from state.table import DriverTable
 from state.window_state import LATEST, ROWS
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,6 @@ class MicroBatchRunner:
         self.checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
         ckpt = self.checkpoint
         self.source = build_source(spark, pipeline, data_root, ckpt, self.clock)
-        sink = pipeline.sink_config()
-        sink_path = resolve(sink.path, data_root)
         self.stage = (
             WindowedStage(
                 pipeline.event_time,
@@ -139,12 +137,8 @@ class MicroBatchRunner:
             if pipeline.aggregation and pipeline.event_time
             else None
         )
-        # One writer engine per sink table: a windowed pipeline's few windows are
-        # written from the driver, a stateless pipeline's records by Spark.
-        self.sink: DeltaWindowSink | DeltaTableSink = (
-            DeltaWindowSink(sink, sink_path, ckpt.txn_app_id("sink"))
-            if self.stage is not None
-            else DeltaTableSink(spark, sink, sink_path, ckpt.txn_app_id("sink"))
+        self.sink: Sink | WindowedSink = build_sink(
+            spark, pipeline, data_root, ckpt.txn_app_id("sink")
         )
         self.read_ahead = (
             ReadAhead(
@@ -527,8 +521,10 @@ class MicroBatchRunner:
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = self.sink
-        if isinstance(sink, DeltaWindowSink):
-            retract = changes["retract"] if self.pipeline.sink_config().mode == "merge" else None
+        if isinstance(sink, WindowedSink):
+            assert self.pipeline.aggregation is not None
+            update = self.pipeline.aggregation.output_mode == "update"
+            retract = changes["retract"] if update else None
             sink_version = sink.write(changes["output"], batch_id, retract)
         else:
             assert taken is not None  # a stateless batch always reads its input itself
@@ -635,7 +631,10 @@ class MicroBatchRunner:
     def _check_sink_is_ours(self) -> None:
         """Before a checkpoint's first batch: its sink must be a folder (or nothing yet), and
         must not hold another checkpoint's writes, or the source, read from the start again,
-        would land in it twice."""
+        would land in it twice. A custom sink's history is not lowmark's to read: the
+        sink checks its own."""
+        if not isinstance(self.sink, DeltaTableSink | DeltaWindowSink):
+            return
         if Path(self.sink.path).is_file():
             raise SinkNotATable(
                 f"sink {self.sink.path} of {self.pipeline.name} is a file, not a folder a "
@@ -671,11 +670,12 @@ class MicroBatchRunner:
             (ckpt.bad_records, ckpt.txn_app_id("bad_records")),
             (ckpt.late, ckpt.txn_app_id("late")),
             (ckpt.watermarks.table, ckpt.txn_app_id("watermarks")),
-            (DriverTable(self.sink.path, None, "sink"), self.sink.txn_app_id),
         ]
         if self.stage is not None:
             written.append((self.stage.state.table, self.stage.state.txn_app_id))
-        return any(table.landed(app_id, batch_id) for table, app_id in written)
+        # A sink that cannot tell (None) may have written.
+        sink_landed = self.sink.landed(batch_id) is not False
+        return sink_landed or any(table.landed(app_id, batch_id) for table, app_id in written)
 
     def _input(
         self,

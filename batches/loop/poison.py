@@ -66,7 +66,6 @@ from state.errors import (
     jvm_causes,
 )
 from state.failures import FailureKind
-from state.table import DriverTable
 
 if TYPE_CHECKING:
     from batches.loop.microbatch import MicroBatchRunner, PlannedBatch
@@ -211,8 +210,8 @@ def set_aside(runner: MicroBatchRunner, batch_id: int, reason: str) -> SetAside:
             f"batch {batch_id} of {name} is not its uncommitted batch (uncommitted: {pending}): "
             "only a batch that was planned and never committed can be set aside"
         )
-    ckpt, sink = runner.checkpoint, runner.sink
-    if DriverTable(sink.path, None, "sink").landed(sink.txn_app_id, batch_id):
+    ckpt = runner.checkpoint
+    if runner.sink.landed(batch_id):
         raise PipelineConfigInvalid(
             f"batch {batch_id} of {name} already wrote its sink: its input did not stop it; "
             f"run `lowmark run {name}` to finish it"
