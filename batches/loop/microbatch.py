@@ -673,9 +673,9 @@ class MicroBatchRunner:
         ]
         if self.stage is not None:
             written.append((self.stage.state.table, self.stage.state.txn_app_id))
-        # A sink that cannot tell (None) may have written.
-        sink_landed = self.sink.landed(batch_id) is not False
-        return sink_landed or any(table.landed(app_id, batch_id) for table, app_id in written)
+        if any(table.landed(app_id, batch_id) for table, app_id in written):
+            return True
+        return self.sink.landed(batch_id) is not False  # a sink that cannot tell may have
 
     def _input(
         self,
