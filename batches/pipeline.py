@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, Union
 
 from pydantic import (
     BaseModel,
@@ -27,6 +27,7 @@ from pydantic import (
 from pyspark.sql import DataFrame
 
 from batches.durations import DurationMs
+from batches.errors import PipelineConfigInvalid
 from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 
 Transform = Callable[[DataFrame], DataFrame]
@@ -38,16 +39,33 @@ class _Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
-class _SourceConfig(_Config):
+class SourceKind(_Config):
+    """What every source config is: a ``kind`` (its tag in YAML) and the runtime it builds.
+
+    A built-in kind is one such model with a ``kind`` literal and a ``RUNTIME``,
+    entered in ``ONE_SYSTEM_SOURCES``; the kinds a pipeline accepts, their
+    parsing and ``batches.sources.build_source`` follow from there.
+    """
+
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset()
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+    RUNTIME: ClassVar[str]
+    """Import path (``module:qualname``) of the function that builds the runtime source
+    from this config and a ``batches.sources.context.SourceContext``."""
+
+    kind: str
 
     def semantics(self) -> dict[str, Any]:
         """What the pipeline's fingerprint hashes of this source."""
         return self.model_dump(exclude=set(self.OPERATIONAL))
 
+    @property
+    def label(self) -> str:
+        """What the source reads, in a few words."""
+        raise NotImplementedError(f"{type(self).__name__} names no label")
 
-class FileSource(_SourceConfig):
+
+class FileSource(SourceKind):
     """A folder that new files keep landing in (like Spark's file stream source).
 
     New files are taken in (modification time, path) order. Files must not
@@ -60,6 +78,8 @@ class FileSource(_SourceConfig):
         | {"archive_dir"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.files:FileStreamSource.from_config"
 
     kind: Literal["files"] = "files"
     """Picks this source (the default when `kind` is not given)."""
@@ -136,7 +156,7 @@ def start_time_ms(value: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-class KafkaSource(_SourceConfig):
+class KafkaSource(SourceKind):
     """Kafka topics, read in exact offset ranges per topic partition.
 
     Each topic partition is a source partition (offsets, its own watermark).
@@ -152,6 +172,8 @@ class KafkaSource(_SourceConfig):
         | {"starting_offsets", "on_data_loss"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.kafka:KafkaStreamSource.from_config"
 
     kind: Literal["kafka"] = "kafka"
     """Picks this source."""
@@ -207,7 +229,7 @@ class KafkaSource(_SourceConfig):
         return ",".join(self.topics)
 
 
-class DeltaSource(_SourceConfig):
+class DeltaSource(SourceKind):
     """A Delta table other jobs write (an upstream lowmark sink, say), read version by version.
 
     Offsets are the next version to read (``version``) and, inside a version
@@ -226,6 +248,8 @@ class DeltaSource(_SourceConfig):
         | {"starting_version", "on_data_loss"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.delta_table:DeltaStreamSource.from_config"
 
     kind: Literal["delta"] = "delta"
     """Picks this source."""
@@ -282,7 +306,7 @@ class DeltaSource(_SourceConfig):
         return self.path
 
 
-class SyntheticSource(_SourceConfig):
+class SyntheticSource(SourceKind):
     """Deterministic events from a seed, for demos, tests and benchmarks.
 
     Partition ``p``'s record ``i`` is a pure function of the settings, ``p`` and
@@ -299,6 +323,8 @@ class SyntheticSource(_SourceConfig):
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"max_rows_per_batch", "starting_offsets"})
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.synthetic:SyntheticStreamSource.from_config"
 
     kind: Literal["synthetic"] = "synthetic"
     """Picks this source."""
@@ -358,7 +384,7 @@ class SyntheticSource(_SourceConfig):
         return f"seed {self.seed}"
 
 
-class CustomSource(_SourceConfig):
+class CustomSource(SourceKind):
     """A source the user writes for their own system (docs/sources.md).
 
     ``factory`` is called as ``factory(spark, options, data_root)`` and
@@ -368,6 +394,8 @@ class CustomSource(_SourceConfig):
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"operational"})
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
+
+    RUNTIME: ClassVar[str] = "batches.sources.custom:from_factory"
 
     kind: Literal["custom"] = "custom"
     """Picks this source."""
@@ -391,7 +419,20 @@ class CustomSource(_SourceConfig):
         return super().semantics() | {"options": options}
 
 
-SOURCE_KINDS = frozenset({"files", "kafka", "delta", "synthetic", "custom", "union"})
+ONE_SYSTEM_SOURCES: tuple[type[SourceKind], ...] = (
+    FileSource,
+    KafkaSource,
+    DeltaSource,
+    SyntheticSource,
+    CustomSource,
+)
+"""The built-in kinds that read one system (what a union combines): the one place a kind
+is entered."""
+
+
+def kind_of(model: type[SourceKind]) -> str:
+    """The ``kind`` tag of a source config model (its literal's default)."""
+    return str(model.model_fields["kind"].default)
 
 
 def _source_kind(value: Any) -> str:
@@ -401,18 +442,21 @@ def _source_kind(value: Any) -> str:
     return str(getattr(value, "kind", "files"))
 
 
-OneSource = Annotated[
-    Annotated[FileSource, Tag("files")]
-    | Annotated[KafkaSource, Tag("kafka")]
-    | Annotated[DeltaSource, Tag("delta")]
-    | Annotated[SyntheticSource, Tag("synthetic")]
-    | Annotated[CustomSource, Tag("custom")],
-    Discriminator(_source_kind),
-]
+def _told_apart_by_kind(models: tuple[type[SourceKind], ...]) -> Any:
+    """The union of ``models``, parsed by ``kind`` (default ``files``)."""
+    tagged = tuple(Annotated[model, Tag(kind_of(model))] for model in models)
+    return Annotated[Union[tagged], Discriminator(_source_kind)]  # noqa: UP007
+
+
+# mypy sees any source as the base model; pydantic parses the union of the kinds.
+if TYPE_CHECKING:
+    OneSource: TypeAlias = SourceKind
+else:
+    OneSource = _told_apart_by_kind(ONE_SYSTEM_SOURCES)
 """A source that reads one system."""
 
 
-class UnionSource(_SourceConfig):
+class UnionSource(SourceKind):
     """Several sources read as one stream (a union of their records).
 
     Each named source keeps its own offsets (``<name>/<partition>`` in the
@@ -423,6 +467,8 @@ class UnionSource(_SourceConfig):
     different shapes can meet); after them, every source must have the same
     columns. At most one ``files`` source (the checkpoint has one file manifest).
     """
+
+    RUNTIME: ClassVar[str] = "batches.sources.union:UnionStreamSource.from_config"
 
     kind: Literal["union"] = "union"
     """Picks this source."""
@@ -458,15 +504,15 @@ class UnionSource(_SourceConfig):
         return "+".join(self.sources)
 
 
-SourceConfig = Annotated[
-    Annotated[FileSource, Tag("files")]
-    | Annotated[KafkaSource, Tag("kafka")]
-    | Annotated[DeltaSource, Tag("delta")]
-    | Annotated[SyntheticSource, Tag("synthetic")]
-    | Annotated[CustomSource, Tag("custom")]
-    | Annotated[UnionSource, Tag("union")],
-    Discriminator(_source_kind),
-]
+SOURCE_MODELS: tuple[type[SourceKind], ...] = (*ONE_SYSTEM_SOURCES, UnionSource)
+"""Every source config model a pipeline accepts."""
+
+SOURCE_KINDS = frozenset(kind_of(model) for model in SOURCE_MODELS)
+
+if TYPE_CHECKING:
+    SourceConfig: TypeAlias = SourceKind
+else:
+    SourceConfig = _told_apart_by_kind(SOURCE_MODELS)
 """Any source a pipeline can read, told apart by ``kind`` (default ``files``)."""
 
 
@@ -503,6 +549,57 @@ class DeltaSink(_Config):
         if self.mode == "append" and self.keys:
             raise ValueError("`keys` only apply to mode 'merge'")
         return self
+
+    @property
+    def label(self) -> str:
+        """Where the sink writes and how, in a few words."""
+        return f"{self.path} ({self.mode})"
+
+
+class CustomSink(_Config):
+    """A sink the user writes for their own system (``batches.sinks.base.Sink``).
+
+    ``factory`` is called as ``factory(spark, options, data_root, app_id)`` and
+    returns a ``batches.sinks.base.Sink``, whose ``write(df, batch_id, retract)``
+    the runner calls with each batch's output: a stateless pipeline's records, or
+    a windowed pipeline's emitted windows (and, in update mode, ``retract``: the
+    windows the batch supersedes) as a DataFrame built on the driver. A replay
+    calls ``write`` again with the same batch id and rows: the pipeline is
+    exactly-once if the sink is idempotent per ``(app_id, batch_id)``,
+    at-least-once otherwise. ``app_id`` names the checkpoint (a new one after a
+    start over), for a Delta table: ``txnAppId = app_id``, ``txnVersion = batch_id``.
+    lowmark cannot read such a sink: backfills and ``lowmark reset`` need a Delta
+    sink, and the check that no other checkpoint writes the sink is the sink's own.
+    """
+
+    kind: Literal["custom"] = "custom"
+    factory: ImportString[Callable[..., Any]] = Field(
+        description="Import path of the function that builds the sink (module:function)."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The sink's settings (where and how it writes; left out of the "
+        "fingerprint, as changing them changes no batch's rows).",
+    )
+
+    @property
+    def label(self) -> str:
+        """The sink, in a few words (its factory)."""
+        return f"{getattr(self.factory, '__module__', '?')}.{self.factory.__name__}"
+
+
+def _sink_kind(value: Any) -> str:
+    """A sink's ``kind``; ``delta`` when not given (what every sink was before others)."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "delta"))
+    return str(getattr(value, "kind", "delta"))
+
+
+SinkConfig = Annotated[
+    Annotated[DeltaSink, Tag("delta")] | Annotated[CustomSink, Tag("custom")],
+    Discriminator(_sink_kind),
+]
+"""Any sink a pipeline can write, told apart by ``kind`` (default ``delta``)."""
 
 
 class HealthChecks(_Config):
@@ -576,8 +673,8 @@ class Pipeline(_Config):
     transform: ImportString[Transform] | None = Field(
         default=None, description="DataFrame → DataFrame applied to each batch."
     )
-    sink: DeltaSink
-    """Where each batch's output goes (exactly once)."""
+    sink: SinkConfig
+    """Where each batch's output goes (exactly once): a Delta table, or a sink of your own."""
     event_time: EventTime | None = Field(
         default=None, description="Event-time column, out-of-orderness, idleness, lateness."
     )
@@ -595,7 +692,7 @@ class Pipeline(_Config):
     )
     maintenance: Maintenance = Field(
         default_factory=Maintenance,
-        description="Checkpoint maintenance: log retention, small files merged.",
+        description="Checkpoint maintenance: how often, and how many batches the logs keep.",
     )
     max_failed_attempts: int = Field(
         default=3,
@@ -619,7 +716,7 @@ class Pipeline(_Config):
         if self.aggregation is not None:
             if self.event_time is None:
                 raise ValueError("`aggregation` needs `event_time` (which column holds event time)")
-            if self.sink.mode != "append":
+            if isinstance(self.sink, DeltaSink) and self.sink.mode != "append":
                 raise ValueError(
                     "a windowed pipeline sets how the sink is written through "
                     "`aggregation.output_mode`; leave `sink.mode` at append"
@@ -628,14 +725,32 @@ class Pipeline(_Config):
             raise ValueError(
                 "`backfill` recomputes event-time windows: it needs `aggregation`; remove it"
             )
+        if self.backfill is not None and not isinstance(self.sink, DeltaSink):
+            raise ValueError(
+                "`backfill` replaces a slice of the sink's Delta table: it needs a "
+                "`kind: delta` sink; remove it"
+            )
         return self
 
-    def sink_config(self) -> DeltaSink:
-        """The sink as written: update-mode aggregations MERGE on keys + window."""
-        if self.aggregation is not None and self.aggregation.output_mode == "update":
+    def sink_config(self) -> DeltaSink | CustomSink:
+        """The sink as written: update-mode aggregations MERGE a Delta sink on keys + window."""
+        merges = self.aggregation is not None and self.aggregation.output_mode == "update"
+        if merges and isinstance(self.sink, DeltaSink):
+            assert self.aggregation is not None
             keys = (*self.aggregation.keys, "window_start", "window_end")
             return self.sink.model_copy(update={"mode": "merge", "keys": keys})
         return self.sink
+
+    def delta_sink(self, needed_by: str, way_on: str) -> DeltaSink:
+        """The pipeline's Delta sink, for ``needed_by`` (what reads the sink's table: a
+        backfill, ``lowmark reset``); for a custom sink, ``PipelineConfigInvalid`` naming
+        ``needed_by`` and ``way_on``."""
+        if isinstance(self.sink, DeltaSink):
+            return self.sink
+        raise PipelineConfigInvalid(
+            f"pipeline {self.name} writes a custom sink ({self.sink.label}): {needed_by} "
+            f"reads the sink's table, so it needs a `kind: delta` sink; {way_on}"
+        )
 
     def fingerprint(self) -> str:
         """Hash of everything that changes what a batch computes.
@@ -651,8 +766,9 @@ class Pipeline(_Config):
         semantics = {
             "source": self.source.semantics(),
             "transform": self.transform,
-            # Properties apply when the sink is created, and change no batch's rows.
-            "sink": self.sink.model_dump(exclude={"properties"}),
+            # Properties apply when the sink is created, and change no batch's rows; nor
+            # do a custom sink's options (where and how it writes).
+            "sink": self.sink.model_dump(exclude={"properties", "options"}),
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }

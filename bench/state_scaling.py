@@ -1,4 +1,4 @@
-"""Does a batch's cost follow the windows it touches, or total state? (issue 3, item 7)
+"""Does a batch's cost follow the windows it touches, or total state?
 
 For each state size N, a windowed pipeline (tumbling one-minute windows per
 user, count + sum) is filled with N open windows through the engine, in
@@ -49,7 +49,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from batches.loop.maintenance import compact_checkpoint
+from batches.loop.maintenance import maintain_checkpoint
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSink, FileSource, Pipeline
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
@@ -158,7 +158,7 @@ def _run_size(spark: SparkSession, root: Path, shape: Shape, args: argparse.Name
             _say(f"  SSS state filled in {time.monotonic() - started:.0f} s")
         before = _small_batches(spark, root, runner, query, shape, args, range(args.repeat))
         started = time.monotonic()
-        compact_checkpoint(spark, _pipeline(), root)
+        maintain_checkpoint(spark, _pipeline(), root)
         _say(f"  lowmark maintenance (lowmark compact) in {time.monotonic() - started:.1f} s")
         after = _small_batches(
             spark, root, runner, query, shape, args, range(args.repeat, 2 * args.repeat)

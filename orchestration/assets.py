@@ -29,7 +29,7 @@ from typing import Any
 
 import dagster as dg
 
-from batches.pipeline import Pipeline
+from batches.pipeline import DeltaSink, Pipeline
 from orchestration.checks import check_evaluations, check_results, check_specs
 from orchestration.keys import (
     GROUP,
@@ -65,6 +65,15 @@ def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.A
     ]
 
 
+def _sink_metadata(pipeline: Pipeline) -> dict[str, str]:
+    """What the sink asset shows of the sink: its table and mode, or a custom sink's factory
+    (lowmark cannot read such a sink: the asset records batches, not a table)."""
+    sink = pipeline.sink_config()
+    if isinstance(sink, DeltaSink):
+        return {"path": sink.path, "mode": sink.mode}
+    return {"factory": sink.label}
+
+
 def pipeline_assets(
     pipeline: Pipeline, data_root: Path, sinks: Sinks | None = None
 ) -> dg.AssetsDefinition:
@@ -79,8 +88,8 @@ def pipeline_assets(
             sink_key(pipeline),
             description=f"Sink of lowmark pipeline {name}: {pipeline.description}",
             deps=upstream,
-            kinds={"delta", "spark"},
-            metadata={"path": pipeline.sink.path, "mode": pipeline.sink_config().mode},
+            kinds={"delta", "spark"} if isinstance(pipeline.sink, DeltaSink) else {"spark"},
+            metadata=_sink_metadata(pipeline),
             partitions_def=event_time_partitions(pipeline, data_root),
             skippable=True,
         ),

@@ -18,7 +18,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 
 from batches.registry import load_pipelines
 from orchestration.assets import pipeline_assets, source_specs
-from orchestration.jobs import backfill_job, compact_job, compact_schedule, microbatch_job
+from orchestration.jobs import backfill_job, maintenance_job, maintenance_schedule, microbatch_job
 from orchestration.keys import sink_locations
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.sensors import pipeline_sensor
@@ -41,9 +41,9 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
         job = microbatch_job(pipeline, tables)
         jobs.append(job)
         sensors.append(pipeline_sensor(pipeline, job))
-        compact = compact_job(pipeline)
-        jobs.append(compact)
-        schedules.append(compact_schedule(pipeline, compact))
+        maintenance = maintenance_job(pipeline)
+        jobs.append(maintenance)
+        schedules.append(maintenance_schedule(pipeline, maintenance))
         if pipeline.backfill is not None:
             jobs.append(backfill_job(pipeline))
     return dg.Definitions(

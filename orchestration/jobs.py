@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from batches.loop.maintenance import compact_checkpoint
+from batches.loop.maintenance import maintain_checkpoint
 from batches.pipeline import Pipeline
 from orchestration.keys import PIPELINE_TAG, sink_key
 from orchestration.resources import LowmarkResource, SparkResource
@@ -61,26 +61,26 @@ def backfill_job(pipeline: Pipeline) -> "UnresolvedAssetJobDefinition":
     )
 
 
-def compact_job_name(pipeline: Pipeline) -> str:
+def maintenance_job_name(pipeline: Pipeline) -> str:
     return f"{pipeline.name}_compact"
 
 
-def compact_job(pipeline: Pipeline) -> dg.JobDefinition:
+def maintenance_job(pipeline: Pipeline) -> dg.JobDefinition:
     """Checkpoint maintenance of ``pipeline`` now (no Spark; safe beside its runs)."""
 
     @dg.op(
-        name=f"{pipeline.name}_compact_checkpoint",
+        name=f"{pipeline.name}_checkpoint_maintenance",
         description=f"Old log entries go, small files merge: {pipeline.name}'s checkpoint.",
     )
-    def compact(
+    def maintain(
         context: dg.OpExecutionContext, spark: SparkResource, lowmark: LowmarkResource
     ) -> dg.Output[None]:
-        done = compact_checkpoint(spark.session, pipeline, lowmark.root())
+        done = maintain_checkpoint(spark.session, pipeline, lowmark.root())
         if done is None:
-            context.log.info(f"{pipeline.name}: no committed batch yet: nothing to compact")
+            context.log.info(f"{pipeline.name}: no committed batch yet: nothing to maintain")
             return dg.Output(None, metadata={"tables": 0})
         context.log.info(
-            f"{pipeline.name}: compacted {done.tables} tables; the logs keep batches "
+            f"{pipeline.name}: maintained {done.tables} tables; the logs keep batches "
             f"{done.first_kept} to {done.last_committed}"
         )
         return dg.Output(
@@ -93,18 +93,18 @@ def compact_job(pipeline: Pipeline) -> dg.JobDefinition:
         )
 
     @dg.job(
-        name=compact_job_name(pipeline),
+        name=maintenance_job_name(pipeline),
         description=f"Checkpoint maintenance of {pipeline.name} (also runs every "
         f"{pipeline.maintenance.every_batches} batches by itself).",
         executor_def=dg.in_process_executor,
     )
     def job() -> None:
-        compact()
+        maintain()
 
     return job
 
 
-def compact_schedule(pipeline: Pipeline, job: dg.JobDefinition) -> dg.ScheduleDefinition:
+def maintenance_schedule(pipeline: Pipeline, job: dg.JobDefinition) -> dg.ScheduleDefinition:
     """Daily at 03:17 UTC, on by default."""
     return dg.ScheduleDefinition(
         name=f"{pipeline.name}_daily_compact",

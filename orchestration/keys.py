@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from batches.pipeline import DeltaSource, OneSource, Pipeline, UnionSource, resolve
+from batches.pipeline import DeltaSink, DeltaSource, OneSource, Pipeline, UnionSource, resolve
 
 GROUP = "lowmark"
 PIPELINE_TAG = "lowmark/pipeline"
@@ -39,7 +39,11 @@ Sinks = Mapping[str, dg.AssetKey]
 
 def sink_locations(pipelines: Iterable[Pipeline], data_root: Path) -> dict[str, dg.AssetKey]:
     """Each pipeline's sink asset, by where its table lives."""
-    return {resolve(p.sink.path, data_root): sink_key(p) for p in pipelines}
+    return {
+        resolve(p.sink.path, data_root): sink_key(p)
+        for p in pipelines
+        if isinstance(p.sink, DeltaSink)
+    }
 
 
 def source_key(source: OneSource, data_root: Path, sinks: Sinks) -> dg.AssetKey:

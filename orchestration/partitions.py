@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from batches.loop.backfill import final_at_ms
-from batches.pipeline import Pipeline, resolve
+from batches.pipeline import DeltaSink, Pipeline, resolve
 
 HOURLY_KEY = "%Y-%m-%d-%H:%M"
 DAILY_KEY = "%Y-%m-%d"
@@ -56,6 +56,8 @@ def event_time_partitions(
 
 def _first_window(pipeline: Pipeline, data_root: Path) -> datetime | None:
     """The smallest ``window_start`` in the sink's file statistics (no data read)."""
+    if not isinstance(pipeline.sink, DeltaSink):  # a pipeline with partitions has a Delta sink
+        return None
     try:
         table = DeltaTable(resolve(pipeline.sink.path, data_root))
     except Exception:  # no sink yet (or not readable here): the caller falls back to today

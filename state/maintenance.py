@@ -3,9 +3,9 @@
 Every checkpoint table a batch writes grows by a data file and a Delta
 commit per batch; left alone, opening one (every batch, every sensor tick)
 would cost more with every batch. Every ``every_batches`` batches, right
-after a commit, the runner tidies each table (``DriverTable.tidy``):
+after a commit, the runner maintains each table (``DriverTable.maintain``):
 
-1. log rows older than the retention go: offsets, commits and watermarks
+1. old log rows go: offsets, commits and watermarks
    keep their latest ``log_batches`` batches (recovery reads only the latest
    entry; Spark keeps 100 by default too), progress its latest
    ``progress_batches``;
@@ -30,7 +30,7 @@ from the current version. The rows of the file manifest and its
 history (a backfill reads the whole committed history), of the bad and late
 records, and the sink (the user's table: OPTIMIZE and VACUUM it as any Delta
 table) are kept.
-Maintenance is best-effort: a table it cannot tidy now (a write raced it)
+Maintenance is best-effort: a table it cannot maintain now (a write raced it)
 is left for the next time, with a warning.
 """
 
@@ -51,24 +51,25 @@ KEEP_HOURS = 1
 
 
 @dataclass(frozen=True)
-class Retention:
+class KeptBatches:
     """Batches of history each kind of log keeps."""
 
     log_batches: int
     progress_batches: int
 
 
-def tidy(
+def maintain(
     checkpoint: Checkpoint,
     batch_id: int,
-    keep: Retention,
+    keep: KeptBatches,
     state: DriverTable | None,
     state_version: int | None,
 ) -> int:
-    """Tidy every table of ``checkpoint`` after batch ``batch_id`` committed; tables tidied.
+    """Maintain every table of ``checkpoint`` after batch ``batch_id`` committed; tables
+    maintained.
 
     ``state_version`` is the window state version that commit recorded (None: none):
-    the state table keeps it readable (``DriverTable.tidy``) for a replay of the next
+    the state table keeps it readable (``DriverTable.maintain``) for a replay of the next
     batch and for a backfill, whatever was written to the table since.
     """
     logs = batch_id - keep.log_batches + 1
@@ -85,11 +86,11 @@ def tidy(
     ]
     if state is not None and state.exists():
         plan.append((state, None, state_version))
-    tidied = 0
+    maintained = 0
     for table, drop_where, keep_version in plan:
         try:
-            table.tidy(drop_where, KEEP_HOURS, keep_version)
-            tidied += 1
+            table.maintain(drop_where, KEEP_HOURS, keep_version)
+            maintained += 1
         except (CommitFailedError, DeltaError) as exc:
             log.warning("maintenance of %s skipped until next time: %s", table.path, exc)
-    return tidied
+    return maintained

@@ -55,7 +55,7 @@ TABLE_CONFIGURATION = {
     "delta.enableExpiredLogCleanup": "false",
 }
 """Checkpoint the Delta log every 10 commits (as Spark does): opening a table reads one
-checkpoint and a few commits. Log files are deleted only by maintenance (``tidy``), which
+checkpoint and a few commits. Log files are deleted only by maintenance (``maintain``), which
 first checkpoints the version the last commit recorded (what a replay reads), then deletes
 log files below it older than a minute: the log folder holds what came since the last
 maintenance, whatever the history's length. Deleting expired log files after every
@@ -325,7 +325,7 @@ class DriverTable:
 
         self._commit(write, None, batch_id)
 
-    def tidy(
+    def maintain(
         self, drop_where: str | None, keep_hours: int, keep_version: int | None = None
     ) -> None:
         """Maintenance: checkpoint the log and delete expired log files, then delete the rows
@@ -342,7 +342,7 @@ class DriverTable:
         Readers of the current version are unaffected, and so are readers of any version
         since ``keep_version`` (data files: less than ``keep_hours`` old).
         """
-        assert self.hooks is HOOKS, f"{self.path}: maintenance tidies checkpoint tables only"
+        assert self.hooks is HOOKS, f"{self.path}: maintenance is for checkpoint tables only"
         table = self.open()
         kept = table if keep_version is None else self.open(keep_version)
         kept.create_checkpoint()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,7 +31,7 @@ from batches.cli import commands
 from batches.clock import Clock
 from batches.loop import faults
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.pipeline import CustomSink, DeltaSink, FileSource, Pipeline
 from batches.sources.base import Range, Source, SourceRead
 from batches.windows import (
     Aggregate,
@@ -442,3 +444,47 @@ def entry(batch_id: int, runner: str = "r1", end: int = 0) -> OffsetEntry:
         batch_watermark_ms=batch_id * 1000,
         pipeline_fingerprint="fp",
     )
+
+
+def json_lines_sink(folder: str = "exported") -> CustomSink:
+    """The example user sink (examples/json_lines_sink.py), writing under ``folder``."""
+    return CustomSink.model_validate(
+        {"factory": "examples.json_lines_sink:build", "options": {"folder": folder}}
+    )
+
+
+def exported(folder: Path) -> dict[int, list[dict[str, Any]]]:
+    """The rows ``json_lines_sink`` wrote to ``folder``, by batch id (hidden files left out:
+    a write that never finished)."""
+    batches: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(folder.glob("[!.]*.jsonl")):
+        batch_id = int(path.stem.rsplit("-", 1)[1])
+        assert batch_id not in batches, f"batch {batch_id} landed twice in {folder}"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        batches[batch_id] = sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
+    return batches
+
+
+def not_a_sink(spark: Any, options: dict[str, Any], data_root: Path, app_id: str) -> object:
+    """A sink factory that returns something else (its options)."""
+    return options
+
+
+LOWMARK = str(Path(sys.executable).parent / "lowmark")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def lowmark_killed_at(
+    point: faults.KillPoint, root: Path, pipelines: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``lowmark --pipelines pipelines --data-root root args`` in a subprocess that SIGKILLs
+    itself (and its JVM) at ``point``."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        faults.KILL_AT_ENV: str(point),
+        # A process that lives one batch gains more from a fast JVM start than from C2.
+        "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    }
+    command = [LOWMARK, "--pipelines", str(pipelines), "--data-root", str(root), *args]
+    return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)

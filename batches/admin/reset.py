@@ -70,8 +70,9 @@ class Reset:
 def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> Reset:
     """Move ``pipeline``'s checkpoint aside and create a new one (see the module doc)."""
     location = pipeline.checkpoint_location(data_root)
+    way_on = f"to start over, empty your sink and delete the checkpoint {location}"
+    sink = resolve(pipeline.delta_sink("`lowmark reset`", way_on).path, data_root)
     local = _local(location)
-    sink = resolve(pipeline.sink.path, data_root)
     _refuse_another_pipelines_sink(pipeline, local, sink)
     if mode == "after":
         return _after(pipeline, local, sink)

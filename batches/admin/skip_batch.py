@@ -27,7 +27,6 @@ from batches.pipeline import Pipeline
 from state import quarantine
 from state.errors import CheckpointCorrupt
 from state.session import SparkLike
-from state.table import DriverTable
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,8 @@ def set_aside(
             f"batch {batch_id} of {name} is not its uncommitted batch (uncommitted: {pending}): "
             "only a batch that was planned and never committed can be set aside"
         )
-    ckpt, sink = parts.checkpoint, parts.sink
-    if DriverTable(sink.path, None, "sink").landed(sink.txn_app_id, batch_id):
+    ckpt = parts.checkpoint
+    if parts.sink.landed(batch_id):
         raise PipelineConfigInvalid(
             f"batch {batch_id} of {name} already wrote its sink: its input did not stop it; "
             f"run `lowmark run {name}` to finish it"

@@ -50,9 +50,9 @@ from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.durations import parse_duration_ms
 from batches.errors import BatchFailed, RunInFlight
 from batches.loop.follow import follow
-from batches.loop.maintenance import compact_checkpoint
+from batches.loop.maintenance import maintain_checkpoint
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import Pipeline, resolve
+from batches.pipeline import DeltaSink, Pipeline, resolve
 from batches.registry import get_pipeline, load_pipelines
 from batches.sources.base import describe_range
 from state.errors import LowmarkError, first_line
@@ -169,7 +169,7 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
                     "name": p.name,
                     "description": p.description,
                     "source": {"kind": p.source.kind, "label": p.source.label},
-                    "sink": {"kind": p.sink.kind, "path": p.sink.path, "mode": p.sink.mode},
+                    "sink": _sink_json(p),
                 }
                 for p in pipelines
             ],
@@ -179,12 +179,19 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         (
             p.name,
             f"{p.source.kind}:{p.source.label}",
-            f"{p.sink.kind}:{p.sink.path} ({p.sink.mode})",
+            f"{p.sink.kind}:{p.sink.label}",
             p.description,
         )
         for p in pipelines
     ]
     print_table(out, ("pipeline", "source", "sink", "description"), rows)
+
+
+def _sink_json(p: Pipeline) -> dict[str, str]:
+    """The sink as ``lowmark list --json`` shows it: a Delta table, or a custom factory."""
+    if isinstance(p.sink, DeltaSink):
+        return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.sink.mode}
+    return {"kind": p.sink.kind, "factory": p.sink.label}
 
 
 @app.command()
@@ -568,18 +575,18 @@ def compact(
     pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Tidy PIPELINE's checkpoint now: old log entries go, small files merge, old files and
-    Delta log files are removed.
+    """Run maintenance of PIPELINE's checkpoint now: old log entries go, small files merge,
+    old files and Delta log files are removed.
 
     What a batch does by itself every `maintenance.every_batches` batches,
-    with the pipeline's `maintenance` retention. Starts no Spark over a local
+    with the pipeline's `maintenance` settings. Starts no Spark over a local
     folder; safe while the pipeline runs (a table a batch is writing is left
     for next time) and between a crash and its replay (the window state the
     last commit recorded, which the replay and backfills read, is kept).
     """
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
-    done = compact_checkpoint(c.spark, p, c.data_root)
+    done = maintain_checkpoint(c.spark, p, c.data_root)
     if as_json:
         counts = (
             dataclasses.asdict(done)
@@ -697,6 +704,12 @@ def reset(
         )
 
 
+def _demo_table(pipeline: Pipeline, data_root: Path) -> str:
+    """Where a demo pipeline's sink table lives."""
+    assert isinstance(pipeline.sink, DeltaSink)  # the demo's pipelines write Delta tables
+    return resolve(pipeline.sink.path, data_root)
+
+
 @app.command()
 def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Write sample orders, run both demo pipelines until caught up, show what landed.
@@ -720,7 +733,7 @@ def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
             show = None if as_json else _print_batch
             results = runner.run(max_batches=None, on_batch=c.on_batch(runner, show))
         s = pipeline_status(spark, pipeline, c.data_root, c.clock)
-        sink = resolve(pipeline.sink.path, c.data_root)
+        sink = _demo_table(pipeline, c.data_root)
         ran.append(
             {
                 "pipeline": pipeline.name,
@@ -740,7 +753,7 @@ def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
                 f"{last['last_committed_batch']}",
                 soft_wrap=True,
             )
-    windows = spark.read.format("delta").load(resolve(user_revenue.sink.path, c.data_root))
+    windows = spark.read.format("delta").load(_demo_table(user_revenue, c.data_root))
     first = [
         {
             "user": row["user"],

@@ -1,5 +1,5 @@
-"""Watermark arithmetic (seeds 000, 002, 003): per-partition watermarks, the
-pipeline watermark as their minimum, idle partitions left out.
+"""Watermark arithmetic: per-partition watermarks, the pipeline watermark as their
+minimum (a low watermark over its inputs), idle partitions left out.
 
 Pure functions over plain values, so a replay that feeds the same inputs
 (the batch's recorded offsets and planning time) gets the same watermark.

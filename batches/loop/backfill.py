@@ -102,6 +102,7 @@ def backfill_partition(
             f"pipeline {pipeline.name} has no windowed aggregation: only windowed "
             "pipelines can be backfilled by event-time partition"
         )
+    sink_config = pipeline.delta_sink("a backfill", "remove `backfill` from the pipeline")
     start_ms, end_ms = _ms(start), _ms(end)
 
     # Step 1. Checkpoint.
@@ -163,8 +164,8 @@ def backfill_partition(
     source.confirm(history)
 
     # Step 5. Replace the slice.
-    sink_path = resolve(pipeline.sink.path, data_root)
-    sink = DriverTable(sink_path, None, "sink", pipeline.sink.properties)
+    sink_path = resolve(sink_config.path, data_root)
+    sink = DriverTable(sink_path, None, "sink", sink_config.properties)
     slice_sql = (
         f'"window_start" >= {micros_literal(start_ms * 1000)} '
         f'AND "window_start" < {micros_literal(end_ms * 1000)}'

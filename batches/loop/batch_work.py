@@ -31,10 +31,9 @@ from batches.event_time.stage import (
 from batches.loop.catch_up import Seen, row_by_row
 from batches.loop.plan import PlannedBatch
 from batches.pipeline import Pipeline
-from batches.sinks.delta import DeltaTableSink, WindowSink
+from batches.sinks import Sink, WindowedSink
 from batches.sources.base import PARTITION_COLUMN, Range, Source, SourceRead
 from state.checkpoint import Checkpoint
-from state.table import DriverTable
 from state.window_state import LATEST
 
 T = TypeVar("T")
@@ -61,7 +60,7 @@ class BatchWork:
         checkpoint: Checkpoint,
         source: Source,
         stage: WindowedStage | None,
-        sink: WindowSink | DeltaTableSink,
+        sink: Sink | WindowedSink,
     ) -> None:
         self._spark = spark
         self.pipeline = pipeline
@@ -129,11 +128,12 @@ class BatchWork:
             (ckpt.bad_records, ckpt.txn_app_id("bad_records")),
             (ckpt.late, ckpt.txn_app_id("late")),
             (ckpt.watermarks.table, ckpt.txn_app_id("watermarks")),
-            (DriverTable(self.sink.path, None, "sink"), self.sink.txn_app_id),
         ]
         if self.stage is not None:
             written.append((self.stage.state.table, self.stage.state.txn_app_id))
-        return any(table.landed(app_id, batch_id) for table, app_id in written)
+        if any(table.landed(app_id, batch_id) for table, app_id in written):
+            return True
+        return self.sink.landed(batch_id) is not False  # a sink that cannot tell may have
 
     def unwatermarked(
         self, batches: Sequence[Range], now_ms: int

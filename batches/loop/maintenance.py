@@ -16,22 +16,22 @@ from batches.pipeline import Maintenance, Pipeline
 from batches.sources import build_source
 from batches.sources.base import Range, Source
 from state.checkpoint import Checkpoint
-from state.maintenance import Retention, tidy
+from state.maintenance import KeptBatches, maintain
 from state.session import SparkLike
 from state.table import DriverTable
 
 
 @dataclass(frozen=True)
-class Compaction:
-    """What ``compact_checkpoint`` did: tables tidied, and the batches the logs keep."""
+class Maintained:
+    """What ``maintain_checkpoint`` did: tables maintained, and the batches the logs keep."""
 
     tables: int
     first_kept: int
     last_committed: int
 
 
-def compact_checkpoint(spark: SparkLike, pipeline: Pipeline, data_root: Path) -> Compaction | None:
-    """Tidy ``pipeline``'s checkpoint now; None when it has no committed batch yet."""
+def maintain_checkpoint(spark: SparkLike, pipeline: Pipeline, data_root: Path) -> Maintained | None:
+    """Run maintenance of ``pipeline``'s checkpoint now; None when it has no committed batch yet."""
     location = pipeline.checkpoint_location(data_root)
     if not Checkpoint.exists(location):
         return None
@@ -39,27 +39,29 @@ def compact_checkpoint(spark: SparkLike, pipeline: Pipeline, data_root: Path) ->
     done = ckpt.commits.get_latest()
     if done is None:
         return None
-    upkeep = pipeline.maintenance
+    maintenance = pipeline.maintenance
     state = DriverTable(ckpt.table("state_windows"), None, "window state table")
     source = build_source(spark, pipeline, data_root, ckpt)
     offsets = ckpt.offsets.get(done.batch_id)
     assert offsets is not None, "a committed batch always has its offsets"
     batch = Range(done.batch_id, offsets.start_offsets, offsets.end_offsets)
-    tables = tidy_after(ckpt, source, batch, upkeep, state, done.table_versions.get("state"))
-    return Compaction(tables, max(0, done.batch_id - upkeep.log_batches + 1), done.batch_id)
+    tables = maintain_after(
+        ckpt, source, batch, maintenance, state, done.table_versions.get("state")
+    )
+    return Maintained(tables, max(0, done.batch_id - maintenance.log_batches + 1), done.batch_id)
 
 
-def tidy_after(
+def maintain_after(
     checkpoint: Checkpoint,
     source: Source,
     committed: Range,
-    upkeep: Maintenance,
+    maintenance: Maintenance,
     state: DriverTable | None,
     state_version: int | None,
 ) -> int:
-    """Tidy ``checkpoint`` after batch ``committed`` with ``upkeep``'s retention: the
+    """Maintain ``checkpoint`` after batch ``committed`` as ``maintenance`` sets: the
     source's bookkeeping first (``Source.retire``), then every table, keeping the window
-    state at ``state_version`` (the one ``committed``'s commit recorded); tables tidied."""
+    state at ``state_version`` (the one ``committed``'s commit recorded); tables maintained."""
     source.retire(committed.end, committed.batch_id)
-    keep = Retention(upkeep.log_batches, upkeep.progress_batches)
-    return tidy(checkpoint, committed.batch_id, keep, state, state_version)
+    keep = KeptBatches(maintenance.log_batches, maintenance.progress_batches)
+    return maintain(checkpoint, committed.batch_id, keep, state, state_version)

@@ -25,13 +25,14 @@ from batches.event_time.stage import WindowedStage
 from batches.loop import faults
 from batches.loop.batch_work import Taken, explained, total
 from batches.loop.commit import BatchCounts, commit_batch
-from batches.loop.maintenance import tidy_after
+from batches.loop.maintenance import maintain_after
 from batches.loop.parts import BatchParts, build_parts
 from batches.loop.plan import EPOCH, PlannedBatch, Planner
 from batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
 from batches.loop.sink_owner import check_sink_is_ours
 from batches.pipeline import Pipeline
-from batches.sinks.delta import DeltaTableSink, WindowSink
+from batches.sinks import Sink, WindowedSink
+from batches.sinks.delta import DeltaTableSink, DeltaWindowSink
 from batches.sources import Source
 from batches.sources.base import PARTITION_COLUMN
 from state.checkpoint import Checkpoint
@@ -114,7 +115,7 @@ class MicroBatchRunner:
         return self.parts.stage
 
     @property
-    def sink(self) -> WindowSink | DeltaTableSink:
+    def sink(self) -> Sink | WindowedSink:
         return self.parts.sink
 
     @property
@@ -248,7 +249,8 @@ class MicroBatchRunner:
             waiting_partitions=list(planned.waiting),
         )
         if not planned.replay:
-            if batch_id == 0:
+            # A custom sink's history is not lowmark's to read: the sink checks its own.
+            if batch_id == 0 and isinstance(parts.sink, DeltaTableSink | DeltaWindowSink):
                 check_sink_is_ours(self.pipeline, ckpt, parts.sink.path)
             ckpt.fence()
             ckpt.offsets.claim(offsets)
@@ -306,9 +308,11 @@ class MicroBatchRunner:
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = parts.sink
-        if isinstance(sink, WindowSink):
+        if isinstance(sink, WindowedSink):
             assert changes is not None  # a windowed batch always has its window changes
-            retract = changes.retract if self.pipeline.sink_config().mode == "merge" else None
+            assert self.pipeline.aggregation is not None
+            update = self.pipeline.aggregation.output_mode == "update"
+            retract = changes.retract if update else None
             sink_version = sink.write(changes.output, batch_id, retract)
         else:
             assert taken is not None  # a stateless batch always reads its input itself
@@ -358,10 +362,12 @@ class MicroBatchRunner:
         lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
         parts.source.commit(planned.end)
         timer.lap("source_commit")
-        upkeep = self.pipeline.maintenance
-        if (batch_id + 1) % upkeep.every_batches == 0:
+        maintenance = self.pipeline.maintenance
+        if (batch_id + 1) % maintenance.every_batches == 0:
             state_table = parts.stage.state.table if parts.stage else None
-            tidy_after(ckpt, parts.source, batch, upkeep, state_table, versions.get("state"))
+            maintain_after(
+                ckpt, parts.source, batch, maintenance, state_table, versions.get("state")
+            )
             timer.lap("maintenance")
         ckpt.progress.add(
             ProgressEntry(

@@ -20,8 +20,8 @@ from batches.event_time.stage import WindowedStage, window_state
 from batches.loop.batch_work import BatchWork
 from batches.loop.catch_up import ReadAhead
 from batches.loop.plan import Planner
-from batches.pipeline import Pipeline, resolve
-from batches.sinks.delta import DeltaTableSink, WindowSink
+from batches.pipeline import Pipeline
+from batches.sinks import Sink, WindowedSink, build_sink
 from batches.sources import build_source
 from batches.sources.base import Source
 from state.checkpoint import Checkpoint
@@ -36,7 +36,7 @@ class BatchParts:
     source: Source
     stage: WindowedStage | None
     """Windowed pipelines' event-time stage (None: a stateless pipeline)."""
-    sink: WindowSink | DeltaTableSink
+    sink: Sink | WindowedSink
     work: BatchWork
     read_ahead: ReadAhead | None
     """Windowed pipelines' catch-up read-ahead (``batches.loop.catch_up``)."""
@@ -61,15 +61,7 @@ def build_parts(
     checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
     source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
     stage = _stage(pipeline, checkpoint)
-    config = pipeline.sink_config()
-    sink_path = resolve(config.path, data_root)
-    # One writer engine per sink table: a windowed pipeline's few windows are
-    # written from the driver, a stateless pipeline's records by Spark.
-    sink: WindowSink | DeltaTableSink = (
-        WindowSink(config, sink_path, checkpoint.txn_app_id("sink"))
-        if stage is not None
-        else DeltaTableSink(spark, config, sink_path, checkpoint.txn_app_id("sink"))
-    )
+    sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
     work = BatchWork(session, pipeline, checkpoint, source, stage, sink)
     read_ahead = (
         ReadAhead(session, source, stage, work.unwatermarked, pipeline.read_ahead_batches)

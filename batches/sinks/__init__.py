@@ -1,1 +1,36 @@
-"""Sinks: where a batch's output lands, exactly once (the contract, and the Delta sinks)."""
+"""Sinks: where a batch's output lands, exactly once (the contracts, the Delta sinks, the
+user's own), and the one function that builds a pipeline's sink."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from batches.pipeline import DeltaSink, Pipeline, resolve
+from batches.sinks.base import Sink, WindowedSink
+from batches.sinks.custom import WindowsAsFrames, from_factory
+from batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+from state.session import SparkLike
+
+__all__ = ["Sink", "WindowedSink", "build_sink"]
+
+
+def build_sink(
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, app_id: str
+) -> Sink | WindowedSink:
+    """The runtime sink of ``pipeline``; ``app_id`` is its idempotency key (the checkpoint's
+    ``txn_app_id("sink")``), written with each batch id.
+
+    One writer engine per Delta sink table: a windowed pipeline's few windows
+    are written from the driver (``WindowedSink``), a stateless pipeline's
+    records by Spark (``Sink``). A custom sink is a ``Sink``; a windowed
+    pipeline hands it its windows as DataFrames.
+    """
+    config = pipeline.sink_config()
+    windowed = pipeline.aggregation is not None and pipeline.event_time is not None
+    if isinstance(config, DeltaSink):
+        path = resolve(config.path, data_root)
+        if windowed:
+            return DeltaWindowSink(config, path, app_id)
+        return DeltaTableSink(spark, config, path, app_id)
+    sink = from_factory(spark, config, pipeline.name, data_root, app_id)
+    return WindowsAsFrames(spark, sink) if windowed else sink

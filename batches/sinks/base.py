@@ -1,24 +1,54 @@
-"""The sink contract."""
+"""The sink contracts: a batch's output as a DataFrame (``Sink``, what users write), or a
+windowed pipeline's few windows as Arrow tables on the driver (``WindowedSink``)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 
 class Sink(ABC):
-    """Where a batch's output goes.
+    """Where a batch's output goes, as a DataFrame (Spark's ``foreachBatch``, exactly once).
 
     Contract: ``write(df, batch_id, retract)`` may be called again for the
     same batch after a crash (a replay) with the same rows; an exactly-once
-    sink must then leave the table as if it had been called once. ``retract``
-    (keyed sinks only) holds the keys of rows the batch supersedes, e.g.
-    sessions merged into a longer one. It returns the version of the table
-    it wrote, if the sink is versioned.
+    sink must then leave its system as if it had been called once (idempotent
+    per batch id: a Delta table written with ``txnAppId``/``txnVersion``, a
+    MERGE on a key, a file named by the batch id). ``retract`` (update-mode
+    windows only) holds the identities of rows the batch supersedes, e.g.
+    sessions merged into a longer one. It returns the version of the table it
+    wrote, if the sink is versioned (recorded in the commit log).
     """
 
     @abstractmethod
     def write(
         self, df: DataFrame, batch_id: int, retract: DataFrame | None = None
     ) -> int | None: ...
+
+    def landed(self, batch_id: int) -> bool | None:
+        """Whether batch ``batch_id``'s write is in the sink; None (the default): the sink
+        cannot tell. A replay of a batch that may have written reads its input strictly
+        (as it was), and ``lowmark skip-batch`` refuses a batch whose write landed."""
+        return None
+
+
+class WindowedSink(ABC):
+    """A windowed pipeline's sink: the windows a batch emits, a few, on the driver.
+
+    Contract as ``Sink``, over Arrow tables: ``write(rows, batch_id, retract)``
+    may be called again for the same batch after a crash with the same rows
+    and leaves the sink as if called once; ``retract`` holds the identities of
+    windows the batch supersedes (update mode: sessions merged into a longer
+    one).
+    """
+
+    @abstractmethod
+    def write(
+        self, rows: pa.Table, batch_id: int, retract: pa.Table | None = None
+    ) -> int | None: ...
+
+    def landed(self, batch_id: int) -> bool | None:
+        """As ``Sink.landed``."""
+        return None

@@ -6,7 +6,7 @@ sink table has one writer engine, fixed by the pipeline's kind:
 
 - ``DeltaTableSink``: a stateless pipeline's records, any number of them,
   written by Spark's executors;
-- ``WindowSink``: a windowed pipeline's emitted windows, a few per batch,
+- ``DeltaWindowSink``: a windowed pipeline's emitted windows, a few per batch,
   already on the driver, written there with delta-rs (no Spark job). Its
   backfills write with delta-rs too.
 
@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from batches.errors import SinkWriteFailed
 from batches.pipeline import DeltaSink
-from batches.sinks.base import Sink
+from batches.sinks.base import Sink, WindowedSink
 from state.delta import append_once, latest_version, upsert_once
 from state.session import SparkLike, provider
 from state.table import DriverTable
@@ -78,16 +78,13 @@ class DeltaTableSink(Sink):
             ) from exc
         return latest_version(self.path)
 
+    def landed(self, batch_id: int) -> bool:
+        return DriverTable(self.path, None, "sink").landed(self.txn_app_id, batch_id)
 
-class WindowSink:
-    """The sink of a windowed pipeline: emitted windows appended, or MERGEd on keys + window.
 
-    Contract as ``Sink``, over Arrow tables: ``write(rows, batch_id, retract)``
-    may be called again for the same batch after a crash with the same rows
-    and leaves the table as if called once; ``retract`` holds the identities
-    of windows the batch supersedes (update mode: sessions merged into a
-    longer one).
-    """
+class DeltaWindowSink(WindowedSink):
+    """The sink of a windowed pipeline: emitted windows appended, or MERGEd on keys + window
+    (contract: ``WindowedSink``)."""
 
     def __init__(self, config: DeltaSink, path: str, txn_app_id: str) -> None:
         self.config = config
@@ -119,3 +116,6 @@ class WindowSink:
                 "table or restore its schema"
             ) from exc
         return self.table.version()
+
+    def landed(self, batch_id: int) -> bool:
+        return DriverTable(self.path, None, "sink").landed(self.txn_app_id, batch_id)

@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from batches.clock import Clock
-from batches.errors import PipelineConfigInvalid
-from batches.pipeline import (
-    CustomSource,
-    DeltaSource,
-    FileSource,
-    KafkaSource,
-    Pipeline,
-    SourceConfig,
-    SyntheticSource,
-    UnionSource,
-    resolve,
-)
+from batches.pipeline import Pipeline, SourceKind
 from batches.sources.base import Source, SourceRead
-from batches.sources.delta_table import DeltaStreamSource
-from batches.sources.files import FileStreamSource
-from batches.sources.kafka import KafkaStreamSource
-from batches.sources.synthetic import SyntheticStreamSource
-from batches.sources.union import SourceUnion
+from batches.sources.context import SourceContext
 from state.checkpoint import Checkpoint
-from state.manifest import FileManifest
 from state.session import SparkLike
-from state.source_schema import SourceSchema
 
-__all__ = ["Source", "SourceRead", "build_source"]
+__all__ = ["Source", "SourceContext", "SourceRead", "build_source", "runtime_builder"]
 
 
 def build_source(
@@ -42,43 +28,23 @@ def build_source(
 
     A location instead of an open checkpoint (a pipeline that never ran)
     gives a source for read-only questions (its backlog). ``clock``: what a
-    paced synthetic source reads "now" from.
+    paced synthetic source reads "now" from. Each kind is built by the
+    function its config model names (``SourceKind.RUNTIME``).
     """
 
-    def build(config: SourceConfig) -> Source:
-        if isinstance(config, UnionSource):
-            parts = {name: build(c) for name, c in config.sources.items()}
-            return SourceUnion(parts, config.transforms)
-        if isinstance(config, CustomSource):
-            source = config.factory(spark, config.options, data_root)
-            if not isinstance(source, Source):
-                raise PipelineConfigInvalid(
-                    f"pipeline {pipeline.name}: source factory {config.label} returned "
-                    f"{type(source).__name__}, not a batches.sources.Source: return your "
-                    "Source subclass (docs/sources.md)"
-                )
-            return source
-        if isinstance(config, KafkaSource):
-            group = config.consumer_group or f"lowmark-{pipeline.name}"
-            return KafkaStreamSource(spark, config, group)
-        if isinstance(config, DeltaSource):
-            return DeltaStreamSource(spark, config, resolve(config.path, data_root))
-        if isinstance(config, SyntheticSource):
-            return SyntheticStreamSource(spark, config, clock)
-        return _files(spark, config, data_root, checkpoint)
+    def build(config: SourceKind) -> Source:
+        source: Source = runtime_builder(type(config))(config, context)
+        return source
 
+    context = SourceContext(spark, pipeline.name, data_root, checkpoint, clock, build)
     return build(pipeline.source)
 
 
-def _files(
-    spark: SparkLike, config: FileSource, data_root: Path, checkpoint: Checkpoint | str
-) -> FileStreamSource:
-    if isinstance(checkpoint, str):
-        manifest = FileManifest(f"{checkpoint}/files", ":files")
-        schema = SourceSchema(f"{checkpoint}/schema", ":schema")
-    else:
-        manifest, schema = checkpoint.files, checkpoint.schema
-    archive = resolve(config.archive_dir, data_root) if config.archive_dir else None
-    return FileStreamSource(
-        spark, config, resolve(config.path, data_root), manifest, schema, archive
-    )
+def runtime_builder(model: type[SourceKind]) -> Callable[[Any, SourceContext], Source]:
+    """The function ``model.RUNTIME`` names (``module:qualname``)."""
+    module, _, qualname = model.RUNTIME.partition(":")
+    found: Any = importlib.import_module(module)
+    for name in qualname.split("."):
+        found = getattr(found, name)
+    builder: Callable[[Any, SourceContext], Source] = found
+    return builder

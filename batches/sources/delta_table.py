@@ -41,8 +41,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
-from batches.pipeline import DeltaSource
+from batches.pipeline import DeltaSource, resolve
 from batches.sources.base import PARTITION_COLUMN, Skipped, Source, SourceRead, read_counts
+from batches.sources.context import SourceContext
 from batches.sources.delta_log import Commit, DataFile, DeltaLog, Metadata
 from state.errors import LowmarkError, first_line
 from state.offset_log import Identity, Offsets
@@ -77,6 +78,11 @@ class DeltaStreamSource(Source):
         self._spark = provider(spark)
         self.config = config
         self.log = DeltaLog(table)
+
+    @classmethod
+    def from_config(cls, config: DeltaSource, context: SourceContext) -> DeltaStreamSource:
+        """The table of ``config``, its path resolved against the data root."""
+        return cls(context.spark, config, resolve(config.path, context.data_root))
 
     # -- what each version holds for this source --------------------------------------
 

@@ -41,7 +41,7 @@ from batches.errors import (
     SourceFileMissing,
     SourceFileUnreadable,
 )
-from batches.pipeline import FileSource
+from batches.pipeline import FileSource, resolve
 from batches.sources.base import (
     BATCH_COLUMN,
     PARTITION_COLUMN,
@@ -50,6 +50,8 @@ from batches.sources.base import (
     SourceRead,
     read_counts,
 )
+from batches.sources.context import SourceContext
+from state.checkpoint import Checkpoint
 from state.errors import CheckpointMissing, LowmarkError
 from state.manifest import FileManifest, ManifestFile, numbered
 from state.offset_log import Offsets
@@ -92,6 +94,19 @@ class FileStreamSource(Source):
         """The manifest as this source last read or wrote it: one read per runner."""
         self._unrecorded: list[ManifestFile] = []
         """Files a dry-run ``plan`` found and numbered without recording them."""
+
+    @classmethod
+    def from_config(cls, config: FileSource, context: SourceContext) -> FileStreamSource:
+        """The folder of ``config``, with the file manifest and schema of the checkpoint."""
+        checkpoint, data_root = context.checkpoint, context.data_root
+        if isinstance(checkpoint, Checkpoint):
+            manifest, schema = checkpoint.files, checkpoint.schema
+        else:
+            manifest = FileManifest(f"{checkpoint}/files", ":files")
+            schema = SourceSchema(f"{checkpoint}/schema", ":schema")
+        archive = resolve(config.archive_dir, data_root) if config.archive_dir else None
+        folder = resolve(config.path, data_root)
+        return cls(context.spark, config, folder, manifest, schema, archive)
 
     @property
     def spark(self) -> SparkSession:

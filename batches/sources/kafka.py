@@ -71,6 +71,7 @@ from batches.sources.base import (
     fair_share,
     read_counts,
 )
+from batches.sources.context import SourceContext
 from batches.sources.json_values import parse_json_values
 from state.errors import LowmarkError, first_line
 from state.offset_log import Identity, Offsets
@@ -125,6 +126,12 @@ class KafkaStreamSource(Source):
         )
         self._planned_latest: Offsets = {}
         """Each partition's latest offset as the last ``plan`` asked the brokers."""
+
+    @classmethod
+    def from_config(cls, config: KafkaSource, context: SourceContext) -> KafkaStreamSource:
+        """``config``'s topics, committing to its group (default ``lowmark-<pipeline>``)."""
+        group = config.consumer_group or f"lowmark-{context.pipeline}"
+        return cls(context.spark, config, group)
 
     # -- the brokers, on the driver ------------------------------------------------
 

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from batches.clock import Clock, SystemClock
 from batches.pipeline import SyntheticSource, start_time_ms
 from batches.sources.base import PARTITION_COLUMN, Source, SourceRead, fair_share, read_counts
+from batches.sources.context import SourceContext
 from state.offset_log import Offsets
 from state.session import SparkLike, provider
 
@@ -37,6 +38,11 @@ class SyntheticStreamSource(Source):
         self.config = config
         self.clock = clock or SystemClock()
         self.start_ms = start_time_ms(config.start)
+
+    @classmethod
+    def from_config(cls, config: SyntheticSource, context: SourceContext) -> SyntheticStreamSource:
+        """``config``'s events, paced by the context's clock."""
+        return cls(context.spark, config, context.clock)
 
     def _available(self) -> Offsets:
         """Records each partition has produced by now."""

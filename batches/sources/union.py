@@ -17,7 +17,9 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from batches.errors import PipelineConfigInvalid
+from batches.pipeline import UnionSource
 from batches.sources.base import PARTITION_COLUMN, Range, Skipped, Source, SourceRead
+from batches.sources.context import SourceContext
 from state.errors import LowmarkError
 from state.offset_log import Identity, Offsets
 
@@ -35,7 +37,7 @@ def named(offsets: Offsets, name: str) -> Offsets:
     return {f"{name}{SEPARATOR}{k}": v for k, v in offsets.items()}
 
 
-class SourceUnion(Source):
+class UnionStreamSource(Source):
     """``parts`` by name; ``transforms`` (by name) run on a part's records before the union."""
 
     def __init__(
@@ -45,6 +47,12 @@ class SourceUnion(Source):
     ) -> None:
         self.parts = dict(parts)
         self.transforms = dict(transforms)
+
+    @classmethod
+    def from_config(cls, config: UnionSource, context: SourceContext) -> UnionStreamSource:
+        """Each named source of ``config``, built in the same context."""
+        parts = {name: context.build(part) for name, part in config.sources.items()}
+        return cls(parts, config.transforms)
 
     def _each(self, offsets: Offsets, ask: Callable[[Source, Offsets], Offsets]) -> Offsets:
         merged: Offsets = {}

@@ -8,7 +8,7 @@ import pytest
 
 from batches.demo import clean_orders
 from batches.errors import PipelineConfigInvalid, PipelineNotFound
-from batches.pipeline import KafkaSource
+from batches.pipeline import DeltaSink, KafkaSource
 from batches.registry import get_pipeline, load_pipelines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,6 +22,7 @@ def test_the_demo_module_is_the_default_location(monkeypatch: pytest.MonkeyPatch
 def test_the_example_yaml_resolves_its_transform_by_import_path() -> None:
     p = get_pipeline("latest_orders", str(REPO / "examples/pipelines.yaml"))
     assert p.transform is clean_orders
+    assert isinstance(p.sink, DeltaSink)
     assert p.sink.mode == "merge" and p.sink.keys == ("order_id",)
 
 

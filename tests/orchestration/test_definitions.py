@@ -120,3 +120,29 @@ def test_each_source_kind_loads_and_each_source_of_a_union_is_an_upstream_asset(
     assert {"kafka_orders_sensor", "clicks_two_regions_sensor"} <= {
         s.name for s in defs.sensors or ()
     }
+
+
+def test_a_custom_sink_is_an_asset_that_names_its_factory_and_no_table(tmp_path: Path) -> None:
+    pipelines = tmp_path / "pipelines.yaml"
+    pipelines.write_text(
+        yaml.safe_dump(
+            {
+                "pipelines": [
+                    {
+                        "name": "exported",
+                        "source": {"kind": "synthetic", "total_rows": 10},
+                        "sink": {
+                            "kind": "custom",
+                            "factory": "examples.json_lines_sink:build",
+                            "options": {"folder": "exported"},
+                        },
+                    }
+                ]
+            }
+        )
+    )
+    defs = build_definitions(str(pipelines))
+    sink = defs.resolve_asset_graph().get(dg.AssetKey(["lowmark", "exported"]))
+    assert sink.metadata == {"factory": "examples.json_lines_sink.build"}
+    assert sink.kinds == {"spark"}
+    assert "exported_microbatches" in {j.name for j in defs.resolve_all_job_defs()}

@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from batches.admin.status import pipeline_status
-from batches.loop.maintenance import compact_checkpoint
+from batches.loop.maintenance import maintain_checkpoint
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import Maintenance, Pipeline
 from batches.windows import Tumbling
@@ -30,7 +30,7 @@ from state.checkpoint import Checkpoint
 from state.table import DriverTable
 from tests.helpers import drop_batches, event, windowed, write_json_lines
 
-UPKEEP = Maintenance(every_batches=100, log_batches=20, progress_batches=50)
+MAINTENANCE = Maintenance(every_batches=100, log_batches=20, progress_batches=50)
 SINGLE_COMMITS = 150
 """Synthetic batches written one commit each (the rest in bulk)."""
 LOG_FILES = 12
@@ -41,7 +41,7 @@ pointer and the commits since (maintenance's own: delete, compact, vacuum)."""
 def _pipeline() -> Pipeline:
     p = windowed(Tumbling(size="10 seconds"))
     source = p.source.model_copy(update={"processed_files": "archive", "archive_dir": "archived"})
-    return p.model_copy(update={"maintenance": UPKEEP, "source": source})
+    return p.model_copy(update={"maintenance": MAINTENANCE, "source": source})
 
 
 def _logs(ckpt: Checkpoint) -> dict[str, DriverTable]:
@@ -136,7 +136,7 @@ def test_after_10_000_batches_each_log_holds_what_it_held_after_10(
         done = runner.run(max_batches=None)
         last = _synthesize(runner.checkpoint, history - len(done))
         _age_logs(runner.checkpoint)
-        assert compact_checkpoint(spark, _pipeline(), root) is not None
+        assert maintain_checkpoint(spark, _pipeline(), root) is not None
         footprints[history] = _footprint(runner.checkpoint)
         # Every file any batch took is still known (a backfill reads them all).
         entry = runner.checkpoint.offsets.get(last)
@@ -153,8 +153,12 @@ def test_after_10_000_batches_each_log_holds_what_it_held_after_10(
     short, long = footprints[10], footprints[10_000]
     assert long["manifest"][0] == short["manifest"][0] == 1  # a partition's last file
     for name in ("offsets", "commits", "watermarks"):
-        assert long[name][0] == UPKEEP.log_batches * (short[name][0] // 10), (name, long, short)
-    assert long["progress"][0] == UPKEEP.progress_batches * (short["progress"][0] // 10)
+        assert long[name][0] == MAINTENANCE.log_batches * (short[name][0] // 10), (
+            name,
+            long,
+            short,
+        )
+    assert long["progress"][0] == MAINTENANCE.progress_batches * (short["progress"][0] // 10)
     for name in long:
         for footprint in (short, long):
             _, files, log_files = footprint[name]

@@ -1,4 +1,4 @@
-"""Checkpoint maintenance: logs keep only their retention, tables stay a few files, and
+"""Checkpoint maintenance: logs keep only their latest batches, tables stay a few files, and
 every batch after it (a replay across it included) computes what a plain batch job does."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from batches.admin.skip_batch import set_aside
 from batches.loop import faults
-from batches.loop.maintenance import compact_checkpoint
+from batches.loop.maintenance import maintain_checkpoint
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import Maintenance
 from batches.windows import Tumbling
@@ -26,12 +26,12 @@ WINDOW = Tumbling(size="10 seconds")
 BATCHES = [[event("a", 5 * i + 1, i), event("b", 5 * i + 3, 2 * i)] for i in range(12)]
 
 
-def _run(spark: SparkSession, data_root: Path, upkeep: Maintenance) -> MicroBatchRunner:
+def _run(spark: SparkSession, data_root: Path, maintenance: Maintenance) -> MicroBatchRunner:
     drop_batches(data_root, BATCHES)
-    p = windowed(WINDOW, "update").model_copy(update={"maintenance": upkeep})
+    p = windowed(WINDOW, "update").model_copy(update={"maintenance": maintenance})
     runner = MicroBatchRunner(spark, p, data_root)
     # Batch 4 dies after writing its state; it is the batch after a maintenance that
-    # compacted the state table, and its replay reads the state as of commit 3.
+    # merged the state table's files, and its replay reads the state as of commit 3.
     with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_state", 4)):
         runner.run(max_batches=None)
     runner = MicroBatchRunner(spark, p, data_root)
@@ -154,7 +154,7 @@ def test_a_replay_after_a_zero_retention_vacuum_resumes_or_names_what_is_gone(
             assert "\n" not in str(error.value)
 
 
-def test_a_compaction_between_a_crash_after_the_state_write_and_its_replay_keeps_what_it_reads(
+def test_maintenance_between_a_crash_after_the_state_write_and_its_replay_keeps_what_it_reads(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     drop_batches(data_root, BATCHES)
@@ -164,7 +164,7 @@ def test_a_compaction_between_a_crash_after_the_state_write_and_its_replay_keeps
         runner.run(max_batches=None)
     # An hour later, `lowmark compact` (or the daily schedule) runs before the replay.
     an_hour_passes(runner.checkpoint.location, monkeypatch)
-    assert compact_checkpoint(spark, p, data_root) is not None
+    assert maintain_checkpoint(spark, p, data_root) is not None
     replayed = MicroBatchRunner(spark, p, data_root).run(max_batches=None)
     assert replayed[0].replay and replayed[0].batch_id == 5
     assertDataFrameEqual(sink(spark, data_root), reference(spark, data_root, WINDOW))

@@ -61,7 +61,7 @@ def test_a_small_merge_after_maintenance_copies_only_the_rows_of_the_windows_it_
     # Filled as a stream fills it: a minute of windows per batch.
     for minute in range(MINUTES):
         state.apply(windows(range(USERS), range(minute, minute + 1), minute), no_deletes(), minute)
-    state.table.tidy(None, KEEP_HOURS)  # maintenance: compacts the small files
+    state.table.maintain(None, KEEP_HOURS)  # maintenance: compacts the small files
     assert held(state, "true") == USERS * MINUTES
     # A small batch: five users' windows of the newest minute.
     touched = windows(range(5), range(MINUTES - 1, MINUTES), MINUTES)

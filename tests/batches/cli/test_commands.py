@@ -75,7 +75,7 @@ def test_list_shows_the_demo_pipeline(capsys: pytest.CaptureFixture[str], data_r
 
 
 DEMO_ROWS = [
-    (p.name, f"files:{INCOMING}", f"delta:{p.sink.path} (append)", p.description)
+    (p.name, f"files:{INCOMING}", f"delta:{p.sink.label}", p.description)
     for p in (orders, user_revenue)
 ]
 """What `lowmark list` must show of each demo pipeline, every cell whole."""
@@ -325,7 +325,7 @@ def test_status_accounts_for_every_record_read_by_counts_taken_from_the_files(
     clock.advance(90_000)
     _, out, _ = lowmark(capsys, data_root, "status", "user_revenue", "--json", clock=clock)
     status = json.loads(out)
-    sink = spark.read.format("delta").load(str(data_root / user_revenue.sink.path))
+    sink = spark.read.format("delta").load(str(data_root / "demo/user_revenue"))
     in_sink = sink.agg({"orders": "sum"}).first()[0]  # type: ignore[index]
     on_time = sum(len(k) for k in kept[:-1])
     assert status["accounting"] == {

@@ -15,7 +15,7 @@ from pyspark.testing import assertDataFrameEqual
 from batches.errors import BackfillHistoryLost, PartitionNotClosed, SourceFileMissing
 from batches.loop.backfill import backfill_partition
 from batches.loop.faults import InjectedCrash, KillPoint, crash_at
-from batches.loop.maintenance import compact_checkpoint
+from batches.loop.maintenance import maintain_checkpoint
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import DeltaSource, EventTimePartitions, Maintenance
 from batches.windows import Tumbling
@@ -322,7 +322,7 @@ def test_a_checkpoint_that_predates_recording_its_start_backfills_from_batch_0_o
     assert DeltaTable(str(tmp_path / "out")).version() == version
 
 
-def test_a_backfill_after_two_compactions_of_an_idle_pipeline_reads_the_state_of_the_last_commit(
+def test_a_backfill_after_maintenance_twice_on_an_idle_pipeline_reads_the_last_commits_state(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Last, a window far from the open one: its MERGE adds a state file beside the other's.
@@ -331,11 +331,11 @@ def test_a_backfill_after_two_compactions_of_an_idle_pipeline_reads_the_state_of
     state = DriverTable(PIPELINE.checkpoint_location(tmp_path) + "/state_windows")
     recorded = state.version()
     assert state.files() >= 2
-    assert compact_checkpoint(spark, PIPELINE, tmp_path) is not None
+    assert maintain_checkpoint(spark, PIPELINE, tmp_path) is not None
     assert state.version() > recorded  # its OPTIMIZE left the recorded version behind
-    # The next day's compaction, on a pipeline that ran no batch since.
+    # The next day's maintenance, on a pipeline that ran no batch since.
     an_hour_passes(PIPELINE.checkpoint_location(tmp_path), monkeypatch)
-    assert compact_checkpoint(spark, PIPELINE, tmp_path) is not None
+    assert maintain_checkpoint(spark, PIPELINE, tmp_path) is not None
     assert backfill_partition(spark, PIPELINE, tmp_path, *hour(0)).windows == 3
     expected = in_hour(reference(spark, tmp_path, WINDOW), 0)
     assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)

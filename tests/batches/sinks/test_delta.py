@@ -75,7 +75,7 @@ def test_a_sink_has_deltas_defaults_and_the_properties_its_user_set_never_the_ch
     change_feed = {"delta.enableChangeDataFeed": "true"}
     for name, properties in (("defaults", {}), ("change_feed", change_feed)):
         root = tmp_path / name
-        # Maintenance after every batch: it tidies the checkpoint, never the sink.
+        # Maintenance after every batch: it maintains the checkpoint, never the sink.
         fields = {
             "sink": DeltaSink(path="out", properties=properties),
             "maintenance": Maintenance(every_batches=1),

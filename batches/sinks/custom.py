@@ -1,0 +1,54 @@
+"""A sink the user writes (``kind: custom``): built by the factory its config names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from batches.errors import PipelineConfigInvalid
+from batches.pipeline import CustomSink
+from batches.sinks.base import Sink, WindowedSink
+from state.session import SparkLike, provider
+
+
+def from_factory(
+    spark: SparkLike, config: CustomSink, pipeline: str, data_root: Path, app_id: str
+) -> Sink:
+    """``config.factory(spark, options, data_root, app_id)``, checked to be a ``Sink``."""
+    sink = config.factory(spark, config.options, data_root, app_id)
+    if not isinstance(sink, Sink):
+        raise PipelineConfigInvalid(
+            f"pipeline {pipeline}: sink factory {config.label} returned "
+            f"{type(sink).__name__}, not a batches.sinks.base.Sink: return your Sink subclass"
+        )
+    return sink
+
+
+class WindowsAsFrames(WindowedSink):
+    """A windowed pipeline's windows handed to a user's ``Sink`` as DataFrames.
+
+    The windows are on the driver already; each batch that emits or
+    retracts some becomes a local DataFrame (no input is read again). A batch
+    that changes no window writes nothing: the sink is not called.
+    """
+
+    def __init__(self, spark: SparkLike, sink: Sink) -> None:
+        self._spark = provider(spark)
+        self.sink = sink
+
+    def write(self, rows: pa.Table, batch_id: int, retract: pa.Table | None = None) -> int | None:
+        gone = retract if retract is not None and retract.num_rows else None
+        if not rows.num_rows and gone is None:
+            return None
+        return self.sink.write(self._frame(rows), batch_id, self._frame(gone) if gone else None)
+
+    def landed(self, batch_id: int) -> bool | None:
+        return self.sink.landed(batch_id)
+
+    def _frame(self, table: pa.Table) -> DataFrame:
+        if not table.num_rows:  # Spark cannot take an Arrow column of no chunks
+            return self._spark().createDataFrame([], schema=from_arrow_schema(table.schema))
+        return self._spark().createDataFrame(table)

@@ -1,0 +1,34 @@
+"""What building a runtime source may need besides its config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from batches.clock import Clock
+from batches.pipeline import SourceKind
+from batches.sources.base import Source
+from state.checkpoint import Checkpoint
+from state.session import SparkLike
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """The pipeline a source is built for, and where its tables live.
+
+    A source kind's ``RUNTIME`` builder is called as ``builder(config, context)``.
+    """
+
+    spark: SparkLike
+    pipeline: str
+    """The pipeline's name."""
+    data_root: Path
+    """What relative paths are resolved against."""
+    checkpoint: Checkpoint | str
+    """The open checkpoint, or only its location (a pipeline that never ran: the source
+    answers read-only questions, such as its backlog)."""
+    clock: Clock | None
+    """What a paced source reads "now" from (None: the system clock)."""
+    build: Callable[[SourceKind], Source]
+    """Builds another source of the same pipeline (a union's parts)."""
