@@ -573,6 +573,7 @@ class CustomSink(_Config):
     """
 
     kind: Literal["custom"] = "custom"
+    """Picks a sink of your own."""
     factory: ImportString[Callable[..., Any]] = Field(
         description="Import path of the function that builds the sink (module:function)."
     )
