@@ -33,7 +33,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from batches.loop.sink_owner import held_elsewhere, sink_holder
@@ -81,17 +81,29 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
     app_id = new.txn_app_id("sink")
     if DeltaTable.is_deltatable(sink):
         if pipeline.aggregation is not None:
-            # A windowed pipeline's sink: delta-rs is its one writer engine.
-            DeltaTable(sink).delete(
-                commit_properties=CommitProperties(
-                    custom_metadata={"userMetadata": writer_metadata(app_id, -1)}
-                )
-            )
+            _truncate_window_sink(sink, writer_metadata(app_id, -1))
         else:
             session = provider(spark)().newSession()  # its confs are its own
             session.conf.set(USER_METADATA_CONF, writer_metadata(app_id, -1))
             session.sql(f"DELETE FROM delta.`{sink}`")
     return Reset(mode, location, moved, new.pipeline_id, None, None, 0)
+
+
+def _truncate_window_sink(sink: str, metadata: str) -> None:
+    """Empty a windowed pipeline's sink (delta-rs is its one writer engine) in a commit
+    whose ``userMetadata`` is ``metadata``, naming the new checkpoint as its writer.
+
+    A sink without rows (no window emitted yet) gets an empty append instead: delta-rs
+    commits no delete that deletes nothing, and without a commit of the reset the new
+    checkpoint's first batch would find the old checkpoint the sink's last writer.
+    """
+    commit = CommitProperties(custom_metadata={"userMetadata": metadata})
+    table = DeltaTable(sink)
+    before = table.version()
+    table.delete(commit_properties=commit)
+    if DeltaTable(sink).version() == before:
+        empty = pa.schema(table.schema().to_arrow()).empty_table()
+        write_deltalake(sink, empty, mode="append", commit_properties=commit)
 
 
 def _refuse_another_pipelines_sink(pipeline: Pipeline, location: str, sink: str) -> None:

@@ -9,8 +9,10 @@ in the background while the test process replays the cases already killed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +24,8 @@ from pyspark.sql import SparkSession
 from batches.loop.faults import KillPoint
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
-from tests.faults.harness import Snapshot, kill_run, snapshot
+from tests.faults.class_archive import ARCHIVE_ENV, make_archive
+from tests.faults.harness import REPO, Snapshot, kill_run, lowmark_env, snapshot
 from tests.faults.scenarios import (
     FIXED_INPUT,
     KAFKA_TOPIC,
@@ -92,6 +95,11 @@ class Reference:
     tables: Snapshot
     batches: int
 
+    @property
+    def root(self) -> Path:
+        """The fault-free run's data root."""
+        return self.folder / "reference"
+
 
 @dataclass(frozen=True)
 class KillCase:
@@ -122,6 +130,19 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
 
 
 @pytest.fixture(scope="session")
+def class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
+    """The class-data sharing archive the session's `lowmark` subprocesses map
+    (``tests.faults.class_archive``), made once; None if it could not be made."""
+    archive = make_archive(tmp_path_factory.mktemp("class_archive"), lowmark_env(), REPO)
+    if archive is None:
+        warnings.warn("no class archive: lowmark subprocesses start without one", stacklevel=1)
+    else:
+        os.environ[ARCHIVE_ENV] = str(archive)
+    yield archive
+    os.environ.pop(ARCHIVE_ENV, None)
+
+
+@pytest.fixture(scope="session")
 def references(
     spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> dict[str, Reference]:
@@ -129,7 +150,7 @@ def references(
     for defined in MATRIX:
         folder = tmp_path_factory.mktemp(defined.name)
         pipeline = with_input(defined, folder, request)
-        root = folder / "reference"
+        root = folder / "reference"  # Reference.root
         runner = MicroBatchRunner(spark, pipeline, root)
         runner.run(max_batches=KILL_BATCH)
         shutil.copytree(root, folder / "template")
@@ -146,7 +167,7 @@ def references(
         ) == (KILL_BATCH, windowed, pipeline.name not in NO_BAD_ROWS, True)
         assert len(rest) > 1
         batches = KILL_BATCH + len(rest)
-        refs[pipeline.name] = Reference(pipeline, folder, snapshot(spark, pipeline, root), batches)
+        refs[pipeline.name] = Reference(pipeline, folder, snapshot(pipeline, root), batches)
     return refs
 
 
@@ -179,7 +200,7 @@ class KillCases:
 
 @pytest.fixture(scope="session")
 def kill_cases(
-    references: dict[str, Reference], request: pytest.FixtureRequest
+    references: dict[str, Reference], class_archive: Path | None, request: pytest.FixtureRequest
 ) -> Iterator[KillCases]:
     # Only the cases selected (`make test` leaves the integration ones out), so no
     # subprocess is started for a case no test asks for.

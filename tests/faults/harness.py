@@ -7,7 +7,8 @@ change is left out: runner ids, wall-clock times (``created_at``), the
 random ``pipeline_id`` and the progress table (descriptive; a kill right
 after the commit loses its row). A partition's ``last_seen_ms`` is a
 planning time, so it is compared as the batch it names: the batch whose
-offsets were planned then.
+offsets were planned then. Tables are read with delta-rs, the same way for
+both runs, so a comparison runs no Spark job.
 """
 
 from __future__ import annotations
@@ -21,27 +22,35 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from functools import reduce
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from delta.tables import DeltaTable
 from deltalake import DeltaTable as RsDeltaTable
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
 from batches.cli import commands
 from batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline, resolve
+from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.scenarios import SINK
 
 REPO = Path(__file__).resolve().parents[2]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
+"""The installed `lowmark` command (``orchestration.cli``)."""
+ENGINE_CLI = (sys.executable, "-c", "from batches.cli.commands import main; main()")
+"""`lowmark` as the crash tests run it: the engine's commands (``batches.cli.commands``),
+without the Dagster commands and batch reports of the installed entry point
+(``orchestration.cli``), whose imports double a subprocess's Python start (0.7 s → 1.4 s
+of CPU time): a kill case is about the engine's recovery."""
 KILLED = -signal.SIGKILL
 
 Snapshot = dict[str, Counter[str]]
 """Table name → multiset of its rows as JSON."""
+
+Row = dict[str, Any]
 
 Crash = Callable[[Path, KillPoint], bool]
 """Run until ``point`` and die there; True if it was reached (else the run just finished)."""
@@ -59,13 +68,14 @@ _CHECKPOINT_TABLES = (
     "state_windows",
     "late",
 )
-_HISTORY_METRICS = (
-    "numOutputRows",
-    "numSourceRows",
-    "numTargetRowsInserted",
-    "numTargetRowsUpdated",
-    "numTargetRowsDeleted",
-)
+_INSERTED = ("numOutputRows", "numTargetRowsInserted", "num_added_rows", "num_target_rows_inserted")
+_UPDATED = ("numTargetRowsUpdated", "num_target_rows_updated")
+_DELETED = ("numTargetRowsDeleted", "num_target_rows_deleted")
+_ROW_COUNTS = (*_INSERTED, *_UPDATED, *_DELETED, "numSourceRows", "num_source_rows")
+"""A commit's row counts as Spark and as delta-rs name them (``numOutputRows`` counts what
+a WRITE added, but also rows a MERGE copied: it is kept for WRITEs only)."""
+_CHANGES = ("inserted", "updated", "deleted")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def run_to_completion(spark: SparkSession, pipeline: Pipeline, root: Path) -> list[BatchResult]:
@@ -78,15 +88,16 @@ def lowmark_env(**extra: str) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONPATH": str(REPO),
-        # A process that lives one batch gains more from a fast JVM start than from C2.
-        "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "SPARK_SUBMIT_OPTS": subprocess_jvm_options(),
+        # spark-submit's own JVM, which only builds the driver's command line.
+        "SPARK_LAUNCHER_OPTS": " ".join(JVM_OPTIONS),
         **extra,
     }
 
 
 def lowmark_run_args(root: Path, pipeline: Pipeline, *options: str) -> list[str]:
     return [
-        LOWMARK,
+        *ENGINE_CLI,
         "--pipelines",
         "tests.faults.scenarios",
         "--data-root",
@@ -180,40 +191,33 @@ def run_with_crashes(
     return crashes
 
 
-def snapshot(
-    spark: SparkSession, pipeline: Pipeline, root: Path, after_reset: bool = False
-) -> Snapshot:
-    """Every table a batch writes, plus the sink's and state's Delta history, in one Spark job.
+def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> Snapshot:
+    """Every table a batch writes, plus the sink's and state's Delta history, read with
+    delta-rs (no Spark job).
 
-    ``after_reset``: the sink's history only after the commit by which ``lowmark reset
-    --truncate-sink`` emptied it, and its versions in the commit log, numbered from 0
-    again (what a run from scratch wrote).
+    ``as_from_scratch``: the sink's history as the writes of the checkpoint in place,
+    by batch (``_sink_writes``), and the sink version each commit records as the batch
+    whose write it shows: what a run that started from scratch and a run after ``lowmark
+    reset --truncate-sink`` must agree on.
     """
     checkpoint = pipeline.checkpoint_location(root)
     tables = {"sink": resolve(SINK, root)} | {
         name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES
     }
-    # The sink's versions up to the reset's are the old checkpoint's.
-    before = _reset_version(tables["sink"]) + 1 if after_reset else 0
-    frames: list[DataFrame] = []
-    for name, path in tables.items():
-        if not RsDeltaTable.is_deltatable(path):
-            continue
-        df = spark.read.format("delta").load(path)
-        if name == "watermarks":
-            df = _last_seen_as_batch(df, spark.read.format("delta").load(tables["offsets"]))
-        if name == "commits" and before:
-            df = _sink_version_less(df, before)
-        frames.append(_as_json(name, df.drop(*_UNSTABLE.get(name, ()))))
-        if name in ("sink", "state_windows"):
-            history = _history(spark, path)
-            if name == "sink" and before:
-                history = history.where(F.col("version") >= before)
-                history = history.withColumn("version", F.col("version") - before)
-            frames.append(_as_json(f"{name} history", history))
     result: Snapshot = {name: Counter() for name in tables}
-    for row in reduce(DataFrame.unionByName, frames).collect():
-        result.setdefault(row["table"], Counter())[row["row"]] += 1
+    found = {name: path for name, path in tables.items() if RsDeltaTable.is_deltatable(path)}
+    writes = _sink_writes(found["sink"]) if as_from_scratch and "sink" in found else None
+    for name, path in found.items():
+        rows = _rows(path, _UNSTABLE.get(name, ()))
+        if name == "watermarks":
+            rows = _last_seen_as_batch(rows, _rows(found["offsets"], ()))
+        if name == "commits" and writes is not None:
+            rows = [_sink_version_as_batch(row, writes) for row in rows]
+        result[name] = _as_json(rows)
+        if name == "sink" and writes is not None:
+            result["sink writes"] = _as_json(list(writes.values()))
+        elif name in ("sink", "state_windows"):
+            result[f"{name} history"] = _as_json(_history(path))
     return result
 
 
@@ -231,23 +235,104 @@ def differences(expected: Snapshot, actual: Snapshot) -> list[str]:
     return found
 
 
-def _as_json(table: str, df: DataFrame) -> DataFrame:
-    return df.select(
-        F.lit(table).alias("table"), F.to_json(F.struct(*sorted(df.columns))).alias("row")
-    )
+def _rows(path: str, unstable: tuple[str, ...]) -> list[Row]:
+    """The rows of the Delta table at ``path``, without the columns ``unstable``."""
+    table = RsDeltaTable(path).to_pyarrow_table()
+    return table.drop_columns([c for c in unstable if c in table.column_names]).to_pylist()
 
 
-def _last_seen_as_batch(watermarks: DataFrame, offsets: DataFrame) -> DataFrame:
+def _as_json(rows: list[Row]) -> Counter[str]:
+    """``rows`` as a multiset of JSON texts (keys sorted; times, dates and the like as
+    their ``str``)."""
+    return Counter(json.dumps(row, sort_keys=True, default=str) for row in rows)
+
+
+def _last_seen_as_batch(watermarks: list[Row], offsets: list[Row]) -> list[Row]:
     """``last_seen_ms`` replaced by ``last_seen_batch``: the batch planned at that time (a
     time no batch was planned at stays, as -1, a difference)."""
-    planned = offsets.select(
-        F.unix_millis("created_at").alias("_planned_ms"), F.col("batch_id").alias("_batch")
-    )
-    return (
-        watermarks.join(planned, watermarks["last_seen_ms"] == planned["_planned_ms"], "left")
-        .withColumn("last_seen_batch", F.coalesce("_batch", F.lit(-1)))
-        .drop("last_seen_ms", "_planned_ms", "_batch")
-    )
+    planned = {_millis(o["created_at"]): o["batch_id"] for o in offsets}
+    return [
+        {k: v for k, v in row.items() if k != "last_seen_ms"}
+        | {"last_seen_batch": planned.get(row["last_seen_ms"], -1)}
+        for row in watermarks
+    ]
+
+
+def _millis(moment: datetime) -> int:
+    """``moment`` in epoch milliseconds, truncated as Spark's ``unix_millis``."""
+    return (moment - EPOCH) // timedelta(milliseconds=1)
+
+
+def _history(path: str) -> list[Row]:
+    """Each version's operation and row counts: a write replayed twice shows up here."""
+    return [
+        {
+            "version": commit["version"],
+            "operation": commit["operation"],
+            "metrics": _row_counts(commit),
+        }
+        for commit in RsDeltaTable(path).history()
+    ]
+
+
+def _row_counts(commit: Row) -> dict[str, str]:
+    """The row counts among a commit's metrics, whichever engine wrote it (Spark's counts
+    are text, delta-rs's numbers: both as text)."""
+    metrics = commit.get("operationMetrics") or {}
+    return {
+        k: str(v)
+        for k, v in metrics.items()
+        if k in _ROW_COUNTS and (k != "numOutputRows" or commit["operation"] == "WRITE")
+    }
+
+
+def _sink_writes(path: str) -> dict[int, Row]:
+    """Sink version → the write it is, for the versions the checkpoint in place wrote
+    (after the newest reset, if any), each as its batch and the rows it inserted,
+    updated and deleted.
+
+    The operation and the version number are left out: the first write into an
+    emptied sink MERGEs (or appends) where a run from scratch creates the table, and
+    the versions count on from the old checkpoint's. A write of no rows, the empty
+    table a run from scratch creates in its first batch or the reset's truncation
+    (batch -1, ``batches.admin.reset``), is left out too: it is no batch's output.
+    """
+    commits = sorted(RsDeltaTable(path).history(), key=lambda c: int(c["version"]))
+    ours = commits[_after_newest_reset(commits) :]
+    writes = {int(c["version"]): {"batch_id": _writer_batch(c)} | _changed(c) for c in ours}
+    return {v: w for v, w in writes.items() if any(w[k] for k in _CHANGES)}
+
+
+def _after_newest_reset(commits: list[Row]) -> int:
+    """The index in ``commits`` (oldest first) after the newest reset's, else 0."""
+    resets = [i for i, c in enumerate(commits) if _writer_batch(c) == -1]
+    return resets[-1] + 1 if resets else 0
+
+
+def _writer_batch(commit: Row) -> int | None:
+    """The batch a commit's ``userMetadata`` names (``state.ownership``), if any."""
+    writer = json.loads(commit.get("userMetadata") or "{}").get("lowmark", {})
+    return writer.get("batch_id")
+
+
+def _changed(commit: Row) -> Row:
+    """Rows a commit inserted, updated and deleted, from either engine's metrics."""
+    counts = _row_counts(commit)
+    return {
+        change: sum(int(counts.get(k, 0)) for k in names)
+        for change, names in zip(_CHANGES, (_INSERTED, _UPDATED, _DELETED), strict=True)
+    }
+
+
+def _sink_version_as_batch(commit: Row, writes: dict[int, Row]) -> Row:
+    """A commit log row with its recorded sink version replaced by the batch whose write
+    the sink then showed (None: no write yet, only a creation or a truncation)."""
+    versions = json.loads(commit["table_versions"])
+    if "sink" not in versions:
+        return commit
+    shown = [v for v in writes if v <= versions["sink"]]
+    versions["sink"] = {"written_by_batch": writes[max(shown)]["batch_id"] if shown else None}
+    return commit | {"table_versions": json.dumps(versions, sort_keys=True)}
 
 
 def reset_with_truncate_sink(root: Path, pipeline: Pipeline) -> None:
@@ -257,39 +342,3 @@ def reset_with_truncate_sink(root: Path, pipeline: Pipeline) -> None:
         commands.main([*args, "reset", pipeline.name, "--truncate-sink"])
     except SystemExit as exit_info:
         assert not exit_info.code, f"lowmark reset {pipeline.name} exited {exit_info.code}"
-
-
-def _reset_version(path: str) -> int:
-    """The version of the newest commit of a reset to the table at ``path`` (its writer's
-    batch is -1: ``batches.admin.reset``)."""
-    return max(
-        int(c["version"])
-        for c in RsDeltaTable(path).history()
-        if json.loads(c.get("userMetadata") or "{}").get("lowmark", {}).get("batch_id") == -1
-    )
-
-
-def _sink_version_less(commits: DataFrame, by: int) -> DataFrame:
-    """``commits`` with the sink version each recorded (JSON text ``"sink": N``) less ``by``."""
-    recorded = F.regexp_extract("table_versions", r'"sink": (\d+)', 1)
-    shifted = F.concat(F.lit('"sink": '), (recorded.cast("long") - by).cast("string"))
-    return commits.withColumn(
-        "table_versions",
-        F.when(
-            recorded != "", F.regexp_replace("table_versions", r'"sink": \d+', shifted)
-        ).otherwise(F.col("table_versions")),
-    )
-
-
-def _history(spark: SparkSession, path: str) -> DataFrame:
-    """Each version's operation and row counts: a write replayed twice shows up here."""
-    history = DeltaTable.forPath(spark, path).history()
-    return history.select(
-        "version",
-        "operation",
-        F.map_filter(
-            "operationMetrics",
-            lambda k, _: k.isin(*_HISTORY_METRICS)
-            & ((F.col("operation") == "WRITE") | (k != "numOutputRows")),
-        ).alias("metrics"),
-    )

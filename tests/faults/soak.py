@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                 spark, pipeline, folder / "run", schedule, subprocess_crash(pipeline)
             )
             diff = differences(
-                snapshot(spark, pipeline, folder / "reference"),
-                snapshot(spark, pipeline, folder / "run"),
+                snapshot(pipeline, folder / "reference"),
+                snapshot(pipeline, folder / "run"),
             )
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -138,7 +138,7 @@ def test_input_changing_between_the_listing_and_the_read_is_read_once_as_it_is(
 
     reference = tmp_path / "reference" / "run"
     run_to_completion(spark, scenario, reference)
-    expected, actual = snapshot(spark, scenario, reference), snapshot(spark, scenario, run)
+    expected, actual = snapshot(scenario, reference), snapshot(scenario, run)
     assert acted and expected["sink"] and expected["sink"] == actual["sink"]
     assert expected["sink history"] == actual["sink history"]
 

@@ -33,7 +33,7 @@ def plain(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> tupl
     folder = tmp_path_factory.mktemp("plain")
     write_input(folder / "input", FIXED_INPUT[:2])
     run_to_completion(spark, plain_append, folder / "reference")
-    return folder, snapshot(spark, plain_append, folder / "reference")
+    return folder, snapshot(plain_append, folder / "reference")
 
 
 @pytest.mark.parametrize("pipeline_name", ["plain_append", "session_update"])
@@ -48,7 +48,7 @@ def test_a_runner_whose_batch_another_runner_finished_first_stops_at_its_commit(
     p = PIPELINES[pipeline_name]
     write_input(tmp_path / "input", FIXED_INPUT[:2])
     run_to_completion(spark, p, tmp_path / "reference")
-    reference = snapshot(spark, p, tmp_path / "reference")
+    reference = snapshot(p, tmp_path / "reference")
     root = tmp_path / "stalled_owner"
     owner = MicroBatchRunner(spark, p, root)
     stalled = 0
@@ -67,10 +67,11 @@ def test_a_runner_whose_batch_another_runner_finished_first_stops_at_its_commit(
         owner.run_batch()
 
     run_to_completion(spark, p, root)
-    assert differences(reference, snapshot(spark, p, root)) == []
+    assert differences(reference, snapshot(p, root)) == []
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("class_archive")
 def test_of_two_lowmark_runs_at_once_one_finishes_and_the_other_stops_with_a_clear_message(
     spark: SparkSession, plain: tuple[Path, Snapshot]
 ) -> None:
@@ -100,7 +101,7 @@ def test_of_two_lowmark_runs_at_once_one_finishes_and_the_other_stops_with_a_cle
     [error] = [line for line in first_err.splitlines() if line.startswith("error:")]
     assert error.startswith("error: batch 0 in ") and "another `lowmark run`" in error
     assert "Traceback" not in first_err
-    assert differences(reference, snapshot(spark, plain_append, root)) == []
+    assert differences(reference, snapshot(plain_append, root)) == []
 
 
 def test_a_stale_runner_never_records_a_file_another_runner_recorded(

@@ -120,6 +120,6 @@ def test_maintenance_and_another_job_writing_the_sink_around_a_crash_change_no_r
         job.join()
     run_to_completion(spark, ref.pipeline, root)
 
-    ours = snapshot(spark, ref.pipeline, root)
+    ours = snapshot(ref.pipeline, root)
     ours["sink"] = Counter({row: n for row, n in ours["sink"].items() if "someone else" not in row})
     assert differences(data(ref.tables), data(ours)) == [], caplog.text

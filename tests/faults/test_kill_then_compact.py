@@ -42,6 +42,7 @@ def _rows(tables: Snapshot) -> Snapshot:
     return {name: rows for name, rows in tables.items() if name not in CHANGED_BY_MAINTENANCE}
 
 
+@pytest.mark.usefixtures("class_archive")
 @pytest.mark.parametrize("step", COMPACTED_AT)
 def test_a_checkpoint_compacted_between_a_kill_and_its_replay_ends_like_a_run_never_killed(
     spark: SparkSession,
@@ -60,5 +61,5 @@ def test_a_checkpoint_compacted_between_a_kill_and_its_replay_ends_like_a_run_ne
     results = run_to_completion(spark, ref.pipeline, root)
 
     assert [r.batch_id for r in results if r.replay] == [KILL_BATCH]
-    found = differences(_rows(ref.tables), _rows(snapshot(spark, ref.pipeline, root)))
+    found = differences(_rows(ref.tables), _rows(snapshot(ref.pipeline, root)))
     assert found == []

@@ -48,4 +48,4 @@ def test_seeded_random_crashes_at_any_step_of_any_batch_change_no_table(
     )
 
     assert crashes == CRASHES, f"only {crashes} of {schedule} were reached"
-    assert differences(ref.tables, snapshot(spark, ref.pipeline, root)) == []
+    assert differences(ref.tables, snapshot(ref.pipeline, root)) == []
