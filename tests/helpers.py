@@ -254,7 +254,7 @@ FIRST_CONTACT_YAML = """
 pipelines:
   - name: times
     source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
-    transform: tests.batches.helpers:parse_times
+    transform: tests.helpers:parse_times
     sink: {kind: delta, path: out}
   - name: into_a_file
     source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
@@ -269,7 +269,7 @@ pipelines:
       aggregates: [{fn: count}]
   - name: slow
     source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
-    transform: tests.batches.helpers:slowly
+    transform: tests.helpers:slowly
     sink: {kind: delta, path: out}
 """
 """Pipelines a new user gets wrong: a transform that fails on a record, a sink path that
