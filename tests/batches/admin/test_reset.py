@@ -27,6 +27,7 @@ from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import Pipeline
 from batches.windows import Tumbling
 from state.errors import CheckpointReplaced
+from state.ownership import last_writer
 from tests.helpers import (
     drop_batches,
     drop_file,
@@ -115,6 +116,23 @@ def test_truncate_sink_of_a_windowed_pipeline_recomputes_every_window(
     reset(spark, p, data_root, "truncate")
     MicroBatchRunner(spark, p, data_root).run(max_batches=None)
     assertDataFrameEqual(sink(spark, data_root), reference(spark, data_root, window))
+
+
+def test_truncate_sink_of_a_windowed_sink_without_rows_yet_names_the_new_checkpoint(
+    spark: SparkSession, data_root: Path
+) -> None:
+    drop_batches(data_root, [[event("a", 10 * i + 1, i)] for i in range(3)])
+    p = windowed(Tumbling(size="10 seconds"), "append")
+    MicroBatchRunner(spark, p, data_root).run(max_batches=1)  # no window final yet
+    assert sink(spark, data_root).count() == 0
+
+    done = reset(spark, p, data_root, "truncate")
+
+    # Nothing to delete, so an empty commit: else the old checkpoint stays the sink's
+    # last writer and the new one refuses the sink.
+    writer = last_writer(str(data_root / "out"))
+    assert writer is not None and (writer.pipeline_id, writer.batch_id) == (done.pipeline_id, -1)
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
 
 
 def test_after_sink_goes_on_after_the_last_batch_the_sink_holds(
