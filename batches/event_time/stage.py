@@ -28,12 +28,13 @@ from functools import cached_property
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation
-from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
 from batches.collect import observed
 from batches.errors import PipelineConfigInvalid
 from batches.event_time.aggregates import AggregatePlan, plan_aggregate
+from batches.event_time.driver_merge import DriverMerge, WindowChanges
+from batches.event_time.sessions import SessionWindows, null_safe_match
 from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from batches.windows import (
     EventTime,
@@ -53,7 +54,6 @@ CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"
 UNTIMED = "no event time: the event-time column is null"
 FUTURE = "event time more than max_future ahead of the batch's processing time"
 """Reasons in the late table."""
-_FRESH = "_lowmark_fresh"
 REJECTED = "_lowmark_rejected"
 """True for a record that goes to the late table (``BatchFrames.flagged``)."""
 RECORDS = "_lowmark_records"
@@ -187,23 +187,6 @@ def late_table(records: pa.Table, batch_id: int, watermark_ms: int | None) -> pa
 
 
 @dataclass(frozen=True)
-class WindowChanges:
-    """What a batch's windows change, as Arrow tables on the driver (``StageOutput``,
-    collected; or the driver merge's own)."""
-
-    output: pa.Table
-    """The rows the sink gets."""
-    retract: pa.Table
-    """Windows the sink must drop (update mode: sessions merged into a longer one)."""
-    upserts: pa.Table
-    """State rows to write (the windows the batch touched, merged)."""
-    deletes: pa.Table
-    """State rows to remove (the windows the batch closed)."""
-    closed: pa.Table
-    """The ``_lowmark_rows`` of the windows the batch closes (final, purged, not merged)."""
-
-
-@dataclass(frozen=True)
 class StageOutput:
     """What the batch must write, as lazy frames over local data."""
 
@@ -272,6 +255,13 @@ class WindowedStage:
         """The aggregates as Spark expressions: built on first use, as building one needs a
         running Spark, and planning (a sensor tick) does without."""
         return [plan_aggregate(a) for a in self.aggregation.aggregates]
+
+    @cached_property
+    def _sessions(self) -> SessionWindows:
+        """The session windows' merging (``sessions.py``), for a stage of session windows."""
+        assert isinstance(self.window, Session)
+        names = tuple(n for p in self.plans for n, _ in p.partials)
+        return SessionWindows(self.window, self.keys, self._partials(), self._merges(), names)
 
     def batch_frames(
         self,
@@ -364,7 +354,7 @@ class WindowedStage:
         """The partials of ``accepted`` records (of ``batch_frames``), per (key, window) —
         and per ``by`` columns too (the catch-up read-ahead's batch id)."""
         if isinstance(self.window, Session):
-            return self._batch_sessions(accepted, self.window)
+            return self._sessions.of_batch(accepted, _ET_MS)
         return self._batch_windows(accepted, self.window, watermark_ms, by)
 
     def partials_with_stats(
@@ -433,7 +423,7 @@ class WindowedStage:
         ``final`` every stored window the batch watermark makes final.
         """
         if isinstance(self.window, Session):
-            merged, replaced = self._merge_sessions(partials, nearby)
+            merged, replaced = self._sessions.merge(partials, nearby)
         else:
             merged, replaced = self._merge_windows(partials, nearby)
         upserts = merged.withColumn("updated_batch", F.lit(batch_id).cast("long"))
@@ -459,7 +449,7 @@ class WindowedStage:
         """
         events = records.withColumn(_ET_MS, F.unix_millis(F.col(self.event_time.column)))
         if isinstance(self.window, Session):
-            merged = self._batch_sessions(events, self.window)
+            merged = self._sessions.of_batch(events, _ET_MS)
         else:
             merged = self._batch_windows(events, self.window, None)
         return self._finish(merged)
@@ -480,42 +470,8 @@ class WindowedStage:
         Gives the tables ``merge`` gives (no retract: tumbling and sliding
         windows keep their identity).
         """
-        identity = list(self.identity)
-        columns = partials.column_names
-        schema = _nullable(partials.schema)
-        merges = [(c, fn) for p in self.plans for c, fn in p.driver_merges or ()]
-        merges.append((ROWS, "sum"))
-        fresh = partials.append_column(_FRESH, pa.array([1] * partials.num_rows, pa.int8()))
-        if nearby is not None and nearby.num_rows:
-            stored = nearby.select(columns).cast(schema)
-            stored = stored.append_column(_FRESH, pa.array([0] * stored.num_rows, pa.int8()))
-            fresh = pa.concat_tables([fresh.cast(stored.schema), stored])
-        # Group by identity (nulls form one group, as Spark's null-safe keys), keeping
-        # only windows the batch touched: merged state the batch must upsert.
-        grouped = fresh.group_by(identity, use_threads=False).aggregate([*merges, (_FRESH, "max")])
-        grouped = grouped.filter(pc.equal(grouped[f"{_FRESH}_max"], 1))
-        merged_by = dict(merges)
-        merged = pa.table(
-            [grouped[c] if c in identity else grouped[f"{c}_{merged_by[c]}"] for c in columns],
-            names=columns,
-        ).cast(schema)
-        stored_final = (
-            final.select(columns).cast(schema) if final is not None else schema.empty_table()
-        )
-        emitted = stored_final if self.aggregation.output_mode == "append" else merged
-        finishes = [(p.finish[0], p.driver_finish) for p in self.plans if p.driver_finish]
-        output = pa.table(
-            [emitted[c] for c in identity] + [finish(emitted) for _, finish in finishes],
-            names=[*identity, *[name for name, _ in finishes]],
-        )
-        batches = pa.array([batch_id] * merged.num_rows, pa.int64())
-        return WindowChanges(
-            output=output.cast(_nullable(output.schema)),
-            retract=stored_final.select(identity).slice(0, 0),
-            upserts=merged.append_column("updated_batch", batches),
-            deletes=stored_final.select(identity),
-            closed=stored_final.select([ROWS]),
-        )
+        merge = DriverMerge(self.identity, self.plans, self.aggregation.output_mode)
+        return merge.merge(partials, nearby, final, batch_id)
 
     def _finish(self, windows: DataFrame) -> DataFrame:
         """Output rows (keys, window, one column per aggregate) of state-shaped ``windows``."""
@@ -568,76 +524,6 @@ class WindowedStage:
         merged = partials.unionByName(touched).groupBy(*self.identity).agg(*self._merges())
         return merged, none
 
-    def _batch_sessions(self, accepted: DataFrame, window: Session) -> DataFrame:
-        """Sessions the batch's own events form: every event is the interval
-        [t, t + gap), and intervals of a key that overlap form one session."""
-        events = accepted.withColumn("_s", F.col(_ET_MS)).withColumn(
-            "_e", F.col(_ET_MS) + F.lit(window.gap)
-        )
-        sessions = (
-            _islands(events, self.keys)
-            .groupBy(*self.keys, "_island")
-            .agg(
-                F.min("_s").alias("_s"),
-                F.max("_e").alias("_e"),
-                *self._partials(),
-                F.count(F.lit(1)).alias(ROWS),
-            )
-            .drop("_island")
-        )
-        return self._as_windows(sessions)
-
-    def _merge_sessions(
-        self, partials: DataFrame, nearby: DataFrame | None
-    ) -> tuple[DataFrame, DataFrame]:
-        """The batch's sessions merged with the stored sessions they overlap.
-
-        A new session that bridges two stored sessions merges them. Only
-        islands holding a new session are returned: a stored session no new
-        event reaches stays as it is (it may be final and purged by this very
-        batch). Returns (merged sessions, identities of stored sessions
-        replaced by a merged one).
-        """
-        if nearby is None:
-            return partials, partials.select(*self.identity).limit(0)
-        keys = partials.select(*self.keys).distinct()
-        stored = nearby.drop("updated_batch").join(
-            keys, null_safe_match(nearby, keys, self.keys), "left_semi"
-        )
-
-        def as_intervals(windows: DataFrame, fresh: int) -> DataFrame:
-            return (
-                windows.withColumn("_s", F.unix_millis("window_start"))
-                .withColumn("_e", F.unix_millis("window_end"))
-                .drop("window_start", "window_end")
-                .withColumn("_fresh", F.lit(fresh))
-            )
-
-        islands = _islands(
-            as_intervals(partials, 1).unionByName(as_intervals(stored, 0)), self.keys
-        )
-        changed = islands.withColumn(
-            "_changed", F.max("_fresh").over(SparkWindow.partitionBy(*self.keys, "_island"))
-        ).where(F.col("_changed") == 1)
-        merged = self._as_windows(
-            changed.groupBy(*self.keys, "_island")
-            .agg(F.min("_s").alias("_s"), F.max("_e").alias("_e"), *self._merges())
-            .drop("_island")
-        )
-        old = self._as_windows(changed.where(F.col("_fresh") == 0)).select(*self.identity)
-        new = merged.select(*self.identity)
-        return merged, old.join(new, null_safe_match(old, new, self.identity), "left_anti")
-
-    def _as_windows(self, sessions: DataFrame) -> DataFrame:
-        """Sessions with ``_s``/``_e`` (epoch ms) as state rows: identity, then partials."""
-        return sessions.withColumn("window_start", F.timestamp_millis("_s")).select(
-            *self.keys,
-            "window_start",
-            F.timestamp_millis("_e").alias("window_end"),
-            *[n for p in self.plans for n, _ in p.partials],
-            ROWS,
-        )
-
     def _partials(self) -> list[Column]:
         return [expr.alias(name) for p in self.plans for name, expr in p.partials]
 
@@ -666,24 +552,6 @@ class WindowedStage:
         return [p.finish for p in self.plans]
 
 
-def _islands(intervals: DataFrame, keys: tuple[str, ...]) -> DataFrame:
-    """Number the runs of overlapping ``[_s, _e)`` intervals per key as ``_island``."""
-    ordered = SparkWindow.partitionBy(*keys).orderBy("_s", "_e")
-    reach = F.max("_e").over(ordered.rowsBetween(SparkWindow.unboundedPreceding, -1))
-    starts = F.when(reach.isNull() | (F.col("_s") >= reach), 1).otherwise(0)
-    return intervals.withColumn("_new", starts).withColumn(
-        "_island", F.sum("_new").over(ordered.rowsBetween(SparkWindow.unboundedPreceding, 0))
-    )
-
-
-def null_safe_match(left: DataFrame, right: DataFrame, columns: tuple[str, ...]) -> Column:
-    """Join condition: ``left`` and ``right`` agree on ``columns`` (nulls equal nulls)."""
-    cond = F.lit(True)
-    for c in columns:
-        cond = cond & left[c].eqNullSafe(right[c])
-    return cond
-
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -694,8 +562,3 @@ def timestamp_at(micros: int) -> Column:
     time zone (nor a DST fold) can shift it.
     """
     return F.lit(_EPOCH + timedelta(microseconds=micros))
-
-
-def _nullable(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with every field nullable, as the frames Spark collects have them."""
-    return pa.schema([f.with_nullable(True) for f in schema])

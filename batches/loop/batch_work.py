@@ -21,9 +21,9 @@ from pyspark.sql import functions as F
 
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from batches.errors import PipelineConfigInvalid
+from batches.event_time.driver_merge import WindowChanges
 from batches.event_time.stage import (
     BatchFrames,
-    WindowChanges,
     WindowedStage,
     late_table,
     partition_max_event_ms,

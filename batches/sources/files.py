@@ -5,6 +5,8 @@ the manifest (``state.manifest``); offsets are ``{partition: next seq}``. One
 partition ("0") by default; with ``partition_by_folder`` every subfolder is a
 source partition (with its own watermark), like a Kafka partition. Malformed JSON/CSV rows
 become bad records with the raw text and the file, and the batch goes on.
+The folder itself (listing it, a file's size and time, setting processed
+files aside) is ``filesystem.SourceFolder``.
 
 Schema drift, against the schema fixed for the checkpoint: JSON fields are
 matched by name, so a new field is ignored, a missing one is null and a
@@ -21,8 +23,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
-import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -36,7 +36,6 @@ from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
 
 from batches.errors import (
-    PipelineConfigInvalid,
     SourceFileChanged,
     SourceFileMissing,
     SourceFileUnreadable,
@@ -51,6 +50,7 @@ from batches.sources.base import (
     read_counts,
 )
 from batches.sources.context import SourceContext
+from batches.sources.filesystem import SourceFolder
 from state.checkpoint import Checkpoint
 from state.errors import CheckpointMissing, LowmarkError
 from state.manifest import FileManifest, ManifestFile, numbered
@@ -60,7 +60,6 @@ from state.source_schema import SourceSchema
 
 PARTITION = "0"
 CORRUPT = "_corrupt_record"
-_PLAIN_PATH = re.compile(r"[A-Za-z0-9/._:=-]*")
 _DEFAULT_OPTIONS = {"csv": {"header": "true"}}
 
 
@@ -78,14 +77,10 @@ class FileStreamSource(Source):
     ) -> None:
         self._spark = provider(spark)
         self.config = config
-        self.folder = folder
-        self.archive = archive
-        """Where processed files go (``processed_files: archive``)."""
-        if archive is not None and _below(_path_part(archive), _path_part(folder)) is not None:
-            raise PipelineConfigInvalid(
-                f"source archive_dir {archive} is inside the source folder {folder}: archived "
-                "files would be read again; put it beside the folder"
-            )
+        self.storage = SourceFolder(
+            self._spark, folder, archive, None if config.partition_by_folder else PARTITION
+        )
+        """The folder and the archive on their file system."""
         self.manifest = manifest
         self.schema_store = schema_store
         self.options = {**_DEFAULT_OPTIONS.get(config.format, {}), **config.options}
@@ -249,16 +244,16 @@ class FileStreamSource(Source):
         if self.config.processed_files == "keep":
             return
         known = {f.path: f for f in self._manifest()}
-        for listed in self._list():
+        for listed in self.storage.listing():
             f = known.get(listed.path)
             if f is not None and f.seq < end.get(f.partition, 0):
-                self._set_aside(f)
+                self.storage.set_aside(f, delete=self.config.processed_files == "delete")
 
     def retire(self, committed_end: Offsets, batch_id: int) -> None:
         """Retire from the manifest planning reads (``FileManifest.retire``) each
         partition's longest run of first files whose batches committed and that left the
         folder, but its last file."""
-        present = {f.path for f in self._list()}
+        present = {f.path for f in self.storage.listing()}
         by_partition: dict[str, list[ManifestFile]] = {}
         for f in self._manifest(refresh=True):
             by_partition.setdefault(f.partition, []).append(f)
@@ -275,52 +270,18 @@ class FileStreamSource(Source):
         self.manifest.retire(below, batch_id)
         self._known = None
 
-    def _set_aside(self, f: ManifestFile) -> None:
-        """Delete ``f``, or move it to its place under ``archive_dir`` (``_archived``): below
-        ``_reused/<seq>/`` when an earlier file of its name is archived already, never over
-        it, so that every batch's files stay readable."""
-        path = f.path
-        local = _local_path(path)
-        if self.config.processed_files == "delete":
-            if local is not None:
-                os.remove(local)
-            else:
-                fs, hpath = self._hadoop_path(path)
-                fs.delete(hpath, False)
-            return
-        target = self._archived(path)
-        if self._stat(target) is not None:
-            target = self._archived(path, reused=f.seq)
-        target_local = _local_path(target)
-        if local is not None and target_local is not None:
-            os.makedirs(os.path.dirname(target_local), exist_ok=True)
-            os.replace(local, target_local)
-            return
-        fs, hpath = self._hadoop_path(path)
-        _, htarget = self._hadoop_path(target)
-        fs.mkdirs(htarget.getParent())
-        if not fs.rename(hpath, htarget):
-            raise LowmarkError(f"could not move processed file {path} to {target}")
-
-    def _archived(self, path: str, reused: int | None = None) -> str:
-        """Where ``processed_files: archive`` moves ``path``: its path below the source
-        folder, below ``archive_dir`` (and below ``_reused/<seq>/`` for the file of ``seq``
-        ``reused`` whose name an earlier archived file has: a name that landed again)."""
-        assert self.archive is not None
-        below = _below(_path_part(path), _path_part(self.folder))
-        assert below is not None, f"{path} is not in {self.folder}"
-        again = "" if reused is None else f"_reused/{reused}/"
-        return f"{self.archive.rstrip('/')}/{again}{below}"
-
     def _found(self, f: ManifestFile, batch_id: int) -> ManifestFile:
         """``f`` where it is now, with the size and modification time it has now: in the
         folder or, once archived, in the archive (a backfill reads committed batches);
         SourceFileMissing when it is in neither. A retired file left the folder: a file of
         its name there now is another one."""
-        now = None if f.retired else self._stat(f.path)
+        now = None if f.retired else self.storage.stat(f.path)
         if now is None and self.config.processed_files == "archive":
-            for archived in (self._archived(f.path, reused=f.seq), self._archived(f.path)):
-                now = self._stat(archived)
+            for archived in (
+                self.storage.archived(f.path, reused=f.seq),
+                self.storage.archived(f.path),
+            ):
+                now = self.storage.stat(archived)
                 if now is not None:
                     f = dataclasses.replace(f, path=archived)
                     break
@@ -351,7 +312,7 @@ class FileStreamSource(Source):
         file_path = F.col("_metadata.file_path")
         tag = None
         if tags:  # Spark names a record's file by its URI: "a b.json" is "a%20b.json"
-            by_uri = [F.lit(x) for path, b in tags.items() for x in (self._uri(path), b)]
+            by_uri = [F.lit(x) for path, b in tags.items() for x in (self.storage.uri(path), b)]
             tag = F.element_at(F.create_map(*by_uri), file_path)
         size = sum(f.size for f in files)
         if self.config.format == "parquet":
@@ -410,12 +371,6 @@ class FileStreamSource(Source):
         cached = (parsed,) if cache else ()
         return SourceRead(records, bad, counts, cached, self._unreadable(batch_id), size)
 
-    def _uri(self, path: str) -> str:
-        """``path`` as Spark names a record's file (``_metadata.file_path``): its URI."""
-        if _PLAIN_PATH.fullmatch(path):
-            return path  # nothing a URI escapes
-        return str(self.spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path).toUri().toString())  # type: ignore[union-attr]
-
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """The paths of the files of ``[start, end)``."""
         return [f.path for f in self._in_range(start, end)]
@@ -467,7 +422,7 @@ class FileStreamSource(Source):
         sep = self.options.get("sep", self.options.get("delimiter", ","))
         wanted = [name.lower() for name in schema.fieldNames()]
         for path in paths:
-            line = self._first_line(path)
+            line = self.storage.first_line(path)
             header = [name.strip().strip('"').lower() for name in line.split(sep)]
             if header != wanted:
                 raise SourceFileUnreadable(
@@ -476,19 +431,6 @@ class FileStreamSource(Source):
                     "are read by position; rewrite the file in place with the source's "
                     "columns, or start over with `lowmark reset`"
                 )
-
-    def _first_line(self, path: str) -> str:
-        local = _local_path(path)
-        if local is not None:
-            with open(local, encoding="utf-8", errors="replace") as f:
-                return f.readline()
-        fs, hpath = self._hadoop_path(path)
-        jvm: Any = self.spark.sparkContext._jvm
-        stream = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(fs.open(hpath)))
-        try:
-            return str(stream.readLine() or "")
-        finally:
-            stream.close()
 
     def backlog(self, committed_end: Offsets) -> dict[str, int]:
         known = self._manifest(refresh=True)
@@ -531,95 +473,17 @@ class FileStreamSource(Source):
         modified less than ``min_file_age`` ago is left for a later listing (it may still
         be being written)."""
         seen = {f.path for f in known}
-        fresh = [f for f in self._list() if f.path not in seen]
+        fresh = [f for f in self.storage.listing() if f.path not in seen]
         if self.config.min_file_age:  # unset: even a file stamped ahead of this clock is taken
             settled = time.time() * 1000 - self.config.min_file_age
             fresh = [f for f in fresh if f.modified_ms <= settled]
         return sorted(fresh, key=lambda f: (f.modified_ms, f.path))
-
-    def _list(self) -> list[ManifestFile]:
-        """The visible files of the folder (or of its subfolders, one partition each)."""
-        if not self.config.partition_by_folder:
-            return self._list_files(self.folder, PARTITION)
-        local = _local_path(self.folder)
-        if local is not None:
-            if not os.path.isdir(local):
-                return []
-            files = []
-            for entry in os.scandir(local):
-                if entry.is_dir() and not entry.name.startswith((".", "_")):
-                    files += self._list_files(entry.path, entry.name)
-            return files
-        fs, hpath = self._hadoop_path(self.folder)
-        if not fs.exists(hpath):
-            return []
-        files = []
-        for status in fs.listStatus(hpath):
-            name = status.getPath().getName()
-            if status.isDirectory() and not name.startswith((".", "_")):
-                files += self._list_files(status.getPath().toString(), name)
-        return files
-
-    def _list_files(self, folder: str, partition: str) -> list[ManifestFile]:
-        local = _local_path(folder)
-        if local is not None:  # a plain directory listing: no JVM round trip per file
-            if not os.path.isdir(local):
-                return []
-            return [
-                ManifestFile(
-                    partition,
-                    -1,
-                    f"file:{os.path.abspath(entry.path)}",
-                    stat.st_size,
-                    stat.st_mtime_ns // 1_000_000,
-                )
-                for entry in os.scandir(local)
-                if entry.is_file() and not entry.name.startswith((".", "_"))
-                for stat in [entry.stat()]
-            ]
-        fs, hpath = self._hadoop_path(folder)
-        if not fs.exists(hpath):
-            return []
-        return [
-            ManifestFile(
-                partition,
-                -1,
-                status.getPath().toString(),
-                status.getLen(),
-                status.getModificationTime(),
-            )
-            for status in fs.listStatus(hpath)
-            if status.isFile() and not status.getPath().getName().startswith((".", "_"))
-        ]
 
     def _partition_of(self, file_path: Column) -> Column:
         """The source partition of a record from its file: the folder, or the one partition."""
         if not self.config.partition_by_folder:
             return F.lit(PARTITION)
         return F.element_at(F.split(file_path, "/"), -2)
-
-    def _stat(self, path: str) -> tuple[int, int] | None:
-        """(size, modification time in ms) of ``path`` as a listing records them; None if
-        it is gone."""
-        local = _local_path(path)
-        if local is not None:
-            try:
-                st = os.stat(local)
-            except FileNotFoundError:
-                return None
-            return st.st_size, st.st_mtime_ns // 1_000_000
-        fs, hpath = self._hadoop_path(path)
-        if not fs.exists(hpath):
-            return None
-        status = fs.getFileStatus(hpath)
-        return int(status.getLen()), int(status.getModificationTime())
-
-    def _hadoop_path(self, path: str) -> tuple[Any, Any]:
-        """(FileSystem, Path) of ``path``: works for local folders and object stores alike."""
-        sc = self.spark.sparkContext
-        jvm: Any = sc._jvm
-        hpath = jvm.org.apache.hadoop.fs.Path(path)
-        return hpath.getFileSystem(sc._jsc.hadoopConfiguration()), hpath
 
     def _schema(self, paths: list[str]) -> StructType:
         """The configured schema, else the stored one, else inferred from ``paths`` and stored."""
@@ -653,40 +517,6 @@ def _change(recorded: ManifestFile, now: ManifestFile) -> str:
         f"{recorded.size} -> {now.size} bytes, modified {at(recorded.modified_ms)} -> "
         f"{at(now.modified_ms)}"
     )
-
-
-def _path_part(path: str) -> str:
-    """``path`` without its scheme and authority (``s3a://b/in/x`` → ``/in/x``)."""
-    local = _local_path(path)
-    if local is not None:
-        return os.path.abspath(local)
-    return _without_authority(path.partition(":")[2])
-
-
-def _below(path: str, folder: str) -> str | None:
-    """``path`` relative to ``folder`` when it is inside it, else None."""
-    folder = folder.rstrip("/") + "/"
-    return path[len(folder) :] if path.startswith(folder) else None
-
-
-def _local_path(path: str) -> str | None:
-    """The local file system path of ``path`` (a plain path or a file: URL), else None.
-
-    Hadoop's path strings are not URL-escaped: in ``file:/in/a b#1.json`` the
-    ``#`` is part of the file name, not a URL fragment.
-    """
-    scheme, colon, rest = path.partition(":")
-    if not colon or "/" in scheme or (len(scheme) == 1 and os.name == "nt"):
-        return path
-    return _without_authority(rest) if scheme == "file" else None
-
-
-def _without_authority(rest: str) -> str:
-    """What follows a URI's scheme, as a path: ``//host/x``, ``///x`` or ``/x`` → ``/x``."""
-    if rest.startswith("//"):
-        rest = rest[2:]
-        rest = rest[rest.find("/") :] if "/" in rest else "/"
-    return rest
 
 
 def _failed_read(exc: Exception) -> Any:
