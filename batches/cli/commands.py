@@ -295,7 +295,8 @@ def _interruptible(runner: MicroBatchRunner) -> Iterator[None]:
     """Ctrl-C while ``runner``'s batches run: the first cancels the batch in progress
     (``MicroBatchRunner.interrupt``: it is replayed by the next run), a second quits at
     once, and any after that are ignored (a Ctrl-C inside Spark's calls only adds
-    tracebacks)."""
+    tracebacks) — also once the run stopped on the first: the command is ending, and
+    a press while it says why must not turn its one line into a death by signal."""
     presses = 0
 
     def handle(signum: int, frame: object) -> None:
@@ -317,8 +318,7 @@ def _interruptible(runner: MicroBatchRunner) -> Iterator[None]:
     except KeyboardInterrupt:
         raise runner.interrupted() from None
     finally:
-        if presses < 2:
-            signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous if presses == 0 else signal.SIG_IGN)
 
 
 def _follow(
