@@ -52,13 +52,13 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# The 15 slowest tests are listed at the end: where the suite's 15 minutes go.
+# The 15 slowest tests are listed at the end: where the suite's time goes (goal: 15 minutes).
 unit: test-setup
 	$(BIN)/pytest -m "not integration" --durations=15
 
 test: test-setup lint typecheck unit
 
-# What `make test` leaves out to stay near 15 minutes (tests marked `integration`): the
+# What `make test` leaves out to keep its time down (tests marked `integration`): the
 # kill matrix's Kafka, synthetic, outbox (user-written source), Delta table and union
 # pipelines at the steps past their source's own (state, sink, late rows, watermarks: the
 # writes the folder pipelines are killed at in `make test`), the random in-process crash

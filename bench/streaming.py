@@ -535,9 +535,13 @@ def follow_latency(work: Path, sizes: Sizes, seed: int) -> dict[str, Any]:
     taken = _committed_at(checkpoint)
     latency_s = sorted(taken[name] - at for name, at in landed.items())
     # Batches that took files, after the warm-up batch 0 (emit-only batches take none).
+    # The CLI prints a batch's time as "took 596 ms" below a second, "took 1.4 s" above.
     batch_s = [
-        float(m.group(3))
-        for m in (re.match(r"batch (\d+) \w+: (\d+) rows in.* ([\d.]+) s$", line) for line in out)
+        float(m.group(3)) / (1000 if m.group(4) == "ms" else 1)
+        for m in (
+            re.match(r"batch (\d+) \w+: (\d+) rows in.* took ([\d.]+) (ms|s)$", line)
+            for line in out
+        )
         if m and int(m.group(1)) > 0 and int(m.group(2)) > 0
     ]
     return {
