@@ -5,6 +5,8 @@ Written AFTER every sink, state and late-table write of batch N succeeded.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import ClassVar
 
 import pyarrow as pa
@@ -12,15 +14,26 @@ from pydantic import Field
 
 from state.log import LogEntry, MetadataLog
 
-COUNTS = (
-    "rows_in",
-    "rows_out",
-    "rows_bad",
-    "rows_late",
-    "rows_dropped",
-    "rows_windowed",
-    "rows_closed",
-)
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """Where a batch's records went: the counts of its commit entry, each a column of the
+    commit log (all zero: no input taken). See ``CommitEntry.totals`` for how they add up."""
+
+    rows_in: int = 0
+    rows_out: int = 0
+    rows_bad: int = 0
+    rows_late: int = 0
+    rows_dropped: int = 0
+    """Records the transform removed (negative: records it added)."""
+    rows_windowed: int = 0
+    """Records that went into windows (windowed pipelines)."""
+    rows_closed: int = 0
+    """Records in the windows this batch closed (emitted as final, purged from state)."""
+
+
+COUNTS = tuple(f.name for f in dataclasses.fields(BatchCounts))
+"""The count columns of the commit log."""
 
 
 class CommitEntry(LogEntry):
@@ -53,11 +66,8 @@ class CommitEntry(LogEntry):
     rows_bad: int = 0
     rows_late: int = 0
     rows_dropped: int = 0
-    """Records the transform removed (negative: records it added)."""
     rows_windowed: int = 0
-    """Records that went into windows (windowed pipelines)."""
     rows_closed: int = 0
-    """Records in the windows this batch closed (emitted as final, purged from state)."""
     totals: dict[str, int] = Field(default_factory=dict)
     """Every ``rows_*`` count summed over batches 0..N, so the totals cost one row to read at
     any batch.

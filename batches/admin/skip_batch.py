@@ -20,11 +20,12 @@ from deltalake import DeltaTable
 from batches.clock import Clock
 from batches.errors import PipelineConfigInvalid
 from batches.event_time.stage import WindowedStage
-from batches.loop.commit import BatchCounts, commit_batch
+from batches.loop.commit import commit_batch
 from batches.loop.parts import build_parts
 from batches.loop.plan import PlannedBatch
 from batches.pipeline import Pipeline
 from state import quarantine
+from state.commit_log import BatchCounts
 from state.errors import CheckpointCorrupt
 from state.session import SparkLike
 

@@ -8,27 +8,13 @@ field a commit gains is added here, once.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from batches.event_time.watermarks import PartitionTime
 from batches.loop import faults
 from batches.loop.plan import PlannedBatch
 from batches.pipeline import Pipeline
 from state.checkpoint import Checkpoint
-from state.commit_log import CommitEntry
-
-
-@dataclass(frozen=True)
-class BatchCounts:
-    """Where a batch's records went (``CommitEntry``'s counts); all zero: no input taken."""
-
-    rows_in: int = 0
-    rows_out: int = 0
-    rows_bad: int = 0
-    rows_late: int = 0
-    rows_dropped: int = 0
-    rows_windowed: int = 0
-    rows_closed: int = 0
+from state.commit_log import BatchCounts, CommitEntry
 
 
 def commit_batch(

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from state.checkpoint import Checkpoint
-from state.commit_log import CommitEntry
+from state.commit_log import COUNTS, CommitEntry
 from state.errors import CheckpointMissing, ConcurrentRunner, UnsupportedLogFormat
 from state.offset_log import OffsetEntry, OffsetLog
 from tests.helpers import entry
@@ -111,3 +111,9 @@ def test_reading_a_log_whose_table_was_deleted_is_a_clear_error(
     log = OffsetLog(str(tmp_path / "gone"), OffsetEntry, "a:offsets")
     with pytest.raises(CheckpointMissing, match="gone is missing"):
         log.get_latest()
+
+
+def test_every_batch_count_is_a_column_and_a_field_of_the_commit_log() -> None:
+    columns = {f.name for f in CommitEntry.COLUMNS}
+    assert set(COUNTS) <= columns & set(CommitEntry.model_fields)
+    assert {c for c in columns if c.startswith("rows_")} == set(COUNTS)
