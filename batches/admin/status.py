@@ -168,72 +168,94 @@ def pipeline_status(
     )
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """What the next batch would take, by the runner's own rule (``pipeline_plan``).
+
+    Its fields are ``lowmark plan --json``'s keys (``to_json``: stable, documented
+    in the docs). With nothing to do, ``batch_id`` and every field after
+    ``emit_only`` are None (``inputs`` empty), and ``reason`` says why.
+    """
+
+    pipeline: str
+    checkpoint: str
+    checkpoint_exists: bool
+    as_of_ms: int
+    """The processing time the plan is made at."""
+    reason: str
+    """Why, in words (also when there is nothing to do)."""
+    batch_id: int | None
+    replay: bool
+    """An uncommitted batch, run again with exactly the offsets and watermark of its
+    offset-log entry."""
+    emit_only: bool
+    """No new input, but the watermark moved and closes windows."""
+    start_offsets: Offsets | None
+    end_offsets: Offsets | None
+    """The batch's range ``[start, end)``."""
+    input: str | None
+    """That range in words."""
+    inputs: list[str]
+    """What the source names in it, one item each: files, offset ranges (``Source.inputs``)."""
+    bytes: int | None
+    """Their size, if the source knows it (``Source.input_bytes``)."""
+    watermark_ms: int | None
+    """The watermark the batch runs with: records with earlier event times are late."""
+    planned_at_ms: int | None
+    """The processing time it is planned at (a replay: when it was first planned)."""
+    blocked: str | None
+    """As in ``PipelineStatus.blocked``."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as JSON-ready data (``lowmark plan --json``)."""
+        return dataclasses.asdict(self)
+
+
 def pipeline_plan(
     spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
-) -> dict[str, Any]:
+) -> BatchPlan:
     """What the next batch would take, by the runner's own rule, writing nothing (``lowmark
-    plan``: a dry run, like ``spark-pipelines dry-run``).
-
-    Keys (stable, documented in the README): pipeline, checkpoint,
-    checkpoint_exists, as_of_ms, batch_id (None: nothing to do), replay (an
-    uncommitted batch, run again with exactly the offsets and watermark of its
-    offset-log entry), emit_only (no new input, but the watermark moved and
-    closes windows), reason (in words, also when there is nothing to do),
-    start_offsets and end_offsets (the batch's range ``[start, end)``), input
-    (that range in words), inputs (what the source names in it, one item each:
-    files, offset ranges; ``Source.inputs``), bytes (their size, if the
-    source knows it; ``Source.input_bytes``), watermark_ms (the watermark the
-    batch runs with: records with earlier event times are late), planned_at_ms
-    (the processing time it is planned at; a replay: when it was first
-    planned), blocked (as in ``pipeline_status``). With nothing to do,
-    batch_id and every key after reason are None (inputs empty, replay and
-    emit_only false).
-    """
+    plan``: a dry run, like ``spark-pipelines dry-run``)."""
     as_of = (clock or SystemClock()).now_ms()
     planner = read_only_planner(spark, pipeline, data_root, clock)
     nxt = planner.next_batch(dry_run=True)
     planned, source = nxt.planned, planner.source
     backlog = source.backlog(_committed_end(planner, planner.last_committed()))
-    plan: dict[str, Any] = {
-        "pipeline": pipeline.name,
-        "checkpoint": pipeline.checkpoint_location(data_root),
-        "checkpoint_exists": planner.checkpoint is not None,
-        "as_of_ms": as_of,
-        "reason": f"nothing to do ({source.describe_backlog(backlog)})",
-        "batch_id": None,
-        "replay": False,
-        "emit_only": False,
-    }
+    nothing = BatchPlan(
+        pipeline=pipeline.name,
+        checkpoint=pipeline.checkpoint_location(data_root),
+        checkpoint_exists=planner.checkpoint is not None,
+        as_of_ms=as_of,
+        reason=f"nothing to do ({source.describe_backlog(backlog)})",
+        batch_id=None,
+        replay=False,
+        emit_only=False,
+        start_offsets=None,
+        end_offsets=None,
+        input=None,
+        inputs=[],
+        bytes=None,
+        watermark_ms=None,
+        planned_at_ms=None,
+        blocked=None,
+    )
     next_status = _next_batch(planner, nxt, backlog)
-    if planned is None:
-        return (
-            plan
-            | dict.fromkeys(
-                (
-                    "start_offsets",
-                    "end_offsets",
-                    "input",
-                    "bytes",
-                    "watermark_ms",
-                    "planned_at_ms",
-                    "blocked",
-                )
-            )
-            | {"inputs": []}
-        )
-    return (
-        plan
-        | (dataclasses.asdict(next_status) if next_status is not None else {})
-        | {
-            "start_offsets": planned.start,
-            "end_offsets": planned.end,
-            "input": describe_range(planned.start, planned.end),
-            "inputs": source.inputs(planned.start, planned.end),
-            "bytes": source.input_bytes(planned.start, planned.end),
-            "watermark_ms": planned.watermark_ms,
-            "planned_at_ms": planned.planned_at_ms,
-            "blocked": nxt.blocked,
-        }
+    if planned is None or next_status is None:
+        return nothing
+    return dataclasses.replace(
+        nothing,
+        reason=next_status.reason,
+        batch_id=next_status.batch_id,
+        replay=next_status.replay,
+        emit_only=next_status.emit_only,
+        start_offsets=planned.start,
+        end_offsets=planned.end,
+        input=describe_range(planned.start, planned.end),
+        inputs=source.inputs(planned.start, planned.end),
+        bytes=source.input_bytes(planned.start, planned.end),
+        watermark_ms=planned.watermark_ms,
+        planned_at_ms=planned.planned_at_ms,
+        blocked=nxt.blocked,
     )
 
 
