@@ -8,13 +8,15 @@ Spark conf can be overridden, so a cluster master or another deployment needs no
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 from pyspark.sql import SparkSession
 
-from state.errors import LowmarkError
+from state.errors import LowmarkError, first_line
 
 JVM_DIR = Path(__file__).resolve().parent.parent / "jvm"
 DEFAULT_JARS_DIR = JVM_DIR / "lib"
@@ -84,6 +86,11 @@ class JarsMissing(LowmarkError):
     """The Delta jars have not been fetched."""
 
 
+class SparkNotStarted(LowmarkError):
+    """Spark, started when a step first needed it, did not start: no fault of the batch
+    that asked (it is not counted against it, and the next run replays it)."""
+
+
 def delta_jars(jars_dir: Path) -> list[str]:
     """The jar paths to hand Spark; raises JarsMissing when Delta's jar is absent."""
     jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
@@ -108,6 +115,41 @@ def provider(spark: SparkLike) -> Callable[[], SparkSession]:
     if isinstance(spark, SparkSession):
         return lambda: spark
     return spark
+
+
+class StartedOnUse:
+    """A session provider that starts Spark on first use and says whether, and how long
+    that took: a run with nothing to do never starts a JVM, and the batch that starts one
+    reports the start as a duration of its own, not as part of its read.
+
+    ``now_ms`` is the clock the start is timed with (the runner's).
+    """
+
+    def __init__(self, spark: SparkLike, now_ms: Callable[[], int]) -> None:
+        self._get = provider(spark)
+        self._now_ms = now_ms
+        self.session: SparkSession | None = None
+        """The session once asked for (None: nothing needed Spark yet)."""
+        self.start_ms = 0
+        """How long starting Spark took (0: not started here, or a session was running)."""
+
+    def __call__(self) -> SparkSession:
+        if self.session is None:
+            fresh = SparkSession.getActiveSession() is None
+            began = self._now_ms()
+            # PySpark's context takes over Ctrl-C when it starts; the process's own handler
+            # (a run's: the first press cancels the batch) was there first and stays.
+            main = threading.current_thread() is threading.main_thread()
+            on_ctrl_c = signal.getsignal(signal.SIGINT) if main else None
+            try:
+                self.session = self._get()
+            except Exception as exc:
+                raise SparkNotStarted(f"Spark did not start: {first_line(exc)}") from exc
+            finally:
+                if on_ctrl_c is not None:
+                    signal.signal(signal.SIGINT, on_ctrl_c)
+            self.start_ms = self._now_ms() - began if fresh else 0
+        return self.session
 
 
 def get_spark(settings: SparkSettings | None = None) -> SparkSession:

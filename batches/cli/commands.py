@@ -264,7 +264,8 @@ def run(
     if poll_s <= 0:
         raise typer.BadParameter("--poll-interval must be more than 0")
     p = get_pipeline(pipeline, c.pipelines)
-    runner = MicroBatchRunner(c.spark(), p, c.data_root, c.clock)
+    # Spark starts with the first batch that needs it: none if there is nothing to do.
+    runner = MicroBatchRunner(c.spark, p, c.data_root, c.clock)
     show = _print_batch_json if as_json else _print_batch
     if follow_source:
         with _reported(runner):
@@ -359,10 +360,12 @@ def _is_number(value: str) -> bool:
 def _print_batch(r: BatchResult) -> None:
     what = "replayed" if r.replay else "committed"
     lag = f"; event-time lag {duration(r.lag_ms)}" if r.lag_ms is not None else ""
+    starting = r.durations_ms.get("start_spark")
+    start = f" ({duration(starting)} of it starting Spark)" if starting else ""
     out.print(
         f"batch {r.batch_id} {what}: {r.rows_in} rows in, {r.rows_out} out, "
         f"{r.rows_bad} bad, {r.rows_late} late; input: {describe_range(r.start, r.end)}"
-        f"{lag}; took {duration(r.durations_ms['total'])}",
+        f"{lag}; took {duration(r.durations_ms['total'])}{start}",
         soft_wrap=True,
         highlight=False,
     )
@@ -501,40 +504,41 @@ def plan(
     """
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
-    planned = pipeline_plan(c.spark, p, c.data_root, c.clock)
+    plan = pipeline_plan(c.spark, p, c.data_root, c.clock)
     if as_json:
-        print_json(out, planned)
+        print_json(out, plan.to_json())
         return
-    now, batch_id = planned["as_of_ms"], planned["batch_id"]
+    now, batch_id = plan.as_of_ms, plan.batch_id
     if batch_id is None:
-        out.print(f"{p.name}: {planned['reason']}", soft_wrap=True, highlight=False)
+        out.print(f"{p.name}: {plan.reason}", soft_wrap=True, highlight=False)
         return
-    if planned["replay"]:
-        first = moment(planned["planned_at_ms"], now)
+    if plan.replay:
+        assert plan.planned_at_ms is not None  # a planned batch has its planning time
+        first = moment(plan.planned_at_ms, now)
         what = (
             f"batch {batch_id} replays: it is uncommitted, and runs again with the offsets and "
             f"watermark its offset-log entry holds (planned {first})"
         )
-    elif planned["emit_only"]:
-        what = f"batch {batch_id} takes no input: {planned['reason']}"
+    elif plan.emit_only:
+        what = f"batch {batch_id} takes no input: {plan.reason}"
     else:
-        what = f"batch {batch_id} takes new input ({planned['reason']})"
+        what = f"batch {batch_id} takes new input ({plan.reason})"
     out.print(f"{p.name}: {what}", soft_wrap=True, highlight=False)
-    fields = [("  input", planned["input"])]
-    if planned["inputs"]:
-        fields.append(("  inputs", "\n".join(planned["inputs"])))
-    if planned["bytes"] is not None:
-        fields.append(("  bytes", f"{planned['bytes']:,}"))
+    fields = [("  input", plan.input or "")]
+    if plan.inputs:
+        fields.append(("  inputs", "\n".join(plan.inputs)))
+    if plan.bytes is not None:
+        fields.append(("  bytes", f"{plan.bytes:,}"))
     if p.event_time is not None:
-        watermark = planned["watermark_ms"]
+        watermark = plan.watermark_ms
         fields.append(
             (
                 "  watermark",
                 moment(watermark, now) if watermark is not None else "none yet (no event time)",
             )
         )
-    if planned["blocked"]:
-        fields.append(("  blocked", planned["blocked"]))
+    if plan.blocked:
+        fields.append(("  blocked", plan.blocked))
     print_fields(out, fields)
 
 

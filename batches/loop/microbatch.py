@@ -24,7 +24,7 @@ from batches.errors import Interrupted, PoisonBatch
 from batches.event_time.stage import WindowedStage
 from batches.loop import faults
 from batches.loop.batch_work import Taken, explained, total
-from batches.loop.commit import BatchCounts, commit_batch
+from batches.loop.commit import commit_batch
 from batches.loop.maintenance import maintain_after
 from batches.loop.parts import BatchParts, build_parts
 from batches.loop.plan import EPOCH, PlannedBatch, Planner
@@ -36,11 +36,12 @@ from batches.sinks.delta import DeltaTableSink, DeltaWindowSink
 from batches.sources import Source
 from batches.sources.base import PARTITION_COLUMN
 from state.checkpoint import Checkpoint
+from state.commit_log import BatchCounts
 from state.errors import first_line
 from state.failures import FailureKind
 from state.offset_log import OffsetEntry, Offsets
 from state.progress import ProgressEntry
-from state.session import SparkLike, provider
+from state.session import SparkLike, StartedOnUse
 from state.window_state import ROWS
 
 log = logging.getLogger(__name__)
@@ -84,12 +85,13 @@ class MicroBatchRunner:
         sleep: Callable[[float], None] = time.sleep,
         parts: BatchParts | None = None,
     ) -> None:
-        self._spark = provider(spark)
         self.pipeline = pipeline
         self.clock = clock or SystemClock()
+        self._spark = StartedOnUse(spark, self.clock.now_ms)
+        """Spark, started by the first step that needs it (none: a run with nothing to do)."""
         self.sleep = sleep
         """Waits between tries of a batch after a transient error (tests: no real wait)."""
-        self.parts = parts or build_parts(spark, pipeline, data_root, self.clock)
+        self.parts = parts or build_parts(self._spark, pipeline, data_root, self.clock)
         self.attempting: PlannedBatch | None = None
         """The batch the last ``run_batch`` was running when it raised (None: it did not)."""
         self._interrupted = False
@@ -220,7 +222,7 @@ class MicroBatchRunner:
         (``Checkpoint.fence``).
         """
         parts, ckpt = self.parts, self.parts.checkpoint
-        timer = _StepTimer(self.clock)
+        timer = _StepTimer(self.clock, self._spark)
 
         # Step 1. Plan. Planning may record (a file source's discoveries, batch 0's start).
         ckpt.fence()
@@ -267,7 +269,9 @@ class MicroBatchRunner:
         faults.reached("after_offset_log", batch_id)
 
         # Step 3. Read and transform (lazy: nothing runs yet) — unless the catch-up
-        # read-ahead (batches.loop.catch_up) already looked at exactly this range.
+        # read-ahead (batches.loop.catch_up) already looked at exactly this range. Spark
+        # starts here, if no batch of this runner needed it before.
+        self._spark()
         batch = planned.range
         seen = (
             parts.read_ahead.seen(
@@ -425,7 +429,8 @@ class MicroBatchRunner:
         starts no batch after it. The next run replays the batch with the same offsets
         (every write is idempotent: what it wrote is kept, never written twice)."""
         self._interrupted = True
-        self.spark.sparkContext.cancelAllJobs()
+        if self._spark.session is not None:  # else no job runs: none to cancel
+            self._spark.session.sparkContext.cancelAllJobs()
 
     def interrupted(self) -> Interrupted:
         """The error a run stops with after an interrupt (``interrupt``, or Ctrl-C)."""
@@ -439,16 +444,28 @@ class MicroBatchRunner:
 
 
 class _StepTimer:
-    """Milliseconds spent in each named step, measured with the injected clock."""
+    """Milliseconds spent in each named step, measured with the injected clock.
 
-    def __init__(self, clock: Clock) -> None:
+    Starting Spark, in whichever step first needed it, is a duration of its own
+    (``start_spark``), not counted in that step.
+    """
+
+    def __init__(self, clock: Clock, spark: StartedOnUse) -> None:
         self.clock = clock
+        self.spark = spark
+        self.spark_started = spark.session is not None
         self.last = clock.now_ms()
         self.started = self.last
         self.durations: dict[str, int] = {}
 
     def lap(self, step: str) -> None:
         now = self.clock.now_ms()
-        self.durations[step] = now - self.last
+        starting = 0
+        if not self.spark_started and self.spark.session is not None:
+            self.spark_started = True
+            starting = self.spark.start_ms
+            if starting:
+                self.durations["start_spark"] = starting
+        self.durations[step] = now - self.last - starting
         self.durations["total"] = now - self.started
         self.last = now

@@ -36,8 +36,8 @@ Errors are of three kinds (``failure_kind``):
   longer between runs before that (``batches.admin.status.pending_work``).
 
 Another runner (``ConcurrentRunner``), a refusal of this very rule
-(``PoisonBatch``), an interrupt (``Interrupted``) and kills are no failure of
-the batch.
+(``PoisonBatch``), an interrupt (``Interrupted``), Spark failing to start
+(``SparkNotStarted``) and kills are no failure of the batch.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from batches.pipeline import Pipeline
 from batches.sources.base import Range, Source
 from state.errors import ConcurrentRunner, LowmarkError, WriteConflict, first_line, jvm_causes
 from state.failures import Failure, FailureKind, FailureLog
+from state.session import SparkNotStarted
 
 SHOWN_INPUTS = 5
 """Input items a message names before it says how many more there are."""
@@ -90,7 +91,7 @@ ErrorKind = FailureKind | Literal["transient", "none"]
 
 def failure_kind(exc: Exception) -> ErrorKind:
     """What ``exc``, raised by a batch's work, is (see above; ``none``: no failure)."""
-    if isinstance(exc, ConcurrentRunner | PoisonBatch | Interrupted):
+    if isinstance(exc, ConcurrentRunner | PoisonBatch | Interrupted | SparkNotStarted):
         return "none"
     if isinstance(exc, WriteConflict | ConnectionError | TimeoutError):
         return "transient"

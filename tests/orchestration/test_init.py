@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,6 +118,8 @@ def test_an_initialized_project_runs_its_own_pipeline_and_dagster_serves_it_not_
         # Step 4. `lowmark run` in the project: its pipelines and data root, no flags.
         ran = lowmark("run", "views_per_minute", cwd=project)
         assert "batch 0 committed" in ran.stdout
+        # Spark started with the batch, and the batch says how long that took.
+        assert re.search(r"took [^;]+ \([^)]+ of it starting Spark\)$", ran.stdout.strip())
         sink = DeltaTable(str(project / "data/views_per_minute")).to_pyarrow_table().to_pylist()
         assert Counter({(r["page"], r["window_start"]): r["views"] for r in sink}) == expected
         assert all(r["window_end"] - r["window_start"] == timedelta(minutes=1) for r in sink)

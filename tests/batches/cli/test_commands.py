@@ -24,6 +24,7 @@ from batches.cli import commands
 from batches.cli.display import duration, moment
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.loop.microbatch import MicroBatchRunner
+from state.checkpoint import Checkpoint
 from tests.helpers import FakeClock, lowmark
 
 REPO = Path(__file__).resolve().parents[3]
@@ -354,3 +355,26 @@ def test_status_accounts_for_every_record_read_by_counts_taken_from_the_files(
     )
     batch = status["last_batch"]["batch_id"]
     assert shown[f"batch {batch}"].startswith("read 0 = 0 bad")  # it only closed windows
+
+
+def test_a_run_with_nothing_to_do_starts_no_spark_and_one_with_input_says_why_it_stopped(
+    tmp_path: Path,
+) -> None:
+    # Spark cannot start without Delta's jars: a run that never needs it still answers.
+    no_jars = tmp_path / "no_jars"
+    no_jars.mkdir()
+    env = os.environ | {"LOWMARK_JARS_DIR": str(no_jars)}
+    args = [LOWMARK, "run", "orders", "--until-caught-up"]
+
+    idle = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert (idle.returncode, idle.stdout) == (0, "orders: caught up, no new data\n"), idle.stderr
+
+    write_sample_files(tmp_path / "data", now=datetime.now(UTC))
+    busy = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert busy.returncode == 2
+    assert busy.stderr.startswith(f"error: Spark did not start: no Delta jars in {no_jars}")
+    # No fault of the batch: it is left to replay, and not counted against it.
+    checkpoint = Checkpoint(orders.checkpoint_location(tmp_path / "data"), orders.name)
+    assert checkpoint.offsets.latest_batch_id() == 0
+    assert checkpoint.commits.latest_batch_id() is None
+    assert checkpoint.failures.of(0) == []
