@@ -52,15 +52,16 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# The 15 slowest tests are listed at the end: where the suite's time goes (goal: 15 minutes).
+# Two workers (pytest-xdist; see docs/development.md). The 15 slowest tests are listed at the
+# end: where the suite's time goes (goal: 15 minutes).
 unit: test-setup
-	$(BIN)/pytest -m "not integration" --durations=15
+	$(BIN)/pytest -m "not integration" -n 2 --dist loadgroup --no-loadscope-reorder --durations=15
 
 test: test-setup lint typecheck unit
 
 # What `make test` leaves out to keep its time down (tests marked `integration`): the
 # kill matrix's Kafka, synthetic, outbox (user-written source), Delta table and union
-# pipelines at the steps past their source's own (state, sink, late rows, watermarks: the
+# pipelines after the read and at the steps past it (state, sink, late rows, watermarks: the
 # writes the folder pipelines are killed at in `make test`), the random in-process crash
 # schedules over Kafka, synthetic and outbox, and the quick benchmark smoke run. About
 # 12 minutes.

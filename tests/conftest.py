@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from state.session import SparkSettings, get_spark
 from tests.faults.scenarios import KAFKA_ENV
-from tests.helpers import FakeClock
+from tests.helpers import INTERPRETED, FakeClock
 from tests.kafka_broker import KafkaBroker
 
 
@@ -22,7 +22,11 @@ def spark() -> Iterator[SparkSession]:
     session = get_spark(
         SparkSettings(
             master="local[2]",
-            confs={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+            confs={
+                "spark.sql.shuffle.partitions": "2",
+                "spark.default.parallelism": "2",
+                **INTERPRETED,
+            },
         )
     )
     yield session
@@ -77,3 +81,24 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     finally:
         broker.stop()
         os.environ.pop(KAFKA_ENV, None)
+
+
+FIRST = ("tests/faults/", "tests/orchestration/test_dagster_dev.py")
+"""The longest groups of tests, started first when two workers share the suite."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The suite on two workers (``make unit``: ``pytest -n 2 --dist loadgroup``): a test
+    module runs on one worker, so its module fixtures are built once, and so does all of
+    ``tests/faults`` (its session fixtures: reference runs, the class archive, the
+    background kill cases); the longest groups are handed out first."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = "faults" if path.startswith(FIRST[0]) else path
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(
+        key=lambda item: next(
+            (i for i, f in enumerate(FIRST) if item.nodeid.startswith(f)), len(FIRST)
+        )
+    )

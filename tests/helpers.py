@@ -48,6 +48,17 @@ from state.offset_log import OffsetEntry, Offsets
 T0_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
 
+INTERPRETED = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+"""Spark confs of the suite's session and of the crash tests' `lowmark` processes: queries
+are evaluated without generating code. For batches of a few rows, compiling generated code
+costs more than it saves (about a fifth of the tests' Spark time); results do not depend on
+it. Spark's defaults run in the demo, the benchmarks, the Dagster tests' runs and the other
+`lowmark` processes tests start."""
+
+
 AGGREGATES = (
     Aggregate(fn="count"),
     Aggregate(fn="sum", column="amount"),

@@ -56,9 +56,10 @@ MATRIX = (
     delta_update,
     union_append,
 )
-SOURCE_STEPS = ("after_plan", "after_offset_log", "after_read", "after_commit")
-"""Where a batch's source code runs or is replayed: planning, the recorded range, the read,
-and the frontier committed upstream after the commit."""
+SOURCE_STEPS = ("after_plan", "after_offset_log", "after_commit")
+"""Where a batch's source code runs or is replayed: planning, the recorded range (replayed
+by the next run: its read is the same read), and the frontier committed upstream after the
+commit."""
 OTHER_SOURCES = (
     "kafka_update",
     "synthetic_append",
@@ -68,8 +69,9 @@ OTHER_SOURCES = (
     "union_append",
 )
 """Matrix pipelines over the other sources: killed at every step in ``make test-integration``,
-at ``SOURCE_STEPS`` in ``make test`` (their other steps are the same writes of state, sink,
-late rows and logs the folder pipelines are killed at in ``make test``)."""
+at ``SOURCE_STEPS`` in ``make test`` (their other steps: the read, which writes nothing,
+and the same writes of state, sink, late rows and logs the folder pipelines are killed at
+in ``make test``)."""
 NO_BAD_ROWS = ("delta_update",)
 """Pipelines whose source has no malformed rows (a Delta table's rows are typed)."""
 """Windows (every write driver-side; tumbling over two source partitions with an idle

@@ -36,6 +36,7 @@ from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline, resolve
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.scenarios import SINK
+from tests.helpers import INTERPRETED
 
 REPO = Path(__file__).resolve().parents[2]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
@@ -91,6 +92,9 @@ def lowmark_env(**extra: str) -> dict[str, str]:
         "SPARK_SUBMIT_OPTS": subprocess_jvm_options(),
         # spark-submit's own JVM, which only builds the driver's command line.
         "SPARK_LAUNCHER_OPTS": " ".join(JVM_OPTIONS),
+        "PYSPARK_SUBMIT_ARGS": " ".join(
+            [*(f"--conf {k}={v}" for k, v in INTERPRETED.items()), "pyspark-shell"]
+        ),
         **extra,
     }
 
