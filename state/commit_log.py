@@ -5,20 +5,19 @@ Written AFTER every sink, state and late-table write of batch N succeeded.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import ClassVar
 
 import pyarrow as pa
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from state.log import LogEntry, MetadataLog
 
 
-@dataclass(frozen=True)
-class BatchCounts:
+class BatchCounts(BaseModel):
     """Where a batch's records went: the counts of its commit entry, each a column of the
     commit log (all zero: no input taken). See ``CommitEntry.totals`` for how they add up."""
+
+    model_config = ConfigDict(frozen=True)
 
     rows_in: int = 0
     rows_out: int = 0
@@ -32,11 +31,11 @@ class BatchCounts:
     """Records in the windows this batch closed (emitted as final, purged from state)."""
 
 
-COUNTS = tuple(f.name for f in dataclasses.fields(BatchCounts))
+COUNTS = tuple(BatchCounts.model_fields)
 """The count columns of the commit log."""
 
 
-class CommitEntry(LogEntry):
+class CommitEntry(LogEntry, BatchCounts):
     """What batch N left behind: counts, the next watermark, versions it wrote.
 
     ``table_versions`` maps each table the batch wrote (``state``, ``sink``,
@@ -61,13 +60,6 @@ class CommitEntry(LogEntry):
 
     next_watermark_ms: int | None = None
     table_versions: dict[str, int] = Field(default_factory=dict)
-    rows_in: int = 0
-    rows_out: int = 0
-    rows_bad: int = 0
-    rows_late: int = 0
-    rows_dropped: int = 0
-    rows_windowed: int = 0
-    rows_closed: int = 0
     totals: dict[str, int] = Field(default_factory=dict)
     """Every ``rows_*`` count summed over batches 0..N, so the totals cost one row to read at
     any batch.

@@ -7,8 +7,6 @@ field a commit gains is added here, once.
 
 from __future__ import annotations
 
-import dataclasses
-
 from batches.event_time.watermarks import PartitionTime
 from batches.loop import faults
 from batches.loop.plan import PlannedBatch
@@ -52,7 +50,7 @@ def commit_batch(
         runner_id=runner_id,
         next_watermark_ms=next_watermark_ms,
         table_versions=versions,
-        **dataclasses.asdict(counts),
+        **counts.model_dump(),
     ).plus_totals(planned.previous)
     faults.reached("before_commit", batch_id)
     checkpoint.commits.claim(commit)
