@@ -47,6 +47,11 @@ def prepare_home(home: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
         shutil.copy(PROJECT / "dagster.yaml", home / "dagster.yaml")
+    # Its storage is created here, once: the webserver, daemon and code server of a new
+    # SQLite instance would each create it at the same moment, and two may stamp its schema
+    # ("alembic_version has more than one head present", seen on a loaded machine).
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))):
+        pass
     return home
 
 
