@@ -108,20 +108,101 @@ class Session(_Config):
 Window = Annotated[Tumbling | Sliding | Session, Field(discriminator="kind")]
 
 
-class Aggregate(_Config):
-    """A built-in mergeable aggregate over ``column`` (``count`` may omit it: rows)."""
+AggregateFn = Literal[
+    "count",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "approx_count_distinct",
+    "count_distinct",
+    "approx_percentile",
+    "first",
+    "last",
+    "min_by",
+    "max_by",
+    "collect_set",
+]
+"""The built-in aggregates; how each merges: docs/concepts.md#aggregates."""
 
-    fn: Literal["count", "sum", "min", "max", "avg", "approx_count_distinct"]
-    """The aggregate function (``approx_count_distinct``: a mergeable HLL sketch)."""
+DEFAULT_MAX_ITEMS = {"count_distinct": 1000, "collect_set": 100}
+"""``max_items`` of the aggregates that keep an array, when not given."""
+
+
+_NEEDED_BY = {
+    "by": ("min_by", "max_by"),
+    "max_items": tuple(DEFAULT_MAX_ITEMS),
+    "percentage": ("approx_percentile",),
+}
+"""The aggregates that need (and alone take) each of the fields beyond fn, column, name."""
+
+
+def _unset(value: object) -> bool:
+    return value is None
+
+
+class Aggregate(_Config):
+    """A built-in mergeable aggregate over ``column`` (``count`` may omit it: rows).
+
+    Each keeps partial columns in window state that merge across batches, so
+    a window's result does not depend on how its records were split into
+    batches (sketches: within their error, see ``fn``).
+    """
+
+    fn: AggregateFn
+    """The aggregate function: ``count``, ``sum``, ``min``, ``max``, ``avg``;
+    ``count_distinct`` (exact up to ``max_items`` distinct values, then the HLL estimate);
+    ``approx_count_distinct`` (an HLL sketch; the column must be an integer, string or
+    binary); ``approx_percentile`` (a KLL sketch, at ``percentage``); ``first`` / ``last``
+    (the value at the earliest / latest event time); ``min_by`` / ``max_by`` (the value
+    where ``by`` is smallest / largest); ``collect_set`` (the ``max_items`` smallest
+    distinct values, sorted)."""
     column: str | None = None
     """Input column (``count`` without it counts rows)."""
     name: str | None = Field(default=None, description="Output column; default fn_column.")
+    # The fields below count in the pipeline fingerprint only when set, so a definition
+    # written before they existed keeps its fingerprint.
+    by: str | None = Field(default=None, exclude_if=_unset)
+    """``min_by`` / ``max_by`` only: the column whose smallest / largest value picks the row."""
+    max_items: int | None = Field(default=None, gt=0, exclude_if=_unset)
+    """``count_distinct`` (default 1000) and ``collect_set`` (default 100) only: how many
+    distinct values a window keeps in state."""
+    percentage: float | tuple[float, ...] | None = Field(default=None, exclude_if=_unset)
+    """``approx_percentile`` only: a fraction in [0, 1] (output: a double), or a list of
+    them (output: an array of doubles, in the same order)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_max_items(cls, data: object) -> object:
+        # Filled in (not a field default) so that the value counts in the fingerprint.
+        if isinstance(data, dict) and data.get("max_items") is None:
+            default = DEFAULT_MAX_ITEMS.get(str(data.get("fn")))
+            if default is not None:
+                return {**data, "max_items": default}
+        return data
 
     @model_validator(mode="after")
-    def _column_given(self) -> Aggregate:
-        if self.column is None and self.fn != "count":
-            raise ValueError(f"aggregate {self.fn!r} needs a `column`")
+    def _fields_fit_fn(self) -> Aggregate:
+        fn = self.fn
+        if self.column is None and fn != "count":
+            raise ValueError(f"aggregate {fn!r} needs a `column`")
+        for field, fns in _NEEDED_BY.items():
+            given = getattr(self, field) is not None
+            if given != (fn in fns):
+                raise ValueError(
+                    f"aggregate {fn!r} needs `{field}`"
+                    if not given
+                    else f"`{field}` is for {' and '.join(fns)} only, not {fn!r}"
+                )
+        if any(not 0 <= p <= 1 for p in self.percentages):
+            raise ValueError(f"`percentage` must be within [0, 1], not {self.percentage}")
         return self
+
+    @property
+    def percentages(self) -> tuple[float, ...]:
+        """``percentage`` as a tuple (empty when not set)."""
+        p = self.percentage
+        return () if p is None else (p,) if isinstance(p, float | int) else tuple(p)
 
     @property
     def output(self) -> str:

@@ -380,35 +380,43 @@ def drop_batches(root: Path, batches: list[list[dict[str, Any]]]) -> None:
 
 
 def windowed(
-    window: Tumbling | Sliding | Session, mode: str = "append", **event_time: Any
+    window: Tumbling | Sliding | Session,
+    mode: str = "append",
+    aggregates: tuple[Aggregate, ...] = AGGREGATES,
+    schema: str = SCHEMA,
+    **event_time: Any,
 ) -> Pipeline:
+    """Per ``user``, ``aggregates`` over ``window`` of ``ts``; one input file per batch."""
     return Pipeline(
         name="w",
-        source=FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1),
+        source=FileSource(path="in", format="json", schema_ddl=schema, max_files_per_batch=1),
         sink=DeltaSink(path="out"),
         event_time=EventTime(column="ts", **event_time),
         aggregation=WindowedAggregation(
             keys=("user",),
             window=window,
-            aggregates=AGGREGATES,
+            aggregates=aggregates,
             output_mode=mode,
         ),
     )
 
 
+def spark_window(window: Tumbling | Sliding | Session) -> Column:
+    """Spark's own window of ``ts`` that ``window`` stands for (a plain batch's grouping)."""
+    if isinstance(window, Session):
+        return F.session_window("ts", f"{window.gap} milliseconds")
+    if isinstance(window, Tumbling):
+        return F.window("ts", f"{window.size} milliseconds")
+    return F.window("ts", f"{window.size} milliseconds", f"{window.slide} milliseconds")
+
+
 def reference(spark: SparkSession, root: Path, window: Tumbling | Sliding | Session) -> DataFrame:
     """The same aggregation as one plain Spark batch over every file."""
     df = spark.read.schema(SCHEMA).json(str(root / "in"))
-    if isinstance(window, Session):
-        w = F.session_window("ts", f"{window.gap} milliseconds")
-    elif isinstance(window, Tumbling):
-        w = F.window("ts", f"{window.size} milliseconds")
-    else:
-        w = F.window("ts", f"{window.size} milliseconds", f"{window.slide} milliseconds")
     return per_window(
         df,
         "user",
-        w,
+        spark_window(window),
         F.count(F.lit(1)).alias("count"),
         F.sum("amount").alias("sum_amount"),
         F.min("amount").alias("min_amount"),

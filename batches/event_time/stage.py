@@ -254,7 +254,7 @@ class WindowedStage:
     def plans(self) -> list[AggregatePlan]:
         """The aggregates as Spark expressions: built on first use, as building one needs a
         running Spark, and planning (a sensor tick) does without."""
-        return [plan_aggregate(a) for a in self.aggregation.aggregates]
+        return [plan_aggregate(a, self.event_time.column) for a in self.aggregation.aggregates]
 
     @cached_property
     def _sessions(self) -> SessionWindows:
