@@ -3,6 +3,7 @@ the whole input: split into batches, out of order, through a crash and its repla
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,35 @@ def test_every_aggregate_equals_a_batch_aggregation_across_batches_and_a_replay(
     if mode == "append":
         expected = expected.where(F.unix_millis("window_end") <= F.lit(results[-1].watermark_ms))
     assertDataFrameEqual(sink(spark, data_root), expected)
+
+
+def test_a_definition_written_before_these_aggregates_keeps_its_fingerprint() -> None:
+    # The fingerprints of these definitions before `by`, `max_items` and `percentage`
+    # existed: an existing checkpoint must still accept its definition.
+    assert windowed(Tumbling(size="10 seconds")).fingerprint() == "79c07202403fe320"
+    assert windowed(Session(gap="5 seconds"), "update").fingerprint() == "55664250f862856d"
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"fn": "min_by", "column": "item"}, "aggregate 'min_by' needs `by`"),
+        ({"fn": "sum", "column": "amount", "by": "ts"}, "`by` is for min_by and max_by only"),
+        ({"fn": "max", "column": "amount", "max_items": 5}, "`max_items` is for count_distinct"),
+        ({"fn": "approx_percentile", "column": "amount"}, "needs `percentage`"),
+        (
+            {"fn": "approx_percentile", "column": "amount", "percentage": [0.5, 95]},
+            "`percentage` must be within [0, 1]",
+        ),
+    ],
+)
+def test_an_aggregate_names_the_field_its_function_lacks_or_does_not_take(
+    fields: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(error)):
+        Aggregate(**fields)
+
+
+def test_the_array_aggregates_keep_a_bounded_number_of_items_by_default() -> None:
+    assert Aggregate(fn="count_distinct", column="item").max_items == 1000
+    assert Aggregate(fn="collect_set", column="item").max_items == 100
