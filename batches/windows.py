@@ -146,7 +146,8 @@ class Aggregate(_Config):
 
     Each keeps partial columns in window state that merge across batches, so
     a window's result does not depend on how its records were split into
-    batches (sketches: within their error, see ``fn``).
+    batches (sketches: within their error). How each merges, and its bounds:
+    [Concepts](../concepts.md#aggregates).
     """
 
     fn: AggregateFn

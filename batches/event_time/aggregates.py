@@ -25,7 +25,7 @@ class AggregatePlan:
     ``merges``: (state column, aggregate over rows of partials);
     ``finish``: (output column, scalar expression over state columns).
 
-    A built-in aggregate that is not a sketch can also merge and finish on
+    ``count``, ``sum``, ``min``, ``max`` and ``avg`` can also merge and finish on
     the driver, over the few windows a batch touches, without a Spark job:
     ``driver_merges`` names Arrow's hash aggregate for each state column
     (``sum``, ``min``, ``max``) and ``driver_finish`` computes the output

@@ -1,8 +1,9 @@
 """The driver-side merge: a batch's window changes computed over Arrow tables on the
 driver, without a Spark job.
 
-For tumbling and sliding windows whose aggregates all merge in Arrow (no
-sketches, no user aggregates; ``WindowedStage.merges_on_driver``), the few
+For tumbling and sliding windows whose aggregates all merge in Arrow (count,
+sum, min, max, avg: Arrow's hash aggregates take no sketches, arrays or structs;
+``WindowedStage.merges_on_driver``), the few
 windows a batch touches are merged here with their stored state, giving what
 ``WindowedStage.merge`` gives once collected: the same ``WindowChanges``.
 Nothing is read or written: the stage reads the state rows, the batch writes.

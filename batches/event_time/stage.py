@@ -457,7 +457,7 @@ class WindowedStage:
     @property
     def merges_on_driver(self) -> bool:
         """True when ``merge_on_driver`` can do the merge: tumbling or sliding windows whose
-        aggregates all merge without Spark (no sketches, no user aggregates)."""
+        aggregates all merge without Spark (``AggregatePlan.driver_merges``)."""
         return not isinstance(self.window, Session) and all(
             p.driver_merges is not None for p in self.plans
         )
