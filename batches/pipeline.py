@@ -754,7 +754,13 @@ class Pipeline(_Config):
         )
 
     def fingerprint(self) -> str:
-        """Hash of everything that changes what a batch computes.
+        """Hash of ``definition()``: everything that changes what a batch computes."""
+        blob = json.dumps(self.definition(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def definition(self) -> dict[str, Any]:
+        """What the fingerprint hashes, as JSON values (the offset log keeps it, so a
+        changed definition can be named field by field: ``definition_changes``).
 
         The source's operational fields (``OPERATIONAL``: admission limits, what becomes
         of processed files, where to connect), descriptions, health-check bounds,
@@ -773,8 +779,8 @@ class Pipeline(_Config):
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }
-        blob = json.dumps(semantics, sort_keys=True, default=_import_path).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        defined: dict[str, Any] = json.loads(json.dumps(semantics, default=_import_path))
+        return defined
 
     def checkpoint_location(self, data_root: Path) -> str:
         return resolve(self.checkpoint or f"_lowmark/{self.name}", data_root)
@@ -789,6 +795,22 @@ def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | N
     if dump["max_future"] == MAX_FUTURE_MS:
         del dump["max_future"]
     return dump
+
+
+def definition_changes(old: object, new: object, at: str = "") -> list[str]:
+    """The fields in which definition ``new`` differs from ``old`` (``Pipeline.definition``),
+    one ``"field: old -> new"`` each, dotted paths, in key order."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            change
+            for key in sorted(old.keys() | new.keys())
+            for change in definition_changes(
+                old.get(key), new.get(key), f"{at}.{key}" if at else key
+            )
+        ]
+    if old == new:
+        return []
+    return [f"{at or 'definition'}: {json.dumps(old)} -> {json.dumps(new)}"]
 
 
 def _import_path(value: object) -> str:

@@ -246,6 +246,7 @@ class MicroBatchRunner:
             end_offsets=planned.end,
             batch_watermark_ms=planned.watermark_ms,
             pipeline_fingerprint=parts.planner.fingerprint,
+            pipeline_definition=parts.planner.definition,
             source_identity=planned.identity,
             input_skipped=planned.skipped.counts if planned.skipped else {},
             waiting_partitions=list(planned.waiting),
