@@ -74,7 +74,7 @@ class BatchWork:
         all lazy. A stateless batch reads its input twice (counts, then the sink write):
         its parse is cached. A replay of a batch that already wrote something reads
         strictly what it read then (``Source.read``)."""
-        strict = planned.replay and self._wrote_any(planned.batch_id)
+        strict = planned.replay and self.wrote_any(planned.batch_id)
         return self._take(
             planned.range,
             planned.watermark_ms,
@@ -121,7 +121,7 @@ class BatchWork:
         """The source partitions ``batch`` takes records from."""
         return self.source.partitions(batch.start, batch.end)
 
-    def _wrote_any(self, batch_id: int) -> bool:
+    def wrote_any(self, batch_id: int) -> bool:
         """True if a write of batch ``batch_id`` landed (its replay must read what it read)."""
         ckpt = self.checkpoint
         written = [

@@ -181,7 +181,10 @@ class Planner:
             if fixes and (self.checkpoint is None or self.checkpoint.start_offsets is None):
                 start = self._fix_start(start)
             return self._plan_new(0, start, None, None, dry_run)
-        if latest.pipeline_fingerprint != self.fingerprint:
+        # Before the first commit a run starts a changed pipeline over
+        # (``batches.loop.start_over``): a dry run answers with the batch 0 it replaces.
+        first = done is None and latest.batch_id == 0 and latest.pipeline_definition is not None
+        if latest.pipeline_fingerprint != self.fingerprint and not (dry_run and first):
             raise self._changed(latest)
         if done is not None and done.batch_id == latest.batch_id:
             return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
