@@ -222,7 +222,7 @@ class Checks:
                 f"quality.max_bad_fraction {limit:g}"
             )
         raise ExpectationsFailed(
-            f"batch {batch_id} of {self.pipeline} failed its expectations: {'; '.join(said)}; "
+            f"batch {batch_id} of {self.pipeline} broke its expectations: {'; '.join(said)}; "
             "nothing was written: fix the input or the transform, or loosen "
             "quality.max_bad_fraction / quality.fail_on / on_violation, then `lowmark run "
             f"{self.pipeline}` replays the batch with the same offsets"

@@ -177,6 +177,11 @@ def failure_report(
     attempts = sum(f.kind == kind for f in failures.of(batch_id))
     if kind == "operational":  # lowmark's own line: it says what to do
         return f"{what} stopped (attempt {attempts} of {limit}): {error}"
+    if isinstance(exc, ExpectationsFailed):  # its line says what to do, too
+        return (
+            f"{what} failed (attempt {attempts} of {limit}): {error}; after {limit} failures "
+            f"runs stop at it until `lowmark run {name} --retry`"
+        )
     return (
         f"{what} failed (attempt {attempts} of {limit}): {error}; fix the transform or "
         f"the input, then `lowmark run {name}` replays the batch; after {limit} failures "
