@@ -66,7 +66,7 @@ def _one_file_a_batch(**fields: Any) -> Pipeline:
 def test_drop_sends_records_to_bad_records_by_name_and_warn_counts_them_but_keeps_them(
     spark: SparkSession, data_root: Path
 ) -> None:
-    files = [
+    files: list[list[Any]] = [
         [{"id": 1, "amount": 5}, {"id": 2, "amount": -1}, {"id": 3}],  # no amount: violates
         [{"id": 4, "amount": 0}, {"id": 300, "amount": 7}, "{not json"],
     ]
