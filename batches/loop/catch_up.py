@@ -229,6 +229,7 @@ class ReadAhead:
             looked.max_event_ms,
             looked.rows_out,
             open_partials,
+            self.checks.violations({}),  # none violated (else the batch runs its own job)
         )
 
     def _look(self, first: Range, now_ms: int, watermark_ms: int | None) -> None:
