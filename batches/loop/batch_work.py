@@ -196,7 +196,7 @@ class BatchWork:
         if frames is None:
             return self._counted(taken, None, planned)
         if planned.start == planned.end:
-            return Seen(0, None, None, {}, 0, empty_of(frames.partials))
+            return Seen(0, None, None, {}, 0, empty_of(frames.partials), self.checks.violations({}))
         with shuffle_partitions(self._spark(), read.size_bytes):
             partials = explained(read, lambda: collect({"partials": frames.partials}))
         counts, stats = observed(read.counts), frames.stats()

@@ -221,7 +221,7 @@ def test_a_windowed_pipeline_evaluates_expectations_in_its_one_job_and_reading_a
     assert own[1] == ahead[1]
     assert [c["violations"] for c in own[0]] == [
         {"parsable": 0, "valid_amount": v, "not_c": w}
-        for v, w in [(0, 0), (1, 1), (0, 0), (1, 0), (0, 0)]
+        for v, w in [(0, 0), (1, 1), (0, 0), (1, 0), (0, 0), (0, 0)]
     ]
     assert [(b, reason) for b, reason, _ in own[1]] == [(1, "valid_amount"), (3, "valid_amount")]
     assert own[2][:5] == [1, 1, 1, 1, 1]  # each batch's own job: the expectations ride on it
