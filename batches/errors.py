@@ -82,3 +82,8 @@ class SinkNotATable(LowmarkError):
 
 class Interrupted(LowmarkError):
     """The person running lowmark stopped it (Ctrl-C) while a batch ran."""
+
+
+class ExpectationsFailed(LowmarkError):
+    """A batch broke its expectations' thresholds (``quality``, a ``fail`` expectation):
+    it fails before anything is written, and replays with the same offsets once fixed."""

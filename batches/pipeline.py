@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame
 
 from batches.durations import DurationMs
 from batches.errors import PipelineConfigInvalid
+from batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
 from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 
 Transform = Callable[[DataFrame], DataFrame]
@@ -674,6 +675,16 @@ class Pipeline(_Config):
     transform: ImportString[Transform] | None = Field(
         default=None, description="DataFrame → DataFrame applied to each batch."
     )
+    expectations: tuple[Expectation, ...] = Field(
+        default=(),
+        description="Named conditions on the transformed records (warn, drop or fail), "
+        "counted per batch; see Expectations.",
+    )
+    quality: Quality = Field(
+        default_factory=Quality,
+        description="When a batch fails instead of committing: bad-row share, expectations "
+        "that must hold.",
+    )
     sink: SinkConfig
     """Where each batch's output goes (exactly once): a Delta table, or a sink of your own."""
     event_time: EventTime | None = Field(
@@ -711,6 +722,11 @@ class Pipeline(_Config):
             "(tumbling windows; 1 turns it off)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _expectations_named_once(self) -> Pipeline:
+        check_names(self.expectations, self.quality)
+        return self
 
     @model_validator(mode="after")
     def _aggregation_needs_event_time(self) -> Pipeline:
@@ -768,9 +784,11 @@ class Pipeline(_Config):
         properties are left out:
         changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
-        (as in Spark), renaming it is not.
+        (as in Spark), renaming it is not. Of the expectations, only the ``drop`` ones
+        count, and only when there are some (``batches.expectations``): ``warn`` and
+        ``fail`` ones and the ``quality`` thresholds change no committed row.
         """
-        semantics = {
+        semantics: dict[str, Any] = {
             "source": self.source.semantics(),
             "transform": self.transform,
             # Properties apply when the sink is created, and change no batch's rows; nor
@@ -779,6 +797,9 @@ class Pipeline(_Config):
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }
+        drops = fingerprint_semantics(self.expectations)
+        if drops is not None:  # absent otherwise: checkpoints from before keep theirs
+            semantics["expectations"] = drops
         defined: dict[str, Any] = json.loads(json.dumps(semantics, default=_import_path))
         return defined
 

@@ -56,6 +56,7 @@ Every model is frozen and refuses keys it does not know.
   fingerprint, and an existing checkpoint refuses a changed one
   (`FingerprintMismatch`). Keys marked *changeable* below are left out of it and
   may change on a running checkpoint; so may `description`, `checks`,
+  `quality`, `warn` and `fail` expectations (only `drop` ones count),
   `backfill`, `maintenance`, `max_failed_attempts`, `read_ahead_batches` and the
   sink's `properties` (see [Concepts](../concepts.md#the-pipeline-fingerprint)).
 """

@@ -49,6 +49,7 @@ from batches.clock import Clock, SystemClock
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.durations import parse_duration_ms
 from batches.errors import BatchFailed, RunInFlight
+from batches.expectations import PARSABLE
 from batches.loop.follow import follow
 from batches.loop.maintenance import maintain_checkpoint
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
@@ -362,9 +363,11 @@ def _print_batch(r: BatchResult) -> None:
     lag = f"; event-time lag {duration(r.lag_ms)}" if r.lag_ms is not None else ""
     starting = r.durations_ms.get("start_spark")
     start = f" ({duration(starting)} of it starting Spark)" if starting else ""
+    violated = [f"{name} {n}" for name, n in r.violations.items() if n and name != PARSABLE]
+    expected = f" (expectations violated: {', '.join(violated)})" if violated else ""
     out.print(
         f"batch {r.batch_id} {what}: {r.rows_in} rows in, {r.rows_out} out, "
-        f"{r.rows_bad} bad, {r.rows_late} late; input: {describe_range(r.start, r.end)}"
+        f"{r.rows_bad} bad, {r.rows_late} late{expected}; input: {describe_range(r.start, r.end)}"
         f"{lag}; took {duration(r.durations_ms['total'])}{start}",
         soft_wrap=True,
         highlight=False,
@@ -433,7 +436,19 @@ def status(
         closed = f"; the windows it closed held {held} records" if held is not None else ""
         fields.append((f"batch {last.batch_id}", _went(last.accounting) + closed))
     fields.append(("all batches", _went(s.accounting)))
+    if last:
+        fields.append(("expectations", _violated(p, last.violations, s.violations)))
     print_fields(out, fields)
+
+
+def _violated(p: Pipeline, last: dict[str, int], totals: dict[str, int]) -> str:
+    """Each expectation's violations in words, in the last batch and in all (``valid_amount
+    (drop): 2 of the last batch, 7 in all``)."""
+    actions = {PARSABLE: "drop"} | {e.name: e.on_violation for e in p.expectations}
+    return "; ".join(
+        f"{name} ({action}): {last.get(name, 0)} in the last batch, {totals.get(name, 0)} in all"
+        for name, action in actions.items()
+    )
 
 
 def _next_words(nxt: NextBatchStatus | None) -> str:

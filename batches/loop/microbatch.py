@@ -20,8 +20,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from batches.clock import Clock, SystemClock
-from batches.errors import Interrupted, PoisonBatch
+from batches.errors import ExpectationsFailed, Interrupted, PoisonBatch
 from batches.event_time.stage import WindowedStage
+from batches.expectations import PARSABLE, bad_rows
 from batches.loop import faults
 from batches.loop.batch_work import Taken, explained, total
 from batches.loop.commit import commit_batch
@@ -64,6 +65,9 @@ class BatchResult:
     lag_ms: int | None
     """Planning time minus ``watermark_ms``: how far event time trails processing time."""
     durations_ms: dict[str, int] = field(default_factory=dict)
+    violations: dict[str, int] = field(default_factory=dict)
+    """Per expectation, the records that violated it (``parsable``: rows that did not
+    parse); see ``batches.expectations``."""
 
 
 class MicroBatchRunner:
@@ -207,10 +211,13 @@ class MicroBatchRunner:
         Step 2. Offset log: write batch N's offsets BEFORE processing (new batches only).
         Step 3. Read exactly [start, end) from the source and transform it (lazily).
         Step 4. Look at the batch in ONE Spark job: counts and max event time per
-                partition, bad rows and, for windows, late rows and partials.
+                partition, bad rows, each expectation's violations and dropped records
+                and, for windows, late rows and partials; a batch that breaks its
+                expectations fails here, before anything is written.
         Step 5. Event-time stage: the partials merged with the state rows they touch,
                 read as of commit N-1 on the driver (one Spark job over local data).
-        Step 6. Writes, each idempotent per batch: bad records, state, sink, late.
+        Step 6. Writes, each idempotent per batch: bad records (rows that did not parse,
+                and those expectations dropped), state, sink, late.
         Step 7. Commit log (with the next watermark), after the per-partition times.
         Step 8. Source commit (upstream may discard), maintenance every
                 ``maintenance.every_batches`` batches, then the progress row.
@@ -288,6 +295,18 @@ class MicroBatchRunner:
             # unchanged by the read (nothing is written yet).
             seen = parts.work.look(taken, planned)
             parts.source.confirm(batch)
+        # Then the expectations' verdict: a batch that breaks them fails here, before
+        # anything is written (batches.expectations).
+        parsed_bad = seen.bad.num_rows if seen.bad is not None else 0
+        dropped = seen.dropped.num_rows if seen.dropped is not None else 0
+        rows_in, rows_bad = seen.rows_in + parsed_bad, parsed_bad + dropped
+        violations = {PARSABLE: parsed_bad, **seen.violations}
+        try:
+            parts.work.checks.verdict(batch_id, rows_in, rows_bad, violations)
+        except ExpectationsFailed:
+            if taken is not None:
+                taken.read.unpersist()
+            raise
         timer.lap("read")
         faults.reached("after_read", batch_id)
 
@@ -300,9 +319,8 @@ class MicroBatchRunner:
 
         # Step 6. Writes: bad records, state, sink, late records.
         ckpt.fence()
-        rows_in, bad, late = seen.rows_in, seen.bad, seen.late
-        rows_bad = bad.num_rows if bad is not None else 0
-        if bad is not None and rows_bad:
+        bad, late = bad_rows(seen.bad, seen.dropped, batch_id), seen.late
+        if bad is not None:
             ckpt.bad_records.append_once(bad, ckpt.txn_app_id("bad_records"), batch_id)
         versions: dict[str, int] = {}
         if parts.stage is not None and changes is not None:
@@ -340,11 +358,12 @@ class MicroBatchRunner:
         ckpt.fence()
         partitions, next_watermark = parts.planner.times_after(planned, seen.max_event_ms)
         counts = BatchCounts(
-            rows_in=rows_in + rows_bad,
+            rows_in=rows_in,
             rows_out=rows_out,
             rows_bad=rows_bad,
             rows_late=rows_late,
-            rows_dropped=rows_in - seen.rows_out,
+            rows_dropped=seen.rows_in - seen.rows_out - dropped,
+            violations=violations,
             rows_windowed=seen.rows_out - rows_late if parts.stage is not None else 0,
             rows_closed=total(changes.closed, ROWS) if changes is not None else 0,
         )
@@ -384,6 +403,7 @@ class MicroBatchRunner:
                 rows_out=rows_out,
                 rows_bad=rows_bad,
                 rows_late=rows_late,
+                violations=violations,
                 watermark_ms=planned.watermark_ms,
                 lag_ms=lag_ms,
                 input_skipped=planned.skipped.counts if planned.skipped else {},
@@ -402,6 +422,7 @@ class MicroBatchRunner:
             next_watermark,
             lag_ms,
             timer.durations,
+            violations,
         )
 
     def _record_failure(self, batch_id: int, error: str, kind: FailureKind) -> None:

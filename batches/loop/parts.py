@@ -81,7 +81,9 @@ def _parts(
     sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
     work = BatchWork(session, pipeline, checkpoint, source, stage, sink)
     read_ahead = (
-        ReadAhead(session, source, stage, work.unwatermarked, pipeline.read_ahead_batches)
+        ReadAhead(
+            session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
+        )
         if stage is not None
         else None
     )
