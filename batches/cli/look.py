@@ -118,7 +118,8 @@ def _print_rows(rows: pa.Table) -> None:
 
 
 def _cell(value: Any, epoch_ms: bool) -> str:
-    """One value in words: ISO times, JSON for nested values, ``null`` for none."""
+    """One value in words: ISO times, floats to the 15 digits a double holds, JSON for
+    nested values, ``null`` for none."""
     if value is None:
         return "null"
     if epoch_ms and isinstance(value, int):
@@ -127,6 +128,8 @@ def _cell(value: Any, epoch_ms: bool) -> str:
         return iso_time(value)
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.15g}"  # what a double holds exactly: 220.08, not 220.07999999999998
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     if isinstance(value, (dict, list)):
