@@ -104,7 +104,7 @@ def table_path(pipeline: Pipeline, table: Table, data_root: Path) -> str:
     if table.folder is not None:
         return f"{pipeline.checkpoint_location(data_root)}/{table.folder}"
     sink = pipeline.delta_sink(
-        "`lowmark show` and `lowmark sql`",
+        "`lowmark show`",
         "look at it with its own system's tools (the checkpoint's tables can still be shown)",
     )
     return resolve(sink.path, data_root)
