@@ -758,6 +758,15 @@ class Pipeline(_Config):
             return self.sink.model_copy(update={"mode": "merge", "keys": keys})
         return self.sink
 
+    @property
+    def output_mode(self) -> str | None:
+        """How a batch writes the sink: a windowed pipeline's output mode (``append``: each
+        window once, when final; ``update``: every window a batch changed, upserted), else a
+        Delta sink's ``mode`` (``append``, ``merge``); None for a custom sink's records."""
+        if self.aggregation is not None:
+            return self.aggregation.output_mode
+        return self.sink.mode if isinstance(self.sink, DeltaSink) else None
+
     def delta_sink(self, needed_by: str, way_on: str) -> DeltaSink:
         """The pipeline's Delta sink, for ``needed_by`` (what reads the sink's table: a
         backfill, ``lowmark reset``); for a custom sink, ``PipelineConfigInvalid`` naming

@@ -177,22 +177,27 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         )
         return
     rows = [
-        (
-            p.name,
-            f"{p.source.kind}:{p.source.label}",
-            f"{p.sink.kind}:{p.sink.label}",
-            p.description,
-        )
+        (p.name, f"{p.source.kind}:{p.source.label}", _sink_words(p), p.description)
         for p in pipelines
     ]
     print_table(out, ("pipeline", "source", "sink", "description"), rows)
 
 
-def _sink_json(p: Pipeline) -> dict[str, str]:
-    """The sink as ``lowmark list --json`` shows it: a Delta table, or a custom factory."""
+def _sink_words(p: Pipeline) -> str:
+    """The sink as ``lowmark list`` shows it: ``delta:demo/orders (append)``, its mode the
+    one batches write it with (``Pipeline.output_mode``)."""
+    where = p.sink.path if isinstance(p.sink, DeltaSink) else p.sink.label
+    mode = f" ({p.output_mode})" if p.output_mode else ""
+    return f"{p.sink.kind}:{where}{mode}"
+
+
+def _sink_json(p: Pipeline) -> dict[str, str | None]:
+    """The sink as ``lowmark list --json`` shows it: a Delta table, or a custom factory;
+    ``mode`` the one batches write it with (``Pipeline.output_mode``)."""
     if isinstance(p.sink, DeltaSink):
-        return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.sink.mode}
-    return {"kind": p.sink.kind, "factory": p.sink.label}
+        return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.output_mode}
+    shown: dict[str, str | None] = {"kind": p.sink.kind, "factory": p.sink.label}
+    return shown | ({"mode": p.output_mode} if p.output_mode else {})
 
 
 @app.command()
@@ -434,8 +439,8 @@ def status(
     if last:
         held = last.closed_windows_held
         closed = f"; the windows it closed held {held} records" if held is not None else ""
-        fields.append((f"batch {last.batch_id}", _went(last.accounting) + closed))
-    fields.append(("all batches", _went(s.accounting)))
+        fields.append((f"batch {last.batch_id}", _went(last.accounting, p.output_mode) + closed))
+    fields.append(("all batches", _went(s.accounting, p.output_mode)))
     if last:
         fields.append(("expectations", _violated(p, last.violations, s.violations)))
     print_fields(out, fields)
@@ -489,16 +494,24 @@ _WENT = {
     "in_open_windows": "in open windows (the state)",
 }
 
+_WENT_UPDATING = _WENT | {
+    "in_closed_windows": "in closed windows (final in the sink)",
+    "in_open_windows": "in open windows (the state; in the sink as they stand)",
+}
+"""In update mode every window a batch changes is upserted into the sink: open ones too."""
 
-def _went(accounting: dict[str, int]) -> str:
+
+def _went(accounting: dict[str, int], output_mode: str | None) -> str:
     """An accounting of ``batches.admin.status`` in words: ``read 80 = 2 bad + 9 dropped ...``
-    (records a transform added show as ``- 3 added by the transform``)."""
+    (records a transform added show as ``- 3 added by the transform``); where windows are
+    as the pipeline's ``output_mode`` puts them."""
+    words = _WENT_UPDATING if output_mode == "update" else _WENT
     text = f"read {accounting['read']} ="
     for i, (key, n) in enumerate((k, n) for k, n in accounting.items() if k != "read"):
         if key == "dropped_by_transform" and n < 0:
             text += f" - {-n} added by the transform"
         else:
-            text += f"{' +' if i else ''} {n} {_WENT[key]}"
+            text += f"{' +' if i else ''} {n} {words[key]}"
     return text
 
 
