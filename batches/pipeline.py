@@ -711,6 +711,14 @@ class Pipeline(_Config):
             "(tumbling windows; 1 turns it off)."
         ),
     )
+    listeners: tuple[ImportString[Callable[[], Any]], ...] = Field(
+        default=(),
+        description=(
+            "Import paths of listener classes (`package.module:Class`, subclasses of "
+            "`PipelineListener`, made with no arguments) told of every batch as it starts, "
+            "commits or fails; a listener that raises never fails a batch."
+        ),
+    )
 
     @model_validator(mode="after")
     def _aggregation_needs_event_time(self) -> Pipeline:
@@ -758,8 +766,8 @@ class Pipeline(_Config):
 
         The source's operational fields (``OPERATIONAL``: admission limits, what becomes
         of processed files, where to connect), descriptions, health-check bounds,
-        backfill partitions, maintenance, read-ahead, failed attempts and the sink's table
-        properties are left out:
+        backfill partitions, maintenance, read-ahead, failed attempts, listeners and the
+        sink's table properties are left out:
         changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not.
