@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, Union
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -26,6 +25,7 @@ from pydantic import (
 )
 from pyspark.sql import DataFrame
 
+from batches.config import UserConfig
 from batches.durations import DurationMs
 from batches.errors import PipelineConfigInvalid
 from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
@@ -33,10 +33,9 @@ from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 Transform = Callable[[DataFrame], DataFrame]
 
 
-class _Config(BaseModel):
-    # Attribute docstrings are field descriptions too: the configuration reference is
-    # generated from them (scripts/config_reference.py).
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+class _Config(UserConfig):
+    """A model of this module: frozen, strict about keys, its ``help()`` listing its fields
+    with their descriptions (a ``Field(description=...)`` or an attribute docstring)."""
 
 
 class SourceKind(_Config):

@@ -22,7 +22,7 @@ listener slows the batch (hand slow work to a thread of your own).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from batches.errors import PipelineConfigInvalid
@@ -84,6 +84,9 @@ class Listeners:
 
     def __init__(self, listeners: Iterable[PipelineListener] = ()) -> None:
         self._listeners = list(listeners)
+
+    def __iter__(self) -> Iterator[PipelineListener]:
+        return iter(self._listeners)
 
     def add(self, listener: PipelineListener) -> None:
         self._listeners.append(listener)
