@@ -43,8 +43,9 @@ validate both, so a YAML mistake is one line naming the key
 (`p.yaml: pipelines[0].sink: Value error, mode 'merge' needs keys: ...`).
 Every model is frozen and refuses keys it does not know.
 
-- **Durations** are strings (`"500 ms"`, `"10 seconds"`, `"5 minutes"`,
-  `"1 hour"`, `"1 day"`), `timedelta`s, or bare numbers of **seconds**.
+- **Durations** are strings as people write them (`"500 ms"`, `"90s"`,
+  `"10 mins"`, `"1.5h"`, `"2 days"`, `"1h30m"`), ISO 8601 (`"PT10M"`),
+  `timedelta`s, or bare numbers of **seconds**.
 - **Paths** are relative to the data root (`--data-root`, `LOWMARK_DATA_ROOT`,
   default `./data`) unless absolute or a URL (`s3a://...`).
 - **Import paths** are `package.module:function`; in Python, pass the function.
@@ -52,8 +53,8 @@ Every model is frozen and refuses keys it does not know.
   fingerprint, and an existing checkpoint refuses a changed one
   (`FingerprintMismatch`). Keys marked *changeable* below are left out of it and
   may change on a running checkpoint; so may `description`, `checks`,
-  `backfill`, `maintenance`, `max_failed_attempts`, `read_ahead_batches` and the
-  sink's `properties` (see [Concepts](../concepts.md#the-pipeline-fingerprint)).
+  `backfill`, `maintenance`, `max_failed_attempts`, `read_ahead_batches`,
+  `listeners` and the sink's `properties` (see [Concepts](../concepts.md#the-pipeline-fingerprint)).
 """
 
 
