@@ -62,76 +62,64 @@ class PrometheusMetrics(PipelineListener):
         self.pipeline = pipeline
         self.textfile = textfile
         self.registry = CollectorRegistry()
-        r, p = self.registry, ("pipeline",)
-        self.committed = Counter(
-            "lowmark_batches_committed", "Batches committed (replays included).", p, registry=r
+        r = self.registry
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, ("pipeline", *labels), registry=r)
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(name, doc, ("pipeline", *labels), registry=r)
+
+        self.committed = counter(
+            "lowmark_batches_committed", "Batches committed (replays included)."
         )
-        self.replayed = Counter(
+        self.replayed = counter(
             "lowmark_batches_replayed",
             "Committed batches that were replays of an uncommitted batch.",
-            p,
-            registry=r,
         )
-        self.failures = Counter(
+        self.failures = counter(
             "lowmark_batch_failures",
-            "Batch attempts that failed before their commit, by kind "
-            "(data, operational, transient).",
-            (*p, "kind"),
-            registry=r,
+            "Batch attempts that failed before their commit, by kind (data, operational, "
+            "transient).",
+            "kind",
         )
-        self.rows = Counter(
+        self.rows = counter(
             "lowmark_batch_rows",
             "Rows of committed batches by kind: in (read), out (to the sink), bad, late.",
-            (*p, "kind"),
-            registry=r,
+            "kind",
         )
-        self.last_rows = Gauge(
-            "lowmark_last_batch_rows",
-            "Rows of the newest committed batch, by kind.",
-            (*p, "kind"),
-            registry=r,
+        self.last_rows = gauge(
+            "lowmark_last_batch_rows", "Rows of the newest committed batch, by kind.", "kind"
         )
         self.duration = Histogram(
             "lowmark_batch_duration_seconds",
             "Time committed batches spent per step (plan, read, sink, commit, ..., total).",
-            (*p, "step"),
+            ("pipeline", "step"),
             buckets=DURATION_BUCKETS_S,
             registry=r,
         )
-        self.last_batch = Gauge(
-            "lowmark_last_batch_id", "Id of the newest committed batch.", p, registry=r
+        self.last_batch = gauge("lowmark_last_batch_id", "Id of the newest committed batch.")
+        self.last_commit = gauge(
+            "lowmark_last_commit_timestamp_seconds", "When the newest batch committed (Unix time)."
         )
-        self.last_commit = Gauge(
-            "lowmark_last_commit_timestamp_seconds",
-            "When the newest batch committed (Unix time).",
-            p,
-            registry=r,
-        )
-        self.watermark = Gauge(
+        self.watermark = gauge(
             "lowmark_watermark_timestamp_seconds",
             "Event-time watermark after the newest committed batch (Unix time).",
-            p,
-            registry=r,
         )
-        self.lag = Gauge(
+        self.lag = gauge(
             "lowmark_event_time_lag_seconds",
             "Processing time minus the watermark, as of the newest committed batch.",
-            p,
-            registry=r,
         )
-        self.backlog = Gauge(
+        self.backlog = gauge(
             "lowmark_source_backlog",
-            "What waits in the source past the newest committed batch, by unit "
-            "(files, bytes, records, versions: the source's own).",
-            (*p, "unit"),
-            registry=r,
+            "What waits in the source past the newest committed batch, by unit (files, "
+            "bytes, records, versions: the source's own).",
+            "unit",
         )
-        self.in_progress = Gauge(
-            "lowmark_batch_in_progress", "1 while a batch runs, else 0.", p, registry=r
-        )
+        self.in_progress = gauge("lowmark_batch_in_progress", "1 while a batch runs, else 0.")
         # Every series that exists from the start reads 0 at once (rate() needs a start).
-        for counter in (self.committed, self.replayed):
-            counter.labels(pipeline)
+        for batches in (self.committed, self.replayed):
+            batches.labels(pipeline)
         for failed in FAILED_KINDS:
             self.failures.labels(pipeline, failed)
         for kind in ROW_KINDS:
