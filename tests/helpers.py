@@ -21,6 +21,7 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, settings
+from prometheus_client.parser import text_string_to_metric_families
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -529,3 +530,23 @@ class HeardListener(PipelineListener):
 
     def on_run_terminated(self, event: RunTerminated) -> None:
         self._note("terminated", event)
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+"""Samples of a Prometheus exposition, by name and labels."""
+
+
+def samples(text: str, pipeline: str) -> Samples:
+    """Every sample of a Prometheus exposition, by name and labels (``pipeline`` checked,
+    then left out), parsed by the client's own parser."""
+    found: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            assert s.labels.pop("pipeline") == pipeline, s
+            found[(s.name, frozenset(s.labels.items()))] = s.value
+    return found
+
+
+def value(found: Samples, name: str, **labels: str) -> float:
+    """The sample ``name`` with ``labels`` of ``samples``' result."""
+    return found[(name, frozenset(labels.items()))]

@@ -8,31 +8,13 @@ from pathlib import Path
 
 import prometheus_client
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
 from batches.demo import write_sample_files
 from batches.loop.metrics import exported_metrics, textfile_path
 from batches.loop.microbatch import MicroBatchRunner
 from batches.windows import Tumbling
-from tests.helpers import FakeClock, drop_batches, event, lowmark, windowed
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def samples(text: str, pipeline: str) -> Samples:
-    """Every sample of an exposition, by name and labels (``pipeline`` checked, then left
-    out), parsed by the client's own parser."""
-    found: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            assert s.labels.pop("pipeline") == pipeline, s
-            found[(s.name, frozenset(s.labels.items()))] = s.value
-    return found
-
-
-def value(found: Samples, name: str, **labels: str) -> float:
-    return found[(name, frozenset(labels.items()))]
+from tests.helpers import FakeClock, drop_batches, event, lowmark, samples, value, windowed
 
 
 def test_the_endpoint_and_the_textfile_give_the_numbers_the_progress_table_has(
