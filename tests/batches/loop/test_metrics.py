@@ -88,7 +88,7 @@ def test_the_endpoint_and_the_textfile_give_the_numbers_the_progress_table_has(
 def test_lowmark_run_writes_the_metrics_textfile_into_the_folder_given(
     capsys: pytest.CaptureFixture[str], data_root: Path, tmp_path: Path
 ) -> None:
-    write_sample_files(data_root)
+    write_sample_files(data_root, files=1, rows_per_file=5)
     folder = tmp_path / "prom"
     textfile = ("--metrics-textfile-dir", str(folder))
     code, _, err = lowmark(capsys, data_root, "run", "orders", "--max-batches", "1", *textfile)
