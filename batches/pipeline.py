@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, Union
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -26,6 +25,7 @@ from pydantic import (
 )
 from pyspark.sql import DataFrame
 
+from batches.config import UserConfig
 from batches.durations import DurationMs
 from batches.errors import PipelineConfigInvalid
 from batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
@@ -34,10 +34,9 @@ from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 Transform = Callable[[DataFrame], DataFrame]
 
 
-class _Config(BaseModel):
-    # Attribute docstrings are field descriptions too: the configuration reference is
-    # generated from them (scripts/config_reference.py).
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+class _Config(UserConfig):
+    """A model of this module: frozen, strict about keys, its ``help()`` listing its fields
+    with their descriptions (a ``Field(description=...)`` or an attribute docstring)."""
 
 
 class SourceKind(_Config):
@@ -722,6 +721,14 @@ class Pipeline(_Config):
             "(tumbling windows; 1 turns it off)."
         ),
     )
+    listeners: tuple[ImportString[Callable[[], Any]], ...] = Field(
+        default=(),
+        description=(
+            "Import paths of listener classes (`package.module:Class`, subclasses of "
+            "`PipelineListener`, made with no arguments) told of every batch as it starts, "
+            "commits or fails; a listener that raises never fails a batch."
+        ),
+    )
 
     @model_validator(mode="after")
     def _expectations_named_once(self) -> Pipeline:
@@ -789,8 +796,8 @@ class Pipeline(_Config):
 
         The source's operational fields (``OPERATIONAL``: admission limits, what becomes
         of processed files, where to connect), descriptions, health-check bounds,
-        backfill partitions, maintenance, read-ahead, failed attempts and the sink's table
-        properties are left out:
+        backfill partitions, maintenance, read-ahead, failed attempts, listeners and the
+        sink's table properties are left out:
         changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not. Of the expectations, only the ``drop`` ones

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -52,6 +52,7 @@ from batches.errors import BatchFailed, RunInFlight
 from batches.expectations import PARSABLE
 from batches.loop.follow import follow
 from batches.loop.maintenance import maintain_checkpoint
+from batches.loop.metrics import TEXTFILE_ENV, exported_metrics
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import DeltaSink, Pipeline, resolve
 from batches.registry import get_pipeline, load_pipelines
@@ -246,6 +247,28 @@ def run(
             help="Print each committed batch as one line of JSON (JSON Lines; keys in the README).",
         ),
     ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve the run's metrics in the Prometheus text format on "
+            "http://HOST:PORT/metrics while it runs (for --follow; 0: a free port, printed). "
+            "Default: no endpoint.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(help="With --metrics-port: the address to listen on (0.0.0.0: all)."),
+    ] = "127.0.0.1",
+    metrics_textfile_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=TEXTFILE_ENV,
+            help="Write the run's metrics to lowmark_PIPELINE.prom in this folder after every "
+            "batch, for node_exporter's textfile collector (replaced whole, atomically).",
+        ),
+    ] = None,
 ) -> None:
     """Run micro-batches of PIPELINE: one by default, N, until caught up, or --follow.
 
@@ -273,15 +296,37 @@ def run(
     # Spark starts with the first batch that needs it: none if there is nothing to do.
     runner = MicroBatchRunner(c.spark, p, c.data_root, c.clock)
     show = _print_batch_json if as_json else _print_batch
+    metrics = _metrics_exported(runner, metrics_port, metrics_host, metrics_textfile_dir)
     if follow_source:
-        with _reported(runner):
+        with runner, metrics, _reported(runner):
             _follow(runner, c.on_batch(runner, show), poll_s, limit_s, as_json)
         return
     limit = max_batches or (None if until_caught_up else 1)
-    with err.status(f"running {pipeline}…"), _reported(runner), _interruptible(runner):
+    status = err.status(f"running {pipeline}…")
+    with runner, metrics, status, _reported(runner), _interruptible(runner):
         results = runner.run(max_batches=limit, on_batch=c.on_batch(runner, show), retry=retry)
     if not results:
         (err if as_json else out).print(f"{pipeline}: caught up, no new data")
+
+
+@contextmanager
+def _metrics_exported(
+    runner: MicroBatchRunner, port: int | None, host: str, textfile_dir: Path | None
+) -> Iterator[None]:
+    """``runner``'s metrics on the endpoint and/or in the textfile asked for
+    (``batches.loop.metrics.exported_metrics``); a port that cannot be listened on is a
+    bad ``--metrics-port``."""
+    with ExitStack() as stack:
+        try:
+            bound = stack.enter_context(exported_metrics(runner, port, host, textfile_dir))
+        except OSError as exc:
+            raise typer.BadParameter(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                param_hint="--metrics-port",
+            ) from exc
+        if bound is not None:
+            err.print(f"metrics on http://{host}:{bound}/metrics", soft_wrap=True)
+        yield
 
 
 @contextmanager
@@ -381,7 +426,7 @@ def _print_batch(r: BatchResult) -> None:
 
 def _batch_json(r: BatchResult) -> dict[str, Any]:
     """A committed batch as JSON: ``BatchResult``'s fields and ``input`` (the range in words)."""
-    return dataclasses.asdict(r) | {"input": describe_range(r.start, r.end)}
+    return r.to_json() | {"input": describe_range(r.start, r.end)}
 
 
 def _print_batch_json(r: BatchResult) -> None:

@@ -4,7 +4,9 @@
 steps 1-8. Its parts come from ``batches.loop.parts``: the planner holds the
 recovery rule (``batches.loop.plan``), the Spark work of steps 3-5 is
 ``batches.loop.batch_work``, and step 7 is the one commit path
-(``batches.loop.commit``).
+(``batches.loop.commit``). Listeners (``batches.loop.listeners``) are told when a
+batch starts (after step 1), commits (after step 8) or fails, and when the runner
+stops (the end of its ``with`` block).
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
+from types import TracebackType
 
 from pyspark.sql import SparkSession
 
@@ -26,6 +28,8 @@ from batches.expectations import PARSABLE, bad_rows
 from batches.loop import faults
 from batches.loop.batch_work import Taken, explained, total
 from batches.loop.commit import commit_batch
+from batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
+from batches.loop.listeners import Listeners, PipelineListener, configured_listeners
 from batches.loop.maintenance import maintain_after
 from batches.loop.parts import BatchParts, build_parts
 from batches.loop.plan import EPOCH, PlannedBatch, Planner
@@ -48,28 +52,6 @@ from state.window_state import ROWS
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class BatchResult:
-    """What one committed batch did."""
-
-    batch_id: int
-    replay: bool
-    start: Offsets
-    end: Offsets
-    rows_in: int
-    rows_out: int
-    rows_bad: int
-    rows_late: int
-    watermark_ms: int | None
-    """The watermark after the batch (the next batch runs with it)."""
-    lag_ms: int | None
-    """Planning time minus ``watermark_ms``: how far event time trails processing time."""
-    durations_ms: dict[str, int] = field(default_factory=dict)
-    violations: dict[str, int] = field(default_factory=dict)
-    """Per expectation, the records that violated it (``parsable``: rows that did not
-    parse); see ``batches.expectations``."""
-
-
 class MicroBatchRunner:
     """Runs the micro-batches of one pipeline against its checkpoint.
 
@@ -78,6 +60,9 @@ class MicroBatchRunner:
     checkpoint ``lowmark reset`` replaced stops with CheckpointReplaced.
     ``parts`` (default: ``build_parts`` over ``data_root``) are what it runs
     with: tests give their own (another source, say) instead of patching it.
+    ``listeners`` are told of its batches (``batches.loop.listeners``), after
+    those the pipeline's ``listeners`` names; ``with runner:`` tells them when it
+    stops.
     """
 
     def __init__(
@@ -88,6 +73,7 @@ class MicroBatchRunner:
         clock: Clock | None = None,
         sleep: Callable[[float], None] = time.sleep,
         parts: BatchParts | None = None,
+        listeners: Sequence[PipelineListener] = (),
     ) -> None:
         self.pipeline = pipeline
         self.clock = clock or SystemClock()
@@ -100,6 +86,27 @@ class MicroBatchRunner:
         """The batch the last ``run_batch`` was running when it raised (None: it did not)."""
         self._interrupted = False
         self.runner_id = str(uuid.uuid4())
+        self.listeners = Listeners([*configured_listeners(pipeline), *listeners])
+
+    def add_listener(self, listener: PipelineListener) -> None:
+        """Tell ``listener`` of this runner's batches from now on."""
+        self.listeners.add(listener)
+
+    def remove_listener(self, listener: PipelineListener) -> None:
+        self.listeners.remove(listener)
+
+    def __enter__(self) -> MicroBatchRunner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Tells the listeners the runner stopped, and why (the error, if any)."""
+        error = first_line(exc) if exc is not None else None
+        self.listeners.run_terminated(RunTerminated(self.pipeline.name, self.runner_id, error))
 
     @property
     def spark(self) -> SparkSession:
@@ -199,6 +206,9 @@ class MicroBatchRunner:
             kind = failure_kind(exc)
             if kind == "data" or kind == "operational":
                 self._record_failure(planned.batch_id, first_line(exc)[:1000], kind)
+            if kind != "none":  # else the batch did not fail: the run stops (its end says why)
+                failure = BatchFailure(self.pipeline.name, planned.batch_id, kind, first_line(exc))
+                self.listeners.batch_failed(failure)
             raise
         self.attempting = None
         return result
@@ -243,6 +253,15 @@ class MicroBatchRunner:
         self.attempting = planned
         if nxt.blocked is not None:
             raise PoisonBatch(nxt.blocked)
+        self.listeners.batch_started(
+            BatchStarted(
+                self.pipeline.name,
+                batch_id,
+                planned.replay,
+                planned.watermark_ms,
+                planned.planned_at_ms,
+            )
+        )
 
         # Step 2. Offset log (write-ahead). A replay reuses the entry already there.
         offsets = OffsetEntry(
@@ -382,7 +401,8 @@ class MicroBatchRunner:
         faults.reached("after_commit", batch_id)
 
         # Step 8. Source commit; every `every_batches` batches, checkpoint maintenance
-        # (old log rows go, small files merge); then progress (descriptive only).
+        # (old log rows go, small files merge); then progress (descriptive only), which
+        # the listeners are told of.
         lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
         parts.source.commit(planned.end)
         timer.lap("source_commit")
@@ -410,7 +430,8 @@ class MicroBatchRunner:
             )
         )
         log.info("pipeline %s committed batch %d", self.pipeline.name, batch_id)
-        return BatchResult(
+        result = BatchResult(
+            self.pipeline.name,
             batch_id,
             planned.replay,
             planned.start,
@@ -423,7 +444,24 @@ class MicroBatchRunner:
             lag_ms,
             timer.durations,
             violations,
+            committed_at_ms=self.clock.now_ms(),
+            backlog=self._backlog(planned.end) if self.listeners.want_backlog else None,
         )
+        self.listeners.batch_progress(result)
+        return result
+
+    def _backlog(self, end: Offsets) -> dict[str, int] | None:
+        """What waits in the source past ``end`` (``Source.backlog``), for the listeners;
+        None when the source cannot say now: a listener's number never fails a batch."""
+        try:
+            return self.parts.source.backlog(end)
+        except Exception as exc:
+            log.warning(
+                "pipeline %s: the backlog after the batch is unknown: %s",
+                self.pipeline.name,
+                first_line(exc),
+            )
+            return None
 
     def _record_failure(self, batch_id: int, error: str, kind: FailureKind) -> None:
         """A row of the ``failures`` table, unless that table cannot take it (a damaged
