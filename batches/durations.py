@@ -1,42 +1,55 @@
-"""Durations as users write them: ``"10 seconds"``, ``"5m"``, ``"1 hour"``, a
-``timedelta``, or a bare number of seconds (as pydantic reads timedeltas).
+"""Durations as users write them: ``"10 mins"``, ``"1.5h"``, ``"90s"``, ``"2 days"``,
+``"1h30m"``, ``"500 ms"``, ISO 8601 (``"PT10M"``), a ``timedelta``, or a bare number of
+seconds (as pydantic reads timedeltas).
 
-Held as whole milliseconds (event time in the engine is epoch millis).
+Words and abbreviations are read by ``pytimeparse2``; ISO 8601 durations by pydantic's
+own timedelta parser. Held as whole milliseconds (event time in the engine is epoch
+millis): a duration enters a pipeline's fingerprint as that integer, so any spelling of
+the same length gives the same fingerprint.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Annotated
 
-from pydantic import BeforeValidator
+import pytimeparse2
+from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
-_UNITS_MS = {
-    "ms": 1, "millisecond": 1, "milliseconds": 1,
-    "s": 1_000, "sec": 1_000, "second": 1_000, "seconds": 1_000,
-    "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000,
-    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
-    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
-}  # fmt: skip
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+FORMS = "e.g. '500 ms', '90s', '10 mins', '1.5h', '2 days', '1h30m' or ISO 8601 'PT10M'"
+"""The forms a duration may take, for error messages."""
+
+_ISO_8601 = TypeAdapter(timedelta)
 
 
 def parse_duration_ms(value: object) -> int:
-    """``"10 seconds"`` → 10000; a bare number is seconds. ValueError lists the forms."""
+    """``"10 seconds"`` → 10000; a bare number is seconds. ValueError lists the forms.
+
+    Case does not matter: ``"5M"`` is five minutes, as it always was (a month is
+    ``"1 month"`` or ``"1mo"``: 30 days, a year 365, as ISO 8601's ``P1M`` and ``P1Y``).
+    """
     if isinstance(value, bool):
-        raise ValueError("a duration, not a boolean")
+        raise ValueError(f"a duration, not a boolean: write {FORMS}")
     if isinstance(value, timedelta):
         return round(value.total_seconds() * 1000)
     if isinstance(value, int | float):
         return round(value * 1000)
     if isinstance(value, str):
-        match = _PATTERN.match(value.lower())
-        if match and match.group(2) in _UNITS_MS:
-            return round(float(match.group(1)) * _UNITS_MS[match.group(2)])
-    raise ValueError(
-        f"{value!r} is not a duration: write e.g. '500 ms', '10 seconds', '5 minutes', '1 hour'"
-    )
+        seconds = _seconds(value.strip())
+        if seconds is not None:
+            return round(seconds * 1000)
+    raise ValueError(f"{value!r} is not a duration: write {FORMS}")
+
+
+def _seconds(text: str) -> float | None:
+    """Seconds in ``text`` (ISO 8601 when it starts with ``P``), None when it is none."""
+    if text[:1] in ("P", "p"):
+        try:
+            return _ISO_8601.validate_python(text.upper()).total_seconds()
+        except ValidationError:
+            return None
+    seconds = pytimeparse2.parse(text.lower())
+    return None if seconds is None else float(seconds)
 
 
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]

@@ -82,3 +82,17 @@ class SinkNotATable(LowmarkError):
 
 class Interrupted(LowmarkError):
     """The person running lowmark stopped it (Ctrl-C) while a batch ran."""
+
+
+class ExpectationsFailed(LowmarkError):
+    """A batch broke its expectations' thresholds (``quality``, a ``fail`` expectation):
+    it fails before anything is written, and replays with the same offsets once fixed."""
+
+
+class TableNotFound(LowmarkError):
+    """A query or ``lowmark show`` names a table a pipeline does not have, or not yet."""
+
+
+class QueryFailed(LowmarkError):
+    """A query over a pipeline's tables (``lowmark sql``, ``show --where``) is not valid SQL
+    for them (a syntax error, a column no table has)."""

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, Union
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -26,17 +25,18 @@ from pydantic import (
 )
 from pyspark.sql import DataFrame
 
+from batches.config import UserConfig
 from batches.durations import DurationMs
 from batches.errors import PipelineConfigInvalid
+from batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
 from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 
 Transform = Callable[[DataFrame], DataFrame]
 
 
-class _Config(BaseModel):
-    # Attribute docstrings are field descriptions too: the configuration reference is
-    # generated from them (scripts/config_reference.py).
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+class _Config(UserConfig):
+    """A model of this module: frozen, strict about keys, its ``help()`` listing its fields
+    with their descriptions (a ``Field(description=...)`` or an attribute docstring)."""
 
 
 class SourceKind(_Config):
@@ -674,6 +674,16 @@ class Pipeline(_Config):
     transform: ImportString[Transform] | None = Field(
         default=None, description="DataFrame → DataFrame applied to each batch."
     )
+    expectations: tuple[Expectation, ...] = Field(
+        default=(),
+        description="Named conditions on the transformed records (warn, drop or fail), "
+        "counted per batch; see Expectations.",
+    )
+    quality: Quality = Field(
+        default_factory=Quality,
+        description="When a batch fails instead of committing: bad-row share, expectations "
+        "that must hold.",
+    )
     sink: SinkConfig
     """Where each batch's output goes (exactly once): a Delta table, or a sink of your own."""
     event_time: EventTime | None = Field(
@@ -711,6 +721,19 @@ class Pipeline(_Config):
             "(tumbling windows; 1 turns it off)."
         ),
     )
+    listeners: tuple[ImportString[Callable[[], Any]], ...] = Field(
+        default=(),
+        description=(
+            "Import paths of listener classes (`package.module:Class`, subclasses of "
+            "`PipelineListener`, made with no arguments) told of every batch as it starts, "
+            "commits or fails; a listener that raises never fails a batch."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _expectations_named_once(self) -> Pipeline:
+        check_names(self.expectations, self.quality)
+        return self
 
     @model_validator(mode="after")
     def _aggregation_needs_event_time(self) -> Pipeline:
@@ -742,6 +765,15 @@ class Pipeline(_Config):
             return self.sink.model_copy(update={"mode": "merge", "keys": keys})
         return self.sink
 
+    @property
+    def output_mode(self) -> str | None:
+        """How a batch writes the sink: a windowed pipeline's output mode (``append``: each
+        window once, when final; ``update``: every window a batch changed, upserted), else a
+        Delta sink's ``mode`` (``append``, ``merge``); None for a custom sink's records."""
+        if self.aggregation is not None:
+            return self.aggregation.output_mode
+        return self.sink.mode if isinstance(self.sink, DeltaSink) else None
+
     def delta_sink(self, needed_by: str, way_on: str) -> DeltaSink:
         """The pipeline's Delta sink, for ``needed_by`` (what reads the sink's table: a
         backfill, ``lowmark reset``); for a custom sink, ``PipelineConfigInvalid`` naming
@@ -754,17 +786,25 @@ class Pipeline(_Config):
         )
 
     def fingerprint(self) -> str:
-        """Hash of everything that changes what a batch computes.
+        """Hash of ``definition()``: everything that changes what a batch computes."""
+        blob = json.dumps(self.definition(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def definition(self) -> dict[str, Any]:
+        """What the fingerprint hashes, as JSON values (the offset log keeps it, so a
+        changed definition can be named field by field: ``definition_changes``).
 
         The source's operational fields (``OPERATIONAL``: admission limits, what becomes
         of processed files, where to connect), descriptions, health-check bounds,
-        backfill partitions, maintenance, read-ahead, failed attempts and the sink's table
-        properties are left out:
+        backfill partitions, maintenance, read-ahead, failed attempts, listeners and the
+        sink's table properties are left out:
         changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
-        (as in Spark), renaming it is not.
+        (as in Spark), renaming it is not. Of the expectations, only the ``drop`` ones
+        count, and only when there are some (``batches.expectations``): ``warn`` and
+        ``fail`` ones and the ``quality`` thresholds change no committed row.
         """
-        semantics = {
+        semantics: dict[str, Any] = {
             "source": self.source.semantics(),
             "transform": self.transform,
             # Properties apply when the sink is created, and change no batch's rows; nor
@@ -773,8 +813,11 @@ class Pipeline(_Config):
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }
-        blob = json.dumps(semantics, sort_keys=True, default=_import_path).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        drops = fingerprint_semantics(self.expectations)
+        if drops is not None:  # absent otherwise: checkpoints from before keep theirs
+            semantics["expectations"] = drops
+        defined: dict[str, Any] = json.loads(json.dumps(semantics, default=_import_path))
+        return defined
 
     def checkpoint_location(self, data_root: Path) -> str:
         return resolve(self.checkpoint or f"_lowmark/{self.name}", data_root)
@@ -789,6 +832,22 @@ def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | N
     if dump["max_future"] == MAX_FUTURE_MS:
         del dump["max_future"]
     return dump
+
+
+def definition_changes(old: object, new: object, at: str = "") -> list[str]:
+    """The fields in which definition ``new`` differs from ``old`` (``Pipeline.definition``),
+    one ``"field: old -> new"`` each, dotted paths, in key order."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            change
+            for key in sorted(old.keys() | new.keys())
+            for change in definition_changes(
+                old.get(key), new.get(key), f"{at}.{key}" if at else key
+            )
+        ]
+    if old == new:
+        return []
+    return [f"{at or 'definition'}: {json.dumps(old)} -> {json.dumps(new)}"]
 
 
 def _import_path(value: object) -> str:

@@ -12,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from batches.config import UserConfig
 from batches.durations import DurationMs
 
 
-class _Config(BaseModel):
-    # Attribute docstrings are field descriptions too: the configuration reference is
-    # generated from them (scripts/config_reference.py).
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+class _Config(UserConfig):
+    """A model of this module: frozen, strict about keys, its ``help()`` listing its fields
+    with their descriptions (a ``Field(description=...)`` or an attribute docstring)."""
 
 
 MAX_FUTURE_MS = 86_400_000

@@ -2,8 +2,10 @@
 
 Each check belongs to the table it is about: the sink has ``watermark_lag``
 (event-time pipelines only: without event time there is no watermark to
-check) and ``failing_batch``; the late table ``late_fraction``; the
-bad-records table ``bad_fraction``. A micro-batch run evaluates them after
+check) and ``failing_batch``, and ``expectations`` (pipelines with
+expectations: one check over all of them, each one's violations its
+metadata); the late table ``late_fraction``; the bad-records table
+``bad_fraction``. A micro-batch run evaluates them after
 every batch it commits (a run that follows the source for an hour keeps the
 catalog current; about 50 ms of driver reads), and once more when a batch
 failed, so a failing batch shows as a failed check with its error; "Execute"
@@ -34,6 +36,7 @@ class Check:
     description: str
     severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.WARN
     needs_event_time: bool = False
+    needs_expectations: bool = False
 
 
 CHECKS = (
@@ -64,14 +67,27 @@ CHECKS = (
         "bad_fraction",
         bad_records_key,
         health.bad_fraction,
-        "Malformed rows / input rows over the last checks.window_batches batches, within "
-        "checks.max_bad_fraction.",
+        "Bad rows (that did not parse, or that drop expectations removed) / input rows over "
+        "the last checks.window_batches batches, within checks.max_bad_fraction.",
+    ),
+    Check(
+        "expectations",
+        sink_key,
+        health.expectations,
+        "No record violated an expectation over the last checks.window_batches batches "
+        "(the violations of each are its metadata).",
+        needs_expectations=True,
     ),
 )
 
 
 def checks_of(pipeline: Pipeline) -> list[Check]:
-    return [c for c in CHECKS if pipeline.event_time is not None or not c.needs_event_time]
+    return [
+        c
+        for c in CHECKS
+        if (pipeline.event_time is not None or not c.needs_event_time)
+        and (pipeline.expectations or not c.needs_expectations)
+    ]
 
 
 def check_specs(pipeline: Pipeline) -> list[dg.AssetCheckSpec]:

@@ -27,7 +27,7 @@ import dagster as dg
 import typer
 from dagster._core.instance.ref import InstanceRef
 
-from batches.cli import commands
+from batches.cli import commands, look  # noqa: F401 (look registers `show` and `sql`)
 from batches.cli.display import print_json
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline

@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 from batches.errors import BackfillHistoryLost, PartitionNotClosed
 from batches.loop.backfill import backfill_partition
 from batches.loop.follow import follow
+from batches.loop.metrics import exported_metrics, textfile_dir_from_env
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline
 from orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, sink_key
@@ -99,8 +100,22 @@ def run_batches(
 ) -> int:
     """Batches until caught up or a limit, replaying a pending batch first; then, with
     ``follow_seconds``, follow the source that long (``batches.loop.follow``). Calls
-    ``after_batch`` after each batch is reported; returns how many batches committed."""
+    ``after_batch`` after each batch is reported; returns how many batches committed.
+    With ``LOWMARK_METRICS_TEXTFILE_DIR`` set, the run's metrics are written there for
+    node_exporter's textfile collector (``batches.loop.metrics``)."""
     runner = MicroBatchRunner(session, pipeline, data_root)
+    with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
+        return _drain_then_follow(context, pipeline, runner, config, after_batch)
+
+
+def _drain_then_follow(
+    context: dg.AssetExecutionContext,
+    pipeline: Pipeline,
+    runner: MicroBatchRunner,
+    config: RunConfig,
+    after_batch: Callable[[], None],
+) -> int:
+    """``run_batches``' batches with ``runner``."""
     partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
     reports = BatchReports(context.instance, pipeline, runner, partitions)
 

@@ -16,20 +16,16 @@ the page is stale, writing nothing).
 from __future__ import annotations
 
 import argparse
-import inspect
 import re
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any, get_args
 
-import annotated_types
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from batches.durations import parse_duration_ms
+from batches.config import bounds_text, default_text, type_text, written_doc
 from batches.pipeline import Pipeline
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "pipeline.md"
@@ -47,8 +43,9 @@ validate both, so a YAML mistake is one line naming the key
 (`p.yaml: pipelines[0].sink: Value error, mode 'merge' needs keys: ...`).
 Every model is frozen and refuses keys it does not know.
 
-- **Durations** are strings (`"500 ms"`, `"10 seconds"`, `"5 minutes"`,
-  `"1 hour"`, `"1 day"`), `timedelta`s, or bare numbers of **seconds**.
+- **Durations** are strings as people write them (`"500 ms"`, `"90s"`,
+  `"10 mins"`, `"1.5h"`, `"2 days"`, `"1h30m"`), ISO 8601 (`"PT10M"`),
+  `timedelta`s, or bare numbers of **seconds**.
 - **Paths** are relative to the data root (`--data-root`, `LOWMARK_DATA_ROOT`,
   default `./data`) unless absolute or a URL (`s3a://...`).
 - **Import paths** are `package.module:function`; in Python, pass the function.
@@ -56,8 +53,9 @@ Every model is frozen and refuses keys it does not know.
   fingerprint, and an existing checkpoint refuses a changed one
   (`FingerprintMismatch`). Keys marked *changeable* below are left out of it and
   may change on a running checkpoint; so may `description`, `checks`,
-  `backfill`, `maintenance`, `max_failed_attempts`, `read_ahead_batches` and the
-  sink's `properties` (see [Concepts](../concepts.md#the-pipeline-fingerprint)).
+  `quality`, `warn` and `fail` expectations (only `drop` ones count),
+  `backfill`, `maintenance`, `max_failed_attempts`, `read_ahead_batches`,
+  `listeners` and the sink's `properties` (see [Concepts](../concepts.md#the-pipeline-fingerprint)).
 """
 
 
@@ -88,98 +86,9 @@ def anchor(model: type[BaseModel]) -> str:
     return model.__name__.lower()
 
 
-def is_duration(metadata: list[Any]) -> bool:
-    """Whether a field's metadata holds the duration parser (``DurationMs``)."""
-    return any(getattr(m, "func", None) is parse_duration_ms for m in metadata)
-
-
-def type_text(annotation: Any, metadata: list[Any] | tuple[Any, ...] = ()) -> str:
-    """An annotation as a reader of YAML thinks of it: ``string``, ``list of string``,
-    ``duration``, ``one of `a`, `b```, a link to a nested model's section."""
-    metadata = list(metadata)
-    origin = get_origin(annotation)
-    if origin is Annotated:
-        base, *extra = get_args(annotation)
-        return type_text(base, [*metadata, *extra])
-    if is_duration(metadata):
-        return "duration"
-    if any(type(m).__name__ == "ImportString" for m in metadata):
-        return "import path"
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return f"[{annotation.__name__}](#{anchor(annotation)})"
-    if origin in (Union, types.UnionType):
-        args = get_args(annotation)
-        kept = [a for a in args if a is not type(None)]
-        text = " or ".join(type_text(a) for a in kept)
-        return f"{text} or null" if len(kept) < len(args) else text
-    if origin is Literal:
-        values = ", ".join(f"`{v}`" for v in get_args(annotation))
-        return values if len(get_args(annotation)) == 1 else f"one of {values}"
-    if origin is tuple:
-        return f"list of {type_text(get_args(annotation)[0])}"
-    if origin is dict:
-        key, value = get_args(annotation)
-        return f"map of {type_text(key)} to {type_text(value)}"
-    if origin is not None and "Callable" in str(origin):
-        return "function (Python only)"
-    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
-    if annotation in names:
-        return names[annotation]
-    if annotation is Any:
-        return "any"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def bounds_text(metadata: list[Any]) -> str:
-    """The field's constraints in words (``≥ 1``, ``at least 1 item``, a pattern)."""
-    words: list[str] = []
-    for item in metadata:
-        if isinstance(item, annotated_types.Ge):
-            words.append(f"≥ {item.ge}")
-        elif isinstance(item, annotated_types.Gt):
-            words.append(f"> {item.gt}")
-        elif isinstance(item, annotated_types.Le):
-            words.append(f"≤ {item.le}")
-        elif isinstance(item, annotated_types.MinLen):
-            words.append(f"at least {item.min_length}")
-        elif getattr(item, "pattern", None):
-            words.append(f"pattern `{item.pattern}`")
-    return ", ".join(words)
-
-
-def duration_text(ms: int) -> str:
-    """Milliseconds as a duration a user would write (``"15 minutes"``); 0 as ``0``."""
-    if ms == 0:
-        return "0"
-    for unit, size in (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000)):
-        if ms % size == 0:
-            count = ms // size
-            return f"{count} {unit}{'s' if count != 1 else ''}"
-    return f"{ms // 1000} seconds" if ms % 1000 == 0 else f"{ms} ms"
-
-
-def default_text(field: FieldInfo) -> str:
-    """The default as YAML would spell it, ``required`` without one; a nested model's
-    default is its own defaults (its section)."""
-    if field.default_factory is not None:
-        value = field.default_factory()  # type: ignore[call-arg]
-        if isinstance(value, BaseModel):
-            return "its defaults"
-    elif field.default is PydanticUndefined:
-        return "**required**"
-    else:
-        value = field.default
-    if value is None:
-        return "null"
-    if value == "":
-        return '`""`'
-    if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
-    if isinstance(value, int) and is_duration(field.metadata):
-        return f"`{duration_text(value)}`"
-    if isinstance(value, dict | tuple) and not value:
-        return "`{}`" if isinstance(value, dict) else "`[]`"
-    return f"`{value}`"
+def link(model: type[BaseModel]) -> str:
+    """A link to a model's section."""
+    return f"[{model.__name__}](#{anchor(model)})"
 
 
 CODE_SPAN = re.compile(r"(``.*?``|`[^`]*`)", re.DOTALL)
@@ -202,7 +111,7 @@ def cell(text: str) -> str:
 
 def doc_text(model: type[BaseModel]) -> str:
     """The model's docstring as Markdown (a ``::`` literal block's lead-in keeps one colon)."""
-    doc = inspect.getdoc(model) or ""
+    doc = written_doc(model)
     lines = (line[:-1] if line.endswith("::") else line for line in doc.splitlines())
     return prose("\n".join(lines))
 
@@ -236,7 +145,7 @@ def section(model: type[BaseModel], models: list[type[BaseModel]]) -> Iterator[s
     yield "| key | type | default | description |"
     yield "| --- | --- | --- | --- |"
     for name, field in model.model_fields.items():
-        kind_of = type_text(field.annotation, field.metadata)
+        kind_of = type_text(field.annotation, field.metadata, link)
         if bounds := bounds_text(field.metadata):
             kind_of = f"{kind_of} ({bounds})"
         description = field.description or ""

@@ -216,6 +216,17 @@ class Checkpoint:
         return str(row["pipeline_id"])
 
 
+def move_aside(location: str, suffix: str) -> str | None:
+    """Rename the local checkpoint folder ``location`` to ``<location>.<suffix>``, never
+    deleting it; where it went (None: there was none). A runner still on it stops at its
+    next ``Checkpoint.fence``."""
+    if not os.path.exists(location):
+        return None
+    moved = f"{location}.{suffix}"
+    os.rename(location, moved)
+    return moved
+
+
 @dataclass(frozen=True)
 class Found:
     """A checkpoint ``find_checkpoint`` found."""

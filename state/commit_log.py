@@ -29,9 +29,12 @@ class BatchCounts(BaseModel):
     """Records that went into windows (windowed pipelines)."""
     rows_closed: int = 0
     """Records in the windows this batch closed (emitted as final, purged from state)."""
+    violations: dict[str, int] = Field(default_factory=dict)
+    """Per expectation, the records that violated it (``parsable``: rows that did not
+    parse). A ``drop`` expectation's records are among ``rows_bad``."""
 
 
-COUNTS = tuple(BatchCounts.model_fields)
+COUNTS = tuple(k for k, f in BatchCounts.model_fields.items() if f.annotation is int)
 """The count columns of the commit log."""
 
 
@@ -55,8 +58,12 @@ class CommitEntry(LogEntry, BatchCounts):
         pa.field("rows_dropped", pa.int64()),
         pa.field("rows_windowed", pa.int64()),
         pa.field("rows_closed", pa.int64()),
+        pa.field("violations", pa.string()),
+        pa.field("violation_totals", pa.string()),
     ]
-    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"table_versions", "totals"})
+    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"table_versions", "totals", "violations", "violation_totals"}
+    )
 
     next_watermark_ms: int | None = None
     table_versions: dict[str, int] = Field(default_factory=dict)
@@ -68,14 +75,31 @@ class CommitEntry(LogEntry, BatchCounts):
     rows_dropped + rows_late + rows_windowed`` (windowed pipelines; ``+ rows_out``,
     the sink's rows, instead of ``rows_windowed`` for stateless ones), and the
     records still in open windows are ``rows_windowed - rows_closed`` in total."""
+    violation_totals: dict[str, int] = Field(default_factory=dict)
+    """``violations`` summed over batches 0..N, per expectation (one that batches before it
+    did not have counts from its first batch)."""
 
     def plus_totals(self, previous: CommitEntry | None) -> CommitEntry:
-        """This entry with ``totals`` = ``previous``'s totals + this batch's counts."""
-        counts = {k: getattr(self, k) for k in COUNTS}
-        before = previous.totals if previous is not None else {}
+        """This entry with ``totals`` = ``previous``'s totals + this batch's counts, and
+        ``violation_totals`` likewise."""
         return self.model_copy(
-            update={"totals": {k: before.get(k, 0) + n for k, n in counts.items()}}
+            update={
+                "totals": _summed(previous.totals if previous else {}, self, COUNTS),
+                "violation_totals": _added(
+                    previous.violation_totals if previous else {}, self.violations
+                ),
+            }
         )
+
+
+def _summed(before: dict[str, int], entry: BatchCounts, keys: tuple[str, ...]) -> dict[str, int]:
+    return _added({k: before.get(k, 0) for k in keys}, {k: getattr(entry, k) for k in keys})
+
+
+def _added(before: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    """``before`` + ``counts``, key by key (a key of either one)."""
+    keys = dict.fromkeys([*before, *counts])  # in order: ``before``'s first
+    return {k: before.get(k, 0) + counts.get(k, 0) for k in keys}
 
 
 class CommitLog(MetadataLog[CommitEntry]):

@@ -6,7 +6,7 @@ exactly the same input with exactly the same watermark.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 from pydantic import Field
@@ -34,9 +34,10 @@ class OffsetEntry(LogEntry):
         pa.field("input_skipped", pa.string()),
         # Added later: null in entries written before.
         pa.field("waiting_partitions", pa.list_(pa.string())),
+        pa.field("pipeline_definition", pa.string()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {"start_offsets", "end_offsets", "source_identity", "input_skipped"}
+        {"start_offsets", "end_offsets", "source_identity", "input_skipped", "pipeline_definition"}
     )
 
     start_offsets: Offsets
@@ -52,6 +53,9 @@ class OffsetEntry(LogEntry):
     waiting_partitions: list[str] = Field(default_factory=list)
     """Source partitions with records past ``end_offsets`` when the batch was planned (the
     admission limit left them for later batches): never idle for the batch's watermarks."""
+    pipeline_definition: dict[str, Any] | None = None
+    """What ``pipeline_fingerprint`` hashes, as JSON (None in entries written before lowmark
+    recorded it): a changed definition is then named field by field."""
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

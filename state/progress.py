@@ -27,8 +27,12 @@ class ProgressEntry(LogEntry):
         pa.field("watermark_ms", pa.int64()),
         pa.field("lag_ms", pa.int64()),
         pa.field("input_skipped", pa.string()),
+        # Added later: null in rows written before.
+        pa.field("violations", pa.string()),
     ]
-    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"durations_ms", "input_skipped"})
+    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"durations_ms", "input_skipped", "violations"}
+    )
 
     replayed: bool = False
     durations_ms: dict[str, int]
@@ -36,6 +40,9 @@ class ProgressEntry(LogEntry):
     rows_out: int
     rows_bad: int
     rows_late: int = 0
+    violations: dict[str, int] = Field(default_factory=dict)
+    """Per expectation, the records that violated it (``parsable``: rows that did not
+    parse)."""
     watermark_ms: int | None = None
     lag_ms: int | None = None
     input_skipped: dict[str, int] = Field(default_factory=dict)

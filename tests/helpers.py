@@ -21,6 +21,7 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, settings
+from prometheus_client.parser import text_string_to_metric_families
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -30,6 +31,8 @@ from pyspark.sql.types import LongType
 from batches.cli import commands
 from batches.clock import Clock
 from batches.loop import faults
+from batches.loop.events import BatchFailure, BatchStarted, RunTerminated
+from batches.loop.listeners import Event, PipelineListener
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import CustomSink, DeltaSink, FileSource, Pipeline
 from batches.sources.base import Range, Source, SourceRead
@@ -507,3 +510,51 @@ def lowmark_killed_at(
     }
     command = [LOWMARK, "--pipelines", str(pipelines), "--data-root", str(root), *args]
     return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+class HeardListener(PipelineListener):
+    """A listener that keeps what it hears, as ``(hook, batch_id or None)`` pairs and the
+    events themselves (``raises``: each hook raises after noting the event)."""
+
+    def __init__(self, raises: bool = False) -> None:
+        self.raises = raises
+        self.heard: list[tuple[str, int | None]] = []
+        self.events: list[Event] = []
+
+    def _note(self, hook: str, event: Event) -> None:
+        self.heard.append((hook, getattr(event, "batch_id", None)))
+        self.events.append(event)
+        if self.raises:
+            raise RuntimeError(f"{hook} fails on purpose")
+
+    def on_batch_started(self, event: BatchStarted) -> None:
+        self._note("started", event)
+
+    def on_batch_progress(self, progress: BatchResult) -> None:
+        self._note("progress", progress)
+
+    def on_batch_failed(self, event: BatchFailure) -> None:
+        self._note("failed", event)
+
+    def on_run_terminated(self, event: RunTerminated) -> None:
+        self._note("terminated", event)
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+"""Samples of a Prometheus exposition, by name and labels."""
+
+
+def samples(text: str, pipeline: str) -> Samples:
+    """Every sample of a Prometheus exposition, by name and labels (``pipeline`` checked,
+    then left out), parsed by the client's own parser."""
+    found: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            assert s.labels.pop("pipeline") == pipeline, s
+            found[(s.name, frozenset(s.labels.items()))] = s.value
+    return found
+
+
+def value(found: Samples, name: str, **labels: str) -> float:
+    """The sample ``name`` with ``labels`` of ``samples``' result."""
+    return found[(name, frozenset(labels.items()))]

@@ -9,7 +9,10 @@ Checks over the checkpoint, with the bounds of the pipeline's ``checks``
   it too;
 - late share (event-time pipelines): late rows / input rows over the newest
   ``window_batches`` batches — how much data arrives after its windows closed;
-- bad share: malformed rows / input rows over the same batches;
+- bad share: bad rows (that did not parse, or that ``drop`` expectations
+  removed) / input rows over the same batches;
+- expectations (pipelines with some): no record violated one over the same
+  batches; each expectation's violations are its numbers;
 - failing batch: the pending batch has failed attempts (a poison batch once
   it has ``max_failed_attempts``): fails with the batch, its attempts and the
   last error.
@@ -68,9 +71,29 @@ def late_fraction(pipeline: Pipeline, data_root: Path) -> CheckOutcome:
 
 
 def bad_fraction(pipeline: Pipeline, data_root: Path) -> CheckOutcome:
-    """Passes while malformed rows / input rows over recent batches is within
+    """Passes while bad rows / input rows over recent batches is within
     ``max_bad_fraction``."""
-    return _share(pipeline, data_root, "rows_bad", "malformed", pipeline.checks.max_bad_fraction)
+    return _share(pipeline, data_root, "rows_bad", "bad", pipeline.checks.max_bad_fraction)
+
+
+def expectations(pipeline: Pipeline, data_root: Path) -> CheckOutcome:
+    """Passes while no record of the recent batches violated one of the pipeline's
+    expectations (``batches.expectations``); says how many did, per expectation."""
+    recent = pipeline_history(pipeline, data_root, last=pipeline.checks.window_batches)
+    if not recent:
+        return CheckOutcome(True, "no batch committed yet")
+    rows_in = sum(r["rows_in"] for r in recent)
+    counts = {
+        e.name: sum((r.get("violations") or {}).get(e.name, 0) for r in recent)
+        for e in pipeline.expectations
+    }
+    said = ", ".join(f"{e.name} ({e.on_violation}) {counts[e.name]}" for e in pipeline.expectations)
+    return CheckOutcome(
+        not any(counts.values()),
+        f"records of {rows_in} violating each expectation over the last {len(recent)} "
+        f"batches: {said}",
+        {f"violations_{name}": n for name, n in counts.items()},
+    )
 
 
 def _share(

@@ -38,7 +38,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from batches.loop.sink_owner import held_elsewhere, sink_holder
 from batches.pipeline import Pipeline, resolve
-from state.checkpoint import Checkpoint
+from state.checkpoint import Checkpoint, move_aside
 from state.delta import USER_METADATA_CONF
 from state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkError
 from state.offset_log import OffsetEntry, OffsetLog, Offsets
@@ -76,7 +76,7 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
     _refuse_another_pipelines_sink(pipeline, local, sink)
     if mode == "after":
         return _after(pipeline, local, sink)
-    moved = _move_aside(local)
+    moved = move_aside(local, f"reset-{_stamp()}")
     new = Checkpoint(location, pipeline.name)
     app_id = new.txn_app_id("sink")
     if DeltaTable.is_deltatable(sink):
@@ -151,7 +151,7 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
     )
     if schema is not None:
         new.schema.fix(schema)
-    moved = _move_aside(location)
+    moved = move_aside(location, f"reset-{_stamp()}")
     os.rename(staging, location)
     return Reset(
         "after",
@@ -212,14 +212,6 @@ def _schema_json(location: str) -> str | None:
         return None
     values = table.read().column("schema_json").to_pylist()
     return str(values[0]) if values else None
-
-
-def _move_aside(location: str) -> str | None:
-    if not os.path.exists(location):
-        return None
-    moved = f"{location}.reset-{_stamp()}"
-    os.rename(location, moved)
-    return moved
 
 
 def _stamp() -> str:

@@ -63,6 +63,9 @@ class LastBatch:
     """Where its records went (``_accounting``, of one batch)."""
     closed_windows_held: int | None
     """How many records the windows it closed held (None: no windows)."""
+    violations: dict[str, int]
+    """Per expectation, its records that violated it (``parsable``: rows that did not
+    parse; ``batches.expectations``)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class PipelineStatus:
     """The commit counts summed over every committed batch (``CommitEntry.totals``)."""
     accounting: dict[str, int]
     """Where the records read went, over all batches (``_accounting``)."""
+    violations: dict[str, int]
+    """Per expectation, the records that violated it over all committed batches
+    (``CommitEntry.violation_totals``)."""
     last_batch: LastBatch | None
     """None before the first commit."""
     blocked: str | None
@@ -162,6 +168,7 @@ def pipeline_status(
         backlog_described=source.describe_backlog(backlog),
         totals=done.totals if done else dict.fromkeys(COUNTS, 0),
         accounting=_accounting(pipeline, done.totals if done else {}),
+        violations=done.violation_totals if done else {},
         last_batch=_last_batch(pipeline, done, committed),
         blocked=nxt.blocked,
         last_failure=_last_failure(planner, nxt),
@@ -308,6 +315,7 @@ def _last_batch(
         input=describe_range(offsets.start_offsets, offsets.end_offsets),
         accounting=_accounting(pipeline, {k: getattr(done, k) for k in COUNTS}, total=False),
         closed_windows_held=done.rows_closed if windowed else None,
+        violations=done.violations,
     )
 
 
@@ -315,7 +323,8 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     """Where the records read went, from commit counts (``CommitEntry``): over all
     committed batches (``total``, the running totals) or of one batch.
 
-    ``read = bad + dropped_by_transform + late`` plus, stateless, ``in_sink``;
+    ``read = bad + dropped_by_transform + late`` (``bad``: rows that did not parse and
+    records ``drop`` expectations removed) plus, stateless, ``in_sink``;
     windowed, in total, ``in_closed_windows + in_open_windows`` (the records
     in windows emitted as final, and in windows still in the state table);
     windowed, of one batch, ``into_windows`` (which of them are still open is

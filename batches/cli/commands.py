@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,8 +49,10 @@ from batches.clock import Clock, SystemClock
 from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.durations import parse_duration_ms
 from batches.errors import BatchFailed, RunInFlight
+from batches.expectations import PARSABLE
 from batches.loop.follow import follow
 from batches.loop.maintenance import maintain_checkpoint
+from batches.loop.metrics import TEXTFILE_ENV, exported_metrics
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import DeltaSink, Pipeline, resolve
 from batches.registry import get_pipeline, load_pipelines
@@ -176,22 +178,27 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         )
         return
     rows = [
-        (
-            p.name,
-            f"{p.source.kind}:{p.source.label}",
-            f"{p.sink.kind}:{p.sink.label}",
-            p.description,
-        )
+        (p.name, f"{p.source.kind}:{p.source.label}", _sink_words(p), p.description)
         for p in pipelines
     ]
     print_table(out, ("pipeline", "source", "sink", "description"), rows)
 
 
-def _sink_json(p: Pipeline) -> dict[str, str]:
-    """The sink as ``lowmark list --json`` shows it: a Delta table, or a custom factory."""
+def _sink_words(p: Pipeline) -> str:
+    """The sink as ``lowmark list`` shows it: ``delta:demo/orders (append)``, its mode the
+    one batches write it with (``Pipeline.output_mode``)."""
+    where = p.sink.path if isinstance(p.sink, DeltaSink) else p.sink.label
+    mode = f" ({p.output_mode})" if p.output_mode else ""
+    return f"{p.sink.kind}:{where}{mode}"
+
+
+def _sink_json(p: Pipeline) -> dict[str, str | None]:
+    """The sink as ``lowmark list --json`` shows it: a Delta table, or a custom factory;
+    ``mode`` the one batches write it with (``Pipeline.output_mode``)."""
     if isinstance(p.sink, DeltaSink):
-        return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.sink.mode}
-    return {"kind": p.sink.kind, "factory": p.sink.label}
+        return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.output_mode}
+    shown: dict[str, str | None] = {"kind": p.sink.kind, "factory": p.sink.label}
+    return shown | ({"mode": p.output_mode} if p.output_mode else {})
 
 
 @app.command()
@@ -240,6 +247,28 @@ def run(
             help="Print each committed batch as one line of JSON (JSON Lines; keys in the README).",
         ),
     ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve the run's metrics in the Prometheus text format on "
+            "http://HOST:PORT/metrics while it runs (for --follow; 0: a free port, printed). "
+            "Default: no endpoint.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(help="With --metrics-port: the address to listen on (0.0.0.0: all)."),
+    ] = "127.0.0.1",
+    metrics_textfile_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=TEXTFILE_ENV,
+            help="Write the run's metrics to lowmark_PIPELINE.prom in this folder after every "
+            "batch, for node_exporter's textfile collector (replaced whole, atomically).",
+        ),
+    ] = None,
 ) -> None:
     """Run micro-batches of PIPELINE: one by default, N, until caught up, or --follow.
 
@@ -267,15 +296,37 @@ def run(
     # Spark starts with the first batch that needs it: none if there is nothing to do.
     runner = MicroBatchRunner(c.spark, p, c.data_root, c.clock)
     show = _print_batch_json if as_json else _print_batch
+    metrics = _metrics_exported(runner, metrics_port, metrics_host, metrics_textfile_dir)
     if follow_source:
-        with _reported(runner):
+        with runner, metrics, _reported(runner):
             _follow(runner, c.on_batch(runner, show), poll_s, limit_s, as_json)
         return
     limit = max_batches or (None if until_caught_up else 1)
-    with err.status(f"running {pipeline}…"), _reported(runner), _interruptible(runner):
+    status = err.status(f"running {pipeline}…")
+    with runner, metrics, status, _reported(runner), _interruptible(runner):
         results = runner.run(max_batches=limit, on_batch=c.on_batch(runner, show), retry=retry)
     if not results:
         (err if as_json else out).print(f"{pipeline}: caught up, no new data")
+
+
+@contextmanager
+def _metrics_exported(
+    runner: MicroBatchRunner, port: int | None, host: str, textfile_dir: Path | None
+) -> Iterator[None]:
+    """``runner``'s metrics on the endpoint and/or in the textfile asked for
+    (``batches.loop.metrics.exported_metrics``); a port that cannot be listened on is a
+    bad ``--metrics-port``."""
+    with ExitStack() as stack:
+        try:
+            bound = stack.enter_context(exported_metrics(runner, port, host, textfile_dir))
+        except OSError as exc:
+            raise typer.BadParameter(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                param_hint="--metrics-port",
+            ) from exc
+        if bound is not None:
+            err.print(f"metrics on http://{host}:{bound}/metrics", soft_wrap=True)
+        yield
 
 
 @contextmanager
@@ -362,9 +413,11 @@ def _print_batch(r: BatchResult) -> None:
     lag = f"; event-time lag {duration(r.lag_ms)}" if r.lag_ms is not None else ""
     starting = r.durations_ms.get("start_spark")
     start = f" ({duration(starting)} of it starting Spark)" if starting else ""
+    violated = [f"{name} {n}" for name, n in r.violations.items() if n and name != PARSABLE]
+    expected = f" (expectations violated: {', '.join(violated)})" if violated else ""
     out.print(
         f"batch {r.batch_id} {what}: {r.rows_in} rows in, {r.rows_out} out, "
-        f"{r.rows_bad} bad, {r.rows_late} late; input: {describe_range(r.start, r.end)}"
+        f"{r.rows_bad} bad, {r.rows_late} late{expected}; input: {describe_range(r.start, r.end)}"
         f"{lag}; took {duration(r.durations_ms['total'])}{start}",
         soft_wrap=True,
         highlight=False,
@@ -373,7 +426,7 @@ def _print_batch(r: BatchResult) -> None:
 
 def _batch_json(r: BatchResult) -> dict[str, Any]:
     """A committed batch as JSON: ``BatchResult``'s fields and ``input`` (the range in words)."""
-    return dataclasses.asdict(r) | {"input": describe_range(r.start, r.end)}
+    return r.to_json() | {"input": describe_range(r.start, r.end)}
 
 
 def _print_batch_json(r: BatchResult) -> None:
@@ -431,9 +484,21 @@ def status(
     if last:
         held = last.closed_windows_held
         closed = f"; the windows it closed held {held} records" if held is not None else ""
-        fields.append((f"batch {last.batch_id}", _went(last.accounting) + closed))
-    fields.append(("all batches", _went(s.accounting)))
+        fields.append((f"batch {last.batch_id}", _went(last.accounting, p.output_mode) + closed))
+    fields.append(("all batches", _went(s.accounting, p.output_mode)))
+    if last:
+        fields.append(("expectations", _violated(p, last.violations, s.violations)))
     print_fields(out, fields)
+
+
+def _violated(p: Pipeline, last: dict[str, int], totals: dict[str, int]) -> str:
+    """Each expectation's violations in words, in the last batch and in all (``valid_amount
+    (drop): 2 of the last batch, 7 in all``)."""
+    actions = {PARSABLE: "drop"} | {e.name: e.on_violation for e in p.expectations}
+    return "; ".join(
+        f"{name} ({action}): {last.get(name, 0)} in the last batch, {totals.get(name, 0)} in all"
+        for name, action in actions.items()
+    )
 
 
 def _next_words(nxt: NextBatchStatus | None) -> str:
@@ -474,16 +539,24 @@ _WENT = {
     "in_open_windows": "in open windows (the state)",
 }
 
+_WENT_UPDATING = _WENT | {
+    "in_closed_windows": "in closed windows (final in the sink)",
+    "in_open_windows": "in open windows (the state; in the sink as they stand)",
+}
+"""In update mode every window a batch changes is upserted into the sink: open ones too."""
 
-def _went(accounting: dict[str, int]) -> str:
+
+def _went(accounting: dict[str, int], output_mode: str | None) -> str:
     """An accounting of ``batches.admin.status`` in words: ``read 80 = 2 bad + 9 dropped ...``
-    (records a transform added show as ``- 3 added by the transform``)."""
+    (records a transform added show as ``- 3 added by the transform``); where windows are
+    as the pipeline's ``output_mode`` puts them."""
+    words = _WENT_UPDATING if output_mode == "update" else _WENT
     text = f"read {accounting['read']} ="
     for i, (key, n) in enumerate((k, n) for k, n in accounting.items() if k != "read"):
         if key == "dropped_by_transform" and n < 0:
             text += f" - {-n} added by the transform"
         else:
-            text += f"{' +' if i else ''} {n} {_WENT[key]}"
+            text += f"{' +' if i else ''} {n} {words[key]}"
     return text
 
 

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +28,17 @@ _UNITS = (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1_000))
 def iso_utc(ms: int) -> str:
     """Epoch milliseconds as ISO 8601 UTC to the second: ``2026-11-25T10:04:12Z``."""
     return datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def iso_time(moment: datetime) -> str:
+    """A timestamp as ISO 8601 to the second, the fraction only when it has one (trailing
+    zeros cut): ``2026-11-25T10:04:12Z``, ``2026-11-25T10:04:12.25Z``; UTC with ``Z``, a
+    timestamp without a time zone without."""
+    zone = "" if moment.tzinfo is None else "Z"
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    fraction = f".{moment.microsecond:06d}".rstrip("0") if moment.microsecond else ""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + fraction + zone
 
 
 def duration(ms: int) -> str:
@@ -60,10 +71,17 @@ def moment(ms: int, now_ms: int) -> str:
     return f"{iso_utc(ms)} ({age(ms, now_ms)})"
 
 
-def print_json(console: Console, value: Any, indent: int | None = 2) -> None:
+def print_json(
+    console: Console,
+    value: Any,
+    indent: int | None = 2,
+    default: Callable[[Any], Any] | None = None,
+) -> None:
     """``value`` as JSON, exactly (no highlighting, wrapping or markup); ``indent=None``:
-    one line (a line of JSON Lines)."""
-    console.out(json.dumps(value, indent=indent, ensure_ascii=False), highlight=False)
+    one line (a line of JSON Lines); ``default`` turns what JSON has no type for into
+    what it has (as ``json.dumps``'s)."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False, default=default)
+    console.out(text, highlight=False)
 
 
 def print_fields(console: Console, fields: Sequence[tuple[str, str]]) -> None:

@@ -57,6 +57,7 @@ FUTURE = "event time more than max_future ahead of the batch's processing time"
 REJECTED = "_lowmark_rejected"
 """True for a record that goes to the late table (``BatchFrames.flagged``)."""
 RECORDS = "_lowmark_records"
+VIOLATING = "_lowmark_violating"
 _MAX_MS = "_lowmark_max_ms_"
 LATE_RECORDS = "_lowmark_late"
 """The late records a job collects as it reads (observed, or per read-ahead group): each
@@ -144,6 +145,8 @@ class RecordStats:
     """Max event time (epoch ms) per source partition that has a timed record."""
     late_records: pa.Table | None = None
     """The late rows' ``LATE_RECORD``s, when the job collected them (``late`` of them)."""
+    violating: int = 0
+    """Records flagged as violating an expectation (``partials_with_stats``' ``violated``)."""
 
 
 STATE_SLOT_MIN_MS = 60_000
@@ -207,13 +210,16 @@ def split_stats(groups: pa.Table, partitions: tuple[str, ...]) -> tuple[pa.Table
     accepted = groups.filter(pc.invert(rejected))
     max_ms = {p: pc.max(accepted.column(f"{_MAX_MS}{i}")).as_py() for i, p in enumerate(partitions)}
     late = pc.list_flatten(groups.column(LATE_RECORDS))
+    violating = VIOLATING in groups.column_names
     stats = RecordStats(
         pc.sum(groups.column(RECORDS)).as_py() or 0,
         pc.sum(groups.filter(rejected).column(RECORDS)).as_py() or 0,
         {p: m for p, m in max_ms.items() if m is not None},
         pa.table([pc.struct_field(late, f.name).cast(f.type) for f in LATE_RECORD], LATE_RECORD),
+        (pc.sum(groups.column(VIOLATING)).as_py() or 0) if violating else 0,
     )
     extra = [REJECTED, RECORDS, LATE_RECORDS, *[f"{_MAX_MS}{i}" for i in range(len(partitions))]]
+    extra += [VIOLATING] if violating else []
     return accepted.drop_columns(extra), stats
 
 
@@ -358,12 +364,17 @@ class WindowedStage:
         return self._batch_windows(accepted, self.window, watermark_ms, by)
 
     def partials_with_stats(
-        self, flagged: DataFrame, partitions: tuple[str, ...], by: tuple[str, ...]
+        self,
+        flagged: DataFrame,
+        partitions: tuple[str, ...],
+        by: tuple[str, ...],
+        violated: Column | None = None,
     ) -> DataFrame:
         """Tumbling/sliding windows with no watermark: the partials of ``flagged`` records
         (``BatchFrames.flagged``) per (``by``, ``REJECTED``, key, window), each group
-        with its records (``RECORDS``) and, per source partition of ``partitions``, their
-        max event time; ``split_stats`` turns them into partials and ``RecordStats``.
+        with its records (``RECORDS``), those ``violated`` is true for (``VIOLATING``: an
+        expectation's) and, per source partition of ``partitions``, their max event time;
+        ``split_stats`` turns them into partials and ``RecordStats``.
 
         One aggregation then gives what observing the records would (an observation
         costs a pass over every record per metric)."""
@@ -377,6 +388,9 @@ class WindowedStage:
             ],
             F.collect_list(LATE_RECORDS).alias(LATE_RECORDS),
         ]
+        if violated is not None:  # judged on the record as read, before the time is replaced
+            flagged = flagged.withColumn(VIOLATING, violated)
+            stats.append(F.count(F.when(F.col(VIOLATING), 1)).alias(VIOLATING))
         # Spark's window() drops records whose time is null: rejected records, whose
         # windows count for nothing, are counted in the window of the epoch instead.
         column = self.event_time.column

@@ -16,7 +16,7 @@ from typing import TypeVar
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
@@ -28,11 +28,12 @@ from batches.event_time.stage import (
     late_table,
     partition_max_event_ms,
 )
+from batches.expectations import DROPPED, Checks
 from batches.loop.catch_up import Seen, row_by_row
 from batches.loop.plan import PlannedBatch
 from batches.pipeline import Pipeline
 from batches.sinks import Sink, WindowedSink
-from batches.sources.base import PARTITION_COLUMN, Range, Source, SourceRead
+from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
 from state.checkpoint import Checkpoint
 from state.window_state import LATEST
 
@@ -45,9 +46,14 @@ class Taken:
 
     read: SourceRead
     out: DataFrame
-    """The transformed records."""
+    """The transformed records the expectations keep (no ``drop`` one violated)."""
     frames: BatchFrames | None
     """Windowed: the stage's frames over ``out``."""
+    checked: DataFrame
+    """The transformed records, before the expectations drop any."""
+    expected: Observation | None = None
+    """Windowed, with expectations: observes ``checked`` as the batch's job reads it (each
+    expectation's violations, and the dropped records, ``Checks.observed``)."""
 
 
 class BatchWork:
@@ -68,13 +74,14 @@ class BatchWork:
         self.source = source
         self.stage = stage
         self.sink = sink
+        self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
 
     def take(self, planned: PlannedBatch) -> Taken:
         """Step 3 for ``planned``: its read, transformed records and (windowed) stage frames,
         all lazy. A stateless batch reads its input twice (counts, then the sink write):
         its parse is cached. A replay of a batch that already wrote something reads
         strictly what it read then (``Source.read``)."""
-        strict = planned.replay and self._wrote_any(planned.batch_id)
+        strict = planned.replay and self.wrote_any(planned.batch_id)
         return self._take(
             planned.range,
             planned.watermark_ms,
@@ -91,10 +98,18 @@ class BatchWork:
         cache: bool = False,
         strict: bool = False,
         observe: bool = True,
+        expect: bool = True,
     ) -> Taken:
-        """Step 3 for ``batch`` (``observe``: see ``WindowedStage.batch_frames``)."""
+        """Step 3 for ``batch`` (``observe``: see ``WindowedStage.batch_frames``; ``expect``
+        False: the expectations drop nothing, as the read-ahead looks)."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
-        out = self._transformed(read, batch)
+        checked = self._transformed(read, batch)
+        out, expected = checked, None
+        if expect and self.checks:
+            if observe and self.stage is not None:
+                expected = Observation()
+                checked = checked.observe(expected, *self._observed_checks(checked))
+            out = checked.where(~self.checks.dropped()) if self.checks.drops else checked
         frames = (
             self.stage.batch_frames(
                 out, watermark_ms, batch.batch_id, self._partitions_of(batch), now_ms, observe
@@ -102,7 +117,13 @@ class BatchWork:
             if self.stage is not None
             else None
         )
-        return Taken(read, out, frames)
+        return Taken(read, out, frames, checked, expected)
+
+    def _observed_checks(self, checked: DataFrame) -> list[Column]:
+        """What a windowed batch's job observes of its transformed records: each
+        expectation's violations and, collected as they are read, the dropped records."""
+        dropped = F.when(self.checks.dropped(), self.checks.dropped_record(_payload(checked)))
+        return [*self.checks.counts(), F.collect_list(dropped).alias(DROPPED)]
 
     def _transformed(self, read: SourceRead, batch: Range) -> DataFrame:
         """The records of ``read`` (of ``batch``'s range) after the pipeline's transform."""
@@ -121,7 +142,7 @@ class BatchWork:
         """The source partitions ``batch`` takes records from."""
         return self.source.partitions(batch.start, batch.end)
 
-    def _wrote_any(self, batch_id: int) -> bool:
+    def wrote_any(self, batch_id: int) -> bool:
         """True if a write of batch ``batch_id`` landed (its replay must read what it read)."""
         ckpt = self.checkpoint
         written = [
@@ -144,7 +165,7 @@ class BatchWork:
         (``catch_up.row_by_row``): each batch is then looked at on its own."""
         assert self.stage is not None
         if len(batches) == 1:
-            taken = self._take(batches[0], None, now_ms, observe=False)
+            taken = self._take(batches[0], None, now_ms, observe=False, expect=False)
             assert taken.frames is not None
             return taken.read, taken.frames
         read = self.source.read_batches(batches)
@@ -173,20 +194,36 @@ class BatchWork:
         """
         read, frames = taken.read, taken.frames
         if frames is None:
-            return self._counted(read, taken.out, None, planned)
+            return self._counted(taken, None, planned)
         if planned.start == planned.end:
-            return Seen(0, None, None, {}, 0, empty_of(frames.partials))
+            return Seen(0, None, None, {}, 0, empty_of(frames.partials), self.checks.violations({}))
         with shuffle_partitions(self._spark(), read.size_bytes):
             partials = explained(read, lambda: collect({"partials": frames.partials}))
         counts, stats = observed(read.counts), frames.stats()
-        if counts is not None and stats is not None and not counts.get("bad"):
+        expected = observed(taken.expected) if taken.expected is not None else {}
+        if (
+            counts is not None
+            and stats is not None
+            and expected is not None
+            and not counts.get("bad")
+        ):
             late = None
             if stats.late and stats.late_records is not None:
                 late = late_table(stats.late_records, planned.batch_id, planned.watermark_ms)
-            return Seen(counts["rows"], None, late, stats.max_ms, stats.rows, partials["partials"])
+            dropped = expected.get(DROPPED)
+            return Seen(
+                counts["rows"],
+                None,
+                late,
+                stats.max_ms,
+                stats.rows,
+                partials["partials"],
+                self.checks.violations(expected),
+                pa.Table.from_pylist([r.asDict() for r in dropped]) if dropped else None,
+            )
         again = self._take(planned.range, planned.watermark_ms, planned.planned_at_ms, cache=True)
         assert again.frames is not None
-        seen = self._counted(again.read, again.out, again.frames.late, planned)
+        seen = self._counted(again, again.frames.late, planned)
         seen_late = seen.late.num_rows if seen.late is not None else 0
         if stats is not None and (seen.rows_out, seen_late) != (stats.rows, stats.late):
             raise PipelineConfigInvalid(
@@ -197,10 +234,10 @@ class BatchWork:
             )
         return dataclasses.replace(seen, partials=partials["partials"])
 
-    def _counted(
-        self, read: SourceRead, out: DataFrame, late: DataFrame | None, planned: PlannedBatch
-    ) -> Seen:
-        """One job over ``read`` (cached): counts, max event times, bad rows and ``late``."""
+    def _counted(self, taken: Taken, late: DataFrame | None, planned: PlannedBatch) -> Seen:
+        """One job over ``taken``'s read (cached): counts, max event times, bad rows,
+        ``late``, and each expectation's violations and dropped records."""
+        read, out = taken.read, taken.out
         event_time = self.pipeline.event_time
         parts: dict[str, DataFrame] = {
             "input": read.records.agg(F.count(F.lit(1)).alias("rows")),
@@ -214,6 +251,10 @@ class BatchWork:
             parts["bad"] = read.bad
         if late is not None:
             parts["late"] = late
+        if self.checks:
+            parts["expectations"] = taken.checked.agg(*self.checks.counts())
+            if self.checks.drops:
+                parts["dropped"] = self.checks.dropped_rows(taken.checked, _payload(taken.checked))
         try:
             with shuffle_partitions(self._spark(), read.size_bytes):
                 seen = explained(read, lambda: collect(parts))
@@ -231,6 +272,8 @@ class BatchWork:
             max_ms,
             total(seen["output"], "rows"),
             None,
+            self.checks.violations(seen["expectations"].to_pylist()[0]) if self.checks else {},
+            seen.get("dropped"),
         )
 
     def windows(
@@ -286,6 +329,11 @@ def explained(read: SourceRead, job: Callable[[], T]) -> T:
             raise
         read.unpersist()
         raise error from exc
+
+
+def _payload(records: DataFrame) -> list[str]:
+    """The columns of ``records`` a user wrote (not lowmark's partition or batch tags)."""
+    return [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
 
 
 def total(table: pa.Table, column: str) -> int:

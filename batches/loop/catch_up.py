@@ -35,7 +35,9 @@ What a batch takes is what its own job would have given, or it runs its own:
   closed windows' partials dropped. A batch with a window that closed only
   under a later watermark (its records were not collected), a record from
   beyond ``max_future`` (judged at the read-ahead's earlier processing time)
-  or bad rows runs its own job, which collects those rows. Sliding windows (a
+  or bad rows runs its own job, which collects those rows; so does a batch with
+  a record that violates an expectation (the read-ahead counts them per batch
+  and drops none: its own job counts each expectation and drops). Sliding windows (a
   record's lateness is not a property of one window) and aggregates merged in
   Spark do not read ahead.
 
@@ -48,7 +50,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,6 +68,7 @@ from batches.event_time.stage import (
     late_table,
     split_stats,
 )
+from batches.expectations import Checks
 from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
 from batches.windows import Tumbling
 from state.errors import LowmarkError
@@ -98,6 +101,10 @@ class Seen:
     """Records after the transform."""
     partials: pa.Table | None
     """Windowed: the batch's window partials."""
+    violations: dict[str, int] = field(default_factory=dict)
+    """Per expectation, the records that violated it (``batches.expectations``)."""
+    dropped: pa.Table | None = None
+    """The records ``drop`` expectations removed (``raw``, ``reason``)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,8 @@ class _Looked:
     """The watermark of the batch that started the read-ahead."""
     max_event_ms: dict[str, int]
     partials: pa.Table
+    violating: int
+    """Records that violate an expectation."""
 
 
 Frames = Callable[[Sequence[Range], int], tuple[SourceRead, BatchFrames] | None]
@@ -163,12 +172,14 @@ class ReadAhead:
         stage: WindowedStage,
         frames: Frames,
         batches: int,
+        checks: Checks,
     ) -> None:
         self._spark = spark
         self.source = source
         self.stage = stage
         self.frames = frames
         self.batches = batches
+        self.checks = checks
         self._looked: dict[int, _Looked] = {}
 
     @property
@@ -203,6 +214,7 @@ class ReadAhead:
             or looked.range != batch
             or planned_at_ms < looked.looked_at_ms
             or looked.bad
+            or looked.violating
             or pc.any(pc.equal(looked.late_records.column("reason"), FUTURE)).as_py()
         ):
             return None
@@ -217,6 +229,7 @@ class ReadAhead:
             looked.max_event_ms,
             looked.rows_out,
             open_partials,
+            self.checks.violations({}),  # none violated (else the batch runs its own job)
         )
 
     def _look(self, first: Range, now_ms: int, watermark_ms: int | None) -> None:
@@ -259,7 +272,8 @@ class ReadAhead:
             partitions = tuple(sorted(found))
         # One aggregation for the partials and the counts of all the batches: one shuffle,
         # one compiled plan, and no observation of the records (it costs a pass per metric).
-        groups = self.stage.partials_with_stats(flagged, partitions, by=(BATCH_COLUMN,))
+        violated = self.checks.violated_any() if self.checks else None
+        groups = self.stage.partials_with_stats(flagged, partitions, (BATCH_COLUMN,), violated)
         spark = self._spark()
         try:
             with shuffle_partitions(spark, total), session_confs(spark, JOB_CONFS):
@@ -293,6 +307,7 @@ class ReadAhead:
                 watermark_ms,
                 stats.max_ms,
                 partials,
+                stats.violating,
             )
         log.info(
             "read ahead batches %d..%d in one job (%s)",

@@ -4,7 +4,9 @@
 steps 1-8. Its parts come from ``batches.loop.parts``: the planner holds the
 recovery rule (``batches.loop.plan``), the Spark work of steps 3-5 is
 ``batches.loop.batch_work``, and step 7 is the one commit path
-(``batches.loop.commit``).
+(``batches.loop.commit``). Listeners (``batches.loop.listeners``) are told when a
+batch starts (after step 1), commits (after step 8) or fails, and when the runner
+stops (the end of its ``with`` block).
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
+from types import TracebackType
 
 from pyspark.sql import SparkSession
 
 from batches.clock import Clock, SystemClock
-from batches.errors import Interrupted, PoisonBatch
+from batches.errors import ExpectationsFailed, Interrupted, PoisonBatch
 from batches.event_time.stage import WindowedStage
+from batches.expectations import PARSABLE, bad_rows
 from batches.loop import faults
 from batches.loop.batch_work import Taken, explained, total
 from batches.loop.commit import commit_batch
+from batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
+from batches.loop.listeners import Listeners, PipelineListener, configured_listeners
 from batches.loop.maintenance import maintain_after
 from batches.loop.parts import BatchParts, build_parts
 from batches.loop.plan import EPOCH, PlannedBatch, Planner
@@ -47,25 +52,6 @@ from state.window_state import ROWS
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class BatchResult:
-    """What one committed batch did."""
-
-    batch_id: int
-    replay: bool
-    start: Offsets
-    end: Offsets
-    rows_in: int
-    rows_out: int
-    rows_bad: int
-    rows_late: int
-    watermark_ms: int | None
-    """The watermark after the batch (the next batch runs with it)."""
-    lag_ms: int | None
-    """Planning time minus ``watermark_ms``: how far event time trails processing time."""
-    durations_ms: dict[str, int] = field(default_factory=dict)
-
-
 class MicroBatchRunner:
     """Runs the micro-batches of one pipeline against its checkpoint.
 
@@ -74,6 +60,9 @@ class MicroBatchRunner:
     checkpoint ``lowmark reset`` replaced stops with CheckpointReplaced.
     ``parts`` (default: ``build_parts`` over ``data_root``) are what it runs
     with: tests give their own (another source, say) instead of patching it.
+    ``listeners`` are told of its batches (``batches.loop.listeners``), after
+    those the pipeline's ``listeners`` names; ``with runner:`` tells them when it
+    stops.
     """
 
     def __init__(
@@ -84,6 +73,7 @@ class MicroBatchRunner:
         clock: Clock | None = None,
         sleep: Callable[[float], None] = time.sleep,
         parts: BatchParts | None = None,
+        listeners: Sequence[PipelineListener] = (),
     ) -> None:
         self.pipeline = pipeline
         self.clock = clock or SystemClock()
@@ -96,6 +86,27 @@ class MicroBatchRunner:
         """The batch the last ``run_batch`` was running when it raised (None: it did not)."""
         self._interrupted = False
         self.runner_id = str(uuid.uuid4())
+        self.listeners = Listeners([*configured_listeners(pipeline), *listeners])
+
+    def add_listener(self, listener: PipelineListener) -> None:
+        """Tell ``listener`` of this runner's batches from now on."""
+        self.listeners.add(listener)
+
+    def remove_listener(self, listener: PipelineListener) -> None:
+        self.listeners.remove(listener)
+
+    def __enter__(self) -> MicroBatchRunner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Tells the listeners the runner stopped, and why (the error, if any)."""
+        error = first_line(exc) if exc is not None else None
+        self.listeners.run_terminated(RunTerminated(self.pipeline.name, self.runner_id, error))
 
     @property
     def spark(self) -> SparkSession:
@@ -195,6 +206,9 @@ class MicroBatchRunner:
             kind = failure_kind(exc)
             if kind == "data" or kind == "operational":
                 self._record_failure(planned.batch_id, first_line(exc)[:1000], kind)
+            if kind != "none":  # else the batch did not fail: the run stops (its end says why)
+                failure = BatchFailure(self.pipeline.name, planned.batch_id, kind, first_line(exc))
+                self.listeners.batch_failed(failure)
             raise
         self.attempting = None
         return result
@@ -207,10 +221,13 @@ class MicroBatchRunner:
         Step 2. Offset log: write batch N's offsets BEFORE processing (new batches only).
         Step 3. Read exactly [start, end) from the source and transform it (lazily).
         Step 4. Look at the batch in ONE Spark job: counts and max event time per
-                partition, bad rows and, for windows, late rows and partials.
+                partition, bad rows, each expectation's violations and dropped records
+                and, for windows, late rows and partials; a batch that breaks its
+                expectations fails here, before anything is written.
         Step 5. Event-time stage: the partials merged with the state rows they touch,
                 read as of commit N-1 on the driver (one Spark job over local data).
-        Step 6. Writes, each idempotent per batch: bad records, state, sink, late.
+        Step 6. Writes, each idempotent per batch: bad records (rows that did not parse,
+                and those expectations dropped), state, sink, late.
         Step 7. Commit log (with the next watermark), after the per-partition times.
         Step 8. Source commit (upstream may discard), maintenance every
                 ``maintenance.every_batches`` batches, then the progress row.
@@ -236,6 +253,15 @@ class MicroBatchRunner:
         self.attempting = planned
         if nxt.blocked is not None:
             raise PoisonBatch(nxt.blocked)
+        self.listeners.batch_started(
+            BatchStarted(
+                self.pipeline.name,
+                batch_id,
+                planned.replay,
+                planned.watermark_ms,
+                planned.planned_at_ms,
+            )
+        )
 
         # Step 2. Offset log (write-ahead). A replay reuses the entry already there.
         offsets = OffsetEntry(
@@ -246,6 +272,7 @@ class MicroBatchRunner:
             end_offsets=planned.end,
             batch_watermark_ms=planned.watermark_ms,
             pipeline_fingerprint=parts.planner.fingerprint,
+            pipeline_definition=parts.planner.definition,
             source_identity=planned.identity,
             input_skipped=planned.skipped.counts if planned.skipped else {},
             waiting_partitions=list(planned.waiting),
@@ -287,6 +314,18 @@ class MicroBatchRunner:
             # unchanged by the read (nothing is written yet).
             seen = parts.work.look(taken, planned)
             parts.source.confirm(batch)
+        # Then the expectations' verdict: a batch that breaks them fails here, before
+        # anything is written (batches.expectations).
+        parsed_bad = seen.bad.num_rows if seen.bad is not None else 0
+        dropped = seen.dropped.num_rows if seen.dropped is not None else 0
+        rows_in, rows_bad = seen.rows_in + parsed_bad, parsed_bad + dropped
+        violations = {PARSABLE: parsed_bad, **seen.violations}
+        try:
+            parts.work.checks.verdict(batch_id, rows_in, rows_bad, violations)
+        except ExpectationsFailed:
+            if taken is not None:
+                taken.read.unpersist()
+            raise
         timer.lap("read")
         faults.reached("after_read", batch_id)
 
@@ -299,9 +338,8 @@ class MicroBatchRunner:
 
         # Step 6. Writes: bad records, state, sink, late records.
         ckpt.fence()
-        rows_in, bad, late = seen.rows_in, seen.bad, seen.late
-        rows_bad = bad.num_rows if bad is not None else 0
-        if bad is not None and rows_bad:
+        bad, late = bad_rows(seen.bad, seen.dropped, batch_id), seen.late
+        if bad is not None:
             ckpt.bad_records.append_once(bad, ckpt.txn_app_id("bad_records"), batch_id)
         versions: dict[str, int] = {}
         if parts.stage is not None and changes is not None:
@@ -339,11 +377,12 @@ class MicroBatchRunner:
         ckpt.fence()
         partitions, next_watermark = parts.planner.times_after(planned, seen.max_event_ms)
         counts = BatchCounts(
-            rows_in=rows_in + rows_bad,
+            rows_in=rows_in,
             rows_out=rows_out,
             rows_bad=rows_bad,
             rows_late=rows_late,
-            rows_dropped=rows_in - seen.rows_out,
+            rows_dropped=seen.rows_in - seen.rows_out - dropped,
+            violations=violations,
             rows_windowed=seen.rows_out - rows_late if parts.stage is not None else 0,
             rows_closed=total(changes.closed, ROWS) if changes is not None else 0,
         )
@@ -362,7 +401,8 @@ class MicroBatchRunner:
         faults.reached("after_commit", batch_id)
 
         # Step 8. Source commit; every `every_batches` batches, checkpoint maintenance
-        # (old log rows go, small files merge); then progress (descriptive only).
+        # (old log rows go, small files merge); then progress (descriptive only), which
+        # the listeners are told of.
         lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
         parts.source.commit(planned.end)
         timer.lap("source_commit")
@@ -383,13 +423,15 @@ class MicroBatchRunner:
                 rows_out=rows_out,
                 rows_bad=rows_bad,
                 rows_late=rows_late,
+                violations=violations,
                 watermark_ms=planned.watermark_ms,
                 lag_ms=lag_ms,
                 input_skipped=planned.skipped.counts if planned.skipped else {},
             )
         )
         log.info("pipeline %s committed batch %d", self.pipeline.name, batch_id)
-        return BatchResult(
+        result = BatchResult(
+            self.pipeline.name,
             batch_id,
             planned.replay,
             planned.start,
@@ -401,7 +443,25 @@ class MicroBatchRunner:
             next_watermark,
             lag_ms,
             timer.durations,
+            violations,
+            committed_at_ms=self.clock.now_ms(),
+            backlog=self._backlog(planned.end) if self.listeners.want_backlog else None,
         )
+        self.listeners.batch_progress(result)
+        return result
+
+    def _backlog(self, end: Offsets) -> dict[str, int] | None:
+        """What waits in the source past ``end`` (``Source.backlog``), for the listeners;
+        None when the source cannot say now: a listener's number never fails a batch."""
+        try:
+            return self.parts.source.backlog(end)
+        except Exception as exc:
+            log.warning(
+                "pipeline %s: the backlog after the batch is unknown: %s",
+                self.pipeline.name,
+                first_line(exc),
+            )
+            return None
 
     def _record_failure(self, batch_id: int, error: str, kind: FailureKind) -> None:
         """A row of the ``failures`` table, unless that table cannot take it (a damaged

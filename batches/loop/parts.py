@@ -20,6 +20,7 @@ from batches.event_time.stage import WindowedStage, window_state
 from batches.loop.batch_work import BatchWork
 from batches.loop.catch_up import ReadAhead
 from batches.loop.plan import Planner
+from batches.loop.start_over import start_over
 from batches.pipeline import Pipeline
 from batches.sinks import Sink, WindowedSink, build_sink
 from batches.sources import build_source
@@ -50,21 +51,39 @@ def build_parts(
     clock: Clock | None = None,
     source: Source | None = None,
 ) -> BatchParts:
-    """The parts of ``pipeline``'s batches, over its checkpoint (created if there is none).
+    """The parts of ``pipeline``'s batches, over its checkpoint (created if there is none,
+    and started over if the definition changed before its first batch committed:
+    ``batches.loop.start_over``).
 
     ``clock``: what "now" is read from (default: the wall clock); ``source``:
     the runtime source to read through (default: the one its configuration
     builds, ``build_source``).
     """
-    clock = clock or SystemClock()
-    session = provider(spark)
     checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
+    parts = _parts(spark, pipeline, data_root, checkpoint, clock or SystemClock(), source)
+    new = start_over(pipeline, parts.planner, parts.work, data_root)
+    if new is None:
+        return parts
+    return _parts(spark, pipeline, data_root, new, clock or SystemClock(), source)
+
+
+def _parts(
+    spark: SparkLike,
+    pipeline: Pipeline,
+    data_root: Path,
+    checkpoint: Checkpoint,
+    clock: Clock,
+    source: Source | None,
+) -> BatchParts:
+    session = provider(spark)
     source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
     stage = _stage(pipeline, checkpoint)
     sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
     work = BatchWork(session, pipeline, checkpoint, source, stage, sink)
     read_ahead = (
-        ReadAhead(session, source, stage, work.unwatermarked, pipeline.read_ahead_batches)
+        ReadAhead(
+            session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
+        )
         if stage is not None
         else None
     )

@@ -24,7 +24,7 @@ from batches.clock import Clock
 from batches.event_time.stage import WindowedStage
 from batches.event_time.watermarks import PartitionTime, observe, pipeline_watermark
 from batches.loop.poison import blocked
-from batches.pipeline import Pipeline
+from batches.pipeline import Pipeline, definition_changes
 from batches.sources.base import Range, Skipped, Source, check_identity
 from state.checkpoint import Checkpoint
 from state.commit_log import CommitEntry
@@ -116,6 +116,7 @@ class Planner:
         self.source = source
         self.stage = stage
         self.clock = clock
+        self.definition = pipeline.definition()
         self.fingerprint = pipeline.fingerprint()
         self._position: tuple[OffsetEntry, CommitEntry] | None = None
         self._partitions: dict[str, PartitionTime] | None = None
@@ -180,14 +181,11 @@ class Planner:
             if fixes and (self.checkpoint is None or self.checkpoint.start_offsets is None):
                 start = self._fix_start(start)
             return self._plan_new(0, start, None, None, dry_run)
-        if latest.pipeline_fingerprint != self.fingerprint:
-            raise FingerprintMismatch(
-                f"pipeline {self.pipeline.name} changed since its checkpoint "
-                f"{self.location} was written (fingerprint "
-                f"{latest.pipeline_fingerprint} -> {self.fingerprint}): restore the old "
-                f"definition, or start over with `lowmark reset {self.pipeline.name} "
-                "--truncate-sink`"
-            )
+        # Before the first commit a run starts a changed pipeline over
+        # (``batches.loop.start_over``): a dry run answers with the batch 0 it replaces.
+        first = done is None and latest.batch_id == 0 and latest.pipeline_definition is not None
+        if latest.pipeline_fingerprint != self.fingerprint and not (dry_run and first):
+            raise self._changed(latest)
         if done is not None and done.batch_id == latest.batch_id:
             return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
@@ -210,6 +208,20 @@ class Planner:
             f"{latest.batch_id}, latest commit batch {done_id}; expected the commit to be "
             f"{latest.batch_id} or {latest.batch_id - 1}. Restore both logs from one backup, "
             "or start over with `lowmark reset`"
+        )
+
+    def _changed(self, latest: OffsetEntry) -> FingerprintMismatch:
+        """The error for a definition that differs from the one ``latest`` was planned with,
+        naming each changed field when the entry recorded its definition."""
+        recorded = latest.pipeline_definition
+        if recorded is None:  # an entry written before definitions were recorded
+            what = f"fingerprint {latest.pipeline_fingerprint} -> {self.fingerprint}"
+        else:
+            what = "; ".join(definition_changes(recorded, self.definition))
+        return FingerprintMismatch(
+            f"pipeline {self.pipeline.name} changed since its checkpoint {self.location} "
+            f"was written ({what}): restore the old definition, or start over with "
+            f"`lowmark reset {self.pipeline.name} --truncate-sink`"
         )
 
     def _fix_start(self, start: Offsets) -> Offsets:

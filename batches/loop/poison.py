@@ -21,9 +21,10 @@ instead of launching a run per tick. The ways on:
 Errors are of three kinds (``failure_kind``):
 
 - ``data``: the batch's data work raised — a Spark error, a file the source
-  schema cannot read, a sink that refused the rows, or any error of the
-  transform's own code. Counted; ``max_failed_attempts`` of them make a
-  poison batch.
+  schema cannot read, a sink that refused the rows, any error of the
+  transform's own code, or expectations the batch broke
+  (``batches.expectations``: the same input breaks them again). Counted;
+  ``max_failed_attempts`` of them make a poison batch.
 - ``transient``: the world was briefly away — a broker unreachable, a
   timeout, a reset connection, a Delta write conflict. The runner tries the
   batch again with a growing pause (``TRANSIENT_PAUSES_S``) and does not
@@ -48,6 +49,7 @@ from typing import Literal
 from confluent_kafka import KafkaException
 
 from batches.errors import (
+    ExpectationsFailed,
     Interrupted,
     PipelineConfigInvalid,
     PoisonBatch,
@@ -100,7 +102,9 @@ def failure_kind(exc: Exception) -> ErrorKind:
     if TRANSIENT_JVM_CAUSES & set(jvm_causes(exc)):
         return "transient"
     if isinstance(exc, LowmarkError):
-        data = isinstance(exc, SourceFileUnreadable | SinkWriteFailed | PipelineConfigInvalid)
+        data = isinstance(
+            exc, SourceFileUnreadable | SinkWriteFailed | PipelineConfigInvalid | ExpectationsFailed
+        )
         return "data" if data else "operational"
     return "data"
 
@@ -173,6 +177,11 @@ def failure_report(
     attempts = sum(f.kind == kind for f in failures.of(batch_id))
     if kind == "operational":  # lowmark's own line: it says what to do
         return f"{what} stopped (attempt {attempts} of {limit}): {error}"
+    if isinstance(exc, ExpectationsFailed):  # its line says what to do, too
+        return (
+            f"{what} failed (attempt {attempts} of {limit}): {error}; after {limit} failures "
+            f"runs stop at it until `lowmark run {name} --retry`"
+        )
     return (
         f"{what} failed (attempt {attempts} of {limit}): {error}; fix the transform or "
         f"the input, then `lowmark run {name}` replays the batch; after {limit} failures "

@@ -9,14 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pytest
 from pyspark.sql import SparkSession
 
 from batches.admin.health import late_fraction
 from batches.demo import orders, user_revenue, write_sample_files
+from batches.loop.metrics import TEXTFILE_ENV
 from batches.loop.microbatch import MicroBatchRunner
 from orchestration.checks import checks_of
 from state.table import DriverTable
-from tests.helpers import TICKS, drop_order_files, tick
+from tests.helpers import TICKS, drop_order_files, samples, tick, value
 from tests.orchestration.pipelines import ticks
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -39,7 +41,10 @@ def test_a_run_records_one_readable_materialization_per_batch(
     instance: dg.DagsterInstance,
     resources: dict[str, Any],
     data_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv(TEXTFILE_ENV, str(tmp_path / "prom"))
     drop_order_files(data_root, 0, [tick("a", 1, 1), tick("b", 2, 2), tick("a", 30, 4)])
     # a@3s is late: [0,10) closed
     drop_order_files(data_root, 1, [tick("a", 3, 8), tick("b", 45, 16)])
@@ -86,6 +91,13 @@ def test_a_run_records_one_readable_materialization_per_batch(
     assert checks["late_fraction"].metadata["percent"] == dg.FloatMetadataValue(20.0)
     assert not checks["watermark_lag"].passed  # event time is in 2026-01, far behind the clock
     assert checks["failing_batch"].passed and checks["bad_fraction"].passed
+
+    # Each run wrote its metrics for node_exporter's textfile collector: the second's
+    # counters count its own batch.
+    written = samples((tmp_path / "prom" / "lowmark_ticks.prom").read_text(), "ticks")
+    assert value(written, "lowmark_batches_committed_total") == 1
+    assert value(written, "lowmark_last_batch_id") == 1
+    assert value(written, "lowmark_batch_rows_total", kind="late") == 1
 
 
 def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(

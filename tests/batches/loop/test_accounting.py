@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batches.admin.status import pipeline_status
+from batches.expectations import Quality
 from batches.loop.microbatch import MicroBatchRunner
 from batches.pipeline import FileSource
 from batches.windows import Sliding, Tumbling
@@ -72,6 +73,8 @@ def test_every_record_read_is_bad_dropped_late_or_in_a_closed_or_open_window(
         p = base.model_copy(
             update={
                 "transform": drop_zero_amounts,
+                # A file of bad lines only is a batch of bad rows only: accounted, not failed.
+                "quality": Quality(max_bad_fraction=1.0),
                 "source": FileSource(
                     path="in",
                     format="json",

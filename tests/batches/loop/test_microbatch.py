@@ -169,9 +169,26 @@ def test_a_changed_pipeline_on_an_old_checkpoint_is_refused(
 ) -> None:
     drop_file(data_root, 0)
     MicroBatchRunner(spark, pipeline(), data_root).run_batch()
-    changed = pipeline(transform=double_amount)
-    with pytest.raises(FingerprintMismatch, match="lowmark reset t --truncate-sink"):
+    source = FileSource(
+        path="in", format="json", schema_ddl="id LONG, amount LONG", max_files_per_batch=1
+    )
+    changed = pipeline(transform=double_amount, source=source)
+    with pytest.raises(FingerprintMismatch) as refused:
         MicroBatchRunner(spark, changed, data_root).run_batch()
+    # Each changed field, old and new; an operational one (the admission limit) is no change.
+    assert 'transform: null -> "tests.helpers:double_amount"' in str(refused.value)
+    assert "max_files" not in str(refused.value)
+    assert str(refused.value).endswith("`lowmark reset t --truncate-sink`")
+
+
+def test_a_checkpoint_that_predates_recording_definitions_is_refused_naming_the_fingerprints(
+    spark: SparkSession, data_root: Path
+) -> None:
+    runner = MicroBatchRunner(spark, pipeline(), data_root)
+    runner.checkpoint.offsets.add(_offsets(0, "0123456789abcdef"))
+    changed = MicroBatchRunner(spark, pipeline(transform=double_amount), data_root)
+    with pytest.raises(FingerprintMismatch, match=r"\(fingerprint 0123456789abcdef -> \w{16}\)"):
+        changed.planner.next_batch()
 
 
 def test_a_second_runner_planning_the_same_batch_stops_with_concurrent_runner(

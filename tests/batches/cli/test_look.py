@@ -1,0 +1,267 @@
+"""`lowmark show` and `lowmark sql` over the tables of two small real pipelines, compared
+with what Spark reads from the same Delta tables; and the labels of `list` and `status`
+for a pipeline in update mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from batches.admin import tables
+from batches.demo import orders, write_sample_files
+from batches.errors import PipelineConfigInvalid
+from batches.loop.microbatch import MicroBatchRunner
+from batches.registry import load_pipelines
+from tests.helpers import json_lines_sink, lowmark
+
+PIPELINES = """
+from batches.demo import orders, user_revenue
+
+orders = orders.model_copy(  # every file in one batch: no more Spark than the tests need
+    update={"source": orders.source.model_copy(update={"max_files_per_batch": 10})}
+)
+
+revenue_updates = user_revenue.model_copy(
+    update={
+        "name": "revenue_updates",
+        "sink": user_revenue.sink.model_copy(update={"path": "demo/revenue_updates"}),
+        "aggregation": user_revenue.aggregation.model_copy(update={"output_mode": "update"}),
+    }
+)
+"""
+"""The demo's pipelines and a copy of user_revenue in update mode (its own sink)."""
+
+
+class Ran:
+    """Where the pipelines ran: ``lowmark`` arguments naming them, their data root, and the
+    update-mode sink's windows as Spark reads them."""
+
+    def __init__(self, spark: SparkSession, root: Path, pipelines: Path) -> None:
+        self.root = root
+        self.pipelines = pipelines
+        rows = self.sink(spark, "revenue_updates").select(
+            "user", F.col("window_start").cast("long").alias("start"), "orders", "revenue"
+        )
+        windows = [
+            (r["user"], r["start"], r["orders"], round(r["revenue"], 6)) for r in rows.collect()
+        ]
+        self.windows = sorted(windows, key=lambda w: (-w[1], w[0]))
+        """(user, window start in epoch seconds, orders, revenue), newest first, then by user."""
+
+    def args(self, *args: str) -> tuple[str, ...]:
+        return ("--pipelines", str(self.pipelines), *args)
+
+    def sink(self, spark: SparkSession, name: str) -> Any:
+        return spark.read.format("delta").load(str(self.root / "demo" / name))
+
+
+@pytest.fixture(scope="module")
+def ran(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
+    """orders and revenue_updates run until caught up over five small demo files (one with
+    two malformed lines, one a straggler whose orders are late); user_revenue never ran."""
+    folder = tmp_path_factory.mktemp("look")
+    root = folder / "data"
+    pipelines = folder / "look_pipelines.py"
+    pipelines.write_text(PIPELINES)
+    write_sample_files(root, files=5, rows_per_file=6, now=datetime.now(UTC))
+    defined = load_pipelines(str(pipelines))
+    for name in ("orders", "revenue_updates"):
+        MicroBatchRunner(spark, defined[name], root).run(max_batches=None)
+    yield Ran(spark, root, pipelines)
+
+
+def json_lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def epoch_s(iso: str) -> int:
+    return int(datetime.fromisoformat(iso).timestamp())
+
+
+def windows(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, float]]:
+    """Windows as (user, start in epoch seconds, orders, revenue)."""
+    return [
+        (r["user"], epoch_s(r["window_start"]), r["orders"], round(r["revenue"], 6)) for r in rows
+    ]
+
+
+def test_show_json_lists_the_sink_newest_window_first_as_spark_reads_it(
+    capsys: pytest.CaptureFixture[str], ran: Ran
+) -> None:
+    expected = ran.windows
+    assert len(expected) > 3
+    code, out, _ = lowmark(capsys, ran.root, *ran.args("show", "revenue_updates", "--json"))
+    assert code == 0
+    assert windows(json_lines(out)) == expected[: len(json_lines(out))]
+
+    code, out, err = lowmark(
+        capsys, ran.root, *ran.args("show", "revenue_updates", "--limit", "3", "--json")
+    )
+    assert windows(json_lines(out)) == expected[:3]
+    assert err == ""  # JSON Lines only: nothing but rows
+
+
+def test_show_for_people_has_iso_times_and_says_how_many_rows_matched(
+    capsys: pytest.CaptureFixture[str], ran: Ran
+) -> None:
+    users = [w[0] for w in ran.windows]
+    user = max(sorted(set(users)), key=users.count)
+    expected = [w for w in ran.windows if w[0] == user]
+    assert len(expected) > 1
+    code, out, err = lowmark(
+        capsys,
+        ran.root,
+        *ran.args("show", "revenue_updates", "--where", f"user = '{user}'", "--limit", "1"),
+    )
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == ["user", "window_start", "window_end", "orders", "revenue"]
+    start = datetime.fromtimestamp(expected[0][1], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert row.split()[:2] == [user, start]
+    assert err.strip() == (
+        f"revenue_updates.sink: 1 of {len(expected)} rows, ordered by window_start DESC, "
+        '"user"; --limit shows more'
+    )
+
+
+def test_show_reads_the_checkpoint_tables_newest_batch_first(
+    capsys: pytest.CaptureFixture[str], ran: Ran
+) -> None:
+    checkpoint = ran.root / "_lowmark" / "revenue_updates"
+    for table, folder in (("progress", "progress"), ("late", "late"), ("bad", "bad_records")):
+        stored = DeltaTable(str(checkpoint / folder)).to_pyarrow_table()
+        _, out, _ = lowmark(
+            capsys,
+            ran.root,
+            *ran.args("show", "revenue_updates", table, "--limit", "1000", "--json"),
+        )
+        shown = json_lines(out)
+        assert len(shown) == stored.num_rows > 0, table
+        batch_ids = [r["batch_id"] for r in shown]
+        assert batch_ids == sorted(stored.column("batch_id").to_pylist(), reverse=True), table
+    # Epoch-millisecond moments: numbers in JSON, ISO times for people.
+    _, out, _ = lowmark(
+        capsys, ran.root, *ran.args("show", "revenue_updates", "watermarks", "--json")
+    )
+    newest = json_lines(out)[0]
+    _, out, _ = lowmark(capsys, ran.root, *ran.args("show", "revenue_updates", "watermarks"))
+    header, first, *_ = out.splitlines()
+    cells = dict(zip(header.split(), first.split(), strict=True))
+    moment = datetime.fromtimestamp(newest["watermark_ms"] / 1000, UTC)
+    assert datetime.fromisoformat(cells["watermark_ms"]) == moment
+
+
+def test_sql_joins_tables_of_two_pipelines_as_spark_does(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], ran: Ran
+) -> None:
+    query = (
+        "SELECT o.user, count(*) AS orders, max(w.windows) AS windows FROM orders.sink o "
+        "JOIN (SELECT user, count(*) AS windows FROM revenue_updates.sink GROUP BY user) w "
+        "ON o.user = w.user GROUP BY o.user ORDER BY o.user"
+    )
+    code, out, _ = lowmark(capsys, ran.root, *ran.args("sql", query, "--json"))
+    assert code == 0
+    per_user = ran.sink(spark, "revenue_updates").groupBy("user").agg(F.count("*").alias("windows"))
+    expected = (
+        ran.sink(spark, "orders")
+        .join(per_user, "user")
+        .groupBy("user")
+        .agg(F.count("*").alias("orders"), F.max("windows").alias("windows"))
+        .orderBy("user")
+        .collect()
+    )
+    assert json_lines(out) == [r.asDict() for r in expected]
+    assert len(expected) > 1
+
+
+CANNOT_SHOW = [
+    (("show", "nope"), "no pipeline 'nope'"),
+    (("show", "orders", "nope"), "no table 'nope' in a pipeline: choose one of sink, late"),
+    (("show", "orders", "state"), "orders.state: pipeline orders has no window state"),
+    (("show", "user_revenue"), "user_revenue.sink does not exist yet ("),
+    (("show", "orders", "--where", "nope = 1"), "the query failed: Schema error: No field"),
+    (("sql", "SELEC 1"), "the query failed: SQL error: ParserError"),
+    (("sql", "SELECT * FROM orders.nope"), "no table orders.nope: a pipeline's tables are"),
+    (
+        ("sql", "SELECT * FROM revenue_updates.failures"),
+        "revenue_updates.failures does not exist yet (",
+    ),
+]
+"""What `show` and `sql` cannot show, and how the one line they print begins."""
+
+
+def test_what_cannot_be_shown_is_one_line_naming_it_and_the_way_on(
+    capsys: pytest.CaptureFixture[str], ran: Ran
+) -> None:
+    for args, message in CANNOT_SHOW:
+        code, out, err = lowmark(capsys, ran.root, *ran.args(*args))
+        assert code == 2 and out == "", args
+        assert err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_custom_sink_has_no_table_to_show(ran: Ran) -> None:
+    exporting = orders.model_copy(update={"sink": json_lines_sink()})
+    with pytest.raises(PipelineConfigInvalid, match=r"writes a custom sink .*lowmark show"):
+        tables.show(exporting, "sink", ran.root, 10)
+    assert tables.show(exporting, "bad", ran.root, 10).matching == 2  # its checkpoint's are
+
+
+def test_show_and_sql_start_no_spark(ran: Ran, tmp_path: Path) -> None:
+    # No Delta jars: anything that started Spark would stop with JarsMissing.
+    script = (
+        "import sys\n"
+        "from orchestration.cli import main\n"
+        "from pyspark import SparkContext\n"
+        "for argv in (sys.argv[1:] + ['show', 'revenue_updates'],\n"
+        "             sys.argv[1:] + ['sql', 'SELECT count(*) AS n FROM revenue_updates.late']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as stop:\n"
+        "        assert not stop.code, stop.code\n"
+        "assert SparkContext._active_spark_context is None\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "--data-root", str(ran.root), *ran.args()],
+        env=os.environ | {"LOWMARK_JARS_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "revenue_updates.sink:" in proc.stderr and '{"n":' not in proc.stdout
+
+
+def test_list_shows_the_mode_a_windowed_pipeline_writes_its_sink_with(
+    capsys: pytest.CaptureFixture[str], ran: Ran
+) -> None:
+    _, out, _ = lowmark(capsys, ran.root, *ran.args("list"))
+    listed = {line.split()[0]: line.split()[2:4] for line in out.splitlines()[1:]}
+    assert listed["revenue_updates"] == ["delta:demo/revenue_updates", "(update)"]
+    assert listed["user_revenue"] == ["delta:demo/user_revenue", "(append)"]
+    _, out, _ = lowmark(capsys, ran.root, *ran.args("list", "--json"))
+    sinks = {p["name"]: p["sink"] for p in json.loads(out)}
+    assert sinks["revenue_updates"]["mode"] == "update"
+
+
+def test_status_in_update_mode_says_open_windows_are_in_the_sink_too(
+    capsys: pytest.CaptureFixture[str], ran: Ran
+) -> None:
+    _, out, _ = lowmark(capsys, ran.root, *ran.args("status", "revenue_updates"))
+    shown = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
+    assert re.search(
+        r"\+ \d+ in closed windows \(final in the sink\) \+ [1-9]\d* in open windows "
+        r"\(the state; in the sink as they stand\)$",
+        shown["all batches"],
+    ), shown["all batches"]

@@ -1,0 +1,92 @@
+"""Durations as people write them, every form accepted before kept with its meaning, and
+the fingerprints of existing pipelines unchanged."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from batches.durations import parse_duration_ms
+from batches.registry import load_pipelines
+from batches.windows import EventTime
+
+REPO = Path(__file__).resolve().parents[2]
+
+EARLIER_UNITS_MS = {
+    "ms": 1, "millisecond": 1, "milliseconds": 1,
+    "s": 1_000, "sec": 1_000, "second": 1_000, "seconds": 1_000,
+    "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
+}  # fmt: skip
+"""Every unit durations took before they were read by a library, and its length."""
+
+
+@pytest.mark.parametrize(
+    ("number", "unit", "space"),
+    itertools.product(("0", "1", "2.5", "10", "90", "0.001"), EARLIER_UNITS_MS, ("", " ")),
+)
+def test_every_form_accepted_before_keeps_its_meaning(number: str, unit: str, space: str) -> None:
+    expected = round(float(number) * EARLIER_UNITS_MS[unit])
+    assert parse_duration_ms(f"{number}{space}{unit}") == expected
+    assert parse_duration_ms(f" {number}{space}{unit.upper()} ") == expected
+
+
+@pytest.mark.parametrize(
+    ("written", "ms"),
+    [
+        ("10 mins", 600_000),
+        ("1.5h", 5_400_000),
+        ("90s", 90_000),
+        ("2 days", 172_800_000),
+        ("1h30m", 5_400_000),
+        ("1 hour 30 minutes", 5_400_000),
+        ("2 hrs", 7_200_000),
+        ("45 secs", 45_000),
+        ("1 week", 604_800_000),
+        ("PT10M", 600_000),
+        ("pt10m", 600_000),
+        ("PT1.5S", 1_500),
+        ("P2D", 172_800_000),
+        ("P1DT2H", 93_600_000),
+        ("10", 10_000),
+        (10, 10_000),
+        (0.5, 500),
+        (timedelta(minutes=2), 120_000),
+    ],
+)
+def test_durations_read_as_people_write_them(written: object, ms: int) -> None:
+    assert parse_duration_ms(written) == ms
+
+
+@pytest.mark.parametrize("written", ["10 minz", "ten minutes", "", "PT", "P1X", "5 parsecs", True])
+def test_a_bad_duration_is_one_line_naming_the_field_and_the_forms(written: object) -> None:
+    with pytest.raises(ValidationError) as raised:
+        EventTime(column="ts", max_out_of_orderness=written)
+    [error] = raised.value.errors()
+    assert error["loc"] == ("max_out_of_orderness",)
+    message = error["msg"]
+    assert "\n" not in message and "'10 mins'" in message and "'PT10M'" in message, message
+
+
+def test_the_fingerprints_of_the_demo_and_example_pipelines_are_unchanged() -> None:
+    """Durations enter the fingerprint as milliseconds: these were taken with the parser
+    durations had before, and must not move (a checkpoint would refuse its pipeline)."""
+    fingerprints = {
+        name: p.fingerprint()
+        for source in (None, str(REPO / "examples" / "pipelines.yaml"))
+        for name, p in load_pipelines(source).items()
+    }
+    assert fingerprints == {
+        "orders": "61f3ca4788d6cd95",
+        "user_revenue": "50f29727ce964520",
+        "latest_orders": "75a8e0f5e0efaa10",
+        "synthetic_clicks": "4407969415685b79",
+        "kafka_orders": "ecf4971d500e9334",
+        "clicks_two_regions": "f9100180d1d6ca37",
+        "clicks_per_hour": "d151a882d50a754f",
+    }
