@@ -12,6 +12,7 @@ run with the same offsets, as after any crash.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -47,11 +48,14 @@ def prepare_home(home: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
         shutil.copy(PROJECT / "dagster.yaml", home / "dagster.yaml")
-    # Its storage is created here, once: the webserver, daemon and code server of a new
-    # SQLite instance would each create it at the same moment, and two may stamp its schema
+    # Its storage is created here, once, under a lock: the webserver, daemon and code
+    # server of a new SQLite instance would each create it at the same moment, and so may
+    # a `lowmark run` reporting to it while `lowmark ui` starts; two may stamp its schema
     # ("alembic_version has more than one head present", seen on a loaded machine).
-    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))):
-        pass
+    with (home / ".lowmark-storage.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))):
+            pass
     return home
 
 
