@@ -41,11 +41,12 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from batches.config import UserConfig
 from batches.errors import ExpectationsFailed, PipelineConfigInvalid
 from state import quarantine
 from state.errors import first_line
@@ -57,13 +58,7 @@ DEFAULT_MAX_BAD_FRACTION = 0.9
 Action = Literal["warn", "drop", "fail"]
 
 
-class _Config(BaseModel):
-    # Attribute docstrings are field descriptions too: the configuration reference is
-    # generated from them (scripts/config_reference.py).
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-
-class Expectation(_Config):
+class Expectation(UserConfig):
     """A named condition every record of a batch should meet (after the transform)."""
 
     name: str = Field(
@@ -82,7 +77,7 @@ class Expectation(_Config):
     )
 
 
-class Quality(_Config):
+class Quality(UserConfig):
     """When a batch fails instead of committing (thresholds: changeable on a running
     checkpoint, so "loosen the threshold and run again" replays the failed batch)."""
 
