@@ -151,7 +151,7 @@ def backfill_partition(
             "are: restore that input to backfill"
         )
     read = source.read(history.start, history.end, done.batch_id, strict=True)
-    records = pipeline.transform(read.records) if pipeline.transform else read.records
+    records = pipeline.transformed(read.records)
 
     # Step 4. One batch aggregation, sliced.
     stage = WindowedStage(event_time, aggregation, state)

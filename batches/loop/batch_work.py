@@ -127,7 +127,7 @@ class BatchWork:
 
     def _transformed(self, read: SourceRead, batch: Range) -> DataFrame:
         """The records of ``read`` (of ``batch``'s range) after the pipeline's transform."""
-        out = self.pipeline.transform(read.records) if self.pipeline.transform else read.records
+        out = self.pipeline.transformed(read.records)
         if PARTITION_COLUMN not in out.columns:
             # A transform that selected its columns dropped the partition; when the batch
             # reads one partition (or none: no records) there is nothing to lose by
