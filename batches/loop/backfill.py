@@ -159,6 +159,7 @@ def backfill_partition(
     windows = stage.windows_of(records).where(
         (start_col >= F.lit(start_ms)) & (start_col < F.lit(end_ms))
     )
+    windows = pipeline.post_aggregated(windows)  # as the stream's batches wrote them
     rows = windows.toArrow()
     read.unpersist()
     source.confirm(history)
