@@ -664,7 +664,7 @@ class Pipeline(_Config):
     ``package.module:function``), or a SQL query over the batch's records
     (``{sql: "SELECT ... FROM input"}``, a ``SqlStep``). A windowed pipeline's
     ``post_aggregation`` is either kind too, over the windows a batch emits
-    (``FROM windows``): see ``batches.sql`` and ``batches.event_time.post_aggregation``.
+    (``FROM windows``): see docs/sql.md, ``batches.sql`` and ``batches.loop.post_aggregation``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
