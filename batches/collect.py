@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructField, StructType
 
 KIND = "_lowmark_part"
@@ -108,6 +108,13 @@ def to_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFr
     if not table.num_rows:  # Spark cannot take an Arrow column of no chunks
         return spark.createDataFrame([], schema=loose)
     return spark.createDataFrame(table.select(schema.fieldNames()), schema=loose)
+
+
+def frame_of(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """``table`` as a local Spark frame of its own schema (a local relation: no job)."""
+    if not table.num_rows:  # Spark cannot take an Arrow column of no chunks
+        return spark.createDataFrame([], schema=from_arrow_schema(table.schema))
+    return spark.createDataFrame(table)
 
 
 @contextmanager

@@ -29,9 +29,8 @@ from batches.config import UserConfig
 from batches.durations import DurationMs
 from batches.errors import PipelineConfigInvalid
 from batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
+from batches.sql import SqlStep, Transform, apply_step, step_semantics
 from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
-
-Transform = Callable[[DataFrame], DataFrame]
 
 
 class _Config(UserConfig):
@@ -661,8 +660,11 @@ class Maintenance(_Config):
 class Pipeline(_Config):
     """One streaming pipeline: source → transform → sink, with its checkpoint.
 
-    ``transform`` is a function DataFrame → DataFrame, or in YAML its import
-    path (``package.module:function``).
+    ``transform`` is a function DataFrame → DataFrame (in YAML its import path,
+    ``package.module:function``), or a SQL query over the batch's records
+    (``{sql: "SELECT ... FROM input"}``, a ``SqlStep``). A windowed pipeline's
+    ``post_aggregation`` is either kind too, over the windows a batch emits
+    (``FROM windows``): see docs/sql.md, ``batches.sql`` and ``batches.loop.post_aggregation``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -671,8 +673,10 @@ class Pipeline(_Config):
     description: str = Field(default="", description="Shown by `lowmark list` and in Dagster.")
     source: SourceConfig
     """Where records come from; `kind` picks the source (default `files`)."""
-    transform: ImportString[Transform] | None = Field(
-        default=None, description="DataFrame → DataFrame applied to each batch."
+    transform: ImportString[Transform] | SqlStep | None = Field(
+        default=None,
+        description="Applied to each batch's records: the import path of a DataFrame → "
+        'DataFrame function, or `{sql: "SELECT ... FROM input"}`.',
     )
     expectations: tuple[Expectation, ...] = Field(
         default=(),
@@ -691,6 +695,14 @@ class Pipeline(_Config):
     )
     aggregation: WindowedAggregation | None = Field(
         default=None, description="Windowed aggregation per key (needs event_time)."
+    )
+    post_aggregation: ImportString[Transform] | SqlStep | None = Field(
+        default=None,
+        description="Applied to the windows each batch emits, before the sink (filter or "
+        "project them, as HAVING would): the import path of a DataFrame → DataFrame "
+        'function, or `{sql: "SELECT ... FROM windows WHERE ..."}`. In update mode it '
+        "must keep the window's keys, `window_start` and `window_end`; a window it removes "
+        "is deleted from the sink.",
     )
     checkpoint: str | None = Field(
         default=None, description="Checkpoint folder; default <data root>/_lowmark/<name>."
@@ -749,12 +761,27 @@ class Pipeline(_Config):
             raise ValueError(
                 "`backfill` recomputes event-time windows: it needs `aggregation`; remove it"
             )
+        elif self.post_aggregation is not None:
+            raise ValueError(
+                "`post_aggregation` runs on the windows an aggregation emits: it needs "
+                "`aggregation`; use `transform` for the records"
+            )
         if self.backfill is not None and not isinstance(self.sink, DeltaSink):
             raise ValueError(
                 "`backfill` replaces a slice of the sink's Delta table: it needs a "
                 "`kind: delta` sink; remove it"
             )
         return self
+
+    def transformed(self, records: DataFrame) -> DataFrame:
+        """``records`` after the pipeline's ``transform`` (a query sees them as ``input``)."""
+        return apply_step(self.transform, records, "input", f"the transform of {self.name}")
+
+    def post_aggregated(self, windows: DataFrame) -> DataFrame:
+        """``windows`` after the pipeline's ``post_aggregation`` (a query sees them as
+        ``windows``)."""
+        what = f"the post_aggregation of {self.name}"
+        return apply_step(self.post_aggregation, windows, "windows", what)
 
     def sink_config(self) -> DeltaSink | CustomSink:
         """The sink as written: update-mode aggregations MERGE a Delta sink on keys + window."""
@@ -800,19 +827,23 @@ class Pipeline(_Config):
         sink's table properties are left out:
         changing them on a running checkpoint is safe.
         The transform counts by its import path, so editing its body is allowed
-        (as in Spark), renaming it is not. Of the expectations, only the ``drop`` ones
-        count, and only when there are some (``batches.expectations``): ``warn`` and
-        ``fail`` ones and the ``quality`` thresholds change no committed row.
+        (as in Spark), renaming it is not; a SQL transform by its query (surrounding
+        whitespace stripped). ``post_aggregation`` counts the same way, and only when
+        set, so pipelines without it keep their fingerprint. Of the expectations, only
+        the ``drop`` ones count, and only when there are some (``batches.expectations``):
+        ``warn`` and ``fail`` ones and the ``quality`` thresholds change no committed row.
         """
         semantics: dict[str, Any] = {
             "source": self.source.semantics(),
-            "transform": self.transform,
+            "transform": step_semantics(self.transform),
             # Properties apply when the sink is created, and change no batch's rows; nor
             # do a custom sink's options (where and how it writes).
             "sink": self.sink.model_dump(exclude={"properties", "options"}),
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }
+        if self.post_aggregation is not None:
+            semantics["post_aggregation"] = step_semantics(self.post_aggregation)
         drops = fingerprint_semantics(self.expectations)
         if drops is not None:  # absent otherwise: checkpoints from before keep theirs
             semantics["expectations"] = drops

@@ -151,7 +151,7 @@ def backfill_partition(
             "are: restore that input to backfill"
         )
     read = source.read(history.start, history.end, done.batch_id, strict=True)
-    records = pipeline.transform(read.records) if pipeline.transform else read.records
+    records = pipeline.transformed(read.records)
 
     # Step 4. One batch aggregation, sliced.
     stage = WindowedStage(event_time, aggregation, state)
@@ -159,6 +159,7 @@ def backfill_partition(
     windows = stage.windows_of(records).where(
         (start_col >= F.lit(start_ms)) & (start_col < F.lit(end_ms))
     )
+    windows = pipeline.post_aggregated(windows)  # as the stream's batches wrote them
     rows = windows.toArrow()
     read.unpersist()
     source.confirm(history)

@@ -31,6 +31,7 @@ from batches.event_time.stage import (
 from batches.expectations import DROPPED, Checks
 from batches.loop.catch_up import Seen, row_by_row
 from batches.loop.plan import PlannedBatch
+from batches.loop.post_aggregation import post_aggregated
 from batches.pipeline import Pipeline
 from batches.sinks import Sink, WindowedSink
 from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
@@ -127,7 +128,7 @@ class BatchWork:
 
     def _transformed(self, read: SourceRead, batch: Range) -> DataFrame:
         """The records of ``read`` (of ``batch``'s range) after the pipeline's transform."""
-        out = self.pipeline.transform(read.records) if self.pipeline.transform else read.records
+        out = self.pipeline.transformed(read.records)
         if PARTITION_COLUMN not in out.columns:
             # A transform that selected its columns dropped the partition; when the batch
             # reads one partition (or none: no records) there is nothing to lose by
@@ -285,8 +286,18 @@ class BatchWork:
         are read on the driver as of the state batch ``planned`` starts from
         (``_state_as_of``); the merge runs there too when the aggregates allow,
         else as one Spark job over that local data (``taken``: the batch's own
-        frames, which a batch merged in Spark always has).
+        frames, which a batch merged in Spark always has). The windows it emits then go
+        through the pipeline's post-aggregation step, if any (``post_aggregation``: one
+        Spark job when it emits some).
         """
+        assert self.stage is not None
+        changes = self._merged(partials, taken, planned)
+        return post_aggregated(self._spark, self.pipeline, changes, self.stage.identity)
+
+    def _merged(
+        self, partials: pa.Table, taken: Taken | None, planned: PlannedBatch
+    ) -> WindowChanges:
+        """The merge of step 5 (``windows``)."""
         stage = self.stage
         assert stage is not None
         nearby, final = stage.state_rows(partials, self._state_as_of(planned), planned.watermark_ms)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
-from pyspark.sql.pandas.types import from_arrow_schema
 
+from batches.collect import frame_of
 from batches.errors import PipelineConfigInvalid
 from batches.pipeline import CustomSink
 from batches.sinks.base import Sink, WindowedSink
@@ -43,12 +42,9 @@ class WindowsAsFrames(WindowedSink):
         gone = retract if retract is not None and retract.num_rows else None
         if not rows.num_rows and gone is None:
             return None
-        return self.sink.write(self._frame(rows), batch_id, self._frame(gone) if gone else None)
+        spark = self._spark()
+        retract = frame_of(spark, gone) if gone else None
+        return self.sink.write(frame_of(spark, rows), batch_id, retract)
 
     def landed(self, batch_id: int) -> bool | None:
         return self.sink.landed(batch_id)
-
-    def _frame(self, table: pa.Table) -> DataFrame:
-        if not table.num_rows:  # Spark cannot take an Arrow column of no chunks
-            return self._spark().createDataFrame([], schema=from_arrow_schema(table.schema))
-        return self._spark().createDataFrame(table)

@@ -89,4 +89,5 @@ def test_the_fingerprints_of_the_demo_and_example_pipelines_are_unchanged() -> N
         "kafka_orders": "ecf4971d500e9334",
         "clicks_two_regions": "f9100180d1d6ca37",
         "clicks_per_hour": "d151a882d50a754f",
+        "busy_minutes_sql": "3bf2c6952cd0ee55",
     }
