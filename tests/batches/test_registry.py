@@ -35,6 +35,7 @@ def test_the_example_yaml_declares_a_pipeline_for_every_source_kind() -> None:
         "kafka_orders": "kafka",
         "clicks_two_regions": "union",
         "clicks_per_hour": "delta",
+        "busy_minutes_sql": "files",  # the SQL steps' example
     }
     kafka = pipelines["kafka_orders"].source
     assert isinstance(kafka, KafkaSource) and kafka.topics == ("orders",)
