@@ -17,7 +17,7 @@ from types import ModuleType
 import click
 import pytest
 import typer
-from markdown.extensions.toc import slugify  # type: ignore[import-untyped]
+from markdown.extensions.toc import slugify
 
 from scripts import config_reference
 
