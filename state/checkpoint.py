@@ -28,6 +28,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pyarrow as pa
 
@@ -216,15 +217,20 @@ class Checkpoint:
         return str(row["pipeline_id"])
 
 
-def move_aside(location: str, suffix: str) -> str | None:
-    """Rename the local checkpoint folder ``location`` to ``<location>.<suffix>``, never
-    deleting it; where it went (None: there was none). A runner still on it stops at its
-    next ``Checkpoint.fence``."""
+def move_aside(location: str, why: str) -> str | None:
+    """Rename the local checkpoint folder ``location`` to ``<location>.<why>-<UTC time>``
+    (``time_stamp``), never deleting it; where it went (None: there was none). A runner still
+    on it stops at its next ``Checkpoint.fence``."""
     if not os.path.exists(location):
         return None
-    moved = f"{location}.{suffix}"
+    moved = f"{location}.{why}-{time_stamp()}"
     os.rename(location, moved)
     return moved
+
+
+def time_stamp() -> str:
+    """Now, UTC, as a name part that sorts by time (``20261126T151530123456Z``)."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
 @dataclass(frozen=True)

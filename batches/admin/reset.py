@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
@@ -38,7 +37,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from batches.loop.sink_owner import held_elsewhere, sink_holder
 from batches.pipeline import Pipeline, resolve
-from state.checkpoint import Checkpoint, move_aside
+from state.checkpoint import Checkpoint, move_aside, time_stamp
 from state.delta import USER_METADATA_CONF
 from state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkError
 from state.offset_log import OffsetEntry, OffsetLog, Offsets
@@ -76,7 +75,7 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
     _refuse_another_pipelines_sink(pipeline, local, sink)
     if mode == "after":
         return _after(pipeline, local, sink)
-    moved = move_aside(local, f"reset-{_stamp()}")
+    moved = move_aside(local, "reset")
     new = Checkpoint(location, pipeline.name)
     app_id = new.txn_app_id("sink")
     if DeltaTable.is_deltatable(sink):
@@ -131,7 +130,7 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
     old = _old_tables(location, writer.pipeline_id, pipeline.name)
     entry = _offsets_of(old, writer.batch_id)
     end = entry.end_offsets
-    staging = f"{location}.new-{_stamp()}"
+    staging = f"{location}.new-{time_stamp()}"
     taken = _taken_files(f"{old}/files", end)
     if taken is not None:
         files = DriverTable(f"{staging}/files", taken.schema, "file manifest")
@@ -151,7 +150,7 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
     )
     if schema is not None:
         new.schema.fix(schema)
-    moved = move_aside(location, f"reset-{_stamp()}")
+    moved = move_aside(location, "reset")
     os.rename(staging, location)
     return Reset(
         "after",
@@ -212,10 +211,6 @@ def _schema_json(location: str) -> str | None:
         return None
     values = table.read().column("schema_json").to_pylist()
     return str(values[0]) if values else None
-
-
-def _stamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
 def _local(location: str) -> str:

@@ -13,7 +13,6 @@ deleted) and a new one starts where the old one started.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,7 @@ def start_over(
     if _wrote_old_sink(old, ckpt.pipeline_id, data_root):
         return None
     same_source = old.get("source") == planner.definition.get("source")
-    moved = move_aside(ckpt.location, f"changed-{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}")
+    moved = move_aside(ckpt.location, "changed")
     log.warning(
         "pipeline %s changed before its first batch committed (%s): batch 0 starts over "
         "under the new definition; the old checkpoint is at %s",
