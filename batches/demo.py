@@ -11,12 +11,13 @@ import json
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from batches.pipeline import DeltaSink, EventTimePartitions, FileSource, HealthChecks, Pipeline
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 INCOMING = "demo/incoming"
 USERS = ["ada", "bob", "cyd", "dee", "eve"]
@@ -27,8 +28,12 @@ def clean_orders(df: DataFrame) -> DataFrame:
 
     ``try_to_timestamp``: an unparseable time becomes null (a windowed pipeline
     sets its record aside in the late table) instead of failing the batch on
-    every replay (Spark's ANSI mode makes ``to_timestamp`` raise).
+    every replay (Spark's ANSI mode makes ``to_timestamp`` raise). PySpark is imported
+    here, not with the module: ``lowmark list`` and ``show`` read the demo's definitions
+    without it.
     """
+    from pyspark.sql import functions as F
+
     return (
         df.where(F.col("quantity") > 0)
         .withColumn("event_time", F.try_to_timestamp(F.col("ts")))

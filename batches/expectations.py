@@ -38,18 +38,18 @@ existed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 from pydantic import Field
-from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
 
 from batches.config import UserConfig
 from batches.errors import ExpectationsFailed, PipelineConfigInvalid
 from state import quarantine
 from state.errors import first_line
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 PARSABLE = "parsable"
 """The built-in expectation: the source could parse the row (its violations are the
@@ -128,7 +128,10 @@ and ``reason`` (the names of the ``drop`` expectations it violated)."""
 
 
 class Checks:
-    """A pipeline's expectations as Spark columns over its transformed records."""
+    """A pipeline's expectations as Spark columns over its transformed records.
+
+    PySpark is imported by the methods that build columns, not with the module: reading a
+    definition (``lowmark list``, ``show``) must not import it."""
 
     def __init__(self, pipeline_name: str, expectations: Sequence[Expectation], quality: Quality):
         self.pipeline = pipeline_name
@@ -139,6 +142,9 @@ class Checks:
         return bool(self.expectations)
 
     def _violated(self, e: Expectation) -> Column:
+        from pyspark.errors import PySparkException
+        from pyspark.sql import functions as F
+
         try:
             condition = F.expr(e.condition)
         except PySparkException as exc:
@@ -154,11 +160,15 @@ class Checks:
 
     def dropped(self) -> Column:
         """True for a record a ``drop`` expectation removes."""
+        from pyspark.sql import functions as F
+
         flags = [self._violated(e) for e in self.drops]
         return F.lit(False) if not flags else _any(flags)
 
     def counts(self) -> list[Column]:
         """Aggregates: per expectation, the records that violate it (``VIOLATION<i>``)."""
+        from pyspark.sql import functions as F
+
         return [
             F.count(F.when(self._violated(e), 1)).alias(f"{VIOLATION}{i}")
             for i, e in enumerate(self.expectations)
@@ -171,6 +181,8 @@ class Checks:
     def dropped_record(self, payload: Sequence[str]) -> Column:
         """A dropped record as ``bad_records`` keeps it: its ``payload`` columns as JSON
         (``raw``) and the names of the ``drop`` expectations it violates (``reason``)."""
+        from pyspark.sql import functions as F
+
         names = [F.when(self._violated(e), F.lit(e.name)) for e in self.drops]
         return F.struct(
             F.to_json(F.struct(*[F.col(f"`{c}`") for c in payload])).alias("raw"),

@@ -23,7 +23,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pyspark.sql import DataFrame
 
 from batches.config import UserConfig
 from batches.durations import DurationMs
@@ -31,6 +30,9 @@ from batches.errors import PipelineConfigInvalid
 from batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
 from batches.sql import SqlStep, Transform, apply_step, step_semantics
 from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 class _Config(UserConfig):

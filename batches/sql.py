@@ -25,17 +25,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import Field, field_validator
-from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame
 
 from batches.config import UserConfig
 from batches.errors import PipelineConfigInvalid
 from state.errors import first_line
 
-Transform = Callable[[DataFrame], DataFrame]
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    Transform: TypeAlias = Callable[[DataFrame], DataFrame]
+else:
+    # What pydantic checks of a step is that it is callable; so reading a definition
+    # (`lowmark list`, `show`) never imports PySpark, which only a batch needs.
+    Transform = Callable[[Any], Any]
 """A step as a Python function: DataFrame → DataFrame."""
 
 _BOUND = "_lowmark_relation"
@@ -69,6 +74,8 @@ class SqlStep(UserConfig):
     def over(self, frame: DataFrame, relation: str, what: str) -> DataFrame:
         """The query over ``frame``, named ``relation``; analysed now, lazy otherwise.
         ``what`` names the step in errors ("the transform of pipeline p")."""
+        from pyspark.errors import PySparkException
+
         escaped = self.text.replace("{", "{{").replace("}", "}}")
         query = _PREFIX.format(relation=relation) + escaped + "\n)"
         try:

@@ -10,14 +10,21 @@ apart, and merge across batches when a new event bridges two sessions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import ConfigDict, Field, model_validator
-from pyspark.sql import Column
-from pyspark.sql import functions as F
 
 from batches.config import UserConfig
 from batches.durations import DurationMs
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+    ColumnFunction: TypeAlias = Callable[[Column], Column]
+else:
+    # pydantic checks only that it is callable; so reading a definition never imports
+    # PySpark, which only a batch needs.
+    ColumnFunction = Callable[[Any], Any]
 
 
 class _Config(UserConfig):
@@ -229,11 +236,11 @@ class UserAggregate(_Config):
     """Output column."""
     column: str
     """Input column."""
-    partial: Callable[[Column], Column]
+    partial: ColumnFunction
     """Input rows → one partial value (an aggregate expression)."""
-    merge: Callable[[Column], Column]
+    merge: ColumnFunction
     """Partial values → one partial value (an aggregate expression)."""
-    finish: Callable[[Column], Column]
+    finish: ColumnFunction
     """Partial value → output value."""
 
 
@@ -270,6 +277,8 @@ def last_window_end_ms(window: Tumbling | Sliding, event_ms: Column) -> Column:
     A record is too late for every one of its windows iff this end plus the
     allowed lateness is not past the watermark.
     """
+    from pyspark.sql import functions as F
+
     slide = window.size if isinstance(window, Tumbling) else window.slide
     offset = window.offset if isinstance(window, Tumbling) else 0
     last_start = F.floor((event_ms - F.lit(offset)) / F.lit(slide)) * F.lit(slide) + F.lit(offset)
@@ -278,6 +287,8 @@ def last_window_end_ms(window: Tumbling | Sliding, event_ms: Column) -> Column:
 
 def assign_windows(window: Tumbling | Sliding, event_time: Column) -> Column:
     """Spark's ``window()`` struct (start, end) for ``event_time``; sliding windows explode."""
+    from pyspark.sql import functions as F
+
     size = f"{window.size} milliseconds"
     if isinstance(window, Tumbling):
         return F.window(event_time, size, startTime=f"{window.offset} milliseconds")

@@ -21,24 +21,22 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import dagster as dg
 import typer
-from dagster._core.instance.ref import InstanceRef
 
 from batches.cli import commands, look  # noqa: F401 (look registers `show` and `sql`)
 from batches.cli.display import print_json
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import Pipeline
 from batches.registry import load_pipelines
 from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
-from orchestration.partitions import event_time_partitions
 from orchestration.project import find_project
-from orchestration.reporting import BatchReports
-from orchestration.runs import IN_FLIGHT, runs_of
-from orchestration.scaffold import FILES, command_lines, init_project
-from orchestration.ui import PROJECT, DagsterDev, prepare_home
+
+# Dagster (and, through the engine, PySpark) is imported by what needs it: reporting a
+# batch, `lowmark ui`, `init`. `lowmark --help`, `list`, `show`, `sql`, `status` and
+# `plan` never import Dagster (docs/cli.md, "Fast commands").
+if TYPE_CHECKING:
+    from batches.loop.microbatch import BatchResult, MicroBatchRunner
+    from batches.pipeline import Pipeline
 
 
 def report_to_dagster(
@@ -48,6 +46,12 @@ def report_to_dagster(
     home = os.environ.get("DAGSTER_HOME")
     if not home:
         return None
+    import dagster as dg
+
+    from orchestration.partitions import event_time_partitions
+    from orchestration.reporting import BatchReports
+    from orchestration.ui import prepare_home
+
     prepare_home(Path(home))
     instance = dg.DagsterInstance.get()
     pipeline = runner.pipeline
@@ -67,6 +71,11 @@ def runs_in_flight(pipeline: Pipeline) -> str | None:
     home = os.environ.get("DAGSTER_HOME")
     if not home or not (Path(home) / "dagster.yaml").exists():
         return None
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    from orchestration.runs import IN_FLIGHT, runs_of
+
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(home)) as instance:
         running = runs_of(instance, pipeline, IN_FLIGHT)
     if not running:
@@ -104,6 +113,8 @@ def ui(
     Ctrl-C or SIGTERM stops all of it, runs and their Spark included, within
     about 10 s: a run following the source finishes its batch first.
     """
+    from orchestration.ui import PROJECT, DagsterDev
+
     c: commands.Context = ctx.obj
     home = Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()
     env = {"LOWMARK_DATA_ROOT": str(c.data_root)}
@@ -162,6 +173,8 @@ def init(
     LOWMARK_PIPELINES / LOWMARK_DATA_ROOT / DAGSTER_HOME > lowmark.toml > the demo).
     FOLDER must be new or empty: nothing is overwritten.
     """
+    from orchestration.scaffold import FILES, command_lines, init_project
+
     made = init_project(folder, datetime.now(UTC))
     if as_json:
         print(made.to_json())

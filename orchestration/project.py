@@ -38,11 +38,14 @@ import tomllib
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 PROJECT_FILE = "lowmark.toml"
 SAFE_DIRECTORIES_ENV = "LOWMARK_SAFE_DIRECTORIES"

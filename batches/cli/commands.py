@@ -20,22 +20,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
-from pyspark.errors import AnalysisException
-from pyspark.sql import SparkSession
 from rich.console import Console
 
-from batches.admin.reset import reset as reset_pipeline
-from batches.admin.skip_batch import set_aside
-from batches.admin.status import (
-    NextBatchStatus,
-    PipelineStatus,
-    pipeline_history,
-    pipeline_plan,
-    pipeline_status,
-)
 from batches.cli.display import duration, iso_utc, moment, print_fields, print_json, print_table
 from batches.cli.logs import (
     DETAILS,
@@ -43,6 +32,7 @@ from batches.cli.logs import (
     jvm_output_to,
     log_file,
     send_logs,
+    send_pyspark_logs,
     stop_logs,
 )
 from batches.clock import Clock, SystemClock
@@ -50,15 +40,20 @@ from batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from batches.durations import parse_duration_ms
 from batches.errors import BatchFailed, RunInFlight
 from batches.expectations import PARSABLE
-from batches.loop.follow import follow
-from batches.loop.maintenance import maintain_checkpoint
+from batches.loop.events import BatchResult
 from batches.loop.metrics import TEXTFILE_ENV, exported_metrics
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import DeltaSink, Pipeline, resolve
 from batches.registry import get_pipeline, load_pipelines
-from batches.sources.base import describe_range
 from state.errors import LowmarkError, first_line
-from state.session import SparkSettings, get_spark
+
+# The engine (batches.loop, the sources, state.session) and PySpark are imported by the
+# commands that run or plan batches, not with this module: `lowmark --help`, `list`,
+# `show` and `sql` must not pay for importing them (docs/cli.md, "Fast commands").
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from batches.admin.status import NextBatchStatus, PipelineStatus
+    from batches.loop.microbatch import MicroBatchRunner
 
 app = typer.Typer(
     help="lowmark: exactly-once micro-batch streaming on Spark + Delta.",
@@ -71,8 +66,12 @@ err = Console(stderr=True)
 details_log = logging.getLogger(DETAILS)
 
 
-BatchListener = Callable[[MicroBatchRunner, Path], Callable[[BatchResult], None] | None]
-"""Given a runner and the data root, what to call with each batch it commits (None: nothing)."""
+if TYPE_CHECKING:
+    BatchListener: TypeAlias = Callable[
+        [MicroBatchRunner, Path], Callable[[BatchResult], None] | None
+    ]
+    """Given a runner and the data root, what to call with each batch it commits (None:
+    nothing)."""
 
 ResetGuard = Callable[[Pipeline], str | None]
 """Why a reset of a pipeline must not go on now (a run of it in flight elsewhere), or None."""
@@ -97,17 +96,23 @@ class Context:
     ) -> None:
         self.pipelines = pipelines
         self.data_root = data_root.resolve()
-        self.settings = SparkSettings(master=master) if master else SparkSettings()
+        self.master = master
         self.listeners = listeners
         self.clock = clock or SystemClock()
         self.reset_guards = reset_guards
 
     def spark(self) -> SparkSession:
+        from pyspark.sql import SparkSession
+
+        from state.session import SparkSettings, get_spark
+
+        settings = SparkSettings(master=self.master) if self.master else SparkSettings()
+        send_pyspark_logs()
         if SparkSession.getActiveSession() is not None:
-            return get_spark(self.settings)
+            return get_spark(settings)
         # Spark's JVM prints to the log file, not the console (batches.cli.logs).
         with err.status("starting Spark…"), jvm_output_to(log_file(self.data_root)):
-            return get_spark(self.settings)
+            return get_spark(settings)
 
     def on_batch(
         self, runner: MicroBatchRunner, show: Callable[[BatchResult], None] | None
@@ -292,6 +297,8 @@ def run(
     limit_s = None if max_seconds is None else _seconds("--max-seconds", max_seconds)
     if poll_s <= 0:
         raise typer.BadParameter("--poll-interval must be more than 0")
+    from batches.loop.microbatch import MicroBatchRunner
+
     p = get_pipeline(pipeline, c.pipelines)
     # Spark starts with the first batch that needs it: none if there is nothing to do.
     runner = MicroBatchRunner(c.spark, p, c.data_root, c.clock)
@@ -380,6 +387,8 @@ def _follow(
     max_seconds: float | None,
     as_json: bool,
 ) -> None:
+    from batches.loop.follow import follow
+
     pipeline = runner.pipeline.name
     limit = "until stopped" if max_seconds is None else f"for at most {max_seconds:g} s"
     err.print(
@@ -409,6 +418,8 @@ def _is_number(value: str) -> bool:
 
 
 def _print_batch(r: BatchResult) -> None:
+    from batches.sources.base import describe_range
+
     what = "replayed" if r.replay else "committed"
     lag = f"; event-time lag {duration(r.lag_ms)}" if r.lag_ms is not None else ""
     starting = r.durations_ms.get("start_spark")
@@ -426,6 +437,8 @@ def _print_batch(r: BatchResult) -> None:
 
 def _batch_json(r: BatchResult) -> dict[str, Any]:
     """A committed batch as JSON: ``BatchResult``'s fields and ``input`` (the range in words)."""
+    from batches.sources.base import describe_range
+
     return r.to_json() | {"input": describe_range(r.start, r.end)}
 
 
@@ -444,6 +457,8 @@ def status(
 
     Reads the checkpoint on the driver: no Spark is started.
     """
+    from batches.admin.status import pipeline_status
+
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
     s = pipeline_status(c.spark, p, c.data_root, c.clock)
@@ -575,6 +590,8 @@ def plan(
     closes windows); or nothing to do. The runner's own planning rule, asked
     without recording anything; no Spark is started for local folders.
     """
+    from batches.admin.status import pipeline_plan
+
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
     plan = pipeline_plan(c.spark, p, c.data_root, c.clock)
@@ -623,6 +640,8 @@ def history(
     as_json: JsonFlag = False,
 ) -> None:
     """Show PIPELINE's per-batch progress (the checkpoint's progress table)."""
+    from batches.admin.status import pipeline_history
+
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
     rows = pipeline_history(p, c.data_root, last)
@@ -661,6 +680,8 @@ def compact(
     for next time) and between a crash and its replay (the window state the
     last commit recorded, which the replay and backfills read, is kept).
     """
+    from batches.loop.maintenance import maintain_checkpoint
+
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
     done = maintain_checkpoint(c.spark, p, c.data_root)
@@ -704,6 +725,8 @@ def skip_batch(
     empty commit lets the next batch run. Reprocess the files once the
     transform is fixed (docs/guarantees.md, "Poison batches"). Starts no Spark.
     """
+    from batches.admin.skip_batch import set_aside
+
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
     done = set_aside(c.spark, p, c.data_root, batch, reason, c.clock)
@@ -754,6 +777,8 @@ def reset(
     beginning; --after-sink starts right after the last batch the sink holds
     (its offsets and file manifest come from the old checkpoint).
     """
+    from batches.admin.reset import reset as reset_pipeline
+
     if truncate_sink == after_sink:
         raise typer.BadParameter("choose one of --truncate-sink and --after-sink")
     c: Context = ctx.obj
@@ -795,6 +820,9 @@ def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     orders and sums revenue per user per minute (event-time windows), sending
     the straggler file's orders to its late table.
     """
+    from batches.admin.status import pipeline_status
+    from batches.loop.microbatch import MicroBatchRunner
+
     c: Context = ctx.obj
     now = datetime.fromtimestamp(c.clock.now_ms() / 1000, UTC)
     written = write_sample_files(c.data_root, now=now)
@@ -873,12 +901,19 @@ def main(
         _fail(str(exc), exc, 2, details=not isinstance(exc.__cause__, LowmarkError))
     except LowmarkError as exc:
         _fail(str(exc), exc, 2, details=False)
-    except AnalysisException as exc:
-        _fail(f"Spark rejected the pipeline: {first_line(exc)}", exc, 2, details=True)
     except Exception as exc:
+        if _analysis_error(exc):
+            _fail(f"Spark rejected the pipeline: {first_line(exc)}", exc, 2, details=True)
         _fail(f"{type(exc).__name__}: {first_line(exc)}", exc, 1, details=True)
     finally:
         stop_logs()
+
+
+def _analysis_error(exc: Exception) -> bool:
+    """Whether ``exc`` is Spark's verdict on the pipeline's query (an AnalysisException);
+    PySpark is not imported for it: an error of a command that never imported it is not."""
+    errors = sys.modules.get("pyspark.errors")
+    return errors is not None and isinstance(exc, errors.AnalysisException)
 
 
 def _fail(message: str, exc: Exception, code: int, details: bool) -> None:

@@ -25,8 +25,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pyspark.logger import PySparkLogger
-
 OWN_LOGGERS = ("batches", "state", "orchestration")
 """lowmark's packages: their warnings are for the person at the console."""
 
@@ -83,6 +81,24 @@ def send_logs(path: Path, verbose: bool) -> None:
         console.setLevel(os.environ.get("LOWMARK_LOG_LEVEL", "WARNING"))
         console.addFilter(lambda record: record.name.split(".")[0] in OWN_LOGGERS)
     root.addHandler(console)
+    _sent[:] = [(path, verbose)]
+    if "pyspark" in sys.modules:
+        send_pyspark_logs()
+
+
+_sent: list[tuple[Path, bool]] = []
+"""Where ``send_logs`` last sent logs, and if verbosely: for ``send_pyspark_logs``."""
+
+
+def send_pyspark_logs() -> None:
+    """PySpark's JSON error loggers to where ``send_logs`` sends logs (nothing when it was
+    not called). ``send_logs`` does it when PySpark is imported; otherwise a command calls
+    this before it starts Spark, so that one that never needs Spark never imports PySpark."""
+    if not _sent:
+        return
+    from pyspark.logger import PySparkLogger
+
+    path, verbose = _sent[0]
     for name in PYSPARK_LOGGERS:
         _to_file_only(PySparkLogger.getLogger(name), path, verbose)
 
@@ -115,6 +131,7 @@ def stop_logs() -> None:
     test, a caller of ``batches.cli.commands.main``): root back to Python's default level."""
     _remove_installed(logging.getLogger())
     logging.getLogger().setLevel(logging.WARNING)
+    _sent.clear()
     for name in PYSPARK_LOGGERS:
         _remove_installed(logging.getLogger(name))
 

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
@@ -25,7 +26,9 @@ from prometheus_client.exposition import start_http_server
 
 from batches.loop.events import BatchFailure, BatchResult, BatchStarted, FailedKind, RunTerminated
 from batches.loop.listeners import PipelineListener
-from batches.loop.microbatch import MicroBatchRunner
+
+if TYPE_CHECKING:
+    from batches.loop.microbatch import MicroBatchRunner
 
 log = logging.getLogger(__name__)
 
