@@ -1,0 +1,68 @@
+"""The commands that only read (``--help``, ``list``, ``show``, ``sql``) import neither
+Dagster nor PySpark: importing them costs seconds, the commands' own work milliseconds.
+
+One Python subprocess (the suite's own process has both imported) runs the console entry
+point the ``lowmark`` script runs, for each command in turn, then names what it imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import write_deltalake
+
+RUN_COMMANDS = """
+import json, sys
+from orchestration.cli import main
+
+for argv in json.loads(sys.argv[1]):
+    try:
+        main(argv)
+    except SystemExit as exc:
+        assert not exc.code, (argv, exc.code)
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"dagster", "pyspark"})))
+"""
+
+
+def test_help_list_show_and_sql_import_neither_dagster_nor_pyspark(tmp_path: Path) -> None:
+    # The demo's `orders` pipeline with a sink of two rows (written with delta-rs).
+    orders = pa.table({"order_id": ["o1", "o2"], "quantity": [1, 2]})
+    write_deltalake(str(tmp_path / "demo" / "orders"), orders)
+    root = ["--data-root", str(tmp_path)]
+    commands = [
+        [*root, "--help"],
+        [*root, "list"],
+        [*root, "show", "orders", "--json"],
+        [*root, "sql", "SELECT count(*) AS n FROM orders.sink"],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_COMMANDS, json.dumps(commands)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout.splitlines()
+    rows = [json.loads(line) for line in shown if line.startswith('{"order_id"')]
+    assert sorted(r["order_id"] for r in rows) == ["o1", "o2"]  # `show` did its work
+    assert json.loads(shown[-1]) == [], f"imported {shown[-1]}"
+
+
+def test_the_check_sees_an_import_of_pyspark(tmp_path: Path) -> None:
+    """The subprocess's report is not blind: a command that builds a pipeline's runner
+    (``lowmark plan``, which imports the engine) shows PySpark imported."""
+    commands = [["--data-root", str(tmp_path), "plan", "orders", "--json"]]
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_COMMANDS, json.dumps(commands)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pyspark" in json.loads(done.stdout.splitlines()[-1])
