@@ -76,6 +76,12 @@ class BatchFailed(LowmarkError):
     attempt and what to do, in one paragraph (``MicroBatchRunner.failure_report``)."""
 
 
+class DefinitionMismatch(LowmarkError):
+    """A pipeline's definition does not fit the input or the sink it meets (files not in
+    its ``format``, an event-time column the source lacks, a sink folder that cannot be
+    made): caught before Spark starts, nothing written (``batches.loop.preflight``)."""
+
+
 class SinkNotATable(LowmarkError):
     """A sink path holds something a Delta table cannot live in (a file)."""
 

@@ -19,6 +19,7 @@ from typing import Any
 from batches.clock import Clock, SystemClock
 from batches.loop.parts import read_only_planner
 from batches.loop.plan import NextBatch, Planner
+from batches.loop.preflight import find_problem
 from batches.pipeline import Pipeline
 from batches.sources.base import describe_range
 from state.checkpoint import Checkpoint
@@ -212,6 +213,9 @@ class BatchPlan:
     """The processing time it is planned at (a replay: when it was first planned)."""
     blocked: str | None
     """As in ``PipelineStatus.blocked``."""
+    problem: str | None = None
+    """Why a run would stop before Spark starts: the definition does not fit the batch's
+    input or the sink (``batches.loop.preflight``); None when nothing was found."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data (``lowmark plan --json``)."""
@@ -249,6 +253,8 @@ def pipeline_plan(
     next_status = _next_batch(planner, nxt, backlog)
     if planned is None or next_status is None:
         return nothing
+    inputs = source.inputs(planned.start, planned.end)
+    problem = find_problem(pipeline, source, inputs, data_root, planned.batch_id)
     return dataclasses.replace(
         nothing,
         reason=next_status.reason,
@@ -258,11 +264,12 @@ def pipeline_plan(
         start_offsets=planned.start,
         end_offsets=planned.end,
         input=describe_range(planned.start, planned.end),
-        inputs=source.inputs(planned.start, planned.end),
+        inputs=inputs,
         bytes=source.input_bytes(planned.start, planned.end),
         watermark_ms=planned.watermark_ms,
         planned_at_ms=planned.planned_at_ms,
         blocked=nxt.blocked,
+        problem=None if problem is None else str(problem),
     )
 
 

@@ -597,6 +597,8 @@ def plan(
     plan = pipeline_plan(c.spark, p, c.data_root, c.clock)
     if as_json:
         print_json(out, plan.to_json())
+        if plan.problem is not None:
+            raise typer.Exit(2)
         return
     now, batch_id = plan.as_of_ms, plan.batch_id
     if batch_id is None:
@@ -630,6 +632,10 @@ def plan(
     if plan.blocked:
         fields.append(("  blocked", plan.blocked))
     print_fields(out, fields)
+    if plan.problem is not None:
+        # What `lowmark run` would stop on, before Spark starts.
+        err.print(f"[red]error:[/] {plan.problem}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
 
 
 @app.command()

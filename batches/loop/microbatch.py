@@ -34,6 +34,7 @@ from batches.loop.maintenance import maintain_after
 from batches.loop.parts import BatchParts, build_parts
 from batches.loop.plan import EPOCH, PlannedBatch, Planner
 from batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
+from batches.loop.preflight import check_definition
 from batches.loop.sink_owner import check_sink_is_ours
 from batches.pipeline import Pipeline
 from batches.sinks import Sink, WindowedSink
@@ -82,6 +83,10 @@ class MicroBatchRunner:
         self.sleep = sleep
         """Waits between tries of a batch after a transient error (tests: no real wait)."""
         self.parts = parts or build_parts(self._spark, pipeline, data_root, self.clock)
+        self.data_root = data_root
+        self._checked = False
+        """Whether the definition was checked against the input and the sink (once, before
+        the run's first Spark job: ``batches.loop.preflight``)."""
         self.attempting: PlannedBatch | None = None
         """The batch the last ``run_batch`` was running when it raised (None: it did not)."""
         self._interrupted = False
@@ -250,6 +255,12 @@ class MicroBatchRunner:
         batch_id = planned.batch_id
         timer.lap("plan")
         faults.reached("after_plan", batch_id)
+        if not self._checked:
+            # Before anything is written or Spark starts; no failed attempt is recorded:
+            # the definition, not the batch, is at fault.
+            inputs = parts.source.inputs(planned.start, planned.end)
+            check_definition(self.pipeline, parts.source, inputs, self.data_root, batch_id)
+            self._checked = True
         self.attempting = planned
         if nxt.blocked is not None:
             raise PoisonBatch(nxt.blocked)

@@ -20,17 +20,24 @@ def check_sink_is_ours(pipeline: Pipeline, checkpoint: Checkpoint, sink: str) ->
     """Before ``checkpoint``'s first batch: its ``sink`` must be a folder (or nothing yet),
     and must not hold another checkpoint's writes, or the source, read from the start
     again, would land in it twice."""
-    if Path(sink).is_file():
-        raise SinkNotATable(
-            f"sink {sink} of {pipeline.name} is a file, not a folder a Delta table can live "
-            "in: point the pipeline's sink path at a folder, or move the file away"
-        )
+    if (not_a_table := sink_not_a_table(pipeline, sink)) is not None:
+        raise not_a_table
     writer = last_writer(sink)
     if writer is None or writer.pipeline_id in {checkpoint.pipeline_id, checkpoint.adopted_from}:
         return
     location = checkpoint.location
     holder = sink_holder(location, writer)
     raise SinkHeldElsewhere(held_elsewhere(pipeline, location, sink, writer, holder))
+
+
+def sink_not_a_table(pipeline: Pipeline, sink: str) -> SinkNotATable | None:
+    """Why ``sink`` cannot hold ``pipeline``'s Delta table (it is a file), or None."""
+    if not Path(sink).is_file():
+        return None
+    return SinkNotATable(
+        f"sink {sink} of {pipeline.name} is a file, not a folder a Delta table can live "
+        "in: point the pipeline's sink path at a folder, or move the file away"
+    )
 
 
 def sink_holder(location: str, writer: Writer) -> Found | None:

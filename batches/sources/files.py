@@ -327,7 +327,7 @@ class FileStreamSource(Source):
             cached = (records,) if cache else ()
             return SourceRead(records, None, counts, cached, self._unreadable(batch_id), size)
         if self.config.format == "csv" and self.options.get("header") == "true":
-            self._check_headers(paths, schema, batch_id)
+            self.check_headers(paths, schema.fieldNames(), batch_id)
         with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
         # Referencing every column makes every job parse every column: Spark parses only
         # the columns a query needs, so a bad value in an unparsed column would leave its
@@ -413,21 +413,22 @@ class FileStreamSource(Source):
 
         return explain
 
-    def _check_headers(self, paths: list[str], schema: StructType, batch_id: int) -> None:
-        """CSV columns are read by position: a header naming other columns is refused.
+    def check_headers(self, paths: list[str], names: list[str], batch_id: int) -> None:
+        """CSV columns are read by position: a header naming other columns than ``names``
+        (the source schema's) is refused.
 
         Spark would otherwise put a reordered or renamed column's values into
         whichever field sits at its position, silently.
         """
         sep = self.options.get("sep", self.options.get("delimiter", ","))
-        wanted = [name.lower() for name in schema.fieldNames()]
+        wanted = [name.lower() for name in names]
         for path in paths:
             line = self.storage.first_line(path)
             header = [name.strip().strip('"').lower() for name in line.split(sep)]
             if header != wanted:
                 raise SourceFileUnreadable(
                     f"{path} (taken by batch {batch_id}) has the CSV header {line.strip()!r} "
-                    f"but the source schema is {', '.join(schema.fieldNames())}: CSV columns "
+                    f"but the source schema is {', '.join(names)}: CSV columns "
                     "are read by position; rewrite the file in place with the source's "
                     "columns, or start over with `lowmark reset`"
                 )

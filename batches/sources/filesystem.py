@@ -56,7 +56,7 @@ class SourceFolder:
         ``_reused/<seq>/`` when an earlier file of its name is archived already, never over
         it, so that every batch's files stay readable."""
         path = f.path
-        local = _local_path(path)
+        local = local_path(path)
         if delete:
             if local is not None:
                 os.remove(local)
@@ -67,7 +67,7 @@ class SourceFolder:
         target = self.archived(path)
         if self.stat(target) is not None:
             target = self.archived(path, reused=f.seq)
-        target_local = _local_path(target)
+        target_local = local_path(target)
         if local is not None and target_local is not None:
             os.makedirs(os.path.dirname(target_local), exist_ok=True)
             os.replace(local, target_local)
@@ -89,7 +89,7 @@ class SourceFolder:
         return f"{self.archive.rstrip('/')}/{again}{below}"
 
     def first_line(self, path: str) -> str:
-        local = _local_path(path)
+        local = local_path(path)
         if local is not None:
             with open(local, encoding="utf-8", errors="replace") as f:
                 return f.readline()
@@ -105,7 +105,7 @@ class SourceFolder:
         """The visible files of the folder (or of its subfolders, one partition each)."""
         if self.partition is not None:
             return self._list_files(self.folder, self.partition)
-        local = _local_path(self.folder)
+        local = local_path(self.folder)
         if local is not None:
             if not os.path.isdir(local):
                 return []
@@ -125,7 +125,7 @@ class SourceFolder:
         return files
 
     def _list_files(self, folder: str, partition: str) -> list[ManifestFile]:
-        local = _local_path(folder)
+        local = local_path(folder)
         if local is not None:  # a plain directory listing: no JVM round trip per file
             if not os.path.isdir(local):
                 return []
@@ -159,7 +159,7 @@ class SourceFolder:
     def stat(self, path: str) -> tuple[int, int] | None:
         """(size, modification time in ms) of ``path`` as a listing records them; None if
         it is gone."""
-        local = _local_path(path)
+        local = local_path(path)
         if local is not None:
             try:
                 st = os.stat(local)
@@ -189,7 +189,7 @@ class SourceFolder:
 
 def _path_part(path: str) -> str:
     """``path`` without its scheme and authority (``s3a://b/in/x`` → ``/in/x``)."""
-    local = _local_path(path)
+    local = local_path(path)
     if local is not None:
         return os.path.abspath(local)
     return _without_authority(path.partition(":")[2])
@@ -201,7 +201,7 @@ def _below(path: str, folder: str) -> str | None:
     return path[len(folder) :] if path.startswith(folder) else None
 
 
-def _local_path(path: str) -> str | None:
+def local_path(path: str) -> str | None:
     """The local file system path of ``path`` (a plain path or a file: URL), else None.
 
     Hadoop's path strings are not URL-escaped: in ``file:/in/a b#1.json`` the

@@ -1,0 +1,379 @@
+"""Mistakes caught before Spark starts: the definition checked against the input and the sink.
+
+Before the first Spark job of a run (``MicroBatchRunner``), and in ``lowmark
+plan``, the planned batch is checked on the driver, in milliseconds: no
+Spark, at most the first 64 KiB of each of the batch's first three files
+(local folders), a Parquet footer, a Delta table's schema through delta-rs.
+A problem stops the run with one line naming the thing and the fix, before
+the offset log is written: nothing of the batch is written, and once the
+definition is fixed the next run plans it again (a definition may change
+freely until the first batch commits, ``batches.loop.start_over``).
+
+What is checked, where it can be known without Spark:
+
+- the input matches ``format``: a JSON source whose files do not start with a
+  JSON object, a CSV source of JSON lines, a Parquet source of text (every
+  record would be a bad record);
+- the source schema against the sample: a CSV header naming other columns
+  (read by position), JSON records or a Parquet file with none of the
+  schema's columns;
+- with no ``transform`` (after one, the columns are the transform's to
+  make): the event-time column, the keys and the aggregated columns are
+  among the source's columns, and event time's type can be one (a number, a
+  boolean, binary or nested data cannot; a string may be cast by Spark, and
+  passes). The source's columns: the declared schema (``schema_ddl``), else
+  the one fixed for the checkpoint, else a Parquet file's or a CSV header's;
+  a Delta table's; Kafka's (its JSON values' declared schema, or its raw
+  columns). A JSON source with an inferred schema is not checked: its
+  columns are those of all its records, not a sample's;
+- the sink: not a file, its folder can be created, and a Delta table already
+  there has the columns a windowed pipeline writes (the merge keys of a
+  merging sink).
+
+Each check passes what it cannot know (a remote folder, a custom source or
+sink, a type Spark may convert): it never refuses what Spark would run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyspark.sql.types import StructType
+
+from batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
+from batches.loop.sink_owner import sink_not_a_table
+from batches.pipeline import DeltaSink, DeltaSource, FileSource, KafkaSource, Pipeline, resolve
+from batches.sources.base import Source
+from batches.sources.delta_table import CHANGE_FIELDS
+from batches.sources.files import FileStreamSource
+from batches.sources.filesystem import local_path
+from batches.sources.kafka import RAW_SCHEMA
+from batches.windows import Aggregate
+
+SAMPLE_FILES = 3
+"""How many of a batch's files are looked at."""
+SAMPLE_BYTES = 65_536
+"""How much of each: enough for some records, little enough to take a millisecond."""
+
+_TIME_TYPES = frozenset({"timestamp", "timestamp_ltz", "timestamp_ntz", "date"})
+_NOT_TIME_TYPES = frozenset(
+    {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long"}
+    | {"float", "real", "double", "decimal", "dec", "numeric", "boolean", "binary"}
+    | {"array", "map", "struct", "variant"}
+)
+"""Types Spark never takes as a timestamp without a cast (a string it may convert)."""
+
+
+@dataclass(frozen=True)
+class SourceColumns:
+    """The columns a source's records have, as far as known without Spark."""
+
+    types: dict[str, str]
+    """Column name → its Spark type name (``bigint``, ``timestamp``, ``array<string>``)."""
+    where: str
+    """Where they come from, in words: "the source schema (`schema_ddl`)"."""
+
+    def type_of(self, name: str) -> str | None:
+        """The type of column ``name`` (matched without case, as Spark does), or None."""
+        found = {n.lower(): t for n, t in self.types.items()}
+        return found.get(name.lower())
+
+
+def check_definition(
+    pipeline: Pipeline, source: Source, inputs: list[str], data_root: Path, batch_id: int
+) -> None:
+    """Raise ``DefinitionMismatch`` (or the error the read would raise later:
+    ``SourceFileUnreadable`` for a CSV header, ``SinkNotATable``) when ``pipeline``'s
+    definition does not fit batch ``batch_id``'s input (``inputs``, as ``source`` names them)
+    or its sink; see the module doc for what is checked."""
+    problem = find_problem(pipeline, source, inputs, data_root, batch_id)
+    if problem is not None:
+        raise problem
+
+
+def find_problem(
+    pipeline: Pipeline, source: Source, inputs: list[str], data_root: Path, batch_id: int
+) -> Exception | None:
+    """What ``check_definition`` would raise, or None (``lowmark plan`` reports it)."""
+    try:
+        columns = _source_columns(pipeline, source, inputs, data_root, batch_id)
+        if columns is not None and pipeline.transform is None:
+            _check_columns(pipeline, columns)
+        _check_sink(pipeline, data_root)
+    # A CSV header and a sink that is a file raise the errors a later step would.
+    except (DefinitionMismatch, SourceFileUnreadable, SinkNotATable) as exc:
+        return exc
+    return None
+
+
+def _source_columns(
+    pipeline: Pipeline, source: Source, inputs: list[str], data_root: Path, batch_id: int
+) -> SourceColumns | None:
+    config = pipeline.source
+    if isinstance(config, FileSource) and isinstance(source, FileStreamSource):
+        return _file_columns(pipeline.name, config, source, inputs, batch_id)
+    if isinstance(config, KafkaSource):
+        if config.schema_ddl is None:
+            return _spark_columns(RAW_SCHEMA, "Kafka's raw records (`value_format: raw`)")
+        return SourceColumns(ddl_types(config.schema_ddl), "the source schema (`schema_ddl`)")
+    if isinstance(config, DeltaSource):
+        return _delta_source_columns(config, resolve(config.path, data_root))
+    return None
+
+
+def _file_columns(
+    name: str, config: FileSource, source: FileStreamSource, inputs: list[str], batch_id: int
+) -> SourceColumns | None:
+    """The file source's columns: declared, else fixed for the checkpoint, else from the
+    sample; and the sample checked against the format and those columns."""
+    declared: SourceColumns | None = None
+    if config.schema_ddl:
+        declared = SourceColumns(ddl_types(config.schema_ddl), "the source schema (`schema_ddl`)")
+    elif (fixed := source.schema_store.get()) is not None:
+        schema = StructType.fromJson(json.loads(fixed))
+        declared = _spark_columns(schema, "the schema fixed for the checkpoint")
+    sampled: SourceColumns | None = None
+    for path in inputs[:SAMPLE_FILES]:
+        local = local_path(path)
+        if local is None or not os.path.isfile(local):
+            continue
+        sampled = _sampled(name, config, source.options, local) or sampled
+        if declared is None:
+            continue
+        if config.format == "csv" and source.options.get("header") == "true":
+            source.check_headers([path], list(declared.types), batch_id)
+        elif sampled is not None and not _shared(declared.types, sampled.types):
+            raise DefinitionMismatch(
+                f"{local} has the columns {', '.join(sampled.types)} and none of "
+                f"{declared.where}'s {', '.join(declared.types)}: correct `schema_ddl` of "
+                f"pipeline {name}'s source (or its `format`)"
+            )
+    if declared is not None:
+        return declared
+    # An inferred JSON schema is all the records' fields: a sample cannot tell them.
+    return sampled if config.format != "json" else None
+
+
+def _sampled(
+    name: str, config: FileSource, options: dict[str, str], path: str
+) -> SourceColumns | None:
+    """The columns of the file at ``path`` read with Spark reader ``options`` (None: not
+    knowable from its start); a file not in ``config.format`` raises ``DefinitionMismatch``."""
+    with open(path, "rb") as f:
+        head = f.read(SAMPLE_BYTES)
+    looks = _looks_like(head)
+    if looks is None:  # empty, or only blank lines
+        return None
+    if looks != config.format:
+        first = head.split(b"\n", 1)[0][:80].decode("utf-8", "replace").strip()
+        seen = "Parquet data" if looks == "parquet" else f"{looks.upper()}: {first!r}"
+        raise DefinitionMismatch(
+            f"{path} is not {config.format.upper()} (it reads as {seen}): set `format: "
+            f"{looks}` in pipeline {name}'s source, or point `path` at {config.format} files"
+        )
+    if looks == "parquet":
+        schema = pq.read_schema(path)
+        return SourceColumns({f.name: _arrow_type(f.type) for f in schema}, f"{path}'s columns")
+    if looks == "json":
+        fields: dict[str, str] = {}
+        lines = head.splitlines()
+        for line in lines[:-1] if len(head) == SAMPLE_BYTES else lines:  # the last: cut off
+            record = _json_object(line)
+            fields.update(dict.fromkeys(record or {}, "string"))
+        return SourceColumns(fields, f"{path}'s records") if fields else None
+    if options.get("header") != "true":
+        return None
+    header = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+    sep = options.get("sep", options.get("delimiter", ","))
+    names = [n.strip().strip('"') for n in header.rstrip("\r").split(sep)]
+    # Without `inferSchema` Spark reads every CSV column as a string.
+    kind = "" if options.get("inferSchema") == "true" else "string"
+    return SourceColumns(dict.fromkeys(names, kind), f"{path}'s CSV header")
+
+
+def _looks_like(head: bytes) -> str | None:
+    """What the start of a file reads as: parquet, json (a JSON object or array first) or
+    csv (other text); None when there is nothing but blanks."""
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    text = head.lstrip()
+    if not text:
+        return None
+    return "json" if text.startswith((b"{", b"[")) else "csv"
+
+
+def _json_object(line: bytes) -> dict[str, object] | None:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _delta_source_columns(config: DeltaSource, table: str) -> SourceColumns | None:
+    local = local_path(table)
+    if local is None or not os.path.isdir(os.path.join(local, "_delta_log")):
+        return None
+    schema = StructType.fromJson(json.loads(DeltaTable(local).schema().to_json()))
+    if config.read == "changes":
+        schema = StructType([*schema.fields, *CHANGE_FIELDS])
+    return _spark_columns(schema, f"the Delta table {local}")
+
+
+def _spark_columns(schema: StructType, where: str) -> SourceColumns:
+    return SourceColumns({f.name: f.dataType.simpleString() for f in schema.fields}, where)
+
+
+def _arrow_type(data_type: pa.DataType) -> str:
+    """An Arrow type as the Spark type it is read as, as far as telling time from not-time
+    goes (``timestamp``, ``date``, else Arrow's own name)."""
+    if pa.types.is_timestamp(data_type):
+        return "timestamp"
+    if pa.types.is_date(data_type):
+        return "date"
+    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
+        return "string"
+    return "binary" if pa.types.is_binary(data_type) else _arrow_kind(data_type)
+
+
+def _arrow_kind(data_type: pa.DataType) -> str:
+    if pa.types.is_integer(data_type):
+        return "bigint"
+    if pa.types.is_floating(data_type) or pa.types.is_decimal(data_type):
+        return "double"
+    if pa.types.is_boolean(data_type):
+        return "boolean"
+    if pa.types.is_nested(data_type):
+        return "struct"
+    return str(data_type)
+
+
+def ddl_types(ddl: str) -> dict[str, str]:
+    """The top-level columns of a Spark DDL schema (``id LONG, ts TIMESTAMP, tags
+    ARRAY<STRING>``) and their types in lower case, read without Spark; a column whose
+    declaration does not read as ``name type`` is left out."""
+    columns: dict[str, str] = {}
+    for part in _top_level(ddl):
+        found = re.match(r"\s*(`(?:[^`]|``)+`|[^\s:`]+)\s*:?\s*(.+)", part, re.DOTALL)
+        if found is None:
+            continue
+        name = found.group(1)
+        if name.startswith("`"):
+            name = name[1:-1].replace("``", "`")
+        columns[name] = found.group(2).strip().lower()
+    return columns
+
+
+def _top_level(ddl: str) -> Iterable[str]:
+    """``ddl`` split at the commas outside ``<>``, ``()`` and backquotes."""
+    depth, quoted, start = 0, False, 0
+    for i, char in enumerate(ddl):
+        if char == "`":
+            quoted = not quoted
+        elif not quoted and char in "<(":
+            depth += 1
+        elif not quoted and char in ">)":
+            depth -= 1
+        elif not quoted and depth == 0 and char == ",":
+            yield ddl[start:i]
+            start = i + 1
+    yield ddl[start:]
+
+
+def _shared(declared: dict[str, str], sampled: dict[str, str]) -> bool:
+    return bool({n.lower() for n in declared} & {n.lower() for n in sampled})
+
+
+def _check_columns(pipeline: Pipeline, columns: SourceColumns) -> None:
+    """With no transform, the source's columns are the records': the event-time column,
+    the keys and the aggregated columns must be among them, event time of a fitting type."""
+    event_time = pipeline.event_time
+    if event_time is None:
+        return
+    name, known = pipeline.name, ", ".join(columns.types)
+    kind = columns.type_of(event_time.column)
+    if kind is None:
+        raise DefinitionMismatch(
+            f"event-time column {event_time.column!r} of pipeline {name} is not among "
+            f"{columns.where}: {known}; set `event_time.column` to one of them, or add a "
+            "`transform` that makes it"
+        )
+    if kind.split("<", 1)[0].split("(", 1)[0].strip() in _NOT_TIME_TYPES:
+        raise DefinitionMismatch(
+            f"event-time column {event_time.column!r} of pipeline {name} is {kind.upper()} in "
+            f"{columns.where}; event time must be a TIMESTAMP: declare it TIMESTAMP in the "
+            "source schema, or convert it in a `transform` (timestamp_millis(), "
+            "to_timestamp())"
+        )
+    aggregation = pipeline.aggregation
+    if aggregation is None:
+        return
+    used = [*aggregation.keys, *(a.column for a in aggregation.aggregates if a.column)]
+    missing = [c for c in dict.fromkeys(used) if columns.type_of(c) is None]
+    if missing:
+        raise DefinitionMismatch(
+            f"pipeline {name} groups or aggregates {', '.join(missing)}, not among "
+            f"{columns.where}: {known}; correct `aggregation`, or add a `transform` that makes "
+            "them"
+        )
+
+
+def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
+    if not isinstance(pipeline.sink, DeltaSink):
+        return
+    sink = resolve(pipeline.sink.path, data_root)
+    if (not_a_table := sink_not_a_table(pipeline, sink)) is not None:
+        raise not_a_table
+    local = local_path(sink)
+    if local is None:
+        return
+    if not os.path.exists(local):
+        _check_creatable(pipeline, local)
+        return
+    if not os.path.isdir(os.path.join(local, "_delta_log")):
+        return
+    wanted = _sink_columns(pipeline)
+    if not wanted:
+        return
+    has = {f.name.lower() for f in DeltaTable(local).schema().fields}
+    missing = [c for c in wanted if c.lower() not in has]
+    if missing:
+        raise DefinitionMismatch(
+            f"the Delta table at sink {local} of pipeline {pipeline.name} has no column "
+            f"{', '.join(missing)}, which the pipeline writes: point the sink at a new path, "
+            "or add the columns to the table (ALTER TABLE ... ADD COLUMNS)"
+        )
+
+
+def _sink_columns(pipeline: Pipeline) -> list[str]:
+    """The columns every batch writes to the sink, where the definition says them: a
+    windowed pipeline's (unless a post-aggregation step reshapes them), a merging sink's
+    keys."""
+    aggregation = pipeline.aggregation
+    if aggregation is not None and pipeline.post_aggregation is None:
+        outputs = [a.output if isinstance(a, Aggregate) else a.name for a in aggregation.aggregates]
+        return [*aggregation.keys, "window_start", "window_end", *outputs]
+    assert isinstance(pipeline.sink, DeltaSink)
+    return list(pipeline.sink.keys)
+
+
+def _check_creatable(pipeline: Pipeline, folder: str) -> None:
+    """A sink folder that is not there yet can be made: its nearest existing ancestor is a
+    folder lowmark may write in."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        why = "is a file" if not os.path.isdir(parent) else "is not writable"
+        raise DefinitionMismatch(
+            f"sink {folder} of pipeline {pipeline.name} cannot be created: {parent} {why}; "
+            "point the sink's `path` at a folder lowmark may write, or fix the permissions"
+        )
