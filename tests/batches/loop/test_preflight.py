@@ -174,7 +174,10 @@ def test_what_spark_may_run_is_not_refused(tmp_path: Path, fields: dict[str, Any
 
 
 def test_ddl_columns_are_read_at_the_top_level_only() -> None:
-    ddl = "id LONG, `a, b` STRUCT<x: INT, y: ARRAY<STRING>>, d DECIMAL(10, 2) NOT NULL, m: MAP<STRING, INT>"
+    ddl = (
+        "id LONG, `a, b` STRUCT<x: INT, y: ARRAY<STRING>>, d DECIMAL(10, 2) NOT NULL, "
+        "m: MAP<STRING, INT>"
+    )
     assert ddl_types(ddl) == {
         "id": "long",
         "a, b": "struct<x: int, y: array<string>>",
