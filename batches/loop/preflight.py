@@ -140,12 +140,13 @@ def _file_columns(
     elif (fixed := source.schema_store.get()) is not None:
         schema = StructType.fromJson(json.loads(fixed))
         declared = _spark_columns(schema, "the schema fixed for the checkpoint")
+    heads = _heads(inputs[:SAMPLE_FILES])
+    _check_format(name, config.format, heads)
     sampled: SourceColumns | None = None
-    for path in inputs[:SAMPLE_FILES]:
-        local = local_path(path)
-        if local is None or not os.path.isfile(local):
+    for path, (local, head) in heads.items():
+        if _looks_like(head) != config.format:  # a stray file: its rows will be bad rows
             continue
-        sampled = _sampled(name, config, source.options, local) or sampled
+        sampled = _columns_of(config.format, source.options, local, head) or sampled
         if declared is None:
             continue
         if config.format == "csv" and source.options.get("header") == "true":
@@ -162,27 +163,49 @@ def _file_columns(
     return sampled if config.format != "json" else None
 
 
-def _sampled(
-    name: str, config: FileSource, options: dict[str, str], path: str
+def _heads(paths: list[str]) -> dict[str, tuple[str, bytes]]:
+    """Per path of a local file that holds more than blanks: its local path and its first
+    ``SAMPLE_BYTES``."""
+    heads = {}
+    for path in paths:
+        local = local_path(path)
+        if local is None or not os.path.isfile(local):
+            continue
+        with open(local, "rb") as f:
+            head = f.read(SAMPLE_BYTES)
+        if head.strip():
+            heads[path] = (local, head)
+    return heads
+
+
+def _check_format(name: str, format: str, heads: dict[str, tuple[str, bytes]]) -> None:
+    """Raise ``DefinitionMismatch`` when no sampled file reads as ``format`` (one stray
+    file among others is the bad-records table's: its rows are bad rows)."""
+    seen = {path: _looks_like(head) for path, (_, head) in heads.items()}
+    if not seen or format in seen.values():
+        return
+    path, looks = next(iter(seen.items()))
+    local, head = heads[path]
+    first = head.lstrip().split(b"\n", 1)[0][:80].decode("utf-8", "replace").strip()
+    reads = "Parquet data" if looks == "parquet" else f"{looks.upper()}: {first!r}"
+    raise DefinitionMismatch(
+        f"{local} is not {format.upper()} (it reads as {reads}): set `format: {looks}` in "
+        f"pipeline {name}'s source, or point its `path` at {format} files"
+    )
+
+
+def _columns_of(
+    format: str, options: dict[str, str], path: str, head: bytes
 ) -> SourceColumns | None:
-    """The columns of the file at ``path`` read with Spark reader ``options`` (None: not
-    knowable from its start); a file not in ``config.format`` raises ``DefinitionMismatch``."""
-    with open(path, "rb") as f:
-        head = f.read(SAMPLE_BYTES)
-    looks = _looks_like(head)
-    if looks is None:  # empty, or only blank lines
-        return None
-    if looks != config.format:
-        first = head.split(b"\n", 1)[0][:80].decode("utf-8", "replace").strip()
-        seen = "Parquet data" if looks == "parquet" else f"{looks.upper()}: {first!r}"
-        raise DefinitionMismatch(
-            f"{path} is not {config.format.upper()} (it reads as {seen}): set `format: "
-            f"{looks}` in pipeline {name}'s source, or point `path` at {config.format} files"
-        )
-    if looks == "parquet":
-        schema = pq.read_schema(path)
+    """The columns of the file at ``path`` (starting with ``head``) read with Spark reader
+    ``options``; None when its start does not tell them."""
+    if format == "parquet":
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowException, OSError):  # a broken file: the read names it
+            return None
         return SourceColumns({f.name: _arrow_type(f.type) for f in schema}, f"{path}'s columns")
-    if looks == "json":
+    if format == "json":
         fields: dict[str, str] = {}
         lines = head.splitlines()
         for line in lines[:-1] if len(head) == SAMPLE_BYTES else lines:  # the last: cut off
@@ -199,15 +222,12 @@ def _sampled(
     return SourceColumns(dict.fromkeys(names, kind), f"{path}'s CSV header")
 
 
-def _looks_like(head: bytes) -> str | None:
+def _looks_like(head: bytes) -> str:
     """What the start of a file reads as: parquet, json (a JSON object or array first) or
-    csv (other text); None when there is nothing but blanks."""
+    csv (other text)."""
     if head.startswith(b"PAR1"):
         return "parquet"
-    text = head.lstrip()
-    if not text:
-        return None
-    return "json" if text.startswith((b"{", b"[")) else "csv"
+    return "json" if head.lstrip().startswith((b"{", b"[")) else "csv"
 
 
 def _json_object(line: bytes) -> dict[str, object] | None:

@@ -173,6 +173,14 @@ def test_what_spark_may_run_is_not_refused(tmp_path: Path, fields: dict[str, Any
     assert plan.batch_id == 0 and plan.problem is None
 
 
+def test_a_stray_file_among_the_batchs_files_is_left_to_the_bad_records(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_text("id,amount\n1,2\n")  # its rows: bad rows
+    write_json_lines(tmp_path / "in", "b.json", ROWS, 1)
+    plan = pipeline_plan(no_spark, pipeline(source=json_source()), tmp_path)
+    assert len(plan.inputs) == 2 and plan.problem is None
+
+
 def test_ddl_columns_are_read_at_the_top_level_only() -> None:
     ddl = (
         "id LONG, `a, b` STRUCT<x: INT, y: ARRAY<STRING>>, d DECIMAL(10, 2) NOT NULL, "
