@@ -589,6 +589,10 @@ def plan(
     offset log), or an emit-only batch (no input; the watermark moved and
     closes windows); or nothing to do. The runner's own planning rule, asked
     without recording anything; no Spark is started for local folders.
+
+    Then the checks `lowmark run` makes before Spark starts (the files against
+    `format` and the schema, the event-time column, the sink): a mistake is
+    printed as `error: ...` and the exit code is 2.
     """
     from batches.admin.status import pipeline_plan
 
