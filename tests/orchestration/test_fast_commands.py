@@ -28,6 +28,20 @@ print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"dagster", "py
 """
 
 
+def run_commands(commands: list[list[str]], folder: Path) -> list[str]:
+    """Run ``commands`` in one new Python process in ``folder``: its output's lines, the
+    last naming what of Dagster and PySpark it imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_COMMANDS, json.dumps(commands)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 def test_help_list_show_and_sql_import_neither_dagster_nor_pyspark(tmp_path: Path) -> None:
     # The demo's `orders` pipeline with a sink of two rows (written with delta-rs).
     orders = pa.table({"order_id": ["o1", "o2"], "quantity": [1, 2]})
@@ -39,15 +53,7 @@ def test_help_list_show_and_sql_import_neither_dagster_nor_pyspark(tmp_path: Pat
         [*root, "show", "orders", "--json"],
         [*root, "sql", "SELECT count(*) AS n FROM orders.sink"],
     ]
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_COMMANDS, json.dumps(commands)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    shown = done.stdout.splitlines()
+    shown = run_commands(commands, tmp_path)
     rows = [json.loads(line) for line in shown if line.startswith('{"order_id"')]
     assert sorted(r["order_id"] for r in rows) == ["o1", "o2"]  # `show` did its work
     assert json.loads(shown[-1]) == [], f"imported {shown[-1]}"
@@ -57,12 +63,4 @@ def test_the_check_sees_an_import_of_pyspark(tmp_path: Path) -> None:
     """The subprocess's report is not blind: a command that builds a pipeline's runner
     (``lowmark plan``, which imports the engine) shows PySpark imported."""
     commands = [["--data-root", str(tmp_path), "plan", "orders", "--json"]]
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_COMMANDS, json.dumps(commands)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "pyspark" in json.loads(done.stdout.splitlines()[-1])
+    assert "pyspark" in json.loads(run_commands(commands, tmp_path)[-1])
