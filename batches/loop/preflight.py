@@ -19,23 +19,25 @@ What is checked, where it can be known without Spark:
   schema's columns;
 - with no ``transform`` (after one, the columns are the transform's to
   make): the event-time column, the keys and the aggregated columns are
-  among the source's columns, and event time's type can be one (a number, a
-  boolean, binary or nested data cannot; a string may be cast by Spark, and
-  passes). The source's columns: the declared schema (``schema_ddl``), else
-  the one fixed for the checkpoint, else a Parquet file's or a CSV header's;
-  a Delta table's; Kafka's (its JSON values' declared schema, or its raw
-  columns). A JSON source with an inferred schema is not checked: its
-  columns are those of all its records, not a sample's;
+  among the source's columns, and event time is not a string, a number, a
+  boolean, binary or nested data, which Spark would refuse in the batch's
+  read. The source's columns: the declared schema (``schema_ddl``), else the
+  one fixed for the checkpoint, else a Parquet file's or a CSV header's; a
+  Delta table's; Kafka's (its JSON values' declared schema, or its raw
+  columns). An inferred JSON schema is all the records' fields, so a sample
+  tells only the types of the fields it has: strings (JSON has no timestamp;
+  unless the reader's ``inferTimestamp`` is on);
 - the sink: not a file, its folder can be created, and a Delta table already
   there has the columns a windowed pipeline writes (the merge keys of a
   merging sink).
 
 Each check passes what it cannot know (a remote folder, a custom source or
-sink, a type Spark may convert): it never refuses what Spark would run.
+sink, a type it does not know): it never refuses what Spark would run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -67,9 +69,10 @@ _TIME_TYPES = frozenset({"timestamp", "timestamp_ltz", "timestamp_ntz", "date"})
 _NOT_TIME_TYPES = frozenset(
     {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long"}
     | {"float", "real", "double", "decimal", "dec", "numeric", "boolean", "binary"}
-    | {"array", "map", "struct", "variant"}
+    | {"array", "map", "struct", "variant", "string", "varchar", "char"}
 )
-"""Types Spark never takes as a timestamp without a cast (a string it may convert)."""
+"""Types Spark's ``unix_millis``, which every batch reads event time with, refuses (Spark
+4 casts none of them to a timestamp by itself, strings included)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class SourceColumns:
     """Column name → its Spark type name (``bigint``, ``timestamp``, ``array<string>``)."""
     where: str
     """Where they come from, in words: "the source schema (`schema_ddl`)"."""
+    complete: bool = True
+    """Whether a column not in ``types`` is known to be missing (a sample of JSON records
+    does not know: a later record may have it)."""
 
     def type_of(self, name: str) -> str | None:
         """The type of column ``name`` (matched without case, as Spark does), or None."""
@@ -157,10 +163,13 @@ def _file_columns(
                 f"{declared.where}'s {', '.join(declared.types)}: correct `schema_ddl` of "
                 f"pipeline {name}'s source (or its `format`)"
             )
-    if declared is not None:
-        return declared
-    # An inferred JSON schema is all the records' fields: a sample cannot tell them.
-    return sampled if config.format != "json" else None
+    if declared is not None or sampled is None or config.format != "json":
+        return declared or sampled
+    # An inferred JSON schema is all the records' fields: a sample tells only some, and
+    # their types are strings unless Spark is asked to infer timestamps.
+    if source.options.get("inferTimestamp") == "true":
+        return None
+    return dataclasses.replace(sampled, complete=False)
 
 
 def _heads(paths: list[str]) -> dict[str, tuple[str, bytes]]:
@@ -209,8 +218,8 @@ def _columns_of(
         fields: dict[str, str] = {}
         lines = head.splitlines()
         for line in lines[:-1] if len(head) == SAMPLE_BYTES else lines:  # the last: cut off
-            record = _json_object(line)
-            fields.update(dict.fromkeys(record or {}, "string"))
+            record = _json_object(line) or {}
+            fields.update({k: _json_type(v) for k, v in record.items() if v is not None})
         return SourceColumns(fields, f"{path}'s records") if fields else None
     if options.get("header") != "true":
         return None
@@ -228,6 +237,17 @@ def _looks_like(head: bytes) -> str:
     if head.startswith(b"PAR1"):
         return "parquet"
     return "json" if head.lstrip().startswith((b"{", b"[")) else "csv"
+
+
+def _json_type(value: object) -> str:
+    """The Spark type a JSON value is inferred as (no timestamps: JSON has none)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "bigint"
+    if isinstance(value, float):
+        return "double"
+    return {dict: "struct", list: "array"}.get(type(value), "string")
 
 
 def _json_object(line: bytes) -> dict[str, object] | None:
@@ -320,6 +340,8 @@ def _check_columns(pipeline: Pipeline, columns: SourceColumns) -> None:
         return
     name, known = pipeline.name, ", ".join(columns.types)
     kind = columns.type_of(event_time.column)
+    if kind is None and not columns.complete:
+        return
     if kind is None:
         raise DefinitionMismatch(
             f"event-time column {event_time.column!r} of pipeline {name} is not among "
@@ -334,7 +356,7 @@ def _check_columns(pipeline: Pipeline, columns: SourceColumns) -> None:
             "to_timestamp())"
         )
     aggregation = pipeline.aggregation
-    if aggregation is None:
+    if aggregation is None or not columns.complete:
         return
     used = [*aggregation.keys, *(a.column for a in aggregation.aggregates if a.column)]
     missing = [c for c in dict.fromkeys(used) if columns.type_of(c) is None]

@@ -94,6 +94,22 @@ def test_an_epoch_number_as_event_time_is_refused_with_its_type(tmp_path: Path) 
     assert "timestamp_millis()" in message, message
 
 
+def test_an_inferred_json_string_as_event_time_is_refused(tmp_path: Path) -> None:
+    write_json_lines(tmp_path / "in", "a.json", ROWS, 1)
+    message = run_fails(with_event_time("ts", json_source()), tmp_path)
+    assert "'ts' of pipeline t is STRING in " in message and "a.json's records" in message
+
+
+def test_a_string_as_event_time_is_refused_as_spark_would(tmp_path: Path) -> None:
+    # Spark's unix_millis, which reads event time, casts no string to a timestamp.
+    csv = tmp_path / "in" / "a.csv"
+    csv.parent.mkdir()
+    csv.write_text("id,ts\n1,2026-01-01T00:00:00Z\n")
+    source = FileSource(path="in", format="csv")  # no inferSchema: every column a string
+    message = run_fails(with_event_time("ts", source), tmp_path)
+    assert f"is STRING in {csv}'s CSV header" in message, message
+
+
 def test_keys_and_aggregated_columns_the_source_lacks_are_named(tmp_path: Path) -> None:
     write_json_lines(tmp_path / "in", "a.json", ROWS, 1_700_000_000)
     source = json_source(schema_ddl="id LONG, ts TIMESTAMP, amount LONG")
@@ -156,9 +172,14 @@ def test_an_existing_sink_table_without_the_window_columns_is_refused(tmp_path: 
         {"transform": double_amount, "event_time": EventTime(column="made_by_it")},
         # an inferred JSON schema is all the records' fields, not a sample's
         {"source": json_source(), "event_time": EventTime(column="later_field")},
-        # a string may be cast by Spark
+        # ... and with `inferTimestamp` its strings may be timestamps
         {
-            "source": json_source(schema_ddl="id LONG, ts STRING"),
+            "source": json_source(options={"inferTimestamp": "true"}),
+            "event_time": EventTime(column="ts"),
+        },
+        # names are matched without case, as Spark does
+        {
+            "source": json_source(schema_ddl="id LONG, ts TIMESTAMP"),
             "event_time": EventTime(column="TS"),
         },
         {
