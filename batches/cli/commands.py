@@ -914,7 +914,8 @@ def main(
     except Exception as exc:
         if _analysis_error(exc):
             _fail(f"Spark rejected the pipeline: {first_line(exc)}", exc, 2, details=True)
-        _fail(f"{type(exc).__name__}: {first_line(exc)}", exc, 1, details=True)
+        else:
+            _fail(f"{type(exc).__name__}: {first_line(exc)}", exc, 1, details=True)
     finally:
         stop_logs()
 
