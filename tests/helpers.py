@@ -277,6 +277,7 @@ pipelines:
     sink: {kind: delta, path: a_file}
   - name: string_time
     source: {kind: files, path: in, format: json, schema_ddl: "id LONG, ts STRING"}
+    transform: {sql: "SELECT * FROM input"}
     sink: {kind: delta, path: out}
     event_time: {column: ts, max_out_of_orderness: 10 seconds}
     aggregation:
@@ -289,7 +290,8 @@ pipelines:
     sink: {kind: delta, path: out}
 """
 """Pipelines a new user gets wrong: a transform that fails on a record, a sink path that
-is a file, an event-time column that is a string; and one slow enough to interrupt."""
+is a file, an event-time column that a transform leaves a string (without one, it is caught
+before Spark starts: ``batches.loop.preflight``); and one slow enough to interrupt."""
 
 
 TICKS = dg.AssetKey(["lowmark", "ticks"])

@@ -86,14 +86,15 @@ def test_a_record_that_breaks_the_transform_prints_the_batch_its_input_and_what_
     assert "Traceback" in verbose.stderr and "CAST_INVALID_INPUT" in verbose.stderr
 
 
-def test_a_sink_path_that_is_a_file_says_so_in_one_paragraph(tmp_path: Path) -> None:
+def test_a_sink_path_that_is_a_file_says_so_in_one_line_before_spark_starts(
+    tmp_path: Path,
+) -> None:
     root = _root(tmp_path, [{"id": 1, "ts": "x"}])
     (root / "a_file").write_text("not a table\n")
     done = _run(root, "run", "into_a_file")
     assert done.returncode == 2
-    _assert_short(done.stderr)
-    assert "batch 0 of into_a_file" in done.stderr
-    assert f"sink {root / 'a_file'} of into_a_file is a file" in done.stderr
+    assert done.stderr.startswith(f"error: sink {root / 'a_file'} of into_a_file is a file")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "point the pipeline's sink path at a folder" in done.stderr
     assert (root / "a_file").read_text() == "not a table\n"
 
