@@ -23,7 +23,7 @@ from batches.admin.status import pipeline_plan
 from batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
 from batches.loop.microbatch import MicroBatchRunner
 from batches.loop.preflight import ddl_types
-from batches.pipeline import DeltaSink, FileSource, Pipeline
+from batches.pipeline import DeltaSink, DeltaSource, FileSource, Pipeline
 from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from state.checkpoint import Checkpoint
 from tests.helpers import double_amount, pipeline, write_json_lines
@@ -128,6 +128,13 @@ def test_a_parquet_files_own_types_tell_event_time(tmp_path: Path) -> None:
     source = FileSource(path="in", format="parquet")
     message = run_fails(with_event_time("ts", source), tmp_path)
     assert "is BIGINT in" in message and "a.parquet's columns" in message, message
+
+
+def test_a_delta_source_tables_own_schema_tells_event_time(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path / "upstream"), pa.table({"id": [1], "ts": [1_700_000_000]}))
+    p = pipeline(source=DeltaSource(path="upstream"), event_time=EventTime(column="ts"))
+    message = run_fails(p, tmp_path)
+    assert f"is BIGINT in the Delta table {tmp_path / 'upstream'}" in message, message
 
 
 def test_a_csv_header_other_than_the_schema_names_the_file_and_columns(tmp_path: Path) -> None:
