@@ -247,7 +247,9 @@ def _json_type(value: object) -> str:
         return "bigint"
     if isinstance(value, float):
         return "double"
-    return {dict: "struct", list: "array"}.get(type(value), "string")
+    if isinstance(value, dict):
+        return "struct"
+    return "array" if isinstance(value, list) else "string"
 
 
 def _json_object(line: bytes) -> dict[str, object] | None:
