@@ -50,4 +50,5 @@ def test_cli_batches_are_reported_to_the_instance_in_dagster_home(
     failing = checks["failing_batch"]
     assert failing is not None and failing.event is not None
     evaluation = failing.event.asset_check_evaluation
-    assert evaluation is not None and evaluation.passed and "batch 1 committed" in (evaluation.description or "")
+    assert evaluation is not None and evaluation.passed
+    assert "batch 1 committed" in (evaluation.description or "")
