@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 
 from batches.pipeline import Pipeline
@@ -53,7 +54,7 @@ def _query(table: DeltaTable, sql: str) -> pa.Table:
 def _sum(actions: pa.Table, column: str) -> int:
     if column not in actions.column_names:
         return 0
-    total = pa.compute.sum(actions.column(column)).as_py()
+    total = pc.sum(actions.column(column)).as_py()
     return int(total or 0)
 
 
