@@ -60,11 +60,11 @@ unit: test-setup
 test: test-setup lint typecheck unit
 
 # What `make test` leaves out to keep its time down (tests marked `integration`): the
-# kill matrix's Kafka, synthetic, outbox (user-written source), Delta table and union
-# pipelines after the read and at the steps past it (state, sink, late rows, watermarks: the
-# writes the folder pipelines are killed at in `make test`), the random in-process crash
-# schedules over Kafka, synthetic and outbox, and the quick benchmark smoke run. About
-# 12 minutes.
+# kill matrix's cases with a JVM of their own (`make test` attaches the killed driver to
+# the test process's JVM), the Kafka, synthetic, outbox (user-written source), Delta table
+# and union pipelines killed after the read and at the steps past it, the random
+# in-process crash schedules over Kafka, synthetic and outbox, and the quick benchmark
+# smoke run (docs/development.md).
 test-integration: test-setup
 	$(BIN)/pytest -m integration --durations=10
 

@@ -7,13 +7,14 @@ Per pipeline, one multi-asset whose op is the pipeline's run
   (the UI's Materialize, the micro-batch job, the sensor); for a pipeline
   with event-time partitions (``backfill``) it is partitioned by them, and
   materializing partitions backfills them. Every committed batch records a
-  materialization with readable metadata (``orchestration.metadata``).
+  materialization with readable metadata (``orchestration.metadata``). Its
+  freshness policy (``freshness_policy``) follows from the pipeline's bounds.
 - ``lowmark/<pipeline>_late`` (event-time pipelines) and
   ``lowmark/<pipeline>_bad_records`` — the checkpoint's late and bad-records
-  tables, materialized by the batches that append to them, so downstream
-  assets can depend on them.
+  tables, materialized by every batch (with the rows it appended), so
+  downstream assets can depend on them.
 - ``lowmark/sources/<kind>_<path>`` — the input, an external asset upstream
-  of all three.
+  of all three, observed by the pipeline's sensor (``orchestration.observations``).
 
 Checks: ``orchestration.checks``. Batches run from the CLI are reported as
 materializations too, when a Dagster instance is configured
@@ -24,11 +25,13 @@ materializations too, when a Dagster instance is configured
 # parameter annotations (config, resources) at definition time.
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from batches.loop.backfill import final_at_ms
 from batches.pipeline import DeltaSink, Pipeline
 from orchestration.checks import check_evaluations, check_results, check_specs
 from orchestration.keys import (
@@ -46,6 +49,7 @@ from orchestration.keys import (
 from orchestration.partitions import event_time_partitions
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.runs import RunConfig, backfill, run_batches
+from orchestration.sensors import sensor_interval_seconds
 
 
 def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.AssetSpec]:
@@ -74,6 +78,19 @@ def _sink_metadata(pipeline: Pipeline) -> dict[str, str]:
     return {"factory": sink.label}
 
 
+def freshness_policy(pipeline: Pipeline) -> dg.FreshnessPolicy:
+    """How long the sink may go without a batch before Dagster calls it stale: the sensor
+    interval (for a run to start), plus the watermark lag the pipeline accepts
+    (``checks.max_watermark_lag``), plus for a windowed pipeline how long a window stays
+    open past its start (span, or session gap, + allowed lateness); at least a minute,
+    Dagster's least. Input that stops arriving makes it stale too: nothing new was
+    processed."""
+    due_ms = sensor_interval_seconds() * 1000 + pipeline.checks.max_watermark_lag
+    if pipeline.aggregation is not None:
+        due_ms += final_at_ms(pipeline, 0)
+    return dg.FreshnessPolicy.time_window(fail_window=timedelta(milliseconds=max(due_ms, 60_000)))
+
+
 def pipeline_assets(
     pipeline: Pipeline, data_root: Path, sinks: Sinks | None = None
 ) -> dg.AssetsDefinition:
@@ -91,6 +108,7 @@ def pipeline_assets(
             kinds={"delta", "spark"} if isinstance(pipeline.sink, DeltaSink) else {"spark"},
             metadata=_sink_metadata(pipeline),
             partitions_def=event_time_partitions(pipeline, data_root),
+            freshness_policy=freshness_policy(pipeline),
             skippable=True,
         ),
         dg.AssetSpec(

@@ -97,6 +97,11 @@ def check_specs(pipeline: Pipeline) -> list[dg.AssetCheckSpec]:
     ]
 
 
+def check_keys(pipeline: Pipeline) -> list[dg.AssetCheckKey]:
+    """Every check of ``pipeline``."""
+    return [dg.AssetCheckKey(c.asset(pipeline), c.name) for c in checks_of(pipeline)]
+
+
 def check_evaluations(
     pipeline: Pipeline, data_root: Path, selected: Iterable[dg.AssetCheckKey]
 ) -> Iterator[dg.AssetCheckEvaluation]:
@@ -115,8 +120,7 @@ def _outcomes(
     pipeline: Pipeline, data_root: Path, selected: Iterable[dg.AssetCheckKey]
 ) -> Iterator[dict[str, Any]]:
     wanted = set(selected)
-    for c in checks_of(pipeline):
-        key = dg.AssetCheckKey(c.asset(pipeline), c.name)
+    for c, key in zip(checks_of(pipeline), check_keys(pipeline), strict=True):
         if key in wanted:
             outcome = c.evaluate(pipeline, data_root)
             yield {

@@ -28,6 +28,7 @@ import typer
 from batches.cli import commands, look  # noqa: F401 (look registers `show` and `sql`)
 from batches.cli.display import print_json
 from batches.registry import load_pipelines
+from orchestration.checks import check_evaluations, check_keys
 from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 from orchestration.project import find_project
 
@@ -42,7 +43,10 @@ if TYPE_CHECKING:
 def report_to_dagster(
     runner: MicroBatchRunner, data_root: Path
 ) -> Callable[[BatchResult], None] | None:
-    """With ``DAGSTER_HOME`` set: report each batch to that instance as runless events."""
+    """With ``DAGSTER_HOME`` set: report each batch to that instance as runless events —
+    the materializations a run records (event-time partitions by the sink as it stands,
+    as the UI will derive them when it loads) and every check's evaluation after it, so
+    the UI opened after `lowmark demo` shows what the demo did."""
     home = os.environ.get("DAGSTER_HOME")
     if not home:
         return None
@@ -55,10 +59,14 @@ def report_to_dagster(
     prepare_home(Path(home))
     instance = dg.DagsterInstance.get()
     pipeline = runner.pipeline
-    reports = BatchReports(instance, pipeline, runner, event_time_partitions(pipeline, data_root))
+    reports = BatchReports(
+        instance, pipeline, runner, data_root, lambda: event_time_partitions(pipeline, data_root)
+    )
 
     def report(r: BatchResult) -> None:
-        for event in reports.of(r):
+        events: list[dg.AssetMaterialization | dg.AssetCheckEvaluation] = [*reports.of(r)]
+        events += check_evaluations(pipeline, data_root, check_keys(pipeline))
+        for event in events:
             instance.report_runless_asset_event(event)
 
     return report

@@ -4,9 +4,9 @@ Loaded by ``workspace.yaml`` (``dagster dev -w workspace.yaml``). Pipelines
 come from ``LOWMARK_PIPELINES`` (default: the demo), data from
 ``LOWMARK_DATA_ROOT``. Per pipeline: its assets and checks (sink, late and
 bad-records tables, and their source; ``orchestration.assets``), the
-micro-batch job and its sensor, a checkpoint-maintenance job with its daily
-schedule, and — for windowed pipelines with ``backfill`` partitions — a
-backfill job. This module only wires.
+micro-batch job and its sensor (which observes the inputs), a
+checkpoint-maintenance job with its daily schedule, and — for windowed
+pipelines with ``backfill`` partitions — a backfill job. This module only wires.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from batches.registry import load_pipelines
 from orchestration.assets import pipeline_assets, source_specs
 from orchestration.jobs import backfill_job, maintenance_job, maintenance_schedule, microbatch_job
 from orchestration.keys import sink_locations
+from orchestration.observations import observed_inputs
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.sensors import pipeline_sensor
 
@@ -40,7 +41,8 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
             sources[source.key] = source  # pipelines reading one input share its asset
         job = microbatch_job(pipeline, tables)
         jobs.append(job)
-        sensors.append(pipeline_sensor(pipeline, job))
+        inputs = observed_inputs(pipeline, lowmark.root(), sinks)
+        sensors.append(pipeline_sensor(pipeline, job, inputs))
         maintenance = maintenance_job(pipeline)
         jobs.append(maintenance)
         schedules.append(maintenance_schedule(pipeline, maintenance))

@@ -4,13 +4,20 @@ One unit each: rows as counts, lags and durations in seconds (rounded),
 times as Dagster timestamps (shown as times), offsets as text. Dagster plots
 the integer and float entries across materializations, so only what is worth
 a chart is a number: rows in/out/late/bad, lag, batch duration, the source's
-backlog. The batch id,
-the watermark and the offsets are text and timestamps (shown, not plotted).
+backlog, each table's row count, a windowed sink's open windows. The batch
+id, the watermark and the offsets are text and timestamps (shown, not
+plotted).
+
+A partitioned sink's plots default to one point per partition (the newest
+materialization of each), which leaves out the batches' own, unpartitioned,
+materializations: so each partition's materialization carries its rows
+(``dagster/row_count``) as a number, and the per-batch numbers are under
+*Events*.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -19,6 +26,7 @@ from batches.loop.microbatch import BatchResult
 from batches.pipeline import Pipeline
 from batches.sources.base import describe_range
 from orchestration.keys import bad_records_key, late_key, sink_key
+from orchestration.tables import ROW_COUNT
 
 
 def batch_line(pipeline: Pipeline, r: BatchResult) -> str:
@@ -57,14 +65,27 @@ def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawM
     return metadata
 
 
+@dataclass(frozen=True)
+class TablesRead:
+    """What the driver read of a pipeline's tables after a batch (``orchestration.tables``),
+    as metadata per table; ``partitions``: each event-time partition the batch made final,
+    with its rows (windows) in the sink."""
+
+    sink: dict[str, dg.RawMetadataValue] = field(default_factory=dict)
+    late: dict[str, dg.RawMetadataValue] = field(default_factory=dict)
+    bad: dict[str, dg.RawMetadataValue] = field(default_factory=dict)
+    partitions: dict[str, int] = field(default_factory=dict)
+
+
 def batch_materializations(
-    pipeline: Pipeline,
-    r: BatchResult,
-    backlog: dict[str, int],
-    final_partitions: Iterable[str] = (),
+    pipeline: Pipeline, r: BatchResult, backlog: dict[str, int], tables: TablesRead
 ) -> list[dg.AssetMaterialization]:
-    """The sink's materialization for batch ``r``; the late and bad-records tables' when it
-    appended to them; one per event-time partition of the sink it made final."""
+    """The sink's materialization for batch ``r``, with its table's row count and schema
+    (a windowed sink's: its open windows too); the late (event-time pipelines) and
+    bad-records tables' — every batch, so neither reads as in progress for the whole of a
+    run that follows the source — with the rows ``r`` appended and their row count and
+    schema; one per event-time partition of the sink it made final, with its rows: the
+    numbers the partitioned sink's plots (by partition) show."""
     batch = dg.MetadataValue.text(str(r.batch_id))
     # The partitions first: the asset page shows the newest event, the batch's own.
     events = [
@@ -72,27 +93,26 @@ def batch_materializations(
             sink_key(pipeline),
             partition=key,
             description=f"every window of {key} final with batch {r.batch_id}",
-            metadata={"written_by": "stream", "batch": batch},
+            metadata={"written_by": "stream", "batch": batch, ROW_COUNT: rows},
         )
-        for key in final_partitions
+        for key, rows in tables.partitions.items()
     ]
-    if r.rows_late and pipeline.event_time is not None:
+    if pipeline.event_time is not None:
         events.append(
             dg.AssetMaterialization(
-                late_key(pipeline), metadata={"batch": batch, "rows": r.rows_late}
-            )
-        )
-    if r.rows_bad:
-        events.append(
-            dg.AssetMaterialization(
-                bad_records_key(pipeline), metadata={"batch": batch, "rows": r.rows_bad}
+                late_key(pipeline), metadata={"batch": batch, "rows": r.rows_late, **tables.late}
             )
         )
     events.append(
         dg.AssetMaterialization(
+            bad_records_key(pipeline), metadata={"batch": batch, "rows": r.rows_bad, **tables.bad}
+        )
+    )
+    events.append(
+        dg.AssetMaterialization(
             sink_key(pipeline),
             description=f"batch {r.batch_id} {'replayed' if r.replay else 'committed'}",
-            metadata=batch_metadata(r, backlog),
+            metadata=batch_metadata(r, backlog) | tables.sink,
         )
     )
     return events

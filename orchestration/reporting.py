@@ -2,20 +2,31 @@
 
 One ``BatchReports`` per runner: it remembers the watermark each batch ran
 with and the event-time partitions already reported, so every partition is
-reported once, by the batch that made it final. Used by the pipeline's runs
+reported once, by the batch that made it final; after each batch it reads
+the pipeline's tables on the driver (``orchestration.tables``: row counts,
+schemas, open windows, a final partition's rows). Used by the pipeline's runs
 (logged as run events) and by the CLI (reported to the instance in
-``DAGSTER_HOME`` as runless events).
+``DAGSTER_HOME`` as runless events, with the checks: ``orchestration.cli``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import dagster as dg
 
+from batches.admin.tables import TABLES, table_path
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import Pipeline
+from batches.pipeline import DeltaSink, Pipeline
 from orchestration.keys import sink_key
-from orchestration.metadata import batch_materializations
+from orchestration.metadata import TablesRead, batch_materializations
 from orchestration.partitions import final_partition_keys
+from orchestration.tables import open_windows, partition_rows, table_metadata
+
+Partitions = Callable[[], dg.PartitionsDefinition | None]
+"""The sink's partitions as of now: a run's are its asset's (what the UI shows); the CLI's
+are derived from the sink after each batch, as the UI derives them when it loads."""
 
 
 class BatchReports:
@@ -26,30 +37,44 @@ class BatchReports:
         instance: dg.DagsterInstance,
         pipeline: Pipeline,
         runner: MicroBatchRunner,
-        partitions: dg.PartitionsDefinition | None,
+        data_root: Path,
+        partitions: Partitions,
     ) -> None:
         self.pipeline = pipeline
         self.source = runner.source
-        self.partitions = (
-            partitions if isinstance(partitions, dg.TimeWindowPartitionsDefinition) else None
-        )
+        self.data_root = data_root
+        self.partitions = partitions
         _, done = runner.planner.position()
         self.ran_with_ms = done.next_watermark_ms if done else None
         self.reported = (
             set(instance.get_materialized_partitions(sink_key(pipeline)))
-            if self.partitions is not None
+            if pipeline.backfill is not None
             else set()
         )
 
     def of(self, r: BatchResult) -> list[dg.AssetMaterialization]:
         """Batch ``r``'s materializations: call once per committed batch, in order."""
-        final: list[str] = []
-        if self.partitions is not None:
-            final = [
-                key
-                for key in final_partition_keys(self.pipeline, self.partitions, self.ran_with_ms)
-                if key not in self.reported
-            ]
-            self.reported.update(final)
+        tables = self._read()
+        partitions = self.partitions()
+        if isinstance(partitions, dg.TimeWindowPartitionsDefinition):
+            sink = self._path("sink")
+            for key in final_partition_keys(self.pipeline, partitions, self.ran_with_ms):
+                if key not in self.reported:
+                    window = partitions.time_window_for_partition_key(key)
+                    tables.partitions[key] = partition_rows(sink, window.start, window.end)
+                    self.reported.add(key)
         self.ran_with_ms = r.watermark_ms
-        return batch_materializations(self.pipeline, r, self.source.backlog(r.end), final)
+        return batch_materializations(self.pipeline, r, self.source.backlog(r.end), tables)
+
+    def _read(self) -> TablesRead:
+        pipeline = self.pipeline
+        sink: dict[str, dg.RawMetadataValue] = {}
+        if isinstance(pipeline.sink, DeltaSink):
+            sink = table_metadata(self._path("sink"))
+        if pipeline.aggregation is not None:
+            sink |= open_windows(pipeline, self._path("state"))
+        late = table_metadata(self._path("late")) if pipeline.event_time is not None else {}
+        return TablesRead(sink=sink, late=late, bad=table_metadata(self._path("bad")))
+
+    def _path(self, table: str) -> str:
+        return table_path(self.pipeline, TABLES[table], self.data_root)

@@ -32,6 +32,7 @@ from batches.pipeline import Pipeline
 from orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, sink_key
 from orchestration.metadata import batch_line
 from orchestration.reporting import BatchReports
+from orchestration.tables import ROW_COUNT
 
 
 class RunConfig(dg.Config):
@@ -105,19 +106,20 @@ def run_batches(
     node_exporter's textfile collector (``batches.loop.metrics``)."""
     runner = MicroBatchRunner(session, pipeline, data_root)
     with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
-        return _drain_then_follow(context, pipeline, runner, config, after_batch)
+        partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
+        reports = BatchReports(context.instance, pipeline, runner, data_root, lambda: partitions)
+        return _drain_then_follow(context, pipeline, runner, reports, config, after_batch)
 
 
 def _drain_then_follow(
     context: dg.AssetExecutionContext,
     pipeline: Pipeline,
     runner: MicroBatchRunner,
+    reports: BatchReports,
     config: RunConfig,
     after_batch: Callable[[], None],
 ) -> int:
-    """``run_batches``' batches with ``runner``."""
-    partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
-    reports = BatchReports(context.instance, pipeline, runner, partitions)
+    """``run_batches``' batches with ``runner``, reported by ``reports``."""
 
     def record(r: BatchResult) -> None:
         context.log.info(batch_line(pipeline, r))
@@ -182,6 +184,7 @@ def backfill(
         metadata={
             "written_by": "backfill",
             "windows": result.windows,
+            ROW_COUNT: result.windows,  # the partition's rows, as the stream reports them
             "based_on_batch": dg.MetadataValue.text(str(result.based_on_batch)),
             "skipped": result.skipped,
             "sink_version": dg.MetadataValue.text(str(result.sink_version)),

@@ -16,21 +16,25 @@ A batch whose last run stopped on an
 operational error (a file gone, a damaged checkpoint) is not relaunched on
 every tick: the tick waits one interval after the first stop, two after the
 second, and so on (``batches.admin.status.pending_work``), until it is blocked.
+Each tick that reads the pipeline's position also observes its input assets
+when what waits there changed (``orchestration.observations``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
 # parameter annotations (config, resources) at definition time.
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from batches.admin.status import pending_work, pipeline_status
+from batches.admin.status import PipelineStatus, pending_work, pipeline_status
 from batches.cli.display import iso_utc
 from batches.pipeline import Pipeline
 from orchestration.jobs import microbatch_job_name
 from orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key
+from orchestration.observations import backlog_cursor, input_observations
 from orchestration.resources import LowmarkResource, SparkResource
 from orchestration.runs import IN_FLIGHT, runs_of
 
@@ -59,7 +63,14 @@ def sensor_default_status() -> dg.DefaultSensorStatus:
     return dg.DefaultSensorStatus.STOPPED if stopped else dg.DefaultSensorStatus.RUNNING
 
 
-def pipeline_sensor(pipeline: Pipeline, job: "UnresolvedAssetJobDefinition") -> dg.SensorDefinition:
+def pipeline_sensor(
+    pipeline: Pipeline,
+    job: "UnresolvedAssetJobDefinition",
+    inputs: Mapping[str, dg.AssetKey] | None = None,
+) -> dg.SensorDefinition:
+    """The sensor of ``pipeline``, requesting ``job`` runs; it observes ``inputs`` (input
+    assets by source name: ``orchestration.observations``) whenever their backlog changed."""
+
     @dg.sensor(
         name=f"{pipeline.name}_sensor",
         job=job,
@@ -71,41 +82,58 @@ def pipeline_sensor(pipeline: Pipeline, job: "UnresolvedAssetJobDefinition") -> 
     )
     def _sensor(
         context: dg.SensorEvaluationContext, spark: SparkResource, lowmark: LowmarkResource
-    ) -> dg.RunRequest | dg.SkipReason:
+    ) -> dg.SensorResult | dg.SkipReason:
         running = runs_of(context.instance, pipeline, IN_FLIGHT)
         if running:
             run = running[0]
             return dg.SkipReason(f"run {run.run_id} of {pipeline.name} is {run.status.value}")
         # The session method, not a session: a tick over local folders starts no Spark.
         status = pipeline_status(spark.session, pipeline, lowmark.root())
-        if status.blocked:
-            return dg.SkipReason(status.blocked)
-        work = pending_work(status, sensor_interval_seconds() * 1000)
-        if work is None:
-            at = status.last_committed_batch
-            return dg.SkipReason(
-                f"{pipeline.name} is caught up (last committed batch {at}): no new data"
-            )
-        failed = status.last_failure
-        if work.not_before_ms is not None and failed and status.as_of_ms < work.not_before_ms:
-            return dg.SkipReason(
-                f"batch {work.batch_id} of {pipeline.name} stopped "
-                f"{failed.attempts['operational']} times (last: {failed.error}): no run "
-                f"before {iso_utc(work.not_before_ms)}, the wait doubling with each stop; "
-                f"or run `lowmark run {pipeline.name}` once it is fixed"
-            )
-        run_key = batch_run_key(pipeline, status.pipeline_id, work.batch_id)
-        if work.replay:
-            finished = runs_of(context.instance, pipeline, FINISHED, among=50)
-            after = finished[0].run_id if finished else "none"
-            run_key += f":replay-after-{after}"
-        context.log.info(f"{pipeline.name}: {work.reason}")
-        return dg.RunRequest(
-            run_key=run_key,
-            tags={PIPELINE_TAG: pipeline.name},
-            run_config={
-                "ops": {asset_op(pipeline): {"config": {"follow_seconds": follow_seconds()}}}
-            },
+        cursor = backlog_cursor(status.backlog)
+        observed = (
+            input_observations(pipeline, inputs or {}, status.backlog, status.backlog_described)
+            if cursor != context.cursor
+            else []
+        )
+        answer = _decide(context, pipeline, status)
+        return dg.SensorResult(
+            run_requests=[answer] if isinstance(answer, dg.RunRequest) else None,
+            skip_reason=answer if isinstance(answer, dg.SkipReason) else None,
+            asset_events=observed,
+            cursor=cursor,
         )
 
     return _sensor
+
+
+def _decide(
+    context: dg.SensorEvaluationContext, pipeline: Pipeline, status: PipelineStatus
+) -> dg.RunRequest | dg.SkipReason:
+    """The tick's answer for ``pipeline`` at ``status``: a run, or why not."""
+    if status.blocked:
+        return dg.SkipReason(status.blocked)
+    work = pending_work(status, sensor_interval_seconds() * 1000)
+    if work is None:
+        at = status.last_committed_batch
+        return dg.SkipReason(
+            f"{pipeline.name} is caught up (last committed batch {at}): no new data"
+        )
+    failed = status.last_failure
+    if work.not_before_ms is not None and failed and status.as_of_ms < work.not_before_ms:
+        return dg.SkipReason(
+            f"batch {work.batch_id} of {pipeline.name} stopped "
+            f"{failed.attempts['operational']} times (last: {failed.error}): no run "
+            f"before {iso_utc(work.not_before_ms)}, the wait doubling with each stop; "
+            f"or run `lowmark run {pipeline.name}` once it is fixed"
+        )
+    run_key = batch_run_key(pipeline, status.pipeline_id, work.batch_id)
+    if work.replay:
+        finished = runs_of(context.instance, pipeline, FINISHED, among=50)
+        after = finished[0].run_id if finished else "none"
+        run_key += f":replay-after-{after}"
+    context.log.info(f"{pipeline.name}: {work.reason}")
+    return dg.RunRequest(
+        run_key=run_key,
+        tags={PIPELINE_TAG: pipeline.name},
+        run_config={"ops": {asset_op(pipeline): {"config": {"follow_seconds": follow_seconds()}}}},
+    )

@@ -90,13 +90,18 @@ FIRST = ("tests/faults/", "tests/orchestration/test_dagster_dev.py")
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The suite on two workers (``make unit``: ``pytest -n 2 --dist loadgroup``): a test
-    module runs on one worker, so its module fixtures are built once, and so does all of
-    ``tests/faults`` (its session fixtures: reference runs, the class archive, the
-    background kill cases); the longest groups are handed out first."""
+    module runs on one worker, so its module fixtures are built once; a crash test of one
+    pipeline (``tests/faults``, the ``name`` parameter) runs with that pipeline's other
+    crash tests, wherever they are, so its fault-free reference run is made once; the
+    longest groups are handed out first."""
     for item in items:
         path = item.nodeid.split("::")[0]
-        group = "faults" if path.startswith(FIRST[0]) else path
-        item.add_marker(pytest.mark.xdist_group(group))
+        params = getattr(item, "callspec", None)
+        name = params.params.get("name") if params is not None else None
+        if path.startswith(FIRST[0]) and isinstance(name, str):
+            item.add_marker(pytest.mark.xdist_group(f"faults-{name}"))
+        else:
+            item.add_marker(pytest.mark.xdist_group(path))
     items.sort(
         key=lambda item: next(
             (i for i, f in enumerate(FIRST) if item.nodeid.startswith(f)), len(FIRST)

@@ -4,7 +4,9 @@ One reference run per pipeline of ``MATRIX`` over ``FIXED_INPUT``. Its data
 root after ``KILL_BATCH`` batches is kept as a template: a kill case copies
 it and lets a `lowmark run` subprocess die in batch ``KILL_BATCH``, so no
 subprocess pays for the batches before. The subprocesses run two at a time
-in the background while the test process replays the cases already killed.
+in the background while the test process replays the cases already killed;
+their drivers attach to the test process's JVM (``tests.faults.driver``), or,
+in the own-JVM cases, start one of their own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import shutil
 import subprocess
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ from tests.faults.harness import REPO, Snapshot, kill_run, lowmark_env, snapshot
 from tests.faults.scenarios import (
     FIXED_INPUT,
     KAFKA_TOPIC,
+    PIPELINES,
     delta_update,
     kafka_lines,
     kafka_update,
@@ -68,8 +71,8 @@ OTHER_SOURCES = (
     "delta_update",
     "union_append",
 )
-"""Matrix pipelines over the other sources: killed at every step in ``make test-integration``,
-at ``SOURCE_STEPS`` in ``make test`` (their other steps: the read, which writes nothing,
+"""Matrix pipelines over the other sources: killed at ``SOURCE_STEPS`` in ``make test``, at
+every step in ``make test-integration`` (their other steps: the read, which writes nothing,
 and the same writes of state, sink, late rows and logs the folder pipelines are killed at
 in ``make test``)."""
 NO_BAD_ROWS = ("delta_update",)
@@ -144,16 +147,37 @@ def class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | N
     os.environ.pop(ARCHIVE_ENV, None)
 
 
-@pytest.fixture(scope="session")
-def references(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> dict[str, Reference]:
-    refs = {}
-    for defined in MATRIX:
-        folder = tmp_path_factory.mktemp(defined.name)
-        pipeline = with_input(defined, folder, request)
+class References(Mapping[str, Reference]):
+    """The fault-free run of each pipeline of ``MATRIX``, made when a test first asks for it:
+    a worker that runs the crash tests of a few pipelines makes only theirs."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest,
+    ) -> None:
+        self._spark = spark
+        self._tmp_path_factory = tmp_path_factory
+        self._request = request
+        self._made: dict[str, Reference] = {}
+
+    def __getitem__(self, name: str) -> Reference:
+        if name not in self._made:
+            self._made[name] = self._make(PIPELINES[name])
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(p.name for p in MATRIX)
+
+    def __len__(self) -> int:
+        return len(MATRIX)
+
+    def _make(self, defined: Pipeline) -> Reference:
+        folder = self._tmp_path_factory.mktemp(defined.name)
+        pipeline = with_input(defined, folder, self._request)
         root = folder / "reference"  # Reference.root
-        runner = MicroBatchRunner(spark, pipeline, root)
+        runner = MicroBatchRunner(self._spark, pipeline, root)
         runner.run(max_batches=KILL_BATCH)
         shutil.copytree(root, folder / "template")
         rest = runner.run(max_batches=None)
@@ -169,8 +193,19 @@ def references(
         ) == (KILL_BATCH, windowed, pipeline.name not in NO_BAD_ROWS, True)
         assert len(rest) > 1
         batches = KILL_BATCH + len(rest)
-        refs[pipeline.name] = Reference(pipeline, folder, snapshot(pipeline, root), batches)
-    return refs
+        return Reference(pipeline, folder, snapshot(pipeline, root), batches)
+
+
+@pytest.fixture(scope="session")
+def references(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> References:
+    return References(spark, tmp_path_factory, request)
+
+
+CaseKey = tuple[str, str, str]
+"""(pipeline, step, jvm): ``jvm`` is ``shared`` (the driver attached to the test process's
+JVM) or ``own`` (a JVM of its own, which dies with it)."""
 
 
 class KillCases:
@@ -182,42 +217,51 @@ class KillCases:
 
     def __init__(
         self,
-        references: dict[str, Reference],
+        spark: SparkSession,
+        references: References,
         pool: ThreadPoolExecutor,
-        order: list[tuple[str, str]],
+        order: list[CaseKey],
     ) -> None:
+        self.spark = spark
         self.references = references
         self.pool = pool
         self.order = order
-        """(pipeline, step) of the kill cases this session runs, in the order it runs them."""
-        self.started: dict[tuple[str, str], Future[KillCase]] = {}
+        """The kill cases this session runs, in the order it runs them."""
+        self.started: dict[CaseKey, Future[KillCase]] = {}
 
-    def get(self, name: str, step: str) -> KillCase:
-        at = self.order.index((name, step))
-        for key in self.order[at : at + 2]:
-            if key not in self.started:
-                self.started[key] = self.pool.submit(_kill, self.references[key[0]], key[1])
-        return self.started[(name, step)].result()
+    def get(self, key: CaseKey) -> KillCase:
+        at = self.order.index(key)
+        for name, step, jvm in self.order[at : at + 2]:
+            # The next case of the same pipeline: a test worker runs one pipeline's cases
+            # (``tests.conftest``), another worker the next pipeline's.
+            if name == key[0] and (name, step, jvm) not in self.started:
+                self.started[(name, step, jvm)] = self.pool.submit(
+                    _kill, self.references[name], step, self.spark if jvm == "shared" else None
+                )
+        return self.started[key].result()
 
 
 @pytest.fixture(scope="session")
 def kill_cases(
-    references: dict[str, Reference], class_archive: Path | None, request: pytest.FixtureRequest
+    spark: SparkSession, references: References, request: pytest.FixtureRequest
 ) -> Iterator[KillCases]:
-    # Only the cases selected (`make test` leaves the integration ones out), so no
-    # subprocess is started for a case no test asks for.
+    # Only the kill matrix's cases selected (`make test` leaves the integration ones out),
+    # so no subprocess is started for a case no test asks for.
     order = [
-        (item.callspec.params["name"], item.callspec.params["step"])
+        (item.callspec.params["name"], item.callspec.params["step"], item.callspec.params["jvm"])
         for item in request.session.items
-        if item.get_closest_marker("kill_matrix") and hasattr(item, "callspec")
+        if hasattr(item, "callspec") and "jvm" in item.callspec.params
     ]
+    if any(jvm == "own" for _, _, jvm in order):
+        request.getfixturevalue("class_archive")
     pool = ThreadPoolExecutor(max_workers=2)
-    yield KillCases(references, pool, order)
+    yield KillCases(spark, references, pool, order)
     pool.shutdown(cancel_futures=True)
 
 
-def _kill(ref: Reference, step: str) -> KillCase:
-    """A copy of the template after `lowmark run` was killed at ``step`` of KILL_BATCH."""
-    root = ref.folder / f"killed_{step}"
+def _kill(ref: Reference, step: str, jvm: SparkSession | None) -> KillCase:
+    """A copy of the template after `lowmark run` was killed at ``step`` of KILL_BATCH, its
+    driver attached to ``jvm``'s JVM or (None) with a JVM of its own."""
+    root = ref.folder / f"killed_{step}_{'shared' if jvm else 'own'}_jvm"
     shutil.copytree(ref.folder / "template", root)
-    return KillCase(root, kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH)))
+    return KillCase(root, kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH), jvm=jvm))

@@ -35,14 +35,15 @@ from batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, cr
 from batches.loop.microbatch import BatchResult, MicroBatchRunner
 from batches.pipeline import Pipeline, resolve
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
+from tests.faults.driver import attached_env
 from tests.faults.scenarios import SINK
 from tests.helpers import INTERPRETED
 
 REPO = Path(__file__).resolve().parents[2]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
 """The installed `lowmark` command (``orchestration.cli``)."""
-ENGINE_CLI = (sys.executable, "-c", "from batches.cli.commands import main; main()")
-"""`lowmark` as the crash tests run it: the engine's commands (``batches.cli.commands``),
+ENGINE_CLI = (sys.executable, "-m", "tests.faults.driver")
+"""`lowmark` as the crash tests run it: the engine's commands (``tests.faults.driver``),
 without the Dagster commands and batch reports of the installed entry point
 (``orchestration.cli``), whose imports double a subprocess's Python start (0.7 s → 1.4 s
 of CPU time): a kill case is about the engine's recovery."""
@@ -84,18 +85,27 @@ def run_to_completion(spark: SparkSession, pipeline: Pipeline, root: Path) -> li
     return MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
 
 
-def lowmark_env(**extra: str) -> dict[str, str]:
-    """Environment for a `lowmark` subprocess that finds ``tests.faults.scenarios``."""
+def lowmark_env(jvm: SparkSession | None = None, **extra: str) -> dict[str, str]:
+    """Environment for a `lowmark` subprocess that finds ``tests.faults.scenarios``: its
+    driver attached to ``jvm``'s JVM (``tests.faults.driver``), or with a JVM of its own."""
     return {
         **os.environ,
         "PYTHONPATH": str(REPO),
+        **(attached_env(jvm) if jvm is not None else own_jvm_env()),
+        **extra,
+    }
+
+
+def own_jvm_env() -> dict[str, str]:
+    """A subprocess's own JVM: started with the session's class archive, if any, and the
+    test process's Spark settings (``INTERPRETED``)."""
+    return {
         "SPARK_SUBMIT_OPTS": subprocess_jvm_options(),
         # spark-submit's own JVM, which only builds the driver's command line.
         "SPARK_LAUNCHER_OPTS": " ".join(JVM_OPTIONS),
         "PYSPARK_SUBMIT_ARGS": " ".join(
             [*(f"--conf {k}={v}" for k, v in INTERPRETED.items()), "pyspark-shell"]
         ),
-        **extra,
     }
 
 
@@ -113,12 +123,13 @@ def lowmark_run_args(root: Path, pipeline: Pipeline, *options: str) -> list[str]
 
 
 def kill_run(
-    root: Path, pipeline: Pipeline, point: KillPoint, *options: str
+    root: Path, pipeline: Pipeline, point: KillPoint, *options: str, jvm: SparkSession | None
 ) -> subprocess.CompletedProcess[str]:
-    """`lowmark run` in a subprocess with ``LOWMARK_KILL_AT=point``."""
+    """`lowmark run` in a subprocess with ``LOWMARK_KILL_AT=point``, its driver attached to
+    ``jvm``'s JVM or (None) with a JVM of its own (``lowmark_env``)."""
     return subprocess.run(
         lowmark_run_args(root, pipeline, *options),
-        env=lowmark_env(**{KILL_AT_ENV: str(point)}),
+        env=lowmark_env(jvm, **{KILL_AT_ENV: str(point)}),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -127,10 +138,11 @@ def kill_run(
 
 
 def subprocess_crash(pipeline: Pipeline) -> Crash:
-    """Crashes by SIGKILL: `lowmark run --until-caught-up` with ``LOWMARK_KILL_AT``."""
+    """Crashes by SIGKILL: `lowmark run --until-caught-up` with ``LOWMARK_KILL_AT``, each
+    with a JVM of its own, which dies with it."""
 
     def crash(root: Path, point: KillPoint) -> bool:
-        proc = kill_run(root, pipeline, point, "--until-caught-up")
+        proc = kill_run(root, pipeline, point, "--until-caught-up", jvm=None)
         if proc.returncode not in (0, KILLED):
             raise AssertionError(f"lowmark run failed at {point}: {proc.stderr[-3000:]}")
         return proc.returncode == KILLED

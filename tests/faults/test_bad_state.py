@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from batches.cli.commands import main
-from tests.faults.conftest import Reference
+from tests.faults.conftest import Reference, References
 from tests.faults.harness import run_to_completion
 
 
@@ -33,7 +33,7 @@ def damaged_copy(ref: Reference, name: str) -> Path:
     ],
 )
 def test_a_missing_checkpoint_table_is_an_error_naming_it(
-    spark: SparkSession, references: dict[str, Reference], table: str, message: str
+    spark: SparkSession, references: References, table: str, message: str
 ) -> None:
     ref = references["tumbling_two_partitions"]
     root = damaged_copy(ref, table)
@@ -44,7 +44,7 @@ def test_a_missing_checkpoint_table_is_an_error_naming_it(
 
 
 def test_an_unreadable_commit_log_is_one_line_naming_it(
-    spark: SparkSession, references: dict[str, Reference], capsys: pytest.CaptureFixture[str]
+    spark: SparkSession, references: References, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ref = references["tumbling_two_partitions"]
     root = damaged_copy(ref, "commit_json")

@@ -71,14 +71,15 @@ def test_a_runner_whose_batch_another_runner_finished_first_stops_at_its_commit(
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("class_archive")
 def test_of_two_lowmark_runs_at_once_one_finishes_and_the_other_stops_with_a_clear_message(
     spark: SparkSession, plain: tuple[Path, Snapshot]
 ) -> None:
     folder, reference = plain
     root = folder / "two_runs"
     args = lowmark_run_args(root, plain_append, "--until-caught-up")
-    first = subprocess.Popen(args, env=lowmark_env(), cwd=REPO, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        args, env=lowmark_env(spark), cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
     # Freeze the first runner as soon as it has claimed batch 0 (a runner stalled
     # mid-batch), let a second one run everything, then let the first go on.
     claimed = root / "_lowmark" / "plain_append" / "offsets" / "_delta_log" / f"{1:020d}.json"
@@ -88,7 +89,7 @@ def test_of_two_lowmark_runs_at_once_one_finishes_and_the_other_stops_with_a_cle
     first.send_signal(signal.SIGSTOP)
     try:
         second = subprocess.run(
-            args, env=lowmark_env(), cwd=REPO, capture_output=True, text=True, timeout=900
+            args, env=lowmark_env(spark), cwd=REPO, capture_output=True, text=True, timeout=900
         )
     finally:
         first.send_signal(signal.SIGCONT)

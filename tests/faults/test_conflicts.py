@@ -24,7 +24,7 @@ from batches.loop import faults
 from batches.loop.microbatch import MicroBatchRunner
 from state.conflicts import ATTEMPTS, retry_conflicts
 from state.errors import ConcurrentRunner, WriteConflict
-from tests.faults.conftest import KILL_BATCH, Reference
+from tests.faults.conftest import KILL_BATCH, References
 from tests.faults.harness import Snapshot, differences, run_to_completion, snapshot
 from tests.faults.scenarios import SINK
 
@@ -75,7 +75,7 @@ def test_a_conflict_on_our_own_transaction_id_is_another_runner_at_once() -> Non
 
 
 def test_maintenance_and_another_job_writing_the_sink_around_a_crash_change_no_result(
-    spark: SparkSession, references: dict[str, Reference], caplog: pytest.LogCaptureFixture
+    spark: SparkSession, references: References, caplog: pytest.LogCaptureFixture
 ) -> None:
     ref = references["session_update"]
     root = ref.folder / "maintained"

@@ -2,15 +2,21 @@
 
 For each step of ``batches.loop.faults.STEPS`` and each pipeline of ``MATRIX``
 (append mode with tumbling windows, update mode with sessions, a stateless
-append whose sink Spark writes; sessions over a Kafka topic and tumbling
-windows over a synthetic source, also with an idle timeout shorter than any
-batch (records waiting keep a partition in the watermark), whose steps past
-``SOURCE_STEPS`` are marked ``integration``: ``make test-integration``), a
+append whose sink Spark writes; sessions over a Kafka topic, tumbling windows
+over a synthetic source, also with an idle timeout shorter than any batch
+(records waiting keep a partition in the watermark), sessions over a
+user-written source and over a Delta table, tumbling windows over a union), a
 subprocess dies at that step of batch 3 (late records, final windows, and
 windows and sessions open since earlier batches); a restart in this process
 runs to completion. Every table must equal the fault-free run's: nothing
 lost, nothing duplicated. And a kill followed by `lowmark reset --truncate-sink`
 before any replay must end as a fault-free run from scratch.
+
+The killed driver is attached to this process's JVM (what that covers:
+``tests.faults.driver``); the folder pipelines' cases run again with a JVM of
+their own that dies with the driver. `make test` runs the folder pipelines at
+every step and the others at ``SOURCE_STEPS``; `make test-integration` the
+others' other steps and the own-JVM cases.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from tests.faults.conftest import (
     OTHER_SOURCES,
     SOURCE_STEPS,
     KillCases,
-    Reference,
+    References,
 )
 from tests.faults.harness import (
     KILLED,
@@ -40,32 +46,39 @@ from tests.faults.harness import (
 )
 from tests.faults.scenarios import synthetic_no_idle
 
-pytestmark = [pytest.mark.slow, pytest.mark.kill_matrix]
+pytestmark = [pytest.mark.slow]
+
+
+def _in_make_test(step: str, name: str, jvm: str) -> bool:
+    return jvm == "shared" and (name not in OTHER_SOURCES or step in SOURCE_STEPS)
+
 
 CASES = [
     pytest.param(
         step,
         p.name,
-        marks=[pytest.mark.integration]
-        if p.name in OTHER_SOURCES and step not in SOURCE_STEPS
-        else [],
-        id=f"{step}-{p.name}",
+        jvm,
+        marks=[] if _in_make_test(step, p.name, jvm) else [pytest.mark.integration],
+        id=f"{step}-{p.name}-{jvm}-jvm",
     )
+    for jvm in ("shared", "own")
     for step in STEPS
     for p in MATRIX
+    if jvm == "shared" or p.name not in OTHER_SOURCES
 ]
 
 
-@pytest.mark.parametrize(("step", "name"), CASES)
+@pytest.mark.parametrize(("step", "name", "jvm"), CASES)
 def test_a_run_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
     spark: SparkSession,
-    references: dict[str, Reference],
+    references: References,
     kill_cases: KillCases,
     name: str,
     step: str,
+    jvm: str,
 ) -> None:
     ref = references[name]
-    case = kill_cases.get(name, step)
+    case = kill_cases.get((name, step, jvm))
     assert case.process.returncode == KILLED, case.process.stderr[-3000:]
 
     results = run_to_completion(spark, ref.pipeline, case.root)
@@ -78,7 +91,7 @@ def test_a_run_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
 
 
 def test_an_idle_timeout_shorter_than_every_batch_makes_no_waiting_record_late(
-    spark: SparkSession, references: dict[str, Reference], tmp_path: Path
+    spark: SparkSession, references: References, tmp_path: Path
 ) -> None:
     # The same input with no idle timeout: records wait in both partitions until the last
     # batch, so the timeout may leave neither out of the watermark before it.
@@ -100,15 +113,14 @@ RESET_CASES = [
 sessions in update mode, whose sinks lowmark writes on the driver."""
 
 
-@pytest.mark.usefixtures("class_archive")
 @pytest.mark.parametrize(("step", "name"), RESET_CASES)
 def test_a_run_killed_then_reset_with_truncate_sink_ends_like_a_run_from_scratch(
-    spark: SparkSession, references: dict[str, Reference], name: str, step: str
+    spark: SparkSession, references: References, name: str, step: str
 ) -> None:
     ref = references[name]
     root = ref.folder / f"reset_{step}"
     shutil.copytree(ref.folder / "template", root)
-    killed = kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH))
+    killed = kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH), jvm=spark)
     assert killed.returncode == KILLED, killed.stderr[-3000:]
 
     reset_with_truncate_sink(root, ref.pipeline)

@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from batches.loop.faults import KillPoint
-from tests.faults.conftest import KILL_BATCH, Reference
+from tests.faults.conftest import KILL_BATCH, References
 from tests.faults.harness import (
     KILLED,
     Snapshot,
@@ -42,18 +42,17 @@ def _rows(tables: Snapshot) -> Snapshot:
     return {name: rows for name, rows in tables.items() if name not in CHANGED_BY_MAINTENANCE}
 
 
-@pytest.mark.usefixtures("class_archive")
 @pytest.mark.parametrize("step", COMPACTED_AT)
 def test_a_checkpoint_compacted_between_a_kill_and_its_replay_ends_like_a_run_never_killed(
     spark: SparkSession,
-    references: dict[str, Reference],
+    references: References,
     monkeypatch: pytest.MonkeyPatch,
     step: str,
 ) -> None:
     ref = references[session_update.name]
     root = ref.folder / f"compacted_{step}"
     shutil.copytree(ref.folder / "template", root)
-    killed = kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH))
+    killed = kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH), jvm=spark)
     assert killed.returncode == KILLED, killed.stderr[-3000:]
 
     an_hour_passes(ref.pipeline.checkpoint_location(root), monkeypatch)

@@ -15,7 +15,7 @@ import random
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.faults.conftest import MATRIX, OTHER_SOURCES, Reference
+from tests.faults.conftest import MATRIX, OTHER_SOURCES, References
 from tests.faults.harness import (
     differences,
     in_process_crash,
@@ -37,7 +37,7 @@ test`, 48 more over the other sources' in `make test-integration`."""
     ],
 )
 def test_seeded_random_crashes_at_any_step_of_any_batch_change_no_table(
-    spark: SparkSession, references: dict[str, Reference], name: str
+    spark: SparkSession, references: References, name: str
 ) -> None:
     ref = references[name]
     schedule = random_schedule(random.Random(f"lowmark-{name}"), ref.batches, CRASHES)

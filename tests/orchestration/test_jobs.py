@@ -11,18 +11,21 @@ from typing import Any
 import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from batches.admin.health import late_fraction
 from batches.demo import orders, user_revenue, write_sample_files
 from batches.loop.metrics import TEXTFILE_ENV
 from batches.loop.microbatch import MicroBatchRunner
 from orchestration.checks import checks_of
+from orchestration.tables import COLUMN_SCHEMA, ROW_COUNT
 from state.table import DriverTable
 from tests.helpers import TICKS, drop_order_files, samples, tick, value
-from tests.orchestration.pipelines import ticks
+from tests.orchestration.pipelines import SCHEMA, ticks
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TICKS_LATE = dg.AssetKey(["lowmark", "ticks_late"])
+TICKS_BAD = dg.AssetKey(["lowmark", "ticks_bad_records"])
 
 
 def run_ticks(
@@ -67,7 +70,8 @@ def test_a_run_records_one_readable_materialization_per_batch(
     )
     # What the folder still held after each batch: one file, then none.
     assert [m["backlog_files"].value for m in metadata] == [1, 0]
-    # Plotted (numbers): only rows, the lag, the duration in seconds and the backlog.
+    # Plotted (numbers): only rows, the lag, the duration in seconds, the backlog, the
+    # sink's row count and its open windows.
     numbers = {
         k
         for k, v in metadata[0].items()
@@ -75,14 +79,36 @@ def test_a_run_records_one_readable_materialization_per_batch(
     }
     assert numbers == {
         "rows_in", "rows_out", "rows_late", "rows_bad", "lag_seconds", "duration_seconds",
-        "backlog_files",
+        "backlog_files", "dagster/row_count", "open_windows",
     }  # fmt: skip
     lag = metadata[0]["lag_seconds"].value
     assert isinstance(lag, float) and lag > (datetime.now(UTC) - T0).total_seconds() - 3600
 
-    # The late table is materialized by the batch that appended to it, only.
-    late = instance.fetch_materializations(TICKS_LATE, limit=10).records
-    assert [r.asset_materialization.metadata["rows"].value for r in late] == [1]  # type: ignore[union-attr]
+    # The sink's row count and schema are its table's, as Spark reads it.
+    sink = spark.read.format("delta").load(str(data_root / "ticks/out"))
+    assert metadata[-1][ROW_COUNT].value == sink.count() == 2
+    schema = metadata[-1][COLUMN_SCHEMA].value
+    assert [c.name for c in schema.columns] == sink.columns  # type: ignore[union-attr]
+    # Open windows: those the input has that the sink does not yet (append mode), the
+    # next to close the one ending first, final at its end + 10 s lateness.
+    events = spark.read.schema(SCHEMA).json(str(data_root / "ticks/in"))
+    windows = events.select("user", F.window("ts", "10 seconds").start.alias("window_start"))
+    still_open = windows.distinct().join(sink, ["user", "window_start"], "left_anti")
+    assert metadata[-1]["open_windows"].value == still_open.count() == 2
+    first_start_s = still_open.agg(F.min(F.col("window_start").cast("long"))).first()[0]  # type: ignore[index]
+    assert metadata[-1]["next_window_final_at"] == dg.TimestampMetadataValue(
+        float(first_start_s + 10 + 10)  # its end, then the allowed lateness
+    )
+
+    # The late and bad-records tables are materialized by every batch (so neither reads
+    # as in progress while a run follows the source), with what it appended and their
+    # row count.
+    for key, rows in ((TICKS_LATE, [0, 1]), (TICKS_BAD, [0, 0])):
+        records = instance.fetch_materializations(key, limit=10).records
+        side = [r.asset_materialization.metadata for r in reversed(records)]  # type: ignore[union-attr]
+        assert [m["rows"].value for m in side] == rows
+        assert side[-1][ROW_COUNT].value == sum(rows)
+        assert "batch_id" in [c.name for c in side[-1][COLUMN_SCHEMA].value.columns]  # type: ignore[union-attr]
 
     checks = {e.check_name: e for e in again.get_asset_check_evaluations()}
     assert checks.keys() == {"watermark_lag", "failing_batch", "late_fraction", "bad_fraction"}
@@ -114,6 +140,17 @@ def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
     assert run_ticks(defs, instance, resources).success
     written = instance.get_materialized_partitions(TICKS)
     assert written == {"2026-01-01-00:00", "2026-01-01-01:00"}
+    # Each carries its windows in the sink as a number (what the sink's plots, by
+    # partition, show): one window in hour 0, none yet in hour 1 (a@2 h is in hour 2).
+    sink = spark.read.format("delta").load(str(data_root / "ticks/out"))
+    hours = {"2026-01-01-00:00": 0, "2026-01-01-01:00": 1}
+    for key, hour in hours.items():
+        [record] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(TICKS, asset_partitions=[key]), limit=1
+        ).records
+        expected = sink.where(F.hour("window_start") == hour).count()
+        assert record.asset_materialization.metadata[ROW_COUNT].value == expected  # type: ignore[union-attr]
+    assert sink.count() == 1
 
 
 def test_checks_run_alone_without_running_a_batch(
@@ -159,6 +196,7 @@ def test_the_backfill_job_replaces_one_hour_partition(
     [backfilled] = done.asset_materializations_for_node("ticks_batches")
     assert backfilled.partition == "2026-01-01-00:00"
     assert backfilled.metadata["written_by"] == dg.TextMetadataValue("backfill")
+    assert backfilled.metadata[ROW_COUNT] == dg.IntMetadataValue(1)
 
     refused = job.execute_in_process(
         instance=instance,

@@ -151,3 +151,24 @@ def test_a_tick_reads_the_checkpoint_and_the_folder_without_spark(
     no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
     keys = [r.run_key for r in tick(defs, instance, no_spark).run_requests]
     assert keys == [f"slow:{runner.checkpoint.pipeline_id}:batch-1"]
+
+
+def test_a_tick_observes_the_input_when_what_waits_there_changed(
+    defs: dg.Definitions, instance: dg.DagsterInstance, data_root: Path
+) -> None:
+    no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
+
+    def observe(cursor: str | None) -> Any:
+        context = dg.build_sensor_context(instance=instance, resources=no_spark, cursor=cursor)
+        return defs.resolve_sensor_def("slow_sensor").evaluate_tick(context)
+
+    drop(data_root, 0)
+    first = observe(None)
+    [seen] = first.asset_events
+    assert seen.asset_key == dg.AssetKey(["lowmark", "sources", "files_slow_in"])
+    assert seen.metadata["slow/waiting_files"] == dg.IntMetadataValue(1)
+    assert seen.description == "for slow: 1 new files (10 bytes) waiting"
+    assert not observe(first.cursor).asset_events  # nothing changed: nothing observed
+    drop(data_root, 1)
+    [again] = observe(first.cursor).asset_events
+    assert again.metadata["slow/waiting_files"] == dg.IntMetadataValue(2)
