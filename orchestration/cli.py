@@ -28,7 +28,6 @@ import typer
 from batches.cli import commands, look  # noqa: F401 (look registers `show` and `sql`)
 from batches.cli.display import print_json
 from batches.registry import load_pipelines
-from orchestration.checks import check_evaluations, check_keys
 from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 from orchestration.project import find_project
 
@@ -52,6 +51,7 @@ def report_to_dagster(
         return None
     import dagster as dg
 
+    from orchestration.checks import check_evaluations, check_keys
     from orchestration.partitions import event_time_partitions
     from orchestration.reporting import BatchReports
     from orchestration.ui import prepare_home
