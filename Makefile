@@ -29,7 +29,7 @@ jvm/lib/.pom.sha: jvm/pom.xml jvm/fetch-jars $(VENV)/.installed
 	PYTHON=$(BIN)/python jvm/fetch-jars jvm --spark
 
 $(VENV)/.smoke: jvm/lib/.pom.sha
-	$(BIN)/python -m state.smoke
+	$(BIN)/python -m lowmark.state.smoke
 	touch $@
 
 jvm/kafka/lib/.pom.sha: jvm/kafka/pom.xml jvm/fetch-jars

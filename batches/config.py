@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from batches.durations import parse_duration_ms
+from lowmark.batches.durations import parse_duration_ms
 
 
 def is_duration(metadata: list[Any]) -> bool:

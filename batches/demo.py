@@ -13,8 +13,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batches.pipeline import DeltaSink, EventTimePartitions, FileSource, HealthChecks, Pipeline
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.batches.pipeline import (
+    DeltaSink,
+    EventTimePartitions,
+    FileSource,
+    HealthChecks,
+    Pipeline,
+)
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

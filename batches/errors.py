@@ -1,12 +1,12 @@
 """Errors a user can cause in pipeline definitions, input or sinks.
 
 One line each, naming the thing and the fix. ``LowmarkError`` (from
-``state.errors``) is the common base the CLI turns into a clean message.
+``lowmark.state.errors``) is the common base the CLI turns into a clean message.
 """
 
 from __future__ import annotations
 
-from state.errors import LowmarkError
+from lowmark.state.errors import LowmarkError
 
 
 class PipelineNotFound(LowmarkError):
@@ -79,7 +79,7 @@ class BatchFailed(LowmarkError):
 class DefinitionMismatch(LowmarkError):
     """A pipeline's definition does not fit the input or the sink it meets (files not in
     its ``format``, an event-time column the source lacks, a sink folder that cannot be
-    made): caught before Spark starts, nothing written (``batches.loop.preflight``)."""
+    made): caught before Spark starts, nothing written (``lowmark.batches.loop.preflight``)."""
 
 
 class SinkNotATable(LowmarkError):

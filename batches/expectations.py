@@ -23,7 +23,7 @@ of its rows, or any violation of an expectation named in ``fail_on`` or set to
 before anything is written: its offset-log entry stays, so once the input,
 the transform or the threshold is fixed, ``lowmark run`` replays it with the
 same offsets. It counts as a failed attempt of the ``data`` kind
-(``batches.loop.poison``).
+(``lowmark.batches.loop.poison``).
 
 What is in the pipeline fingerprint (``fingerprint_semantics``): the
 ``drop`` expectations (name and condition), as they decide which records
@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from batches.config import UserConfig
-from batches.errors import ExpectationsFailed, PipelineConfigInvalid
-from state import quarantine
-from state.errors import first_line
+from lowmark.batches.config import UserConfig
+from lowmark.batches.errors import ExpectationsFailed, PipelineConfigInvalid
+from lowmark.state import quarantine
+from lowmark.state.errors import first_line
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

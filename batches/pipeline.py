@@ -24,12 +24,12 @@ from pydantic import (
     model_validator,
 )
 
-from batches.config import UserConfig
-from batches.durations import DurationMs
-from batches.errors import PipelineConfigInvalid
-from batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
-from batches.sql import SqlStep, Transform, apply_step, step_semantics
-from batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
+from lowmark.batches.config import UserConfig
+from lowmark.batches.durations import DurationMs
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
+from lowmark.batches.sql import SqlStep, Transform, apply_step, step_semantics
+from lowmark.batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -45,14 +45,14 @@ class SourceKind(_Config):
 
     A built-in kind is one such model with a ``kind`` literal and a ``RUNTIME``,
     entered in ``ONE_SYSTEM_SOURCES``; the kinds a pipeline accepts, their
-    parsing and ``batches.sources.build_source`` follow from there.
+    parsing and ``lowmark.batches.sources.build_source`` follow from there.
     """
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset()
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
     RUNTIME: ClassVar[str]
     """Import path (``module:qualname``) of the function that builds the runtime source
-    from this config and a ``batches.sources.context.SourceContext``."""
+    from this config and a ``lowmark.batches.sources.context.SourceContext``."""
 
     kind: str
 
@@ -80,7 +80,7 @@ class FileSource(SourceKind):
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
-    RUNTIME: ClassVar[str] = "batches.sources.files:FileStreamSource.from_config"
+    RUNTIME: ClassVar[str] = "lowmark.batches.sources.files:FileStreamSource.from_config"
 
     kind: Literal["files"] = "files"
     """Picks this source (the default when `kind` is not given)."""
@@ -174,7 +174,7 @@ class KafkaSource(SourceKind):
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
-    RUNTIME: ClassVar[str] = "batches.sources.kafka:KafkaStreamSource.from_config"
+    RUNTIME: ClassVar[str] = "lowmark.batches.sources.kafka:KafkaStreamSource.from_config"
 
     kind: Literal["kafka"] = "kafka"
     """Picks this source."""
@@ -250,7 +250,7 @@ class DeltaSource(SourceKind):
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
-    RUNTIME: ClassVar[str] = "batches.sources.delta_table:DeltaStreamSource.from_config"
+    RUNTIME: ClassVar[str] = "lowmark.batches.sources.delta_table:DeltaStreamSource.from_config"
 
     kind: Literal["delta"] = "delta"
     """Picks this source."""
@@ -325,7 +325,7 @@ class SyntheticSource(SourceKind):
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"max_rows_per_batch", "starting_offsets"})
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
-    RUNTIME: ClassVar[str] = "batches.sources.synthetic:SyntheticStreamSource.from_config"
+    RUNTIME: ClassVar[str] = "lowmark.batches.sources.synthetic:SyntheticStreamSource.from_config"
 
     kind: Literal["synthetic"] = "synthetic"
     """Picks this source."""
@@ -389,14 +389,14 @@ class CustomSource(SourceKind):
     """A source the user writes for their own system (docs/sources.md).
 
     ``factory`` is called as ``factory(spark, options, data_root)`` and
-    returns a ``batches.sources.Source``; ``options`` are its settings, part
+    returns a ``lowmark.batches.sources.Source``; ``options`` are its settings, part
     of the fingerprint except the keys named in ``operational``.
     """
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"operational"})
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
-    RUNTIME: ClassVar[str] = "batches.sources.custom:from_factory"
+    RUNTIME: ClassVar[str] = "lowmark.batches.sources.custom:from_factory"
 
     kind: Literal["custom"] = "custom"
     """Picks this source."""
@@ -469,7 +469,7 @@ class UnionSource(SourceKind):
     columns. At most one ``files`` source (the checkpoint has one file manifest).
     """
 
-    RUNTIME: ClassVar[str] = "batches.sources.union:UnionStreamSource.from_config"
+    RUNTIME: ClassVar[str] = "lowmark.batches.sources.union:UnionStreamSource.from_config"
 
     kind: Literal["union"] = "union"
     """Picks this source."""
@@ -558,10 +558,10 @@ class DeltaSink(_Config):
 
 
 class CustomSink(_Config):
-    """A sink the user writes for their own system (``batches.sinks.base.Sink``).
+    """A sink the user writes for their own system (``lowmark.batches.sinks.base.Sink``).
 
     ``factory`` is called as ``factory(spark, options, data_root, app_id)`` and
-    returns a ``batches.sinks.base.Sink``, whose ``write(df, batch_id, retract)``
+    returns a ``lowmark.batches.sinks.base.Sink``, whose ``write(df, batch_id, retract)``
     the runner calls with each batch's output: a stateless pipeline's records, or
     a windowed pipeline's emitted windows (and, in update mode, ``retract``: the
     windows the batch supersedes) as a DataFrame built on the driver. A replay
@@ -644,7 +644,8 @@ class EventTimePartitions(_Config):
 
 
 class Maintenance(_Config):
-    """How the runner keeps the checkpoint small over a long life (``state.maintenance``)."""
+    """How the runner keeps the checkpoint small over a long life
+    (``lowmark.state.maintenance``)."""
 
     every_batches: int = Field(
         default=100, ge=1, description="Run maintenance after every this many batches."
@@ -666,7 +667,8 @@ class Pipeline(_Config):
     ``package.module:function``), or a SQL query over the batch's records
     (``{sql: "SELECT ... FROM input"}``, a ``SqlStep``). A windowed pipeline's
     ``post_aggregation`` is either kind too, over the windows a batch emits
-    (``FROM windows``): see docs/sql.md, ``batches.sql`` and ``batches.loop.post_aggregation``.
+    (``FROM windows``): see docs/sql.md, ``lowmark.batches.sql`` and
+    ``lowmark.batches.loop.post_aggregation``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -832,7 +834,7 @@ class Pipeline(_Config):
         (as in Spark), renaming it is not; a SQL transform by its query (surrounding
         whitespace stripped). ``post_aggregation`` counts the same way, and only when
         set, so pipelines without it keep their fingerprint. Of the expectations, only
-        the ``drop`` ones count, and only when there are some (``batches.expectations``):
+        the ``drop`` ones count, and only when there are some (``lowmark.batches.expectations``):
         ``warn`` and ``fail`` ones and the ``quality`` thresholds change no committed row.
         """
         semantics: dict[str, Any] = {

@@ -3,7 +3,7 @@
 A module contributes every module-level ``Pipeline`` object. A YAML file has
 a ``pipelines:`` list of pipeline mappings, transforms given by import path.
 The location comes from ``--pipelines`` or ``LOWMARK_PIPELINES``; the demo
-pipelines (``batches.demo``) are the default.
+pipelines (``lowmark.batches.demo``) are the default.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from batches.errors import PipelineConfigInvalid, PipelineNotFound
-from batches.pipeline import SOURCE_KINDS, Pipeline
+from lowmark.batches.errors import PipelineConfigInvalid, PipelineNotFound
+from lowmark.batches.pipeline import SOURCE_KINDS, Pipeline
 
-DEFAULT_LOCATION = "batches.demo"
+DEFAULT_LOCATION = "lowmark.batches.demo"
 
 
 def default_location() -> str:

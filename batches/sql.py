@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import Field, field_validator
 
-from batches.config import UserConfig
-from batches.errors import PipelineConfigInvalid
-from state.errors import first_line
+from lowmark.batches.config import UserConfig
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.state.errors import first_line
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -51,7 +51,7 @@ _PREFIX_LINES = 2
 
 class SqlStep(UserConfig):
     """A step written as one Spark SQL query (``SELECT ... FROM input``, or ``FROM windows``
-    after the aggregation); it must be deterministic (see ``batches.sql``)."""
+    after the aggregation); it must be deterministic (see ``lowmark.batches.sql``)."""
 
     sql: str = Field(
         min_length=1,

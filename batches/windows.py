@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import ConfigDict, Field, model_validator
 
-from batches.config import UserConfig
-from batches.durations import DurationMs
+from lowmark.batches.config import UserConfig
+from lowmark.batches.durations import DurationMs
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

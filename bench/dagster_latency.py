@@ -42,7 +42,7 @@ from bench.streaming import (
     follow_latency,
     land,
 )
-from orchestration.ui import DagsterDev, free_port
+from lowmark.orchestration.ui import DagsterDev, free_port
 
 SEED = 7
 

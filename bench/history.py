@@ -29,12 +29,12 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from batches.admin.status import pipeline_status
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from state.session import SparkSettings, get_spark
-from state.table import DriverTable
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.state.session import SparkSettings, get_spark
+from lowmark.state.table import DriverTable
 
 T0_S = 1_767_225_600
 LOGS = ("offsets", "commits", "watermarks", "progress", "state_windows")

@@ -26,8 +26,6 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import KafkaSource
 from bench.streaming import (
     OUT_OF_ORDERNESS,
     SCHEMA,
@@ -37,7 +35,9 @@ from bench.streaming import (
     run_sss,
     windowed_pipeline,
 )
-from state.session import get_spark
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import KafkaSource
+from lowmark.state.session import get_spark
 from tests.kafka_broker import KafkaBroker
 
 TOPIC = "bench_events"

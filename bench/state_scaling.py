@@ -49,11 +49,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from batches.loop.maintenance import maintain_checkpoint
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, FileSource, Pipeline
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from state.session import SparkSettings, get_spark
+from lowmark.batches.loop.maintenance import maintain_checkpoint
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.state.session import SparkSettings, get_spark
 
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
 T0_S = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp())

@@ -79,9 +79,9 @@ from typing import IO, Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import DeltaSink, FileSource, Pipeline
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "RESULTS.md"
@@ -191,7 +191,7 @@ def generate(folder: Path, seed: int, dataset: str, files: int, events: int, use
 
 def _child(spec_path: Path) -> None:
     """One engine's scenarios, in this process's own Spark session; results to a JSON file."""
-    from state.session import SparkSettings, get_spark
+    from lowmark.state.session import SparkSettings, get_spark
 
     spec = json.loads(spec_path.read_text())
     engine = spec["engine"]
@@ -476,7 +476,7 @@ def follow_latency(work: Path, sizes: Sizes, seed: int) -> dict[str, Any]:
     args = [
         sys.executable,
         "-c",
-        "from batches.cli.commands import main; main()",
+        "from lowmark.batches.cli.commands import main; main()",
         "--pipelines",
         "bench.streaming",
         "--data-root",
@@ -602,7 +602,7 @@ def _epoch_s(value: Any) -> float:
 
 
 def _seconds(duration: str) -> float:
-    from batches.durations import parse_duration_ms
+    from lowmark.batches.durations import parse_duration_ms
 
     return parse_duration_ms(duration) / 1000
 

@@ -27,9 +27,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from batches.pipeline import resolve
-from batches.sinks import Sink
-from state.session import SparkLike
+from lowmark.batches.pipeline import resolve
+from lowmark.batches.sinks import Sink
+from lowmark.state.session import SparkLike
 
 
 class JsonLinesSink(Sink):

@@ -28,12 +28,12 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from batches.pipeline import resolve
-from batches.sources import Source, SourceRead
-from batches.sources.base import PARTITION_COLUMN
-from batches.sources.json_values import parse_json_values
-from state.offset_log import Offsets
-from state.session import SparkLike, provider
+from lowmark.batches.pipeline import resolve
+from lowmark.batches.sources import Source, SourceRead
+from lowmark.batches.sources.base import PARTITION_COLUMN
+from lowmark.batches.sources.json_values import parse_json_values
+from lowmark.state.offset_log import Offsets
+from lowmark.state.session import SparkLike, provider
 
 
 class OutboxSource(Source):

@@ -1,24 +1,24 @@
 """Each pipeline's tables as Dagster assets, materialized by lowmark's runs.
 
 Per pipeline, one multi-asset whose op is the pipeline's run
-(``orchestration.runs``):
+(``lowmark.orchestration.runs``):
 
 - ``lowmark/<pipeline>`` — the sink. Materializing it runs micro-batches
   (the UI's Materialize, the micro-batch job, the sensor); for a pipeline
   with event-time partitions (``backfill``) it is partitioned by them, and
   materializing partitions backfills them. Every committed batch records a
-  materialization with readable metadata (``orchestration.metadata``). Its
+  materialization with readable metadata (``lowmark.orchestration.metadata``). Its
   freshness policy (``freshness_policy``) follows from the pipeline's bounds.
 - ``lowmark/<pipeline>_late`` (event-time pipelines) and
   ``lowmark/<pipeline>_bad_records`` — the checkpoint's late and bad-records
   tables, materialized by every batch (with the rows it appended), so
   downstream assets can depend on them.
 - ``lowmark/sources/<kind>_<path>`` — the input, an external asset upstream
-  of all three, observed by the pipeline's sensor (``orchestration.observations``).
+  of all three, observed by the pipeline's sensor (``lowmark.orchestration.observations``).
 
-Checks: ``orchestration.checks``. Batches run from the CLI are reported as
+Checks: ``lowmark.orchestration.checks``. Batches run from the CLI are reported as
 materializations too, when a Dagster instance is configured
-(``orchestration.cli``).
+(``lowmark.orchestration.cli``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -31,10 +31,10 @@ from typing import Any
 
 import dagster as dg
 
-from batches.loop.backfill import final_at_ms
-from batches.pipeline import DeltaSink, Pipeline
-from orchestration.checks import check_evaluations, check_results, check_specs
-from orchestration.keys import (
+from lowmark.batches.loop.backfill import final_at_ms
+from lowmark.batches.pipeline import DeltaSink, Pipeline
+from lowmark.orchestration.checks import check_evaluations, check_results, check_specs
+from lowmark.orchestration.keys import (
     GROUP,
     PIPELINE_TAG,
     Sinks,
@@ -46,10 +46,10 @@ from orchestration.keys import (
     sink_key,
     source_key,
 )
-from orchestration.partitions import event_time_partitions
-from orchestration.resources import LowmarkResource, SparkResource
-from orchestration.runs import RunConfig, backfill, run_batches
-from orchestration.sensors import sensor_interval_seconds
+from lowmark.orchestration.partitions import event_time_partitions
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
+from lowmark.orchestration.runs import RunConfig, backfill, run_batches
+from lowmark.orchestration.sensors import sensor_interval_seconds
 
 
 def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.AssetSpec]:

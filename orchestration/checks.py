@@ -1,4 +1,4 @@
-"""The asset checks of a pipeline's tables, over ``batches.admin.health``.
+"""The asset checks of a pipeline's tables, over ``lowmark.batches.admin.health``.
 
 Each check belongs to the table it is about: the sink has ``watermark_lag``
 (event-time pipelines only: without event time there is no watermark to
@@ -23,9 +23,9 @@ from typing import Any
 
 import dagster as dg
 
-from batches.admin import health
-from batches.pipeline import Pipeline
-from orchestration.keys import bad_records_key, late_key, sink_key
+from lowmark.batches.admin import health
+from lowmark.batches.pipeline import Pipeline
+from lowmark.orchestration.keys import bad_records_key, late_key, sink_key
 
 
 @dataclass(frozen=True)

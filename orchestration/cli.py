@@ -1,12 +1,13 @@
-"""The ``lowmark`` command: the engine's commands (``batches.cli.commands``) and the Dagster ones.
+"""The ``lowmark`` command: the engine's commands (``lowmark.batches.cli.commands``) and the Dagster
+ones.
 
 - Batches the CLI commits are reported to the Dagster instance in
   ``DAGSTER_HOME`` when it is set (runless materializations, the same a run
   records), so the assets' history holds every batch however it ran.
 - ``lowmark ui`` runs the Dagster UI with a clean start and stop
-  (``orchestration.ui``).
-- ``lowmark init DIR`` makes a project of one's own (``orchestration.scaffold``); run in
-  a project, ``lowmark`` uses it (``orchestration.project``).
+  (``lowmark.orchestration.ui``).
+- ``lowmark init DIR`` makes a project of one's own (``lowmark.orchestration.scaffold``); run in
+  a project, ``lowmark`` uses it (``lowmark.orchestration.project``).
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from batches.cli import commands, look  # noqa: F401 (look registers `show` and `sql`)
-from batches.cli.display import print_json
-from batches.registry import load_pipelines
-from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
-from orchestration.project import find_project
+from lowmark.batches.cli import commands, look  # noqa: F401 (look registers `show` and `sql`)
+from lowmark.batches.cli.display import print_json
+from lowmark.batches.registry import load_pipelines
+from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
+from lowmark.orchestration.project import find_project
 
 # Dagster (and, through the engine, PySpark) is imported by what needs it: reporting a
 # batch, `lowmark ui`, `init`. `lowmark --help`, `list`, `show`, `sql`, `status` and
 # `plan` never import Dagster (docs/cli.md, "Fast commands").
 if TYPE_CHECKING:
-    from batches.loop.microbatch import BatchResult, MicroBatchRunner
-    from batches.pipeline import Pipeline
+    from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+    from lowmark.batches.pipeline import Pipeline
 
 
 def report_to_dagster(
@@ -51,10 +52,10 @@ def report_to_dagster(
         return None
     import dagster as dg
 
-    from orchestration.checks import check_evaluations, check_keys
-    from orchestration.partitions import event_time_partitions
-    from orchestration.reporting import BatchReports
-    from orchestration.ui import prepare_home
+    from lowmark.orchestration.checks import check_evaluations, check_keys
+    from lowmark.orchestration.partitions import event_time_partitions
+    from lowmark.orchestration.reporting import BatchReports
+    from lowmark.orchestration.ui import prepare_home
 
     prepare_home(Path(home))
     instance = dg.DagsterInstance.get()
@@ -82,7 +83,7 @@ def runs_in_flight(pipeline: Pipeline) -> str | None:
     import dagster as dg
     from dagster._core.instance.ref import InstanceRef
 
-    from orchestration.runs import IN_FLIGHT, runs_of
+    from lowmark.orchestration.runs import IN_FLIGHT, runs_of
 
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(home)) as instance:
         running = runs_of(instance, pipeline, IN_FLIGHT)
@@ -121,7 +122,7 @@ def ui(
     Ctrl-C or SIGTERM stops all of it, runs and their Spark included, within
     about 10 s: a run following the source finishes its batch first.
     """
-    from orchestration.ui import PROJECT, DagsterDev
+    from lowmark.orchestration.ui import PROJECT, DagsterDev
 
     c: commands.Context = ctx.obj
     home = Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()
@@ -181,7 +182,7 @@ def init(
     LOWMARK_PIPELINES / LOWMARK_DATA_ROOT / DAGSTER_HOME > lowmark.toml > the demo).
     FOLDER must be new or empty: nothing is overwritten.
     """
-    from orchestration.scaffold import FILES, command_lines, init_project
+    from lowmark.orchestration.scaffold import FILES, command_lines, init_project
 
     made = init_project(folder, datetime.now(UTC))
     if as_json:

@@ -3,7 +3,7 @@
 Loaded by ``workspace.yaml`` (``dagster dev -w workspace.yaml``). Pipelines
 come from ``LOWMARK_PIPELINES`` (default: the demo), data from
 ``LOWMARK_DATA_ROOT``. Per pipeline: its assets and checks (sink, late and
-bad-records tables, and their source; ``orchestration.assets``), the
+bad-records tables, and their source; ``lowmark.orchestration.assets``), the
 micro-batch job and its sensor (which observes the inputs), a
 checkpoint-maintenance job with its daily schedule, and — for windowed
 pipelines with ``backfill`` partitions — a backfill job. This module only wires.
@@ -16,13 +16,18 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
-from batches.registry import load_pipelines
-from orchestration.assets import pipeline_assets, source_specs
-from orchestration.jobs import backfill_job, maintenance_job, maintenance_schedule, microbatch_job
-from orchestration.keys import sink_locations
-from orchestration.observations import observed_inputs
-from orchestration.resources import LowmarkResource, SparkResource
-from orchestration.sensors import pipeline_sensor
+from lowmark.batches.registry import load_pipelines
+from lowmark.orchestration.assets import pipeline_assets, source_specs
+from lowmark.orchestration.jobs import (
+    backfill_job,
+    maintenance_job,
+    maintenance_schedule,
+    microbatch_job,
+)
+from lowmark.orchestration.keys import sink_locations
+from lowmark.orchestration.observations import observed_inputs
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
+from lowmark.orchestration.sensors import pipeline_sensor
 
 
 def build_definitions(location: str | None = None) -> dg.Definitions:

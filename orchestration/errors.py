@@ -6,7 +6,7 @@ common base the CLI turns into a clean message.
 
 from __future__ import annotations
 
-from state.errors import LowmarkError
+from lowmark.state.errors import LowmarkError
 
 
 class ProjectFileInvalid(LowmarkError):

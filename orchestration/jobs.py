@@ -2,7 +2,7 @@
 and checkpoint maintenance with its daily schedule.
 
 Micro-batch and backfill runs execute the pipeline's asset op, which holds
-the pipeline's pool (``orchestration.keys.pool``): ``dagster.yaml`` gives a
+the pipeline's pool (``lowmark.orchestration.keys.pool``): ``dagster.yaml`` gives a
 pool one slot, so a pipeline's runs — however launched — never overlap.
 """
 
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from batches.loop.maintenance import maintain_checkpoint
-from batches.pipeline import Pipeline
-from orchestration.keys import PIPELINE_TAG, sink_key
-from orchestration.resources import LowmarkResource, SparkResource
+from lowmark.batches.loop.maintenance import maintain_checkpoint
+from lowmark.batches.pipeline import Pipeline
+from lowmark.orchestration.keys import PIPELINE_TAG, sink_key
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import (

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import dagster as dg
 
-from batches.pipeline import DeltaSink, DeltaSource, OneSource, Pipeline, UnionSource, resolve
+from lowmark.batches.pipeline import (
+    DeltaSink,
+    DeltaSource,
+    OneSource,
+    Pipeline,
+    UnionSource,
+    resolve,
+)
 
 GROUP = "lowmark"
 PIPELINE_TAG = "lowmark/pipeline"

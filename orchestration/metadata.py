@@ -22,11 +22,11 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from batches.loop.microbatch import BatchResult
-from batches.pipeline import Pipeline
-from batches.sources.base import describe_range
-from orchestration.keys import bad_records_key, late_key, sink_key
-from orchestration.tables import ROW_COUNT
+from lowmark.batches.loop.microbatch import BatchResult
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.sources.base import describe_range
+from lowmark.orchestration.keys import bad_records_key, late_key, sink_key
+from lowmark.orchestration.tables import ROW_COUNT
 
 
 def batch_line(pipeline: Pipeline, r: BatchResult) -> str:
@@ -67,7 +67,7 @@ def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawM
 
 @dataclass(frozen=True)
 class TablesRead:
-    """What the driver read of a pipeline's tables after a batch (``orchestration.tables``),
+    """What the driver read of a pipeline's tables after a batch (``lowmark.orchestration.tables``),
     as metadata per table; ``partitions``: each event-time partition the batch made final,
     with its rows (windows) in the sink."""
 

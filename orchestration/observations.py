@@ -2,7 +2,7 @@
 
 An input (``lowmark/sources/<kind>_<path>``) is written by others, so Dagster
 never materializes it; each sensor tick that reads the pipeline's position
-(``batches.admin.status``, no Spark) records an observation of each of the
+(``lowmark.batches.admin.status``, no Spark) records an observation of each of the
 pipeline's inputs when what waits there changed since the last one it
 recorded: the source's backlog (files, records, versions) past the committed
 batch. Pipelines reading one input each observe it under their own name, as
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from batches.pipeline import Pipeline, UnionSource
-from orchestration.keys import Sinks, source_key
+from lowmark.batches.pipeline import Pipeline, UnionSource
+from lowmark.orchestration.keys import Sinks, source_key
 
 ONLY = ""
 """The name of a pipeline's source when it is not a union."""

@@ -7,7 +7,7 @@ file statistics when the code location loads (Reload in the UI picks up a
 later one) — else at the day it loads.
 
 A partition counts as written by the stream once a batch ran with a
-watermark at or past its ``final_at_ms`` (``batches.loop.backfill``): every window
+watermark at or past its ``final_at_ms`` (``lowmark.batches.loop.backfill``): every window
 of it was closed and emitted by then. The micro-batch run reports such
 partitions materialized, so the asset's partition view shows what the stream
 wrote; a backfill reports the partition it replaced.
@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from batches.loop.backfill import final_at_ms
-from batches.pipeline import DeltaSink, Pipeline, resolve
+from lowmark.batches.loop.backfill import final_at_ms
+from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
 
 HOURLY_KEY = "%Y-%m-%d-%H:%M"
 DAILY_KEY = "%Y-%m-%d"

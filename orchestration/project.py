@@ -7,7 +7,7 @@ Each setting is taken from the first of these that gives it:
 ==============  ===============  ===================  ================================
 lowmark.toml    flag             environment          without any of them
 ==============  ===============  ===================  ================================
-pipelines       ``--pipelines``  LOWMARK_PIPELINES    the demo (``batches.demo``)
+pipelines       ``--pipelines``  LOWMARK_PIPELINES    the demo (``lowmark.batches.demo``)
 data_root       ``--data-root``  LOWMARK_DATA_ROOT    ``./data``
 dagster_home    (none)           DAGSTER_HOME         unset (``lowmark ui``: ./.dagster_home)
 ==============  ===============  ===================  ================================
@@ -42,14 +42,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
+from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 
 if TYPE_CHECKING:
     import dagster as dg
 
 PROJECT_FILE = "lowmark.toml"
 SAFE_DIRECTORIES_ENV = "LOWMARK_SAFE_DIRECTORIES"
-LOWMARK_PACKAGES = ("batches", "orchestration", "state")
+LOWMARK_PACKAGES = ("lowmark",)
 """lowmark's top-level packages (pyproject.toml's): imported before a project's folder goes
 on ``sys.path``, so none of its modules is found in the folder instead."""
 
@@ -193,6 +193,6 @@ def project_definitions(root: Path) -> dg.Definitions:
     load_project(root).use()
     # Imported only now: importing it builds its module-level definitions from the
     # environment, which must name this project's pipelines by then.
-    from orchestration.definitions import build_definitions
+    from lowmark.orchestration.definitions import build_definitions
 
     return build_definitions()

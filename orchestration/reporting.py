@@ -1,12 +1,13 @@
-"""Each committed batch as the materializations Dagster records (see ``orchestration.metadata``).
+"""Each committed batch as the materializations Dagster records (see
+``lowmark.orchestration.metadata``).
 
 One ``BatchReports`` per runner: it remembers the watermark each batch ran
 with and the event-time partitions already reported, so every partition is
 reported once, by the batch that made it final; after each batch it reads
-the pipeline's tables on the driver (``orchestration.tables``: row counts,
+the pipeline's tables on the driver (``lowmark.orchestration.tables``: row counts,
 schemas, open windows, a final partition's rows). Used by the pipeline's runs
 (logged as run events) and by the CLI (reported to the instance in
-``DAGSTER_HOME`` as runless events, with the checks: ``orchestration.cli``).
+``DAGSTER_HOME`` as runless events, with the checks: ``lowmark.orchestration.cli``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from batches.admin.tables import TABLES, table_path
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import DeltaSink, Pipeline
-from orchestration.keys import sink_key
-from orchestration.metadata import TablesRead, batch_materializations
-from orchestration.partitions import final_partition_keys
-from orchestration.tables import open_windows, partition_rows, table_metadata
+from lowmark.batches.admin.tables import TABLES, table_path
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, Pipeline
+from lowmark.orchestration.keys import sink_key
+from lowmark.orchestration.metadata import TablesRead, batch_materializations
+from lowmark.orchestration.partitions import final_partition_keys
+from lowmark.orchestration.tables import open_windows, partition_rows, table_metadata
 
 Partitions = Callable[[], dg.PartitionsDefinition | None]
 """The sink's partitions as of now: a run's are its asset's (what the UI shows); the CLI's

@@ -13,11 +13,11 @@ import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
 
-from state.session import SparkSettings, get_spark
+from lowmark.state.session import SparkSettings, get_spark
 
 
 class SparkResource(dg.ConfigurableResource):
-    """A Spark session with Delta, local by default (``state.session.get_spark``)."""
+    """A Spark session with Delta, local by default (``lowmark.state.session.get_spark``)."""
 
     master: str | None = Field(
         default=None,

@@ -2,7 +2,7 @@
 
 Thin: builds the engine's objects and calls ``batches``. Each committed batch
 is logged as one readable line and reported as materializations
-(``orchestration.metadata``): of the sink, of the late and bad-records tables
+(``lowmark.orchestration.metadata``): of the sink, of the late and bad-records tables
 when it appended to them, and of every event-time partition that became final
 with it.
 
@@ -23,16 +23,16 @@ import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
 
-from batches.errors import BackfillHistoryLost, PartitionNotClosed
-from batches.loop.backfill import backfill_partition
-from batches.loop.follow import follow
-from batches.loop.metrics import exported_metrics, textfile_dir_from_env
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import Pipeline
-from orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, sink_key
-from orchestration.metadata import batch_line
-from orchestration.reporting import BatchReports
-from orchestration.tables import ROW_COUNT
+from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed
+from lowmark.batches.loop.backfill import backfill_partition
+from lowmark.batches.loop.follow import follow
+from lowmark.batches.loop.metrics import exported_metrics, textfile_dir_from_env
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import Pipeline
+from lowmark.orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, sink_key
+from lowmark.orchestration.metadata import batch_line
+from lowmark.orchestration.reporting import BatchReports
+from lowmark.orchestration.tables import ROW_COUNT
 
 
 class RunConfig(dg.Config):
@@ -100,10 +100,10 @@ def run_batches(
     after_batch: Callable[[], None],
 ) -> int:
     """Batches until caught up or a limit, replaying a pending batch first; then, with
-    ``follow_seconds``, follow the source that long (``batches.loop.follow``). Calls
+    ``follow_seconds``, follow the source that long (``lowmark.batches.loop.follow``). Calls
     ``after_batch`` after each batch is reported; returns how many batches committed.
     With ``LOWMARK_METRICS_TEXTFILE_DIR`` set, the run's metrics are written there for
-    node_exporter's textfile collector (``batches.loop.metrics``)."""
+    node_exporter's textfile collector (``lowmark.batches.loop.metrics``)."""
     runner = MicroBatchRunner(session, pipeline, data_root)
     with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
         partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def

@@ -4,7 +4,7 @@ The project's files come from ``orchestration/templates/`` (``$name`` in
 ``workspace.yaml`` and ``README.md`` is the project's name, ``$commands`` the three
 commands below); its Dagster instance settings are lowmark's own ``dagster.yaml``.
 ``lowmark.toml`` makes ``lowmark`` run in the folder use the project
-(``orchestration.project``).
+(``lowmark.orchestration.project``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from string import Template
 
-from orchestration.errors import ProjectFolderNotEmpty
-from orchestration.ui import PROJECT
+from lowmark.orchestration.errors import ProjectFolderNotEmpty
+from lowmark.orchestration.ui import PROJECT
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PIPELINE = "views_per_minute"

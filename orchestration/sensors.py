@@ -2,7 +2,7 @@
 
 A tick is read-only and starts no Spark. It skips while a run of the
 pipeline is queued or in progress (a following run takes new files itself);
-otherwise it asks ``batches.admin.status`` what is pending: an uncommitted batch
+otherwise it asks ``lowmark.batches.admin.status`` what is pending: an uncommitted batch
 (replayed first) or files past the committed end. The run it requests drains
 the backlog and then follows the source for ``LOWMARK_FOLLOW_SECONDS``, so
 files landing meanwhile are in the sink within a poll and a batch, with no
@@ -11,13 +11,13 @@ batch id (``keys.batch_run_key``), so Dagster launches one run per batch no
 matter how many ticks see it, and again after ``lowmark reset``; a replay's
 key also names the run that left the batch behind, so each failure gets its
 own retry, until the batch failed ``max_failed_attempts`` times: then the
-tick skips, saying why and what to do (``batches.loop.poison``).
+tick skips, saying why and what to do (``lowmark.batches.loop.poison``).
 A batch whose last run stopped on an
 operational error (a file gone, a damaged checkpoint) is not relaunched on
 every tick: the tick waits one interval after the first stop, two after the
-second, and so on (``batches.admin.status.pending_work``), until it is blocked.
+second, and so on (``lowmark.batches.admin.status.pending_work``), until it is blocked.
 Each tick that reads the pipeline's position also observes its input assets
-when what waits there changed (``orchestration.observations``).
+when what waits there changed (``lowmark.orchestration.observations``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from batches.admin.status import PipelineStatus, pending_work, pipeline_status
-from batches.cli.display import iso_utc
-from batches.pipeline import Pipeline
-from orchestration.jobs import microbatch_job_name
-from orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key
-from orchestration.observations import backlog_cursor, input_observations
-from orchestration.resources import LowmarkResource, SparkResource
-from orchestration.runs import IN_FLIGHT, runs_of
+from lowmark.batches.admin.status import PipelineStatus, pending_work, pipeline_status
+from lowmark.batches.cli.display import iso_utc
+from lowmark.batches.pipeline import Pipeline
+from lowmark.orchestration.jobs import microbatch_job_name
+from lowmark.orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key
+from lowmark.orchestration.observations import backlog_cursor, input_observations
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
+from lowmark.orchestration.runs import IN_FLIGHT, runs_of
 
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
@@ -69,7 +69,8 @@ def pipeline_sensor(
     inputs: Mapping[str, dg.AssetKey] | None = None,
 ) -> dg.SensorDefinition:
     """The sensor of ``pipeline``, requesting ``job`` runs; it observes ``inputs`` (input
-    assets by source name: ``orchestration.observations``) whenever their backlog changed."""
+    assets by source name: ``lowmark.orchestration.observations``) whenever their backlog
+    changed."""
 
     @dg.sensor(
         name=f"{pipeline.name}_sensor",

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 
-from batches.pipeline import Pipeline
+from lowmark.batches.pipeline import Pipeline
 
 ROW_COUNT = "dagster/row_count"
 COLUMN_SCHEMA = "dagster/column_schema"

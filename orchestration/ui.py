@@ -28,7 +28,7 @@ from typing import IO
 import dagster as dg
 from dagster._core.instance.ref import InstanceRef
 
-from orchestration.runs import IN_FLIGHT
+from lowmark.orchestration.runs import IN_FLIGHT
 
 DAGSTER = Path(sys.executable).parent / "dagster"
 PROJECT = Path(__file__).resolve().parents[1]

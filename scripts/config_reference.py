@@ -1,7 +1,7 @@
 """The pipeline configuration reference (docs/reference/pipeline.md), generated from the models.
 
 Every key a pipeline takes is a field of a pydantic model reachable from
-``batches.pipeline.Pipeline``; its description is the field's ``description`` or
+``lowmark.batches.pipeline.Pipeline``; its description is the field's ``description`` or
 its attribute docstring (the models set ``use_attribute_docstrings``). The page
 is one section per model, in the order a reader meets them from ``Pipeline``
 down, each with a table of key, type, default and description. Nothing is
@@ -25,8 +25,8 @@ from typing import Any, get_args
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from batches.config import bounds_text, default_text, type_text, written_doc
-from batches.pipeline import Pipeline
+from lowmark.batches.config import bounds_text, default_text, type_text, written_doc
+from lowmark.batches.pipeline import Pipeline
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "pipeline.md"
 """Where the reference lives in the docs site."""

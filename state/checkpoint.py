@@ -5,14 +5,14 @@ written by delta-rs from the driver)::
 
     checkpoint/     one row: pipeline_id, pipeline name, created_at (written last);
                     after ``lowmark reset``: where it starts and whose sink it adopted
-    offsets/        write-ahead offset log        (state.offset_log)
-    commits/        commit log                    (state.commit_log)
-    progress/       per-batch progress            (state.progress)
-    files/          file-source manifest          (state.manifest)
-    schema/         the source schema, fixed once (state.source_schema)
-    watermarks/     per-partition event times     (state.watermarks)
-    bad_records/    malformed input rows          (state.quarantine)
-    late/           records too late for windows  (state.late_records)
+    offsets/        write-ahead offset log        (lowmark.state.offset_log)
+    commits/        commit log                    (lowmark.state.commit_log)
+    progress/       per-batch progress            (lowmark.state.progress)
+    files/          file-source manifest          (lowmark.state.manifest)
+    schema/         the source schema, fixed once (lowmark.state.source_schema)
+    watermarks/     per-partition event times     (lowmark.state.watermarks)
+    bad_records/    malformed input rows          (lowmark.state.quarantine)
+    late/           records too late for windows  (lowmark.state.late_records)
     state_windows/  open windows (windowed pipelines; created by the first batch)
     failures/       failed attempts at batches (created by the first failure)
 
@@ -32,17 +32,17 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from state import late_records, quarantine
-from state.commit_log import CommitEntry, CommitLog
-from state.errors import CheckpointMissing, CheckpointReplaced, LowmarkError
-from state.failures import FailureLog
-from state.log import utc_now
-from state.manifest import FileManifest
-from state.offset_log import Identity, OffsetEntry, OffsetLog, Offsets
-from state.progress import ProgressEntry, ProgressLog
-from state.source_schema import SourceSchema
-from state.table import UTC_MICROS, DriverTable
-from state.watermarks import WatermarkTable
+from lowmark.state import late_records, quarantine
+from lowmark.state.commit_log import CommitEntry, CommitLog
+from lowmark.state.errors import CheckpointMissing, CheckpointReplaced, LowmarkError
+from lowmark.state.failures import FailureLog
+from lowmark.state.log import utc_now
+from lowmark.state.manifest import FileManifest
+from lowmark.state.offset_log import Identity, OffsetEntry, OffsetLog, Offsets
+from lowmark.state.progress import ProgressEntry, ProgressLog
+from lowmark.state.source_schema import SourceSchema
+from lowmark.state.table import UTC_MICROS, DriverTable
+from lowmark.state.watermarks import WatermarkTable
 
 _METADATA_SCHEMA = pa.schema(
     [
@@ -55,8 +55,8 @@ _METADATA_SCHEMA = pa.schema(
     ]
 )
 """``start_offsets`` (JSON): where batch 0 starts, set by ``lowmark reset``
-(``batches.admin.reset``) or when batch 0 is first planned (a source's start may move: Kafka's
-latest, retention; a backfill reads from here); ``adopted_from``: the pipeline id of the
+(``lowmark.batches.admin.reset``) or when batch 0 is first planned (a source's start may move:
+Kafka's latest, retention; a backfill reads from here); ``adopted_from``: the pipeline id of the
 checkpoint whose sink writes this one continues, set by ``lowmark reset``; ``start_identity``
 (JSON): the identity of the source ``start_offsets`` were read from (``lowmark reset
 --after-sink``), which batch 0 checks. Checkpoints written before they existed have none of

@@ -10,7 +10,7 @@ from typing import ClassVar
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from state.log import LogEntry, MetadataLog
+from lowmark.state.log import LogEntry, MetadataLog
 
 
 class BatchCounts(BaseModel):

@@ -30,7 +30,7 @@ from delta.exceptions import (
     ProtocolChangedException,
 )
 
-from state.errors import ConcurrentRunner, WriteConflict
+from lowmark.state.errors import ConcurrentRunner, WriteConflict
 
 log = logging.getLogger(__name__)
 

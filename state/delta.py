@@ -3,7 +3,7 @@
 Its rows are the batch's records (any size), so Spark's executors write them.
 Every write carries ``txnAppId = "<pipeline_id>:sink"`` and ``txnVersion =
 batch_id``, so Delta skips a write of the same batch that already landed.
-Everything else a batch writes is small and goes through ``state.table``.
+Everything else a batch writes is small and goes through ``lowmark.state.table``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from state.conflicts import retry_conflicts
-from state.ownership import writer_metadata
+from lowmark.state.conflicts import retry_conflicts
+from lowmark.state.ownership import writer_metadata
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -48,7 +48,7 @@ def append_once(
 @contextmanager
 def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
     """Make the MERGE/DELETE/UPDATE inside this block idempotent for (app_id, version),
-    its commit naming its writer (``state.ownership``).
+    its commit naming its writer (``lowmark.state.ownership``).
 
     Delta reads the txn session confs for DML; they are unset afterwards so no
     later write inherits them.

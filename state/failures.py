@@ -5,7 +5,7 @@ one row under ANSI mode, duplicate keys in a MERGE batch) would otherwise be
 replayed forever. Each failed attempt appends a row here (batch id, runner,
 time, the error's first line, and its kind: ``data`` when the batch's data work
 failed, ``operational`` when something around it did — a file gone, history
-gone, a damaged checkpoint; see ``batches.loop.poison``, which counts them).
+gone, a damaged checkpoint; see ``lowmark.batches.loop.poison``, which counts them).
 Created by the first failure; rows are events, not a batch's output, so they
 carry no idempotency key (a repeated row only counts an attempt twice).
 """
@@ -18,8 +18,8 @@ from typing import Literal
 
 import pyarrow as pa
 
-from state.log import utc_now
-from state.table import UTC_MICROS, DriverTable
+from lowmark.state.log import utc_now
+from lowmark.state.table import UTC_MICROS, DriverTable
 
 SCHEMA = pa.schema(
     [

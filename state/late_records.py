@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from state.table import UTC_MICROS
+from lowmark.state.table import UTC_MICROS
 
 SCHEMA = pa.schema(
     [

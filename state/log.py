@@ -21,8 +21,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from state.errors import CheckpointCorrupt, ConcurrentRunner, UnsupportedLogFormat
-from state.table import UTC_MICROS, DriverTable
+from lowmark.state.errors import CheckpointCorrupt, ConcurrentRunner, UnsupportedLogFormat
+from lowmark.state.table import UTC_MICROS, DriverTable
 
 BASE_FIELDS = [
     pa.field("batch_id", pa.int64(), nullable=False),

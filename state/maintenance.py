@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from state.checkpoint import Checkpoint
-from state.table import DriverTable
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.table import DriverTable
 
 log = logging.getLogger(__name__)
 

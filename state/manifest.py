@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from state.table import DriverTable
+from lowmark.state.table import DriverTable
 
 SCHEMA = pa.schema(
     [

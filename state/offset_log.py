@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from pydantic import Field
 
-from state.log import LogEntry, MetadataLog
+from lowmark.state.log import LogEntry, MetadataLog
 
 Offsets = dict[str, int]
 """Source position per source partition, exclusive: ``{"0": 42}`` = records 0..41 taken."""

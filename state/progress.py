@@ -11,7 +11,7 @@ from typing import ClassVar
 import pyarrow as pa
 from pydantic import Field
 
-from state.log import LogEntry, MetadataLog
+from lowmark.state.log import LogEntry, MetadataLog
 
 
 class ProgressEntry(LogEntry):

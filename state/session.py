@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from pyspark.sql import SparkSession
 
-from state.errors import LowmarkError, first_line
+from lowmark.state.errors import LowmarkError, first_line
 
 JVM_DIR = Path(__file__).resolve().parent.parent / "jvm"
 DEFAULT_JARS_DIR = JVM_DIR / "lib"
@@ -24,7 +24,7 @@ LOG4J_CONFIG = JVM_DIR / "log4j2.properties"
 
 # Confs that keep small local batches fast; every one can be overridden.
 #
-# A batch's bookkeeping runs on the driver (state.table); Spark's own Delta
+# A batch's bookkeeping runs on the driver (lowmark.state.table); Spark's own Delta
 # writes are left to a stateless pipeline's sink, where each idempotent write
 # first reconstructs the table's snapshot state (Delta 4.4's ``txnVersion``
 # reads ``Snapshot.setTransactions``; no conf avoids it). So:

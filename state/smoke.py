@@ -1,4 +1,4 @@
-"""``python -m state.smoke``: prove Spark + Delta work here (write, read back, time travel).
+"""``python -m lowmark.state.smoke``: prove Spark + Delta work here (write, read back, time travel).
 
 Run by ``make setup`` after the jars are fetched, so a missing jar fails the
 set-up with a clear message instead of failing the first pipeline.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 import tempfile
 
-from state.errors import LowmarkError
-from state.session import get_spark
+from lowmark.state.errors import LowmarkError
+from lowmark.state.session import get_spark
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from state.table import DriverTable
+from lowmark.state.table import DriverTable
 
 SCHEMA = pa.schema([pa.field("schema_json", pa.string(), nullable=False)])
 

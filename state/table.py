@@ -41,8 +41,8 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.table import TableMerger
 
-from state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict, first_line
-from state.ownership import writer_metadata
+from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict, first_line
+from lowmark.state.ownership import writer_metadata
 
 log = logging.getLogger(__name__)
 

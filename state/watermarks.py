@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from state.table import DriverTable
+from lowmark.state.table import DriverTable
 
 SCHEMA = pa.schema(
     [

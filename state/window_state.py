@@ -1,7 +1,7 @@
 """Window state: one row per open (key, window) with mergeable partial aggregates.
 
 The ``state_windows`` table is a Delta table written on the driver with
-delta-rs (``state.table``): a batch changes it with ONE idempotent MERGE
+delta-rs (``lowmark.state.table``): a batch changes it with ONE idempotent MERGE
 (``<pipeline_id>:state``, batch id) that upserts the windows the batch
 touched and deletes the windows it emitted as final. Open windows are
 therefore a plain table to query: one row per open (key, window).
@@ -34,8 +34,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.errors import CheckpointCorrupt, CheckpointMissing
-from state.table import DriverTable, micros_literal
+from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing
+from lowmark.state.table import DriverTable, micros_literal
 
 WINDOW_COLUMNS = ("window_start", "window_end")
 LATEST = -1

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from state.session import SparkSettings, get_spark
+from lowmark.state.session import SparkSettings, get_spark
 from tests.faults.scenarios import KAFKA_ENV
 from tests.helpers import INTERPRETED, FakeClock
 from tests.kafka_broker import KafkaBroker

@@ -28,15 +28,15 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
-from batches.cli import commands
-from batches.clock import Clock
-from batches.loop import faults
-from batches.loop.events import BatchFailure, BatchStarted, RunTerminated
-from batches.loop.listeners import Event, PipelineListener
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import CustomSink, DeltaSink, FileSource, Pipeline
-from batches.sources.base import Range, Source, SourceRead
-from batches.windows import (
+from lowmark.batches.cli import commands
+from lowmark.batches.clock import Clock
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.events import BatchFailure, BatchStarted, RunTerminated
+from lowmark.batches.loop.listeners import Event, PipelineListener
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import CustomSink, DeltaSink, FileSource, Pipeline
+from lowmark.batches.sources.base import Range, Source, SourceRead
+from lowmark.batches.windows import (
     Aggregate,
     EventTime,
     Session,
@@ -44,9 +44,9 @@ from batches.windows import (
     Tumbling,
     WindowedAggregation,
 )
-from orchestration.cli import report_to_dagster
-from state.checkpoint import Checkpoint
-from state.offset_log import OffsetEntry, Offsets
+from lowmark.orchestration.cli import report_to_dagster
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.offset_log import OffsetEntry, Offsets
 
 T0_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
@@ -291,7 +291,7 @@ pipelines:
 """
 """Pipelines a new user gets wrong: a transform that fails on a record, a sink path that
 is a file, an event-time column that a transform leaves a string (without one, it is caught
-before Spark starts: ``batches.loop.preflight``); and one slow enough to interrupt."""
+before Spark starts: ``lowmark.batches.loop.preflight``); and one slow enough to interrupt."""
 
 
 TICKS = dg.AssetKey(["lowmark", "ticks"])

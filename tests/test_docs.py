@@ -151,7 +151,7 @@ def test_every_make_target_named_exists(path: Path) -> None:
 
 def lowmark_command() -> click.Group:
     """The ``lowmark`` command as its entry point builds it (engine and Dagster commands)."""
-    import orchestration.cli as entry
+    import lowmark.orchestration.cli as entry
 
     app = next(
         module.app

@@ -10,7 +10,7 @@ from pathlib import Path
 import grimp
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("batches", "state", "orchestration")
+PACKAGES = ("lowmark",)
 
 
 def test_each_layer_imports_only_the_layers_below_it() -> None:

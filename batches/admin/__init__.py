@@ -1,4 +1,4 @@
 """The operator's desk: status, health and reset of a pipeline.
 
-Plain functions and typed results; no typer, no rich (that is ``batches.cli``).
+Plain functions and typed results; no typer, no rich (that is ``lowmark.batches.cli``).
 """

@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batches.admin.status import pipeline_history
-from batches.pipeline import Pipeline
-from state.checkpoint import Checkpoint
+from lowmark.batches.admin.status import pipeline_history
+from lowmark.batches.pipeline import Pipeline
+from lowmark.state.checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def bad_fraction(pipeline: Pipeline, data_root: Path) -> CheckOutcome:
 
 def expectations(pipeline: Pipeline, data_root: Path) -> CheckOutcome:
     """Passes while no record of the recent batches violated one of the pipeline's
-    expectations (``batches.expectations``); says how many did, per expectation."""
+    expectations (``lowmark.batches.expectations``); says how many did, per expectation."""
     recent = pipeline_history(pipeline, data_root, last=pipeline.checks.window_batches)
     if not recent:
         return CheckOutcome(True, "no batch committed yet")
@@ -134,7 +134,7 @@ def failing_batch(pipeline: Pipeline, data_root: Path) -> CheckOutcome:
         )
     limit = pipeline.max_failed_attempts
     name = pipeline.name
-    # Counted apart, as batches.loop.poison blocks: a lasting operational error (a file or
+    # Counted apart, as lowmark.batches.loop.poison blocks: a lasting operational error (a file or
     # history gone) is mended where its line says, a data error in the transform.
     stops = [f for f in failures if f.kind == "operational"]
     if len(stops) >= limit:

@@ -3,7 +3,7 @@
 A new checkpoint reads its source from the beginning; if the sink still holds
 what an earlier checkpoint wrote, every record would land in it twice. So a
 new checkpoint refuses a sink whose newest lowmark commit is another
-checkpoint's (``MicroBatchRunner``'s first batch; ``state.ownership``), and a
+checkpoint's (``MicroBatchRunner``'s first batch; ``lowmark.state.ownership``), and a
 reset offers the two safe ways on:
 
 - ``truncate``: the sink is emptied (one Delta commit, naming the new
@@ -34,16 +34,16 @@ from urllib.parse import urlparse
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
-from batches.loop.sink_owner import held_elsewhere, sink_holder
-from batches.pipeline import Pipeline, resolve
-from state.checkpoint import Checkpoint, move_aside, time_stamp
-from state.delta import USER_METADATA_CONF
-from state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkError
-from state.offset_log import OffsetEntry, OffsetLog, Offsets
-from state.ownership import last_writer, writer_metadata
-from state.session import SparkLike, provider
-from state.table import DriverTable
+from lowmark.batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from lowmark.batches.loop.sink_owner import held_elsewhere, sink_holder
+from lowmark.batches.pipeline import Pipeline, resolve
+from lowmark.state.checkpoint import Checkpoint, move_aside, time_stamp
+from lowmark.state.delta import USER_METADATA_CONF
+from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkError
+from lowmark.state.offset_log import OffsetEntry, OffsetLog, Offsets
+from lowmark.state.ownership import last_writer, writer_metadata
+from lowmark.state.session import SparkLike, provider
+from lowmark.state.table import DriverTable
 
 Mode = Literal["truncate", "after"]
 

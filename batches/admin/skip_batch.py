@@ -2,10 +2,10 @@
 
 The batch's input is recorded in ``bad_records`` (one row per input item,
 with the reason), its window state is put back as the commit before it left
-it, and an empty commit (the one commit path, ``batches.loop.commit``) lets
+it, and an empty commit (the one commit path, ``lowmark.batches.loop.commit``) lets
 the pipeline go on. Nothing is dropped silently: the rows say which input
 was set aside and why, to be reprocessed once the transform is fixed
-(``batches.loop.poison``, docs/guarantees.md).
+(``lowmark.batches.loop.poison``, docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from batches.clock import Clock
-from batches.errors import PipelineConfigInvalid
-from batches.event_time.stage import WindowedStage
-from batches.loop.commit import commit_batch
-from batches.loop.parts import build_parts
-from batches.loop.plan import PlannedBatch
-from batches.pipeline import Pipeline
-from state import quarantine
-from state.commit_log import BatchCounts
-from state.errors import CheckpointCorrupt
-from state.session import SparkLike
+from lowmark.batches.clock import Clock
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.event_time.stage import WindowedStage
+from lowmark.batches.loop.commit import commit_batch
+from lowmark.batches.loop.parts import build_parts
+from lowmark.batches.loop.plan import PlannedBatch
+from lowmark.batches.pipeline import Pipeline
+from lowmark.state import quarantine
+from lowmark.state.commit_log import BatchCounts
+from lowmark.state.errors import CheckpointCorrupt
+from lowmark.state.session import SparkLike
 
 
 @dataclass(frozen=True)

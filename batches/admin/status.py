@@ -2,7 +2,7 @@
 
 Nothing here writes: a pipeline that never ran has no checkpoint, and status
 says so (with the backlog waiting for its first batch); planning is the
-runner's own planner asked for a dry run (``batches.loop.plan``). One
+runner's own planner asked for a dry run (``lowmark.batches.loop.plan``). One
 exception: a source whose start moves ("latest") has it fixed by the first
 plan, a dry run's too, in a checkpoint created for it (as the first run would
 create it).
@@ -16,17 +16,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from batches.clock import Clock, SystemClock
-from batches.loop.parts import read_only_planner
-from batches.loop.plan import NextBatch, Planner
-from batches.loop.preflight import find_problem
-from batches.pipeline import Pipeline
-from batches.sources.base import describe_range
-from state.checkpoint import Checkpoint
-from state.commit_log import COUNTS, CommitEntry
-from state.failures import FailureKind
-from state.offset_log import OffsetEntry, Offsets
-from state.session import SparkLike
+from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.loop.parts import read_only_planner
+from lowmark.batches.loop.plan import NextBatch, Planner
+from lowmark.batches.loop.preflight import find_problem
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.sources.base import describe_range
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.commit_log import COUNTS, CommitEntry
+from lowmark.state.failures import FailureKind
+from lowmark.state.offset_log import OffsetEntry, Offsets
+from lowmark.state.session import SparkLike
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,12 @@ class LastBatch:
     """How many records the windows it closed held (None: no windows)."""
     violations: dict[str, int]
     """Per expectation, its records that violated it (``parsable``: rows that did not
-    parse; ``batches.expectations``)."""
+    parse; ``lowmark.batches.expectations``)."""
 
 
 @dataclass(frozen=True)
 class LastFailure:
-    """The next batch's latest failed attempt (``batches.loop.poison``)."""
+    """The next batch's latest failed attempt (``lowmark.batches.loop.poison``)."""
 
     kind: FailureKind
     error: str
@@ -121,7 +121,7 @@ class PipelineStatus:
     """None before the first commit."""
     blocked: str | None
     """Why the next batch is not run again by itself: a poison batch, or one that kept
-    stopping on an operational error (``batches.loop.poison``); else None."""
+    stopping on an operational error (``lowmark.batches.loop.poison``); else None."""
     last_failure: LastFailure | None
     """None when the next batch has not failed."""
 
@@ -215,7 +215,7 @@ class BatchPlan:
     """As in ``PipelineStatus.blocked``."""
     problem: str | None = None
     """Why a run would stop before Spark starts: the definition does not fit the batch's
-    input or the sink (``batches.loop.preflight``); None when nothing was found."""
+    input or the sink (``lowmark.batches.loop.preflight``); None when nothing was found."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data (``lowmark plan --json``)."""

@@ -2,7 +2,7 @@
 ``lowmark sql``.
 
 Every table a pipeline has is a Delta table: its sink (a ``kind: delta`` one)
-and the tables of its checkpoint (``state.checkpoint``). They are read with
+and the tables of its checkpoint (``lowmark.state.checkpoint``). They are read with
 delta-rs's own query engine (DataFusion, ``deltalake.QueryBuilder``): no
 Spark, no JVM; a query of the demo's tables takes milliseconds. Read only:
 DataFusion cannot write through these tables.
@@ -23,10 +23,10 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
-from batches.errors import QueryFailed, TableNotFound
-from batches.pipeline import Pipeline, resolve
-from state.errors import first_line
-from state.table import plain
+from lowmark.batches.errors import QueryFailed, TableNotFound
+from lowmark.batches.pipeline import Pipeline, resolve
+from lowmark.state.errors import first_line
+from lowmark.state.table import plain
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Table:
     name: str
     """Its SQL name within the pipeline's schema (and ``lowmark show``'s argument)."""
     folder: str | None
-    """Its folder in the checkpoint (``state.checkpoint``); None: the sink."""
+    """Its folder in the checkpoint (``lowmark.state.checkpoint``); None: the sink."""
     order_by: str
     """How ``lowmark show`` orders it: newest first where rows have an age."""
     created: str

@@ -4,7 +4,7 @@ User errors (LowmarkError) print one red line and exit 2, never a stack
 trace; everything committed before the error stays committed. A batch that
 fails prints one paragraph (the batch, its input, the error's first line,
 the attempt, what to do: ``MicroBatchRunner.failure_report``); the details
-(tracebacks, Spark's own logs) go to the log file (``batches.cli.logs``), and
+(tracebacks, Spark's own logs) go to the log file (``lowmark.batches.cli.logs``), and
 ``--verbose`` prints them too. Ctrl-C while batches run cancels the batch in
 progress (the next run replays it); a second Ctrl-C quits at once.
 """
@@ -25,8 +25,15 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 import typer
 from rich.console import Console
 
-from batches.cli.display import duration, iso_utc, moment, print_fields, print_json, print_table
-from batches.cli.logs import (
+from lowmark.batches.cli.display import (
+    duration,
+    iso_utc,
+    moment,
+    print_fields,
+    print_json,
+    print_table,
+)
+from lowmark.batches.cli.logs import (
     DETAILS,
     installed_log_file,
     jvm_output_to,
@@ -35,25 +42,25 @@ from batches.cli.logs import (
     send_pyspark_logs,
     stop_logs,
 )
-from batches.clock import Clock, SystemClock
-from batches.demo import INCOMING, orders, user_revenue, write_sample_files
-from batches.durations import parse_duration_ms
-from batches.errors import BatchFailed, RunInFlight
-from batches.expectations import PARSABLE
-from batches.loop.events import BatchResult
-from batches.loop.metrics import TEXTFILE_ENV, exported_metrics
-from batches.pipeline import DeltaSink, Pipeline, resolve
-from batches.registry import get_pipeline, load_pipelines
-from state.errors import LowmarkError, first_line
+from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.demo import INCOMING, orders, user_revenue, write_sample_files
+from lowmark.batches.durations import parse_duration_ms
+from lowmark.batches.errors import BatchFailed, RunInFlight
+from lowmark.batches.expectations import PARSABLE
+from lowmark.batches.loop.events import BatchResult
+from lowmark.batches.loop.metrics import TEXTFILE_ENV, exported_metrics
+from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
+from lowmark.batches.registry import get_pipeline, load_pipelines
+from lowmark.state.errors import LowmarkError, first_line
 
-# The engine (batches.loop, the sources, state.session) and PySpark are imported by the
-# commands that run or plan batches, not with this module: `lowmark --help`, `list`,
+# The engine (lowmark.batches.loop, the sources, lowmark.state.session) and PySpark are imported by
+# the commands that run or plan batches, not with this module: `lowmark --help`, `list`,
 # `show` and `sql` must not pay for importing them (docs/cli.md, "Fast commands").
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from batches.admin.status import NextBatchStatus, PipelineStatus
-    from batches.loop.microbatch import MicroBatchRunner
+    from lowmark.batches.admin.status import NextBatchStatus, PipelineStatus
+    from lowmark.batches.loop.microbatch import MicroBatchRunner
 
 app = typer.Typer(
     help="lowmark: exactly-once micro-batch streaming on Spark + Delta.",
@@ -104,13 +111,13 @@ class Context:
     def spark(self) -> SparkSession:
         from pyspark.sql import SparkSession
 
-        from state.session import SparkSettings, get_spark
+        from lowmark.state.session import SparkSettings, get_spark
 
         settings = SparkSettings(master=self.master) if self.master else SparkSettings()
         send_pyspark_logs()
         if SparkSession.getActiveSession() is not None:
             return get_spark(settings)
-        # Spark's JVM prints to the log file, not the console (batches.cli.logs).
+        # Spark's JVM prints to the log file, not the console (lowmark.batches.cli.logs).
         with err.status("starting Spark…"), jvm_output_to(log_file(self.data_root)):
             return get_spark(settings)
 
@@ -137,7 +144,7 @@ def main_options(
         str | None,
         typer.Option(
             help="Where pipelines are defined: a module (pkg.mod), a .py file or a .yaml file. "
-            "Env: LOWMARK_PIPELINES; default: the demo pipelines (batches.demo).",
+            "Env: LOWMARK_PIPELINES; default: the demo pipelines (lowmark.batches.demo).",
         ),
     ] = None,
     data_root: Annotated[
@@ -297,7 +304,7 @@ def run(
     limit_s = None if max_seconds is None else _seconds("--max-seconds", max_seconds)
     if poll_s <= 0:
         raise typer.BadParameter("--poll-interval must be more than 0")
-    from batches.loop.microbatch import MicroBatchRunner
+    from lowmark.batches.loop.microbatch import MicroBatchRunner
 
     p = get_pipeline(pipeline, c.pipelines)
     # Spark starts with the first batch that needs it: none if there is nothing to do.
@@ -321,7 +328,7 @@ def _metrics_exported(
     runner: MicroBatchRunner, port: int | None, host: str, textfile_dir: Path | None
 ) -> Iterator[None]:
     """``runner``'s metrics on the endpoint and/or in the textfile asked for
-    (``batches.loop.metrics.exported_metrics``); a port that cannot be listened on is a
+    (``lowmark.batches.loop.metrics.exported_metrics``); a port that cannot be listened on is a
     bad ``--metrics-port``."""
     with ExitStack() as stack:
         try:
@@ -387,7 +394,7 @@ def _follow(
     max_seconds: float | None,
     as_json: bool,
 ) -> None:
-    from batches.loop.follow import follow
+    from lowmark.batches.loop.follow import follow
 
     pipeline = runner.pipeline.name
     limit = "until stopped" if max_seconds is None else f"for at most {max_seconds:g} s"
@@ -418,7 +425,7 @@ def _is_number(value: str) -> bool:
 
 
 def _print_batch(r: BatchResult) -> None:
-    from batches.sources.base import describe_range
+    from lowmark.batches.sources.base import describe_range
 
     what = "replayed" if r.replay else "committed"
     lag = f"; event-time lag {duration(r.lag_ms)}" if r.lag_ms is not None else ""
@@ -437,7 +444,7 @@ def _print_batch(r: BatchResult) -> None:
 
 def _batch_json(r: BatchResult) -> dict[str, Any]:
     """A committed batch as JSON: ``BatchResult``'s fields and ``input`` (the range in words)."""
-    from batches.sources.base import describe_range
+    from lowmark.batches.sources.base import describe_range
 
     return r.to_json() | {"input": describe_range(r.start, r.end)}
 
@@ -457,7 +464,7 @@ def status(
 
     Reads the checkpoint on the driver: no Spark is started.
     """
-    from batches.admin.status import pipeline_status
+    from lowmark.batches.admin.status import pipeline_status
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
@@ -562,8 +569,8 @@ _WENT_UPDATING = _WENT | {
 
 
 def _went(accounting: dict[str, int], output_mode: str | None) -> str:
-    """An accounting of ``batches.admin.status`` in words: ``read 80 = 2 bad + 9 dropped ...``
-    (records a transform added show as ``- 3 added by the transform``); where windows are
+    """An accounting of ``lowmark.batches.admin.status`` in words: ``read 80 = 2 bad + 9 dropped
+    ...`` (records a transform added show as ``- 3 added by the transform``); where windows are
     as the pipeline's ``output_mode`` puts them."""
     words = _WENT_UPDATING if output_mode == "update" else _WENT
     text = f"read {accounting['read']} ="
@@ -594,7 +601,7 @@ def plan(
     `format` and the schema, the event-time column, the sink): a mistake is
     printed as `error: ...` and the exit code is 2.
     """
-    from batches.admin.status import pipeline_plan
+    from lowmark.batches.admin.status import pipeline_plan
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
@@ -650,7 +657,7 @@ def history(
     as_json: JsonFlag = False,
 ) -> None:
     """Show PIPELINE's per-batch progress (the checkpoint's progress table)."""
-    from batches.admin.status import pipeline_history
+    from lowmark.batches.admin.status import pipeline_history
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
@@ -690,7 +697,7 @@ def compact(
     for next time) and between a crash and its replay (the window state the
     last commit recorded, which the replay and backfills read, is kept).
     """
-    from batches.loop.maintenance import maintain_checkpoint
+    from lowmark.batches.loop.maintenance import maintain_checkpoint
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
@@ -735,7 +742,7 @@ def skip_batch(
     empty commit lets the next batch run. Reprocess the files once the
     transform is fixed (docs/guarantees.md, "Poison batches"). Starts no Spark.
     """
-    from batches.admin.skip_batch import set_aside
+    from lowmark.batches.admin.skip_batch import set_aside
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
@@ -787,7 +794,7 @@ def reset(
     beginning; --after-sink starts right after the last batch the sink holds
     (its offsets and file manifest come from the old checkpoint).
     """
-    from batches.admin.reset import reset as reset_pipeline
+    from lowmark.batches.admin.reset import reset as reset_pipeline
 
     if truncate_sink == after_sink:
         raise typer.BadParameter("choose one of --truncate-sink and --after-sink")
@@ -830,8 +837,8 @@ def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     orders and sums revenue per user per minute (event-time windows), sending
     the straggler file's orders to its late table.
     """
-    from batches.admin.status import pipeline_status
-    from batches.loop.microbatch import MicroBatchRunner
+    from lowmark.batches.admin.status import pipeline_status
+    from lowmark.batches.loop.microbatch import MicroBatchRunner
 
     c: Context = ctx.obj
     now = datetime.fromtimestamp(c.clock.now_ms() / 1000, UTC)

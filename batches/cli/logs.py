@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-OWN_LOGGERS = ("batches", "state", "orchestration")
+OWN_LOGGERS = ("lowmark.batches", "lowmark.state", "lowmark.orchestration")
 """lowmark's packages: their warnings are for the person at the console."""
 
 DETAILS = "lowmark.details"
@@ -79,7 +79,9 @@ def send_logs(path: Path, verbose: bool) -> None:
     console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     if not verbose:
         console.setLevel(os.environ.get("LOWMARK_LOG_LEVEL", "WARNING"))
-        console.addFilter(lambda record: record.name.split(".")[0] in OWN_LOGGERS)
+        console.addFilter(
+            lambda record: record.name.startswith(tuple(f"{name}." for name in OWN_LOGGERS))
+        )
     root.addHandler(console)
     _sent[:] = [(path, verbose)]
     if "pyspark" in sys.modules:
@@ -128,7 +130,8 @@ def _remove_installed(logger: logging.Logger) -> None:
 
 def stop_logs() -> None:
     """Take away what ``send_logs`` set up (a process that goes on after the command: a
-    test, a caller of ``batches.cli.commands.main``): root back to Python's default level."""
+    test, a caller of ``lowmark.batches.cli.commands.main``): root back to Python's default
+    level."""
     _remove_installed(logging.getLogger())
     logging.getLogger().setLevel(logging.WARNING)
     _sent.clear()

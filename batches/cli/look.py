@@ -1,14 +1,14 @@
 """``lowmark show`` and ``lowmark sql``: a pipeline's tables without Spark or Python.
 
-The rows come from ``batches.admin.tables`` (delta-rs's query engine, on the
-driver). For people, a table (``batches.cli.display``) whose times read as ISO
+The rows come from ``lowmark.batches.admin.tables`` (delta-rs's query engine, on the
+driver). For people, a table (``lowmark.batches.cli.display``) whose times read as ISO
 8601 UTC, the checkpoint's epoch-millisecond moments included, and a line on
 stderr saying how many rows matched; with ``--json``, JSON Lines: one object
 per row, timestamps as ISO 8601 strings, epoch milliseconds as numbers (as
 every ``--json`` of lowmark), binary as base64.
 
-Registered on the ``lowmark`` app of ``batches.cli.commands`` when imported
-(``orchestration.cli``, the console entry point, does).
+Registered on the ``lowmark`` app of ``lowmark.batches.cli.commands`` when imported
+(``lowmark.orchestration.cli``, the console entry point, does).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Annotated, Any
 import pyarrow as pa
 import typer
 
-from batches.admin.tables import EPOCH_MS_COLUMNS, TABLES, query, show
-from batches.cli.commands import Context, app, err, out
-from batches.cli.display import iso_time, print_json, print_table
-from batches.registry import get_pipeline, load_pipelines
+from lowmark.batches.admin.tables import EPOCH_MS_COLUMNS, TABLES, query, show
+from lowmark.batches.cli.commands import Context, app, err, out
+from lowmark.batches.cli.display import iso_time, print_json, print_table
+from lowmark.batches.registry import get_pipeline, load_pipelines
 
 DEFAULT_LIMIT = 20
 

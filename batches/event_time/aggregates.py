@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from batches.windows import Aggregate, UserAggregate
+from lowmark.batches.windows import Aggregate, UserAggregate
 
 
 @dataclass(frozen=True)

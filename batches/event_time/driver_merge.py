@@ -18,8 +18,8 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batches.event_time.aggregates import AggregatePlan
-from state.window_state import ROWS
+from lowmark.batches.event_time.aggregates import AggregatePlan
+from lowmark.state.window_state import ROWS
 
 _FRESH = "_lowmark_fresh"
 

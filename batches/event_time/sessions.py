@@ -19,8 +19,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
-from batches.windows import Session
-from state.window_state import ROWS, WINDOW_COLUMNS
+from lowmark.batches.windows import Session
+from lowmark.state.window_state import ROWS, WINDOW_COLUMNS
 
 
 @dataclass(frozen=True)

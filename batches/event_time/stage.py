@@ -30,13 +30,13 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-from batches.collect import observed
-from batches.errors import PipelineConfigInvalid
-from batches.event_time.aggregates import AggregatePlan, plan_aggregate
-from batches.event_time.driver_merge import DriverMerge, WindowChanges
-from batches.event_time.sessions import SessionWindows, null_safe_match
-from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
-from batches.windows import (
+from lowmark.batches.collect import observed
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.event_time.aggregates import AggregatePlan, plan_aggregate
+from lowmark.batches.event_time.driver_merge import DriverMerge, WindowChanges
+from lowmark.batches.event_time.sessions import SessionWindows, null_safe_match
+from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
+from lowmark.batches.windows import (
     EventTime,
     Session,
     Sliding,
@@ -44,10 +44,10 @@ from batches.windows import (
     WindowedAggregation,
     assign_windows,
 )
-from batches.windows import last_window_end_ms as last_end
-from state.checkpoint import Checkpoint
-from state.table import UTC_MICROS
-from state.window_state import ROWS, WINDOW_COLUMNS, WindowState
+from lowmark.batches.windows import last_window_end_ms as last_end
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.table import UTC_MICROS
+from lowmark.state.window_state import ROWS, WINDOW_COLUMNS, WindowState
 
 _ET_MS = "_lowmark_event_ms"
 CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"

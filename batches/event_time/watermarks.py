@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from batches.windows import EventTime
+from lowmark.batches.windows import EventTime
 
 
 @dataclass(frozen=True)

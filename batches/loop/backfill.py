@@ -8,7 +8,7 @@ replaces exactly that slice of the sink in one Delta transaction
 (``replaceWhere``). Windows outside the slice are never touched.
 
 The sink of a windowed pipeline is written on the driver with delta-rs (its
-one writer engine, see ``batches.sinks.delta``), and so is the backfill. It
+one writer engine, see ``lowmark.batches.sinks.delta``), and so is the backfill. It
 is idempotent the way batches are: the write carries the application
 transaction ``<pipeline_id>:backfill:<start ms>`` with version = the last
 committed batch, so repeating a backfill over the same committed history is skipped by
@@ -44,15 +44,15 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
-from batches.event_time.stage import WindowedStage, window_state
-from batches.pipeline import Pipeline, resolve
-from batches.sources import build_source
-from batches.sources.base import Range
-from batches.windows import Session
-from state.checkpoint import Checkpoint
-from state.offset_log import Offsets
-from state.table import DriverTable, micros_literal
+from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
+from lowmark.batches.event_time.stage import WindowedStage, window_state
+from lowmark.batches.pipeline import Pipeline, resolve
+from lowmark.batches.sources import build_source
+from lowmark.batches.sources.base import Range
+from lowmark.batches.windows import Session
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.offset_log import Offsets
+from lowmark.state.table import DriverTable, micros_literal
 
 
 @dataclass(frozen=True)

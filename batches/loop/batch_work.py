@@ -1,8 +1,8 @@
 """The Spark work of a batch: read and transform (step 3), look (step 4), windows (step 5).
 
-What the runner (``batches.loop.microbatch``) hands to Spark; everything
+What the runner (``lowmark.batches.loop.microbatch``) hands to Spark; everything
 else a batch does is driver-side bookkeeping. The catch-up read-ahead
-(``batches.loop.catch_up``) builds its frames here too (``BatchWork.unwatermarked``),
+(``lowmark.batches.loop.catch_up``) builds its frames here too (``BatchWork.unwatermarked``),
 so a batch it looked at ahead is looked at exactly as its own job would.
 """
 
@@ -19,24 +19,24 @@ from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
-from batches.errors import PipelineConfigInvalid
-from batches.event_time.driver_merge import WindowChanges
-from batches.event_time.stage import (
+from lowmark.batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.event_time.driver_merge import WindowChanges
+from lowmark.batches.event_time.stage import (
     BatchFrames,
     WindowedStage,
     late_table,
     partition_max_event_ms,
 )
-from batches.expectations import DROPPED, Checks
-from batches.loop.catch_up import Seen, row_by_row
-from batches.loop.plan import PlannedBatch
-from batches.loop.post_aggregation import post_aggregated
-from batches.pipeline import Pipeline
-from batches.sinks import Sink, WindowedSink
-from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
-from state.checkpoint import Checkpoint
-from state.window_state import LATEST
+from lowmark.batches.expectations import DROPPED, Checks
+from lowmark.batches.loop.catch_up import Seen, row_by_row
+from lowmark.batches.loop.plan import PlannedBatch
+from lowmark.batches.loop.post_aggregation import post_aggregated
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.sinks import Sink, WindowedSink
+from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.window_state import LATEST
 
 T = TypeVar("T")
 
@@ -320,7 +320,7 @@ class BatchWork:
     def _state_as_of(self, planned: PlannedBatch) -> int | None:
         """The state version batch ``planned`` starts from: the newest (``LATEST``), or, for
         a replay whose own state write landed, the one commit N-1 recorded (None: no state
-        yet). See ``state.window_state``."""
+        yet). See ``lowmark.state.window_state``."""
         recorded = planned.previous.table_versions.get("state") if planned.previous else None
         if recorded is None or self.stage is None:
             return None

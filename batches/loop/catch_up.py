@@ -59,8 +59,8 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from batches.collect import collect, observed, session_confs, shuffle_partitions
-from batches.event_time.stage import (
+from lowmark.batches.collect import collect, observed, session_confs, shuffle_partitions
+from lowmark.batches.event_time.stage import (
     FUTURE,
     LATE_RECORD,
     BatchFrames,
@@ -68,10 +68,10 @@ from batches.event_time.stage import (
     late_table,
     split_stats,
 )
-from batches.expectations import Checks
-from batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
-from batches.windows import Tumbling
-from state.errors import LowmarkError
+from lowmark.batches.expectations import Checks
+from lowmark.batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
+from lowmark.batches.windows import Tumbling
+from lowmark.state.errors import LowmarkError
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Seen:
     partials: pa.Table | None
     """Windowed: the batch's window partials."""
     violations: dict[str, int] = field(default_factory=dict)
-    """Per expectation, the records that violated it (``batches.expectations``)."""
+    """Per expectation, the records that violated it (``lowmark.batches.expectations``)."""
     dropped: pa.Table | None = None
     """The records ``drop`` expectations removed (``raw``, ``reason``)."""
 

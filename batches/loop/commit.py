@@ -1,18 +1,18 @@
 """Step 7, the one commit path: a batch is done once its commit-log entry is written.
 
 Used by the runner after a batch's writes, and by ``lowmark skip-batch``
-(``batches.admin.skip_batch``), which commits a batch without its input: a
+(``lowmark.batches.admin.skip_batch``), which commits a batch without its input: a
 field a commit gains is added here, once.
 """
 
 from __future__ import annotations
 
-from batches.event_time.watermarks import PartitionTime
-from batches.loop import faults
-from batches.loop.plan import PlannedBatch
-from batches.pipeline import Pipeline
-from state.checkpoint import Checkpoint
-from state.commit_log import BatchCounts, CommitEntry
+from lowmark.batches.event_time.watermarks import PartitionTime
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.plan import PlannedBatch
+from lowmark.batches.pipeline import Pipeline
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.commit_log import BatchCounts, CommitEntry
 
 
 def commit_batch(

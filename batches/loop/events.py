@@ -1,4 +1,4 @@
-"""What a runner tells listeners (``batches.loop.listeners``) about its batches.
+"""What a runner tells listeners (``lowmark.batches.loop.listeners``) about its batches.
 
 Like Structured Streaming's listener events: typed, frozen, and each one
 ``to_json()`` (a dict of plain values) and ``json()`` (that dict as JSON text).
@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from state.offset_log import Offsets
+from lowmark.state.offset_log import Offsets
 
 
 class _Json:
@@ -63,7 +63,7 @@ class BatchResult(_Json):
     """Milliseconds per step (``plan``, ``read``, ``sink``, ``commit``...) and ``total``."""
     violations: dict[str, int] = field(default_factory=dict)
     """Per expectation, the records that violated it (``parsable``: rows that did not
-    parse); see ``batches.expectations``."""
+    parse); see ``lowmark.batches.expectations``."""
     committed_at_ms: int | None = None
     """Processing time when the progress row was written, epoch milliseconds."""
     backlog: dict[str, int] | None = None

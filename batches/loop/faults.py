@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from pyspark import SparkContext
 
-from batches.errors import FaultSpecInvalid
+from lowmark.batches.errors import FaultSpecInvalid
 
 KILL_AT_ENV = "LOWMARK_KILL_AT"
 

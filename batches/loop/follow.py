@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal, Protocol
 
-from batches.clock import Clock, SystemClock
-from batches.loop.microbatch import BatchResult
+from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.loop.microbatch import BatchResult
 
 log = logging.getLogger(__name__)
 

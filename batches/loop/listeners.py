@@ -25,10 +25,10 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
-from batches.errors import PipelineConfigInvalid
-from batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
-from batches.pipeline import Pipeline
-from state.errors import first_line
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
+from lowmark.batches.pipeline import Pipeline
+from lowmark.state.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def configured_listeners(pipeline: Pipeline) -> list[PipelineListener]:
             raise PipelineConfigInvalid(
                 f"pipeline {pipeline.name}: listener {path} made a {type(listener).__name__}, "
                 "not a PipelineListener: name a subclass of "
-                "batches.loop.listeners.PipelineListener"
+                "lowmark.batches.loop.listeners.PipelineListener"
             )
         made.append(listener)
     return made

@@ -4,7 +4,7 @@ schedule): what a batch does by itself every ``maintenance.every_batches`` batch
 Starts no Spark over local folders, and is safe while the pipeline runs or waits for a replay:
 it never drops the latest log entries, keeps the window state version the last commit recorded
 (what a pending replay and a backfill read), and a table a batch is writing at that moment is
-left for the next time (``state.maintenance``).
+left for the next time (``lowmark.state.maintenance``).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from batches.pipeline import Maintenance, Pipeline
-from batches.sources import build_source
-from batches.sources.base import Range, Source
-from state.checkpoint import Checkpoint
-from state.maintenance import KeptBatches, maintain
-from state.session import SparkLike
-from state.table import DriverTable
+from lowmark.batches.pipeline import Maintenance, Pipeline
+from lowmark.batches.sources import build_source
+from lowmark.batches.sources.base import Range, Source
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.maintenance import KeptBatches, maintain
+from lowmark.state.session import SparkLike
+from lowmark.state.table import DriverTable
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,17 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
 from prometheus_client.exposition import start_http_server
 
-from batches.loop.events import BatchFailure, BatchResult, BatchStarted, FailedKind, RunTerminated
-from batches.loop.listeners import PipelineListener
+from lowmark.batches.loop.events import (
+    BatchFailure,
+    BatchResult,
+    BatchStarted,
+    FailedKind,
+    RunTerminated,
+)
+from lowmark.batches.loop.listeners import PipelineListener
 
 if TYPE_CHECKING:
-    from batches.loop.microbatch import MicroBatchRunner
+    from lowmark.batches.loop.microbatch import MicroBatchRunner
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """The micro-batch loop: plan, write ahead, read, transform, sink, commit.
 
 ``MicroBatchRunner._batch`` is one micro-batch, top to bottom, in numbered
-steps 1-8. Its parts come from ``batches.loop.parts``: the planner holds the
-recovery rule (``batches.loop.plan``), the Spark work of steps 3-5 is
-``batches.loop.batch_work``, and step 7 is the one commit path
-(``batches.loop.commit``). Listeners (``batches.loop.listeners``) are told when a
+steps 1-8. Its parts come from ``lowmark.batches.loop.parts``: the planner holds the
+recovery rule (``lowmark.batches.loop.plan``), the Spark work of steps 3-5 is
+``lowmark.batches.loop.batch_work``, and step 7 is the one commit path
+(``lowmark.batches.loop.commit``). Listeners (``lowmark.batches.loop.listeners``) are told when a
 batch starts (after step 1), commits (after step 8) or fails, and when the runner
 stops (the end of its ``with`` block).
 """
@@ -21,34 +21,34 @@ from types import TracebackType
 
 from pyspark.sql import SparkSession
 
-from batches.clock import Clock, SystemClock
-from batches.errors import ExpectationsFailed, Interrupted, PoisonBatch
-from batches.event_time.stage import WindowedStage
-from batches.expectations import PARSABLE, bad_rows
-from batches.loop import faults
-from batches.loop.batch_work import Taken, explained, total
-from batches.loop.commit import commit_batch
-from batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
-from batches.loop.listeners import Listeners, PipelineListener, configured_listeners
-from batches.loop.maintenance import maintain_after
-from batches.loop.parts import BatchParts, build_parts
-from batches.loop.plan import EPOCH, PlannedBatch, Planner
-from batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
-from batches.loop.preflight import check_definition
-from batches.loop.sink_owner import check_sink_is_ours
-from batches.pipeline import Pipeline
-from batches.sinks import Sink, WindowedSink
-from batches.sinks.delta import DeltaTableSink, DeltaWindowSink
-from batches.sources import Source
-from batches.sources.base import PARTITION_COLUMN
-from state.checkpoint import Checkpoint
-from state.commit_log import BatchCounts
-from state.errors import first_line
-from state.failures import FailureKind
-from state.offset_log import OffsetEntry, Offsets
-from state.progress import ProgressEntry
-from state.session import SparkLike, StartedOnUse
-from state.window_state import ROWS
+from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.errors import ExpectationsFailed, Interrupted, PoisonBatch
+from lowmark.batches.event_time.stage import WindowedStage
+from lowmark.batches.expectations import PARSABLE, bad_rows
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.batch_work import Taken, explained, total
+from lowmark.batches.loop.commit import commit_batch
+from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
+from lowmark.batches.loop.listeners import Listeners, PipelineListener, configured_listeners
+from lowmark.batches.loop.maintenance import maintain_after
+from lowmark.batches.loop.parts import BatchParts, build_parts
+from lowmark.batches.loop.plan import EPOCH, PlannedBatch, Planner
+from lowmark.batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
+from lowmark.batches.loop.preflight import check_definition
+from lowmark.batches.loop.sink_owner import check_sink_is_ours
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.sinks import Sink, WindowedSink
+from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+from lowmark.batches.sources import Source
+from lowmark.batches.sources.base import PARTITION_COLUMN
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.commit_log import BatchCounts
+from lowmark.state.errors import first_line
+from lowmark.state.failures import FailureKind
+from lowmark.state.offset_log import OffsetEntry, Offsets
+from lowmark.state.progress import ProgressEntry
+from lowmark.state.session import SparkLike, StartedOnUse
+from lowmark.state.window_state import ROWS
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class MicroBatchRunner:
     checkpoint ``lowmark reset`` replaced stops with CheckpointReplaced.
     ``parts`` (default: ``build_parts`` over ``data_root``) are what it runs
     with: tests give their own (another source, say) instead of patching it.
-    ``listeners`` are told of its batches (``batches.loop.listeners``), after
+    ``listeners`` are told of its batches (``lowmark.batches.loop.listeners``), after
     those the pipeline's ``listeners`` names; ``with runner:`` tells them when it
     stops.
     """
@@ -86,7 +86,7 @@ class MicroBatchRunner:
         self.data_root = data_root
         self._checked = False
         """Whether the definition was checked against the input and the sink (once, before
-        the run's first Spark job: ``batches.loop.preflight``)."""
+        the run's first Spark job: ``lowmark.batches.loop.preflight``)."""
         self.attempting: PlannedBatch | None = None
         """The batch the last ``run_batch`` was running when it raised (None: it did not)."""
         self._interrupted = False
@@ -170,7 +170,7 @@ class MicroBatchRunner:
 
         A batch whose data work fails is recorded in the ``failures`` table;
         one that failed ``max_failed_attempts`` times is not run again
-        (``PoisonBatch``, see ``batches.loop.poison``) unless ``retry`` (its
+        (``PoisonBatch``, see ``lowmark.batches.loop.poison``) unless ``retry`` (its
         transform was fixed), or until it is set aside. The same holds for
         operational errors, counted apart. A transient error (a broker away, a
         lost write conflict) is not recorded: the batch is planned and run
@@ -198,7 +198,7 @@ class MicroBatchRunner:
 
     def _attempt(self, retry: bool) -> BatchResult | None:
         """One try at the next batch (``_batch``); a failure of the data or operational kind,
-        once the batch is planned, is recorded (``batches.loop.poison``)."""
+        once the batch is planned, is recorded (``lowmark.batches.loop.poison``)."""
         self.attempting = None
         try:
             result = self._batch(retry)
@@ -237,9 +237,9 @@ class MicroBatchRunner:
         Step 8. Source commit (upstream may discard), maintenance every
                 ``maintenance.every_batches`` batches, then the progress row.
 
-        Only steps 3-5 (``batches.loop.batch_work``) and a stateless sink's write
+        Only steps 3-5 (``lowmark.batches.loop.batch_work``) and a stateless sink's write
         run Spark jobs; every other read and write is a driver-side Delta
-        operation (``state.table``). Before planning, step 2, step 6 and step 7
+        operation (``lowmark.state.table``). Before planning, step 2, step 6 and step 7
         the runner checks that its checkpoint was not replaced meanwhile
         (``Checkpoint.fence``).
         """
@@ -307,7 +307,7 @@ class MicroBatchRunner:
         faults.reached("after_offset_log", batch_id)
 
         # Step 3. Read and transform (lazy: nothing runs yet) — unless the catch-up
-        # read-ahead (batches.loop.catch_up) already looked at exactly this range. Spark
+        # read-ahead (lowmark.batches.loop.catch_up) already looked at exactly this range. Spark
         # starts here, if no batch of this runner needed it before.
         self._spark()
         batch = planned.range
@@ -326,7 +326,7 @@ class MicroBatchRunner:
             seen = parts.work.look(taken, planned)
             parts.source.confirm(batch)
         # Then the expectations' verdict: a batch that breaks them fails here, before
-        # anything is written (batches.expectations).
+        # anything is written (lowmark.batches.expectations).
         parsed_bad = seen.bad.num_rows if seen.bad is not None else 0
         dropped = seen.dropped.num_rows if seen.dropped is not None else 0
         rows_in, rows_bad = seen.rows_in + parsed_bad, parsed_bad + dropped
@@ -384,7 +384,7 @@ class MicroBatchRunner:
         faults.reached("after_late", batch_id)
 
         # Step 7. Commit log, with the watermark the next batch starts from, after the
-        # per-partition times (batches.loop.commit).
+        # per-partition times (lowmark.batches.loop.commit).
         ckpt.fence()
         partitions, next_watermark = parts.planner.times_after(planned, seen.max_event_ms)
         counts = BatchCounts(

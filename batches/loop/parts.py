@@ -1,6 +1,6 @@
 """The parts a pipeline's batches run with, built in one place.
 
-``build_parts`` gives a runner (``batches.loop.microbatch``) and ``lowmark
+``build_parts`` gives a runner (``lowmark.batches.loop.microbatch``) and ``lowmark
 skip-batch`` everything they work with: the checkpoint (opened, or created),
 the source, the event-time stage, the sink, the Spark work, the read-ahead
 and the planner. ``read_only_planner`` gives a read-only question (``lowmark
@@ -15,18 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from batches.clock import Clock, SystemClock
-from batches.event_time.stage import WindowedStage, window_state
-from batches.loop.batch_work import BatchWork
-from batches.loop.catch_up import ReadAhead
-from batches.loop.plan import Planner
-from batches.loop.start_over import start_over
-from batches.pipeline import Pipeline
-from batches.sinks import Sink, WindowedSink, build_sink
-from batches.sources import build_source
-from batches.sources.base import Source
-from state.checkpoint import Checkpoint
-from state.session import SparkLike, provider
+from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.event_time.stage import WindowedStage, window_state
+from lowmark.batches.loop.batch_work import BatchWork
+from lowmark.batches.loop.catch_up import ReadAhead
+from lowmark.batches.loop.plan import Planner
+from lowmark.batches.loop.start_over import start_over
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.sinks import Sink, WindowedSink, build_sink
+from lowmark.batches.sources import build_source
+from lowmark.batches.sources.base import Source
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.session import SparkLike, provider
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class BatchParts:
     sink: Sink | WindowedSink
     work: BatchWork
     read_ahead: ReadAhead | None
-    """Windowed pipelines' catch-up read-ahead (``batches.loop.catch_up``)."""
+    """Windowed pipelines' catch-up read-ahead (``lowmark.batches.loop.catch_up``)."""
     planner: Planner
 
 
@@ -53,7 +53,7 @@ def build_parts(
 ) -> BatchParts:
     """The parts of ``pipeline``'s batches, over its checkpoint (created if there is none,
     and started over if the definition changed before its first batch committed:
-    ``batches.loop.start_over``).
+    ``lowmark.batches.loop.start_over``).
 
     ``clock``: what "now" is read from (default: the wall clock); ``source``:
     the runtime source to read through (default: the one its configuration

@@ -5,7 +5,7 @@ status`` and ``lowmark plan`` (and through status the Dagster sensor), poison
 handling and ``lowmark skip-batch``, before batch 0 too. Its answer
 (``NextBatch``) is a new batch, the replay of an uncommitted one, an
 emit-only batch, a blocked batch (a poison batch, or one that kept stopping
-on an operational error: ``batches.loop.poison``), or nothing.
+on an operational error: ``lowmark.batches.loop.poison``), or nothing.
 
 Planning reads the two logs' latest entries and asks the source; it writes
 nothing but, when a run plans (not a dry run), what the source records of
@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from batches.clock import Clock
-from batches.event_time.stage import WindowedStage
-from batches.event_time.watermarks import PartitionTime, observe, pipeline_watermark
-from batches.loop.poison import blocked
-from batches.pipeline import Pipeline, definition_changes
-from batches.sources.base import Range, Skipped, Source, check_identity
-from state.checkpoint import Checkpoint
-from state.commit_log import CommitEntry
-from state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
-from state.offset_log import Identity, OffsetEntry, Offsets
-from state.window_state import LATEST
+from lowmark.batches.clock import Clock
+from lowmark.batches.event_time.stage import WindowedStage
+from lowmark.batches.event_time.watermarks import PartitionTime, observe, pipeline_watermark
+from lowmark.batches.loop.poison import blocked
+from lowmark.batches.pipeline import Pipeline, definition_changes
+from lowmark.batches.sources.base import Range, Skipped, Source, check_identity
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.commit_log import CommitEntry
+from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
+from lowmark.state.offset_log import Identity, OffsetEntry, Offsets
+from lowmark.state.window_state import LATEST
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -182,7 +182,7 @@ class Planner:
                 start = self._fix_start(start)
             return self._plan_new(0, start, None, None, dry_run)
         # Before the first commit a run starts a changed pipeline over
-        # (``batches.loop.start_over``): a dry run answers with the batch 0 it replaces.
+        # (``lowmark.batches.loop.start_over``): a dry run answers with the batch 0 it replaces.
         first = done is None and latest.batch_id == 0 and latest.pipeline_definition is not None
         if latest.pipeline_fingerprint != self.fingerprint and not (dry_run and first):
             raise self._changed(latest)

@@ -11,7 +11,7 @@ instead of launching a run per tick. The ways on:
 
 - fix the transform, then ``lowmark run PIPELINE --retry``;
 - or ``lowmark skip-batch PIPELINE BATCH --reason TEXT``
-  (``batches.admin.skip_batch.set_aside``): the
+  (``lowmark.batches.admin.skip_batch.set_aside``): the
   batch's input is recorded in ``bad_records`` (one row per file, with the
   reason), its window state is put back as the commit before it left it,
   and an empty commit lets the pipeline go on. Nothing is dropped silently:
@@ -23,7 +23,7 @@ Errors are of three kinds (``failure_kind``):
 - ``data``: the batch's data work raised — a Spark error, a file the source
   schema cannot read, a sink that refused the rows, any error of the
   transform's own code, or expectations the batch broke
-  (``batches.expectations``: the same input breaks them again). Counted;
+  (``lowmark.batches.expectations``: the same input breaks them again). Counted;
   ``max_failed_attempts`` of them make a poison batch.
 - ``transient``: the world was briefly away — a broker unreachable, a
   timeout, a reset connection, a Delta write conflict. The runner tries the
@@ -34,7 +34,7 @@ Errors are of three kinds (``failure_kind``):
   checkpoint table, a configuration error: lowmark's own one-line errors.
   Counted apart; ``max_failed_attempts`` of them block the batch too, with
   that error's line (it says what to do), and the Dagster sensor waits ever
-  longer between runs before that (``batches.admin.status.pending_work``).
+  longer between runs before that (``lowmark.batches.admin.status.pending_work``).
 
 Another runner (``ConcurrentRunner``), a refusal of this very rule
 (``PoisonBatch``), an interrupt (``Interrupted``), Spark failing to start
@@ -48,7 +48,7 @@ from typing import Literal
 
 from confluent_kafka import KafkaException
 
-from batches.errors import (
+from lowmark.batches.errors import (
     ExpectationsFailed,
     Interrupted,
     PipelineConfigInvalid,
@@ -56,11 +56,17 @@ from batches.errors import (
     SinkWriteFailed,
     SourceFileUnreadable,
 )
-from batches.pipeline import Pipeline
-from batches.sources.base import Range, Source
-from state.errors import ConcurrentRunner, LowmarkError, WriteConflict, first_line, jvm_causes
-from state.failures import Failure, FailureKind, FailureLog
-from state.session import SparkNotStarted
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.sources.base import Range, Source
+from lowmark.state.errors import (
+    ConcurrentRunner,
+    LowmarkError,
+    WriteConflict,
+    first_line,
+    jvm_causes,
+)
+from lowmark.state.failures import Failure, FailureKind, FailureLog
+from lowmark.state.session import SparkNotStarted
 
 SHOWN_INPUTS = 5
 """Input items a message names before it says how many more there are."""

@@ -36,10 +36,10 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from batches.collect import empty_of, frame_of
-from batches.errors import PipelineConfigInvalid
-from batches.event_time.driver_merge import WindowChanges
-from batches.pipeline import Pipeline
+from lowmark.batches.collect import empty_of, frame_of
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.event_time.driver_merge import WindowChanges
+from lowmark.batches.pipeline import Pipeline
 
 
 def post_aggregated(

@@ -7,7 +7,7 @@ Spark, at most the first 64 KiB of each of the batch's first three files
 A problem stops the run with one line naming the thing and the fix, before
 the offset log is written: nothing of the batch is written, and once the
 definition is fixed the next run plans it again (a definition may change
-freely until the first batch commits, ``batches.loop.start_over``).
+freely until the first batch commits, ``lowmark.batches.loop.start_over``).
 
 What is checked, where it can be known without Spark:
 
@@ -50,15 +50,22 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql.types import StructType
 
-from batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
-from batches.loop.sink_owner import sink_not_a_table
-from batches.pipeline import DeltaSink, DeltaSource, FileSource, KafkaSource, Pipeline, resolve
-from batches.sources.base import Source
-from batches.sources.delta_table import CHANGE_FIELDS
-from batches.sources.files import FileStreamSource
-from batches.sources.filesystem import local_path
-from batches.sources.kafka import RAW_SCHEMA
-from batches.windows import Aggregate
+from lowmark.batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
+from lowmark.batches.loop.sink_owner import sink_not_a_table
+from lowmark.batches.pipeline import (
+    DeltaSink,
+    DeltaSource,
+    FileSource,
+    KafkaSource,
+    Pipeline,
+    resolve,
+)
+from lowmark.batches.sources.base import Source
+from lowmark.batches.sources.delta_table import CHANGE_FIELDS
+from lowmark.batches.sources.files import FileStreamSource
+from lowmark.batches.sources.filesystem import local_path
+from lowmark.batches.sources.kafka import RAW_SCHEMA
+from lowmark.batches.windows import Aggregate
 
 SAMPLE_FILES = 3
 """How many of a batch's files are looked at."""

@@ -1,6 +1,6 @@
 """Whose writes a sink holds: a new checkpoint must not write a sink another one wrote.
 
-Every sink write records its writer (``state.ownership``); before a
+Every sink write records its writer (``lowmark.state.ownership``); before a
 checkpoint's first batch, and before ``lowmark reset`` adopts a sink, the
 last writer is looked up among the checkpoints beside this one.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from batches.errors import SinkHeldElsewhere, SinkNotATable
-from batches.pipeline import Pipeline
-from state.checkpoint import Checkpoint, Found, find_checkpoint
-from state.ownership import Writer, last_writer
+from lowmark.batches.errors import SinkHeldElsewhere, SinkNotATable
+from lowmark.batches.pipeline import Pipeline
+from lowmark.state.checkpoint import Checkpoint, Found, find_checkpoint
+from lowmark.state.ownership import Writer, last_writer
 
 
 def check_sink_is_ours(pipeline: Pipeline, checkpoint: Checkpoint, sink: str) -> None:

@@ -16,11 +16,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from batches.loop.batch_work import BatchWork
-from batches.loop.plan import Planner
-from batches.pipeline import Pipeline, definition_changes, resolve
-from state.checkpoint import Checkpoint, move_aside
-from state.ownership import last_writer
+from lowmark.batches.loop.batch_work import BatchWork
+from lowmark.batches.loop.plan import Planner
+from lowmark.batches.pipeline import Pipeline, definition_changes, resolve
+from lowmark.state.checkpoint import Checkpoint, move_aside
+from lowmark.state.ownership import last_writer
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batches.pipeline import DeltaSink, Pipeline, resolve
-from batches.sinks.base import Sink, WindowedSink
-from batches.sinks.custom import WindowsAsFrames, from_factory
-from batches.sinks.delta import DeltaTableSink, DeltaWindowSink
-from state.session import SparkLike
+from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
+from lowmark.batches.sinks.base import Sink, WindowedSink
+from lowmark.batches.sinks.custom import WindowsAsFrames, from_factory
+from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+from lowmark.state.session import SparkLike
 
 __all__ = ["Sink", "WindowedSink", "build_sink"]
 

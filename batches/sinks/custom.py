@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from batches.collect import frame_of
-from batches.errors import PipelineConfigInvalid
-from batches.pipeline import CustomSink
-from batches.sinks.base import Sink, WindowedSink
-from state.session import SparkLike, provider
+from lowmark.batches.collect import frame_of
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.pipeline import CustomSink
+from lowmark.batches.sinks.base import Sink, WindowedSink
+from lowmark.state.session import SparkLike, provider
 
 
 def from_factory(
@@ -21,7 +21,8 @@ def from_factory(
     if not isinstance(sink, Sink):
         raise PipelineConfigInvalid(
             f"pipeline {pipeline}: sink factory {config.label} returned "
-            f"{type(sink).__name__}, not a batches.sinks.base.Sink: return your Sink subclass"
+            f"{type(sink).__name__}, not a lowmark.batches.sinks.base.Sink: return your Sink "
+            "subclass"
         )
     return sink
 

@@ -22,12 +22,12 @@ import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
-from batches.errors import SinkWriteFailed
-from batches.pipeline import DeltaSink
-from batches.sinks.base import Sink, WindowedSink
-from state.delta import append_once, latest_version, upsert_once
-from state.session import SparkLike, provider
-from state.table import DriverTable
+from lowmark.batches.errors import SinkWriteFailed
+from lowmark.batches.pipeline import DeltaSink
+from lowmark.batches.sinks.base import Sink, WindowedSink
+from lowmark.state.delta import append_once, latest_version, upsert_once
+from lowmark.state.session import SparkLike, provider
+from lowmark.state.table import DriverTable
 
 
 class DeltaTableSink(Sink):

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from batches.clock import Clock
-from batches.pipeline import Pipeline, SourceKind
-from batches.sources.base import Source, SourceRead
-from batches.sources.context import SourceContext
-from state.checkpoint import Checkpoint
-from state.session import SparkLike
+from lowmark.batches.clock import Clock
+from lowmark.batches.pipeline import Pipeline, SourceKind
+from lowmark.batches.sources.base import Source, SourceRead
+from lowmark.batches.sources.context import SourceContext
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.session import SparkLike
 
 __all__ = ["Source", "SourceContext", "SourceRead", "build_source", "runtime_builder"]
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-from batches.errors import SourceReplaced
-from state.errors import LowmarkError
-from state.offset_log import Identity, Offsets
+from lowmark.batches.errors import SourceReplaced
+from lowmark.state.errors import LowmarkError
+from lowmark.state.offset_log import Identity, Offsets
 
 PARTITION_COLUMN = "_lowmark_partition"
 """Every record a source returns names its source partition here (a string)."""
@@ -113,11 +113,11 @@ class SourceRead:
     """What ``read`` returns: parsed records and the rows that would not parse.
 
     Both are lazy: the batch computes them in its jobs over the input.
-    ``bad`` has the columns of ``state.quarantine.SCHEMA`` (or is None when the
+    ``bad`` has the columns of ``lowmark.state.quarantine.SCHEMA`` (or is None when the
     format cannot hold malformed rows). ``counts`` observes the input as the
     first job over ``records`` reads it: ``rows`` (records) and ``bad`` (bad
     rows; absent when the format has none); a union of reads has one
-    observation per read, which ``batches.collect.observed`` adds up.
+    observation per read, which ``lowmark.batches.collect.observed`` adds up.
     ``cached`` are frames the source persisted (``read(..., cache=True)``);
     the caller unpersists them when the batch is done.
     """

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from batches.clock import Clock
-from batches.pipeline import SourceKind
-from batches.sources.base import Source
-from state.checkpoint import Checkpoint
-from state.session import SparkLike
+from lowmark.batches.clock import Clock
+from lowmark.batches.pipeline import SourceKind
+from lowmark.batches.sources.base import Source
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.session import SparkLike
 
 
 @dataclass(frozen=True)

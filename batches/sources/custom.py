@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from batches.errors import PipelineConfigInvalid
-from batches.pipeline import CustomSource
-from batches.sources.base import Source
-from batches.sources.context import SourceContext
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.pipeline import CustomSource
+from lowmark.batches.sources.base import Source
+from lowmark.batches.sources.context import SourceContext
 
 
 def from_factory(config: CustomSource, context: SourceContext) -> Source:
@@ -14,7 +14,7 @@ def from_factory(config: CustomSource, context: SourceContext) -> Source:
     if not isinstance(source, Source):
         raise PipelineConfigInvalid(
             f"pipeline {context.pipeline}: source factory {config.label} returned "
-            f"{type(source).__name__}, not a batches.sources.Source: return your "
+            f"{type(source).__name__}, not a lowmark.batches.sources.Source: return your "
             "Source subclass (docs/sources.md)"
         )
     return source

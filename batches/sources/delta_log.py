@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from pyarrow import fs
 from pyspark.sql.types import StructType
 
-from batches.errors import SourceDataLost
+from lowmark.batches.errors import SourceDataLost
 
 LOG = "_delta_log"
 KEPT_COMMITS = 256

@@ -5,7 +5,7 @@ inside a version with more added files than one batch takes,
 ``{"version": v, "index": i}`` (its first ``i`` files, in path order, taken).
 The table's history does not change, so a replay of a range reads the same
 rows. Planning and the backlog read the commit files of the versions
-involved on the driver (``batches.sources.delta_log``): no Spark job, and no
+involved on the driver (``lowmark.batches.sources.delta_log``): no Spark job, and no
 cost that grows with the table.
 
 - ``read: appends``: a batch reads exactly the data files its versions added,
@@ -40,14 +40,14 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
-from batches.pipeline import DeltaSource, resolve
-from batches.sources.base import PARTITION_COLUMN, Skipped, Source, SourceRead, read_counts
-from batches.sources.context import SourceContext
-from batches.sources.delta_log import Commit, DataFile, DeltaLog, Metadata
-from state.errors import LowmarkError, first_line
-from state.offset_log import Identity, Offsets
-from state.session import SparkLike, provider
+from lowmark.batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
+from lowmark.batches.pipeline import DeltaSource, resolve
+from lowmark.batches.sources.base import PARTITION_COLUMN, Skipped, Source, SourceRead, read_counts
+from lowmark.batches.sources.context import SourceContext
+from lowmark.batches.sources.delta_log import Commit, DataFile, DeltaLog, Metadata
+from lowmark.state.errors import LowmarkError, first_line
+from lowmark.state.offset_log import Identity, Offsets
+from lowmark.state.session import SparkLike, provider
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The file source: a folder of JSON, CSV or Parquet files.
 
 Discovery assigns each new file the next sequence number of its partition in
-the manifest (``state.manifest``); offsets are ``{partition: next seq}``. One
+the manifest (``lowmark.state.manifest``); offsets are ``{partition: next seq}``. One
 partition ("0") by default; with ``partition_by_folder`` every subfolder is a
 source partition (with its own watermark), like a Kafka partition. Malformed JSON/CSV rows
 become bad records with the raw text and the file, and the batch goes on.
@@ -35,13 +35,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
 
-from batches.errors import (
+from lowmark.batches.errors import (
     SourceFileChanged,
     SourceFileMissing,
     SourceFileUnreadable,
 )
-from batches.pipeline import FileSource, resolve
-from batches.sources.base import (
+from lowmark.batches.pipeline import FileSource, resolve
+from lowmark.batches.sources.base import (
     BATCH_COLUMN,
     PARTITION_COLUMN,
     Range,
@@ -49,14 +49,14 @@ from batches.sources.base import (
     SourceRead,
     read_counts,
 )
-from batches.sources.context import SourceContext
-from batches.sources.filesystem import SourceFolder
-from state.checkpoint import Checkpoint
-from state.errors import CheckpointMissing, LowmarkError
-from state.manifest import FileManifest, ManifestFile, numbered
-from state.offset_log import Offsets
-from state.session import SparkLike, provider
-from state.source_schema import SourceSchema
+from lowmark.batches.sources.context import SourceContext
+from lowmark.batches.sources.filesystem import SourceFolder
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.errors import CheckpointMissing, LowmarkError
+from lowmark.state.manifest import FileManifest, ManifestFile, numbered
+from lowmark.state.offset_log import Offsets
+from lowmark.state.session import SparkLike, provider
+from lowmark.state.source_schema import SourceSchema
 
 PARTITION = "0"
 CORRUPT = "_corrupt_record"

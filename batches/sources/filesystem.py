@@ -19,9 +19,9 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from batches.errors import PipelineConfigInvalid
-from state.errors import LowmarkError
-from state.manifest import ManifestFile
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.state.errors import LowmarkError
+from lowmark.state.manifest import ManifestFile
 
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/._:=-]*")
 

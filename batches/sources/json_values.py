@@ -14,8 +14,8 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from batches.sources.base import PARTITION_COLUMN, SourceRead, read_counts
-from state.errors import LowmarkError
+from lowmark.batches.sources.base import PARTITION_COLUMN, SourceRead, read_counts
+from lowmark.state.errors import LowmarkError
 
 CORRUPT = "_corrupt_record"
 

@@ -60,9 +60,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from batches.errors import SourceDataLost, SourceReplaced
-from batches.pipeline import KafkaSource, start_time_ms
-from batches.sources.base import (
+from lowmark.batches.errors import SourceDataLost, SourceReplaced
+from lowmark.batches.pipeline import KafkaSource, start_time_ms
+from lowmark.batches.sources.base import (
     PARTITION_COLUMN,
     Skipped,
     Source,
@@ -71,11 +71,11 @@ from batches.sources.base import (
     fair_share,
     read_counts,
 )
-from batches.sources.context import SourceContext
-from batches.sources.json_values import parse_json_values
-from state.errors import LowmarkError, first_line
-from state.offset_log import Identity, Offsets
-from state.session import SparkLike, provider
+from lowmark.batches.sources.context import SourceContext
+from lowmark.batches.sources.json_values import parse_json_values
+from lowmark.state.errors import LowmarkError, first_line
+from lowmark.state.offset_log import Identity, Offsets
+from lowmark.state.session import SparkLike, provider
 
 log = logging.getLogger(__name__)
 

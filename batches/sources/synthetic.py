@@ -20,12 +20,18 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-from batches.clock import Clock, SystemClock
-from batches.pipeline import SyntheticSource, start_time_ms
-from batches.sources.base import PARTITION_COLUMN, Source, SourceRead, fair_share, read_counts
-from batches.sources.context import SourceContext
-from state.offset_log import Offsets
-from state.session import SparkLike, provider
+from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.pipeline import SyntheticSource, start_time_ms
+from lowmark.batches.sources.base import (
+    PARTITION_COLUMN,
+    Source,
+    SourceRead,
+    fair_share,
+    read_counts,
+)
+from lowmark.batches.sources.context import SourceContext
+from lowmark.state.offset_log import Offsets
+from lowmark.state.session import SparkLike, provider
 
 _UNIFORM_STEPS = 1_000_000
 

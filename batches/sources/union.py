@@ -16,12 +16,12 @@ from functools import reduce
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
-from batches.errors import PipelineConfigInvalid
-from batches.pipeline import UnionSource
-from batches.sources.base import PARTITION_COLUMN, Range, Skipped, Source, SourceRead
-from batches.sources.context import SourceContext
-from state.errors import LowmarkError
-from state.offset_log import Identity, Offsets
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.pipeline import UnionSource
+from lowmark.batches.sources.base import PARTITION_COLUMN, Range, Skipped, Source, SourceRead
+from lowmark.batches.sources.context import SourceContext
+from lowmark.state.errors import LowmarkError
+from lowmark.state.offset_log import Identity, Offsets
 
 SEPARATOR = "/"
 

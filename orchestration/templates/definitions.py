@@ -9,6 +9,6 @@ over the data root ``lowmark.toml`` names. Environment variables set by hand
 
 from pathlib import Path
 
-from orchestration.project import project_definitions
+from lowmark.orchestration.project import project_definitions
 
 defs = project_definitions(Path(__file__).resolve().parent)

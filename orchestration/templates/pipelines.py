@@ -22,8 +22,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from batches.pipeline import DeltaSink, FileSource, Pipeline
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 
 
 def parse_views(df: DataFrame) -> DataFrame:

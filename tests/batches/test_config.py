@@ -9,8 +9,8 @@ import re
 import pytest
 from pydantic import BaseModel
 
-from batches.pipeline import SOURCE_MODELS, CustomSink, DeltaSink, Pipeline
-from batches.windows import EventTime, Session, Sliding, Tumbling, WindowedAggregation
+from lowmark.batches.pipeline import SOURCE_MODELS, CustomSink, DeltaSink, Pipeline
+from lowmark.batches.windows import EventTime, Session, Sliding, Tumbling, WindowedAggregation
 
 USER_MODELS = (Pipeline, *SOURCE_MODELS, DeltaSink, CustomSink, EventTime, WindowedAggregation)
 

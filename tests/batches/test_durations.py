@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from batches.durations import parse_duration_ms
-from batches.registry import load_pipelines
-from batches.windows import EventTime
+from lowmark.batches.durations import parse_duration_ms
+from lowmark.batches.registry import load_pipelines
+from lowmark.batches.windows import EventTime
 
 REPO = Path(__file__).resolve().parents[2]
 

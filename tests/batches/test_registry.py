@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from batches.demo import clean_orders
-from batches.errors import PipelineConfigInvalid, PipelineNotFound
-from batches.pipeline import DeltaSink, KafkaSource
-from batches.registry import get_pipeline, load_pipelines
+from lowmark.batches.demo import clean_orders
+from lowmark.batches.errors import PipelineConfigInvalid, PipelineNotFound
+from lowmark.batches.pipeline import DeltaSink, KafkaSource
+from lowmark.batches.registry import get_pipeline, load_pipelines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def test_a_kafka_source_names_its_mistakes_in_one_line(tmp_path: Path) -> None:
 def test_a_python_file_contributes_its_module_level_pipelines(tmp_path: Path) -> None:
     module = tmp_path / "mine.py"
     module.write_text(
-        "from batches.pipeline import Pipeline, FileSource, DeltaSink\n"
+        "from lowmark.batches.pipeline import Pipeline, FileSource, DeltaSink\n"
         "a = Pipeline(name='a', source=FileSource(path='i', format='csv'), "
         "sink=DeltaSink(path='o'))\n"
     )
@@ -98,4 +98,4 @@ def test_bad_yaml_names_the_field_and_the_problem(tmp_path: Path, body: str, mes
 
 def test_an_unknown_pipeline_lists_the_known_ones() -> None:
     with pytest.raises(PipelineNotFound, match=r"known: .*orders"):
-        get_pipeline("nope", "batches.demo")
+        get_pipeline("nope", "lowmark.batches.demo")

@@ -8,12 +8,12 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from batches.errors import PipelineConfigInvalid
-from batches.loop import faults
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, Pipeline
-from batches.registry import load_pipelines
-from batches.sql import SqlStep
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, Pipeline
+from lowmark.batches.registry import load_pipelines
+from lowmark.batches.sql import SqlStep
 from tests.helpers import drop_file, pipeline
 
 DOUBLED_POSITIVE = "SELECT id, amount * 2 AS amount FROM input WHERE amount > 0"

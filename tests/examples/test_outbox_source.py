@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.admin.status import pipeline_status
-from batches.errors import PipelineConfigInvalid
-from batches.loop.microbatch import MicroBatchRunner
-from batches.registry import get_pipeline
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.registry import get_pipeline
 
 PIPELINES = """
 pipelines:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pyspark import SparkContext
 
-from batches.cli.commands import main as lowmark
+from lowmark.batches.cli.commands import main as lowmark
 from tests.faults.scenarios import FIXED_INPUT, plain_append, session_update, write_input
 
 JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop.faults import KillPoint
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import Pipeline
+from lowmark.batches.loop.faults import KillPoint
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import Pipeline
 from tests.faults.class_archive import ARCHIVE_ENV, make_archive
 from tests.faults.harness import REPO, Snapshot, kill_run, lowmark_env, snapshot
 from tests.faults.scenarios import (

@@ -8,7 +8,7 @@ about 1.5 s of CPU time instead of a JVM start and a cold JIT's first batch
 (11-12 s), so every kill case of the matrix fits in `make test`.
 
 What a kill of an attached driver covers, and what it does not: the driver
-process dies at the step (SIGKILL; ``batches.loop.faults``), and with it
+process dies at the step (SIGKILL; ``lowmark.batches.loop.faults``), and with it
 every write lowmark makes from Python (the offset and commit logs, window
 state, a windowed sink, all through delta-rs) and every Spark action it was
 waiting for; the recovery then runs in the test process, as before. The JVM
@@ -34,7 +34,7 @@ from pyspark import SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
-from batches.cli.commands import main as lowmark
+from lowmark.batches.cli.commands import main as lowmark
 
 GATEWAY_PORT_ENV = "PYSPARK_GATEWAY_PORT"
 """PySpark's own: a gateway to connect to instead of launching a JVM (with the secret)."""
@@ -54,7 +54,7 @@ def attach() -> SparkSession:
 
     The JVM already runs a SparkContext (one per JVM): it is wrapped, not
     created, and a new session over it becomes this process's active one, so
-    ``state.session.get_spark`` returns it.
+    ``lowmark.state.session.get_spark`` returns it.
     """
     gateway = launch_gateway()  # connects: GATEWAY_PORT_ENV is set
     jvm = gateway.jvm

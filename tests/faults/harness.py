@@ -30,10 +30,10 @@ import pytest
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import SparkSession
 
-from batches.cli import commands
-from batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import Pipeline, resolve
+from lowmark.batches.cli import commands
+from lowmark.batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import Pipeline, resolve
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.driver import attached_env
 from tests.faults.scenarios import SINK
@@ -41,11 +41,11 @@ from tests.helpers import INTERPRETED
 
 REPO = Path(__file__).resolve().parents[2]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
-"""The installed `lowmark` command (``orchestration.cli``)."""
+"""The installed `lowmark` command (``lowmark.orchestration.cli``)."""
 ENGINE_CLI = (sys.executable, "-m", "tests.faults.driver")
 """`lowmark` as the crash tests run it: the engine's commands (``tests.faults.driver``),
 without the Dagster commands and batch reports of the installed entry point
-(``orchestration.cli``), whose imports double a subprocess's Python start (0.7 s → 1.4 s
+(``lowmark.orchestration.cli``), whose imports double a subprocess's Python start (0.7 s → 1.4 s
 of CPU time): a kill case is about the engine's recovery."""
 KILLED = -signal.SIGKILL
 
@@ -151,7 +151,7 @@ def subprocess_crash(pipeline: Pipeline) -> Crash:
 
 
 def in_process_crash(spark: SparkSession, pipeline: Pipeline) -> Crash:
-    """Crashes by InjectedCrash (see ``batches.loop.faults``), each time in a new runner."""
+    """Crashes by InjectedCrash (see ``lowmark.batches.loop.faults``), each time in a new runner."""
 
     def crash(root: Path, point: KillPoint) -> bool:
         with crash_at(point):
@@ -172,7 +172,7 @@ def an_hour_passes(checkpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     hour_ago = time.time() - 3600
     for log_file in Path(checkpoint).glob("*/_delta_log/*"):
         os.utime(log_file, (hour_ago, hour_ago))
-    monkeypatch.setattr("state.maintenance.KEEP_HOURS", 0)
+    monkeypatch.setattr("lowmark.state.maintenance.KEEP_HOURS", 0)
 
 
 def lowmark_compact(root: Path, pipeline: Pipeline) -> None:
@@ -311,7 +311,7 @@ def _sink_writes(path: str) -> dict[int, Row]:
     emptied sink MERGEs (or appends) where a run from scratch creates the table, and
     the versions count on from the old checkpoint's. A write of no rows, the empty
     table a run from scratch creates in its first batch or the reset's truncation
-    (batch -1, ``batches.admin.reset``), is left out too: it is no batch's output.
+    (batch -1, ``lowmark.batches.admin.reset``), is left out too: it is no batch's output.
     """
     commits = sorted(RsDeltaTable(path).history(), key=lambda c: int(c["version"]))
     ours = commits[_after_newest_reset(commits) :]
@@ -326,7 +326,7 @@ def _after_newest_reset(commits: list[Row]) -> int:
 
 
 def _writer_batch(commit: Row) -> int | None:
-    """The batch a commit's ``userMetadata`` names (``state.ownership``), if any."""
+    """The batch a commit's ``userMetadata`` names (``lowmark.state.ownership``), if any."""
     writer = json.loads(commit.get("userMetadata") or "{}").get("lowmark", {})
     return writer.get("batch_id")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from batches.pipeline import (
+from lowmark.batches.pipeline import (
     CustomSource,
     DeltaSink,
     DeltaSource,
@@ -34,7 +34,7 @@ from batches.pipeline import (
     SyntheticSource,
     UnionSource,
 )
-from batches.windows import (
+from lowmark.batches.windows import (
     Aggregate,
     EventTime,
     Session,

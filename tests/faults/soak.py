@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from state.session import SparkSettings, get_spark
+from lowmark.state.session import SparkSettings, get_spark
 from tests.faults.harness import (
     differences,
     random_schedule,

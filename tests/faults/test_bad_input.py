@@ -10,11 +10,11 @@ import pytest
 from pyarrow import parquet
 from pyspark.sql import SparkSession
 
-from batches.cli.commands import main
-from batches.errors import SourceFileChanged, SourceFileUnreadable
-from batches.loop import faults
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import FileSource, Pipeline
+from lowmark.batches.cli.commands import main
+from lowmark.batches.errors import SourceFileChanged, SourceFileUnreadable
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import FileSource, Pipeline
 from tests.faults.harness import run_to_completion, snapshot
 from tests.faults.scenarios import FIXED_INPUT, plain_append, tumbling_append, write_input
 from tests.helpers import pipeline, sink_ids

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.cli.commands import main
+from lowmark.batches.cli.commands import main
 from tests.faults.conftest import Reference, References
 from tests.faults.harness import run_to_completion
 

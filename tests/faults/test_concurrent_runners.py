@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop import faults
-from batches.loop.microbatch import MicroBatchRunner
-from state.errors import ConcurrentRunner
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.state.errors import ConcurrentRunner
 from tests.faults.harness import (
     REPO,
     Snapshot,

@@ -20,10 +20,10 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches.loop import faults
-from batches.loop.microbatch import MicroBatchRunner
-from state.conflicts import ATTEMPTS, retry_conflicts
-from state.errors import ConcurrentRunner, WriteConflict
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.state.conflicts import ATTEMPTS, retry_conflicts
+from lowmark.state.errors import ConcurrentRunner, WriteConflict
 from tests.faults.conftest import KILL_BATCH, References
 from tests.faults.harness import Snapshot, differences, run_to_completion, snapshot
 from tests.faults.scenarios import SINK
@@ -109,7 +109,7 @@ def test_maintenance_and_another_job_writing_the_sink_around_a_crash_change_no_r
                 pass  # it lost to our MERGE: it tries again, as a real job would
 
     job = threading.Thread(target=another_job)
-    caplog.set_level(logging.WARNING, logger="state.conflicts")
+    caplog.set_level(logging.WARNING, logger="lowmark.state.conflicts")
     job.start()
     try:
         MicroBatchRunner(spark, ref.pipeline, root).run(max_batches=1)

@@ -1,6 +1,6 @@
 """The kill matrix: `lowmark run` SIGKILLed at every step, then run to completion.
 
-For each step of ``batches.loop.faults.STEPS`` and each pipeline of ``MATRIX``
+For each step of ``lowmark.batches.loop.faults.STEPS`` and each pipeline of ``MATRIX``
 (append mode with tumbling windows, update mode with sessions, a stateless
 append whose sink Spark writes; sessions over a Kafka topic, tumbling windows
 over a synthetic source, also with an idle timeout shorter than any batch
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop.faults import STEPS, KillPoint
+from lowmark.batches.loop.faults import STEPS, KillPoint
 from tests.faults.conftest import (
     KILL_BATCH,
     MATRIX,

@@ -15,7 +15,7 @@ import shutil
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop.faults import KillPoint
+from lowmark.batches.loop.faults import KillPoint
 from tests.faults.conftest import KILL_BATCH, References
 from tests.faults.harness import (
     KILLED,

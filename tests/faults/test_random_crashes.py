@@ -3,7 +3,7 @@
 Each schedule crashes a pipeline again and again at random steps of random
 batches (replays crash too), restarting a new runner after each crash, then
 runs to completion and compares every table with the fault-free run. The
-crashes are ``batches.loop.faults.crash_at`` exceptions, not kills, so dozens fit
+crashes are ``lowmark.batches.loop.faults.crash_at`` exceptions, not kills, so dozens fit
 in `make test`; the kill matrix proves the same recovery under SIGKILL and
 `make soak` runs random schedules of real kills.
 """

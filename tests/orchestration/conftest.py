@@ -9,8 +9,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from orchestration.definitions import build_definitions
-from orchestration.resources import LowmarkResource, SparkResource
+from lowmark.orchestration.definitions import build_definitions
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
 
 PIPELINES = "tests.orchestration.pipelines"
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import tests.orchestration.pipelines as base
-from batches.pipeline import EventTimePartitions
+from lowmark.batches.pipeline import EventTimePartitions
 
 ticks_from_data = base.ticks.model_copy(
     update={"name": "ticks_from_data", "backfill": EventTimePartitions(granularity="hourly")}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame
 
-from batches.pipeline import DeltaSink, EventTimePartitions, FileSource, Pipeline
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.batches.pipeline import DeltaSink, EventTimePartitions, FileSource, Pipeline
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
 HOLD = "HOLD"

@@ -10,8 +10,8 @@ import pytest
 from dagster._core.instance.ref import InstanceRef
 from pyspark.sql import SparkSession
 
-from orchestration.checks import check_keys
-from orchestration.cli import main
+from lowmark.orchestration.checks import check_keys
+from lowmark.orchestration.cli import main
 from tests.helpers import drop_order_files, tick
 from tests.orchestration.from_data import ticks_from_data
 

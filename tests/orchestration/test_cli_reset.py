@@ -10,8 +10,8 @@ import pytest
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.test_utils import create_run_for_test
 
-from orchestration.cli import main
-from orchestration.ui import prepare_home
+from lowmark.orchestration.cli import main
+from lowmark.orchestration.ui import prepare_home
 
 ARGS = ["--pipelines", "tests.orchestration.pipelines"]
 

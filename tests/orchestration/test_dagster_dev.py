@@ -30,8 +30,8 @@ import pytest
 from dagster._core.instance.ref import InstanceRef
 from pyspark.sql import SparkSession
 
-from orchestration.ui import free_port, live_group_members
-from state.checkpoint import Checkpoint
+from lowmark.orchestration.ui import free_port, live_group_members
+from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import tick, write_json_lines
 from tests.orchestration.pipelines import HOLD
 

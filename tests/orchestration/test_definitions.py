@@ -9,10 +9,10 @@ import dagster as dg
 import yaml
 from pyspark.sql import SparkSession
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import EventTimePartitions
-from orchestration.definitions import build_definitions
-from orchestration.partitions import event_time_partitions
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import EventTimePartitions
+from lowmark.orchestration.definitions import build_definitions
+from lowmark.orchestration.partitions import event_time_partitions
 from tests.helpers import write_json_lines
 from tests.orchestration.pipelines import ticks
 
@@ -88,7 +88,10 @@ def test_the_default_definitions_load_the_demo_pipelines_and_workspace_yaml_poin
         j.name for j in demo.resolve_all_job_defs()
     }
     workspace = yaml.safe_load((REPO / "workspace.yaml").read_text())
-    assert workspace["load_from"][0]["python_module"]["module_name"] == "orchestration.definitions"
+    assert (
+        workspace["load_from"][0]["python_module"]["module_name"]
+        == "lowmark.orchestration.definitions"
+    )
 
 
 def test_a_pipelines_runs_share_one_pool_slot_so_they_never_overlap(

@@ -17,7 +17,7 @@ from deltalake import write_deltalake
 
 RUN_COMMANDS = """
 import json, sys
-from orchestration.cli import main
+from lowmark.orchestration.cli import main
 
 for argv in json.loads(sys.argv[1]):
     try:

@@ -19,10 +19,10 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pyspark.sql import SparkSession
 
-from batches.loop.follow import FollowResult
-from orchestration import runs
-from orchestration.assets import pipeline_assets
-from orchestration.resources import LowmarkResource, SparkResource
+from lowmark.batches.loop.follow import FollowResult
+from lowmark.orchestration import runs
+from lowmark.orchestration.assets import pipeline_assets
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from tests.helpers import drop_file, pipeline, sink_ids
 
 

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from orchestration.cli import main
-from orchestration.ui import free_port
+from lowmark.orchestration.cli import main
+from lowmark.orchestration.ui import free_port
 from tests.helpers import write_json_lines
 
 LOWMARK = Path(sys.executable).parent / "lowmark"

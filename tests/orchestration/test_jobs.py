@@ -13,13 +13,13 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches.admin.health import late_fraction
-from batches.demo import orders, user_revenue, write_sample_files
-from batches.loop.metrics import TEXTFILE_ENV
-from batches.loop.microbatch import MicroBatchRunner
-from orchestration.checks import checks_of
-from orchestration.tables import COLUMN_SCHEMA, ROW_COUNT
-from state.table import DriverTable
+from lowmark.batches.admin.health import late_fraction
+from lowmark.batches.demo import orders, user_revenue, write_sample_files
+from lowmark.batches.loop.metrics import TEXTFILE_ENV
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.orchestration.checks import checks_of
+from lowmark.orchestration.tables import COLUMN_SCHEMA, ROW_COUNT
+from lowmark.state.table import DriverTable
 from tests.helpers import TICKS, drop_order_files, samples, tick, value
 from tests.orchestration.pipelines import SCHEMA, ticks
 

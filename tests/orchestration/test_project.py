@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.cli import main
-from orchestration.errors import ProjectFileInvalid, ProjectUnsafe
-from orchestration.project import SAFE_DIRECTORIES_ENV, find_project, load_project
-from orchestration.scaffold import init_project
+from lowmark.orchestration.cli import main
+from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
+from lowmark.orchestration.project import SAFE_DIRECTORIES_ENV, find_project, load_project
+from lowmark.orchestration.scaffold import init_project
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,9 +123,11 @@ def test_a_projects_own_batches_and_state_modules_never_stand_in_for_lowmarks(
     # A fresh process, as a Dagster code server that loads the project's definitions:
     # lowmark's `batches` is not imported yet when the project is put to use.
     code = (
-        "import sys; from pathlib import Path; from orchestration.project import load_project; "
+        "import sys; from pathlib import Path; from lowmark.orchestration.project import "
+        "load_project; "
         "load_project(Path(sys.argv[1])).use(); "
-        "import batches.pipeline, state.errors; print(batches.pipeline.__file__)"
+        "import lowmark.batches.pipeline, lowmark.state.errors; "
+        "print(lowmark.batches.pipeline.__file__)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(project)],

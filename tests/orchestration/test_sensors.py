@@ -11,9 +11,9 @@ from dagster._core.storage.tags import RUN_KEY_TAG
 from dagster._core.test_utils import create_run_for_test
 from pyspark.sql import SparkSession
 
-from batches.admin.reset import reset
-from batches.loop.microbatch import MicroBatchRunner
-from orchestration.resources import LowmarkResource, SparkResource
+from lowmark.batches.admin.reset import reset
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from tests.helpers import write_json_lines
 from tests.orchestration.pipelines import slow
 

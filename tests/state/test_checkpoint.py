@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from state.checkpoint import Checkpoint
-from state.errors import CheckpointMissing
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.errors import CheckpointMissing
 from tests.helpers import entry
 
 

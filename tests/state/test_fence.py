@@ -11,8 +11,8 @@ import multiprocessing
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from state.errors import ConcurrentRunner
-from state.offset_log import OffsetEntry, OffsetLog
+from lowmark.state.errors import ConcurrentRunner
+from lowmark.state.offset_log import OffsetEntry, OffsetLog
 from tests.helpers import entry
 
 BATCHES = 12

@@ -6,10 +6,10 @@ from typing import ClassVar
 import pyarrow as pa
 import pytest
 
-from state.checkpoint import Checkpoint
-from state.commit_log import COUNTS, CommitEntry
-from state.errors import CheckpointMissing, ConcurrentRunner, UnsupportedLogFormat
-from state.offset_log import OffsetEntry, OffsetLog
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.commit_log import COUNTS, CommitEntry
+from lowmark.state.errors import CheckpointMissing, ConcurrentRunner, UnsupportedLogFormat
+from lowmark.state.offset_log import OffsetEntry, OffsetLog
 from tests.helpers import entry
 
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from batches.admin.status import pipeline_status
-from batches.loop.maintenance import maintain_checkpoint
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import Maintenance, Pipeline
-from batches.windows import Tumbling
-from state.checkpoint import Checkpoint
-from state.table import DriverTable
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.loop.maintenance import maintain_checkpoint
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import Maintenance, Pipeline
+from lowmark.batches.windows import Tumbling
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.table import DriverTable
 from tests.helpers import drop_batches, event, windowed, write_json_lines
 
 MAINTENANCE = Maintenance(every_batches=100, log_batches=20, progress_batches=50)

@@ -12,13 +12,13 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from batches.admin.skip_batch import set_aside
-from batches.loop import faults
-from batches.loop.maintenance import maintain_checkpoint
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import Maintenance
-from batches.windows import Tumbling
-from state.errors import CheckpointCorrupt
+from lowmark.batches.admin.skip_batch import set_aside
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.maintenance import maintain_checkpoint
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import Maintenance
+from lowmark.batches.windows import Tumbling
+from lowmark.state.errors import CheckpointCorrupt
 from tests.faults.harness import an_hour_passes
 from tests.helpers import drop_batches, event, reference, sink, windowed
 

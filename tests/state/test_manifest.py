@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from state.manifest import FileManifest, ManifestFile
-from state.table import DriverTable
+from lowmark.state.manifest import FileManifest, ManifestFile
+from lowmark.state.table import DriverTable
 
 
 def _file(name: str) -> ManifestFile:

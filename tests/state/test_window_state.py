@@ -9,9 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from state.maintenance import KEEP_HOURS
-from state.table import UTC_MICROS
-from state.window_state import LATEST, ROWS, WindowState
+from lowmark.state.maintenance import KEEP_HOURS
+from lowmark.state.table import UTC_MICROS
+from lowmark.state.window_state import LATEST, ROWS, WindowState
 
 MINUTE_US = 60_000_000
 T0_US = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp()) * 1_000_000

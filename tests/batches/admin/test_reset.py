@@ -19,15 +19,15 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from batches.admin.reset import reset
-from batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
-from batches.loop import faults
-from batches.loop.follow import follow
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import Pipeline
-from batches.windows import Tumbling
-from state.errors import CheckpointReplaced
-from state.ownership import last_writer
+from lowmark.batches.admin.reset import reset
+from lowmark.batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.follow import follow
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.windows import Tumbling
+from lowmark.state.errors import CheckpointReplaced
+from lowmark.state.ownership import last_writer
 from tests.helpers import (
     drop_batches,
     drop_file,

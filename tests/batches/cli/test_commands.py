@@ -20,11 +20,11 @@ import pytest
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from batches.cli import commands
-from batches.cli.display import duration, moment
-from batches.demo import INCOMING, orders, user_revenue, write_sample_files
-from batches.loop.microbatch import MicroBatchRunner
-from state.checkpoint import Checkpoint
+from lowmark.batches.cli import commands
+from lowmark.batches.cli.display import duration, moment
+from lowmark.batches.demo import INCOMING, orders, user_revenue, write_sample_files
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import FakeClock, lowmark
 
 REPO = Path(__file__).resolve().parents[3]

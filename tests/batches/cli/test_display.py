@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from rich.console import Console
 
-from batches.cli.display import age, duration, iso_utc, moment, print_fields, print_table
+from lowmark.batches.cli.display import age, duration, iso_utc, moment, print_fields, print_table
 from tests.helpers import FakeClock
 
 SECOND, MINUTE, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000

@@ -19,9 +19,9 @@ import click
 import pytest
 import typer
 
-import orchestration.cli  # noqa: F401  (adds its commands to the app: ui, init)
-from batches.cli import commands
-from orchestration.scaffold import command_lines
+import lowmark.orchestration.cli  # noqa: F401  (adds its commands to the app: ui, init)
+from lowmark.batches.cli import commands
+from lowmark.orchestration.scaffold import command_lines
 
 REPO = Path(__file__).resolve().parents[3]
 PACKAGES = ("batches", "state", "orchestration")

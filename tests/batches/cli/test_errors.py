@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.registry import get_pipeline
-from state.checkpoint import Checkpoint
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.registry import get_pipeline
+from lowmark.state.checkpoint import Checkpoint
 from tests.faults.harness import LOWMARK, lowmark_env
 from tests.helpers import FIRST_CONTACT_YAML, sink_ids
 

@@ -19,15 +19,15 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches.admin import tables
-from batches.demo import orders, write_sample_files
-from batches.errors import PipelineConfigInvalid
-from batches.loop.microbatch import MicroBatchRunner
-from batches.registry import load_pipelines
+from lowmark.batches.admin import tables
+from lowmark.batches.demo import orders, write_sample_files
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.registry import load_pipelines
 from tests.helpers import json_lines_sink, lowmark
 
 PIPELINES = """
-from batches.demo import orders, user_revenue
+from lowmark.batches.demo import orders, user_revenue
 
 orders = orders.model_copy(  # every file in one batch: no more Spark than the tests need
     update={"source": orders.source.model_copy(update={"max_files_per_batch": 10})}
@@ -222,7 +222,7 @@ def test_show_and_sql_start_no_spark(ran: Ran, tmp_path: Path) -> None:
     # No Delta jars: anything that started Spark would stop with JarsMissing.
     script = (
         "import sys\n"
-        "from orchestration.cli import main\n"
+        "from lowmark.orchestration.cli import main\n"
         "from pyspark import SparkContext\n"
         "for argv in (sys.argv[1:] + ['show', 'revenue_updates'],\n"
         "             sys.argv[1:] + ['sql', 'SELECT count(*) AS n FROM revenue_updates.late']):\n"

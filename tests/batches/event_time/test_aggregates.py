@@ -12,9 +12,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.loop.faults import InjectedCrash, KillPoint, crash_at
-from batches.loop.microbatch import MicroBatchRunner
-from batches.windows import Aggregate, Session, Sliding, Tumbling
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.windows import Aggregate, Session, Sliding, Tumbling
 from tests.helpers import drop_batches, event, per_window, sink, spark_window, windowed
 
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG, item STRING"

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.windows import Session, Sliding, Tumbling
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.windows import Session, Sliding, Tumbling
 from tests.helpers import SPARK_EXAMPLES, drop_batches, event, reference, sink, windowed
 
 BOUND_S = 5

@@ -9,10 +9,10 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from batches.admin.health import watermark_lag
-from batches.admin.status import pipeline_status
-from batches.event_time.stage import FUTURE
-from batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.admin.health import watermark_lag
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.event_time.stage import FUTURE
+from lowmark.batches.loop.microbatch import MicroBatchRunner
 from tests.helpers import FakeClock, at, drop, event, partitioned
 
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"

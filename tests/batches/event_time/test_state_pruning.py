@@ -9,8 +9,8 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.windows import Tumbling
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.windows import Tumbling
 from tests.helpers import T0, drop_batches, event, windowed
 
 DAY = 86_400

@@ -10,8 +10,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.windows import (
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.windows import (
     Aggregate,
     Session,
     Sliding,

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from batches.admin.status import pipeline_status
-from batches.expectations import Quality
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import FileSource
-from batches.windows import Sliding, Tumbling
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.expectations import Quality
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import FileSource
+from lowmark.batches.windows import Sliding, Tumbling
 from tests.helpers import SPARK_EXAMPLES, FakeClock, windowed
 
 TIMES = st.one_of(

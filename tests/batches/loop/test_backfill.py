@@ -12,14 +12,14 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.errors import BackfillHistoryLost, PartitionNotClosed, SourceFileMissing
-from batches.loop.backfill import backfill_partition
-from batches.loop.faults import InjectedCrash, KillPoint, crash_at
-from batches.loop.maintenance import maintain_checkpoint
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSource, EventTimePartitions, Maintenance
-from batches.windows import Tumbling
-from state.table import DriverTable
+from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, SourceFileMissing
+from lowmark.batches.loop.backfill import backfill_partition
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.maintenance import maintain_checkpoint
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSource, EventTimePartitions, Maintenance
+from lowmark.batches.windows import Tumbling
+from lowmark.state.table import DriverTable
 from tests.faults.harness import an_hour_passes
 from tests.helpers import (
     T0,

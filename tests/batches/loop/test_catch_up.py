@@ -22,11 +22,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from batches.loop.catch_up import row_by_row
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import Pipeline
-from batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
-from batches.windows import Sliding, Tumbling
+from lowmark.batches.loop.catch_up import row_by_row
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
+from lowmark.batches.windows import Sliding, Tumbling
 from tests.helpers import SCHEMA, counted_batch, drop_batches, event, windowed, write_json_lines
 
 BACKLOG: list[list[dict[str, Any]]] = [
@@ -106,7 +106,7 @@ def test_a_backlog_is_looked_at_in_one_job_and_every_batch_commits_as_alone(
     caplog: pytest.LogCaptureFixture,
     transform: Callable[[DataFrame], DataFrame] | None,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="batches.loop.catch_up")
+    caplog.set_level(logging.INFO, logger="lowmark.batches.loop.catch_up")
     ahead_root, alone_root = tmp_path / "ahead", tmp_path / "alone"
     _land_backlog(ahead_root)
     # A twin of batch 5's record in batch 6: a transform given several batches at

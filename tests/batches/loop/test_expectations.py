@@ -22,15 +22,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.admin import health
-from batches.admin.status import pipeline_status
-from batches.errors import ExpectationsFailed
-from batches.expectations import Expectation, Quality
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import FileSource, Pipeline
-from batches.windows import Tumbling
-from orchestration.checks import check_specs
-from state.commit_log import COUNTS
+from lowmark.batches.admin import health
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.errors import ExpectationsFailed
+from lowmark.batches.expectations import Expectation, Quality
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import FileSource, Pipeline
+from lowmark.batches.windows import Tumbling
+from lowmark.orchestration.checks import check_specs
+from lowmark.state.commit_log import COUNTS
 from tests.helpers import (
     counted_batch,
     counted_per_window,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop.follow import follow
-from batches.loop.microbatch import BatchResult, MicroBatchRunner
-from batches.pipeline import FileSource
+from lowmark.batches.loop.follow import follow
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import FileSource
 from tests.helpers import FakeClock, drop_file, pipeline, sink_ids
 
 REPO = Path(__file__).resolve().parents[3]

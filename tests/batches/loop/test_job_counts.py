@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import Maintenance, Pipeline
-from batches.windows import Session, Tumbling
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import Maintenance, Pipeline
+from lowmark.batches.windows import Session, Tumbling
 from tests.helpers import counted_batch, drop_batches, drop_file, event, pipeline, windowed
 
 STATELESS_LIMIT = 4

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.errors import PipelineConfigInvalid
-from batches.loop.events import BatchFailure, BatchResult, RunTerminated
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import FileSource, Pipeline
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop.events import BatchFailure, BatchResult, RunTerminated
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import FileSource, Pipeline
 from tests.helpers import FakeClock, HeardListener, drop_file, per_unit, pipeline, sink_ids
 
 
@@ -61,7 +61,7 @@ def test_a_listener_that_raises_fails_no_batch_and_the_others_still_hear_it(
     drop_file(data_root, 0)
     failing, heard = HeardListener(raises=True), HeardListener()
     runner = MicroBatchRunner(spark, pipeline(), data_root, clock, listeners=[failing, heard])
-    with caplog.at_level(logging.WARNING, logger="batches.loop.listeners"):
+    with caplog.at_level(logging.WARNING, logger="lowmark.batches.loop.listeners"):
         result = runner.run_batch()
 
     assert result is not None and result.batch_id == 0

@@ -10,10 +10,10 @@ import prometheus_client
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.demo import write_sample_files
-from batches.loop.metrics import exported_metrics, textfile_path
-from batches.loop.microbatch import MicroBatchRunner
-from batches.windows import Tumbling
+from lowmark.batches.demo import write_sample_files
+from lowmark.batches.loop.metrics import exported_metrics, textfile_path
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.windows import Tumbling
 from tests.helpers import FakeClock, drop_batches, event, lowmark, samples, value, windowed
 
 

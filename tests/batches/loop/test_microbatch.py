@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import FileSource
-from state.checkpoint import Checkpoint
-from state.commit_log import CommitEntry
-from state.errors import CheckpointCorrupt, ConcurrentRunner, FingerprintMismatch
-from state.offset_log import OffsetEntry
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import FileSource
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.commit_log import CommitEntry
+from lowmark.state.errors import CheckpointCorrupt, ConcurrentRunner, FingerprintMismatch
+from lowmark.state.offset_log import OffsetEntry
 from tests.helpers import FakeClock, double_amount, drop_file, pipeline, sink_ids
 
 ONE_FILE = FileSource(

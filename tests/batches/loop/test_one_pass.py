@@ -17,10 +17,10 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from batches.errors import PipelineConfigInvalid
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import FileSource
-from batches.windows import Tumbling
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import FileSource
+from lowmark.batches.windows import Tumbling
 from tests.helpers import T0, counted_batch, drop_batches, event, sink, windowed
 
 

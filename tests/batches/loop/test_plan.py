@@ -12,13 +12,13 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from batches import demo
-from batches.admin.skip_batch import set_aside
-from batches.cli.display import moment
-from batches.loop.faults import InjectedCrash, KillPoint, crash_at
-from batches.loop.microbatch import MicroBatchRunner
-from batches.loop.parts import read_only_planner
-from batches.loop.plan import NextKind
+from lowmark.batches import demo
+from lowmark.batches.admin.skip_batch import set_aside
+from lowmark.batches.cli.display import moment
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.loop.parts import read_only_planner
+from lowmark.batches.loop.plan import NextKind
 from tests.helpers import (
     SPARK_ERRORS,
     FakeClock,

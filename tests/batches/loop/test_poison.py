@@ -18,17 +18,17 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from batches.admin.health import failing_batch
-from batches.admin.skip_batch import set_aside
-from batches.admin.status import pipeline_status
-from batches.cli.display import iso_utc
-from batches.errors import PipelineConfigInvalid, PoisonBatch, SourceFileMissing
-from batches.loop import faults
-from batches.loop.microbatch import MicroBatchRunner
-from batches.loop.parts import build_parts
-from batches.windows import Tumbling
-from orchestration.definitions import build_definitions
-from orchestration.resources import LowmarkResource, SparkResource
+from lowmark.batches.admin.health import failing_batch
+from lowmark.batches.admin.skip_batch import set_aside
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.cli.display import iso_utc
+from lowmark.batches.errors import PipelineConfigInvalid, PoisonBatch, SourceFileMissing
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.loop.parts import build_parts
+from lowmark.batches.windows import Tumbling
+from lowmark.orchestration.definitions import build_definitions
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from tests.helpers import (
     SPARK_ERRORS,
     FlakyReads,

@@ -10,10 +10,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.errors import PipelineConfigInvalid
-from batches.loop.microbatch import MicroBatchRunner
-from batches.sql import SqlStep
-from batches.windows import Tumbling
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.sql import SqlStep
+from lowmark.batches.windows import Tumbling
 from tests.helpers import T0, drop_batches, event, pipeline, reference, sink, windowed
 
 WINDOW = Tumbling(size="10 seconds")

@@ -1,4 +1,4 @@
-"""Mistakes caught before Spark starts (``batches.loop.preflight``): ``lowmark run`` stops
+"""Mistakes caught before Spark starts (``lowmark.batches.loop.preflight``): ``lowmark run`` stops
 on them with one line before its first Spark job and before anything is written, and
 ``lowmark plan`` reports the same line.
 
@@ -19,13 +19,13 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
-from batches.admin.status import pipeline_plan
-from batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
-from batches.loop.microbatch import MicroBatchRunner
-from batches.loop.preflight import ddl_types
-from batches.pipeline import DeltaSink, DeltaSource, FileSource, Pipeline
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from state.checkpoint import Checkpoint
+from lowmark.batches.admin.status import pipeline_plan
+from lowmark.batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.loop.preflight import ddl_types
+from lowmark.batches.pipeline import DeltaSink, DeltaSource, FileSource, Pipeline
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import double_amount, pipeline, write_json_lines
 
 ROWS = [{"id": 1, "ts": "2026-01-01T00:00:00Z", "amount": 3}]

@@ -1,4 +1,5 @@
-"""A definition may change freely until the first batch commits (batches.loop.start_over)."""
+"""A definition may change freely until the first batch commits
+(lowmark.batches.loop.start_over)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.loop.faults import InjectedCrash, KillPoint, crash_at
-from batches.loop.microbatch import MicroBatchRunner
-from batches.loop.parts import read_only_planner
-from state.errors import FingerprintMismatch
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.loop.parts import read_only_planner
+from lowmark.state.errors import FingerprintMismatch
 from tests.helpers import SPARK_ERRORS, double_amount, drop_file, per_unit, pipeline
 
 

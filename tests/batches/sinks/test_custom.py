@@ -10,13 +10,13 @@ import pytest
 from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
-from batches.admin.reset import reset
-from batches.errors import PipelineConfigInvalid
-from batches.loop.faults import InjectedCrash, KillPoint, crash_at
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import CustomSink, EventTimePartitions, FileSource
-from batches.registry import get_pipeline
-from batches.windows import Session
+from lowmark.batches.admin.reset import reset
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import CustomSink, EventTimePartitions, FileSource
+from lowmark.batches.registry import get_pipeline
+from lowmark.batches.windows import Session
 from tests.helpers import (
     counted_per_window,
     drop_batches,

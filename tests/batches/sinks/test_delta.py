@@ -8,12 +8,12 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from batches.errors import SinkWriteFailed
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, Maintenance
-from batches.sinks.delta import DeltaTableSink
-from state.delta import TXN_APP_ID_CONF, idempotent_dml
-from state.table import TABLE_CONFIGURATION
+from lowmark.batches.errors import SinkWriteFailed
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, Maintenance
+from lowmark.batches.sinks.delta import DeltaTableSink
+from lowmark.state.delta import TXN_APP_ID_CONF, idempotent_dml
+from lowmark.state.table import TABLE_CONFIGURATION
 from tests.helpers import counted_per_window, drop_file, pipeline
 
 

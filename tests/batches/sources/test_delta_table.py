@@ -14,11 +14,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.admin.reset import reset
-from batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
-from batches.sources.delta_table import PARTITION, DeltaStreamSource
+from lowmark.batches.admin.reset import reset
+from lowmark.batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
+from lowmark.batches.sources.delta_table import PARTITION, DeltaStreamSource
 from tests.helpers import vacuum_every_version
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.errors import PipelineConfigInvalid, SourceFileChanged, SourceFileMissing
-from batches.loop import faults
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, FileSource
-from batches.sources.base import Range
-from state.errors import CheckpointMissing
+from lowmark.batches.errors import PipelineConfigInvalid, SourceFileChanged, SourceFileMissing
+from lowmark.batches.loop import faults
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, FileSource
+from lowmark.batches.sources.base import Range
+from lowmark.state.errors import CheckpointMissing
 from tests.helpers import drop_file, pipeline, sink_ids
 
 SCHEMA = "id LONG, amount LONG"

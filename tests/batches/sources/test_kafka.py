@@ -20,18 +20,18 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.admin.status import pipeline_status
-from batches.errors import BackfillHistoryLost, SourceDataLost, SourceReplaced
-from batches.loop.backfill import backfill_partition
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, EventTimePartitions, KafkaSource, Pipeline
-from batches.sources.base import PARTITION_COLUMN
-from batches.sources.kafka import KafkaStreamSource
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from orchestration.assets import pipeline_assets
-from orchestration.jobs import microbatch_job
-from orchestration.resources import LowmarkResource, SparkResource
-from orchestration.sensors import pipeline_sensor
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.errors import BackfillHistoryLost, SourceDataLost, SourceReplaced
+from lowmark.batches.loop.backfill import backfill_partition
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, EventTimePartitions, KafkaSource, Pipeline
+from lowmark.batches.sources.base import PARTITION_COLUMN
+from lowmark.batches.sources.kafka import KafkaStreamSource
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.orchestration.assets import pipeline_assets
+from lowmark.orchestration.jobs import microbatch_job
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
+from lowmark.orchestration.sensors import pipeline_sensor
 from tests.helpers import FakeClock, per_window
 from tests.kafka_broker import KafkaBroker
 

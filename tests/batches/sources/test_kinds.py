@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from batches.errors import PipelineConfigInvalid
-from batches.pipeline import (
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.pipeline import (
     ONE_SYSTEM_SOURCES,
     SOURCE_KINDS,
     SOURCE_MODELS,
@@ -21,13 +21,13 @@ from batches.pipeline import (
     UnionSource,
     kind_of,
 )
-from batches.registry import load_pipelines
-from batches.sources import build_source, runtime_builder
-from batches.sources.delta_table import DeltaStreamSource
-from batches.sources.files import FileStreamSource
-from batches.sources.kafka import KafkaStreamSource
-from batches.sources.synthetic import SyntheticStreamSource
-from batches.sources.union import UnionStreamSource
+from lowmark.batches.registry import load_pipelines
+from lowmark.batches.sources import build_source, runtime_builder
+from lowmark.batches.sources.delta_table import DeltaStreamSource
+from lowmark.batches.sources.files import FileStreamSource
+from lowmark.batches.sources.kafka import KafkaStreamSource
+from lowmark.batches.sources.synthetic import SyntheticStreamSource
+from lowmark.batches.sources.union import UnionStreamSource
 
 
 def _no_spark() -> SparkSession:

@@ -10,11 +10,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, Pipeline, SyntheticSource
-from batches.sources.base import PARTITION_COLUMN
-from batches.sources.synthetic import SyntheticStreamSource
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, Pipeline, SyntheticSource
+from lowmark.batches.sources.base import PARTITION_COLUMN
+from lowmark.batches.sources.synthetic import SyntheticStreamSource
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from tests.helpers import FakeClock, per_window
 
 START = datetime(2026, 1, 1, tzinfo=UTC)

@@ -12,12 +12,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from batches.admin.status import pipeline_status
-from batches.errors import PipelineConfigInvalid
-from batches.loop.microbatch import MicroBatchRunner
-from batches.pipeline import DeltaSink, Pipeline, SyntheticSource, UnionSource
-from batches.sources.synthetic import SyntheticStreamSource
-from batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, Pipeline, SyntheticSource, UnionSource
+from lowmark.batches.sources.synthetic import SyntheticStreamSource
+from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from tests.helpers import FakeClock, per_window
 
 START_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
