@@ -1,8 +1,8 @@
 """The one place a SparkSession is built.
 
-Local by default (``local[*]``) with Delta configured from the jars that
-``make setup`` fetches into ``jvm/lib`` (``jvm/fetch-jars``, with mvn); the master and any
-Spark conf can be overridden, so a cluster master or another deployment needs no code change.
+Local by default (``local[*]``) with Delta configured from the jars ``lowmark.state.jars``
+finds (or fetches on first use); the master and any Spark conf can be overridden, so a
+cluster master or another deployment needs no code change.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from pyspark.sql import SparkSession
 
+from lowmark.state import jars
 from lowmark.state.errors import LowmarkError, first_line
 
-JVM_DIR = Path(__file__).resolve().parent.parent / "jvm"
-DEFAULT_JARS_DIR = JVM_DIR / "lib"
-LOG4J_CONFIG = JVM_DIR / "log4j2.properties"
+LOG4J_CONFIG = jars.JVM_DIR / "log4j2.properties"
 
 # Confs that keep small local batches fast; every one can be overridden.
 #
@@ -74,32 +73,17 @@ class SparkSettings(BaseModel):
     app_name: str = Field(default="lowmark", description="Spark application name.")
     ui: bool = Field(default=False, description="Start the Spark web UI.")
     jars_dir: Path = Field(
-        default_factory=lambda: Path(os.environ.get("LOWMARK_JARS_DIR", DEFAULT_JARS_DIR)),
-        description="Folder with the Delta jars (`make setup` fills jvm/lib).",
+        default_factory=jars.jars_dir,
+        description="Folder with the Delta jars (see lowmark.state.jars).",
     )
     confs: dict[str, str] = Field(
         default_factory=dict, description="Extra Spark confs; they win over lowmark's defaults."
     )
 
 
-class JarsMissing(LowmarkError):
-    """The Delta jars have not been fetched."""
-
-
 class SparkNotStarted(LowmarkError):
     """Spark, started when a step first needed it, did not start: no fault of the batch
     that asked (it is not counted against it, and the next run replays it)."""
-
-
-def delta_jars(jars_dir: Path) -> list[str]:
-    """The jar paths to hand Spark; raises JarsMissing when Delta's jar is absent."""
-    jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
-    if not any("delta-spark" in Path(j).name for j in jars):
-        raise JarsMissing(
-            f"no Delta jars in {jars_dir}: run `make setup` in lowmark's folder (it fetches "
-            "them into jvm/lib with mvn), or point LOWMARK_JARS_DIR at a folder that holds them"
-        )
-    return jars
 
 
 SparkLike = SparkSession | Callable[[], SparkSession]
@@ -168,7 +152,7 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
     confs = {
         **_LOCAL_DEFAULTS,
         "spark.ui.enabled": str(settings.ui).lower(),
-        "spark.jars": ",".join(delta_jars(settings.jars_dir)),
+        "spark.jars": ",".join(jars.delta_jars(settings.jars_dir)),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J_CONFIG}",

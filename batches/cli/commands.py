@@ -137,6 +137,14 @@ class Context:
         return each
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from lowmark import __version__  # read only when asked
+
+        out.print(f"lowmark {__version__}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def main_options(
     ctx: typer.Context,
@@ -164,6 +172,16 @@ def main_options(
             "--verbose",
             help="Print the details of an error (tracebacks, Spark's logs) too; they always "
             "go to <data root>/_lowmark/_logs/lowmark.log.",
+        ),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            callback=_print_version,
+            is_eager=True,
+            help="Print lowmark's version and exit.",
         ),
     ] = False,
 ) -> None:

@@ -138,4 +138,4 @@ def test_a_projects_own_batches_and_state_modules_never_stand_in_for_lowmarks(
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == str(REPO / "batches" / "pipeline.py")
+    assert Path(done.stdout.strip()).resolve() == REPO / "batches" / "pipeline.py"

@@ -1,0 +1,135 @@
+"""lowmark: exactly-once, event-time-correct micro-batch streaming on PySpark + Delta Lake.
+
+What a pipeline module imports::
+
+    from lowmark import Aggregate, DeltaSink, EventTime, FileSource, Pipeline, Tumbling
+
+Every module of lowmark is under this one name (``lowmark.batches``, ``lowmark.state``,
+``lowmark.orchestration``: the repository's top-level folders, linked here), so a project's
+own ``state.py`` or ``batches.py`` never stands in for one of them.
+
+The names below are imported on first use (a module ``__getattr__``): importing any
+``lowmark`` module runs this file first, and a command that needs no Spark (``lowmark
+--version``, ``lowmark status``) must not load it through here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lowmark.batches.expectations import Expectation, Quality
+    from lowmark.batches.loop.listeners import PipelineListener
+    from lowmark.batches.pipeline import (
+        CustomSink,
+        CustomSource,
+        DeltaSink,
+        DeltaSource,
+        EventTimePartitions,
+        FileSource,
+        HealthChecks,
+        KafkaSource,
+        Maintenance,
+        Pipeline,
+        SyntheticSource,
+        UnionSource,
+    )
+    from lowmark.batches.sinks import Sink
+    from lowmark.batches.sources import Source, SourceRead
+    from lowmark.batches.sql import SqlStep
+    from lowmark.batches.windows import (
+        Aggregate,
+        EventTime,
+        Session,
+        Sliding,
+        Tumbling,
+        UserAggregate,
+        WindowedAggregation,
+    )
+
+__version__ = version("lowmark")
+
+_HOME = {
+    "Expectation": "lowmark.batches.expectations",
+    "Quality": "lowmark.batches.expectations",
+    "PipelineListener": "lowmark.batches.loop.listeners",
+    **dict.fromkeys(
+        (
+            "CustomSink",
+            "CustomSource",
+            "DeltaSink",
+            "DeltaSource",
+            "EventTimePartitions",
+            "FileSource",
+            "HealthChecks",
+            "KafkaSource",
+            "Maintenance",
+            "Pipeline",
+            "SyntheticSource",
+            "UnionSource",
+        ),
+        "lowmark.batches.pipeline",
+    ),
+    "Sink": "lowmark.batches.sinks",
+    "Source": "lowmark.batches.sources",
+    "SourceRead": "lowmark.batches.sources",
+    "SqlStep": "lowmark.batches.sql",
+    **dict.fromkeys(
+        (
+            "Aggregate",
+            "EventTime",
+            "Session",
+            "Sliding",
+            "Tumbling",
+            "UserAggregate",
+            "WindowedAggregation",
+        ),
+        "lowmark.batches.windows",
+    ),
+}
+"""Each public name and the module it is imported from (the ``TYPE_CHECKING`` imports above
+and ``__all__`` say the same for type checkers and IDEs; tests/test_api.py keeps them equal)."""
+
+__all__ = [
+    "Aggregate",
+    "CustomSink",
+    "CustomSource",
+    "DeltaSink",
+    "DeltaSource",
+    "EventTime",
+    "EventTimePartitions",
+    "Expectation",
+    "FileSource",
+    "HealthChecks",
+    "KafkaSource",
+    "Maintenance",
+    "Pipeline",
+    "PipelineListener",
+    "Quality",
+    "Session",
+    "Sink",
+    "Sliding",
+    "Source",
+    "SourceRead",
+    "SqlStep",
+    "SyntheticSource",
+    "Tumbling",
+    "UnionSource",
+    "UserAggregate",
+    "WindowedAggregation",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'lowmark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # the next look-up finds it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
