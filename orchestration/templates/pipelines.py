@@ -22,8 +22,15 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
-from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark import (
+    Aggregate,
+    DeltaSink,
+    EventTime,
+    FileSource,
+    Pipeline,
+    Tumbling,
+    WindowedAggregation,
+)
 
 
 def parse_views(df: DataFrame) -> DataFrame:
