@@ -141,4 +141,4 @@ def _artifact(name: str) -> str:
 
 def _last_error(output: str) -> str:
     errors = [line.strip() for line in output.splitlines() if "ERROR" in line]
-    return errors[0] if errors else "see `mvn -f <lowmark>/jvm/pom.xml` for details"
+    return errors[0] if errors else f"`mvn -f {POM} dependency:resolve` says why"

@@ -11,6 +11,7 @@ start) and the jars fetched on first use are ``integration``.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -21,6 +22,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SHADOWS = ("state", "batches", "orchestration")
+NOT_SOURCE = (
+    ".git",
+    ".venv",
+    "data",
+    ".dagster_home",
+    "build",
+    "*.egg-info",
+    "site",
+    ".*_cache",
+    ".hypothesis",
+    "__pycache__",
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +41,11 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bin folder of a scratch venv with the wheel installed."""
     root = tmp_path_factory.mktemp("wheel")
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "wheel", "--no-deps", "-q", "-w", str(root), str(REPO)], check=True)
+    # Built from a copy: setuptools builds in the source folder, and a build/ left there by an
+    # earlier build would put its stale files in this wheel.
+    source = root / "source"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCE))
+    subprocess.run([*pip, "wheel", "--no-deps", "-q", "-w", str(root), str(source)], check=True)
     (wheel,) = root.glob("lowmark-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names} == {
