@@ -33,6 +33,7 @@ NOT_SOURCE = (
     ".*_cache",
     ".hypothesis",
     "__pycache__",
+    "*.jar",
 )
 
 
