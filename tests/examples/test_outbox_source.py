@@ -77,6 +77,6 @@ def test_a_factory_that_does_not_return_a_source_is_refused_in_one_line(
     )
     pipeline = get_pipeline("outbox_orders", str(data_root / "p.yaml"))
     with pytest.raises(
-        PipelineConfigInvalid, match=r"returned slice, not a batches\.sources\.Source"
+        PipelineConfigInvalid, match=r"returned slice, not a lowmark\.batches\.sources\.Source"
     ):
         MicroBatchRunner(spark, pipeline, data_root)

@@ -105,7 +105,9 @@ def test_a_factory_that_returns_no_sink_is_refused_in_one_line(
     spark: SparkSession, data_root: Path
 ) -> None:
     p = pipeline(sink=CustomSink.model_validate({"factory": "tests.helpers:not_a_sink"}))
-    with pytest.raises(PipelineConfigInvalid, match=r"returned dict, not a batches\.sinks"):
+    with pytest.raises(
+        PipelineConfigInvalid, match=r"returned dict, not a lowmark\.batches\.sinks"
+    ):
         MicroBatchRunner(spark, p, data_root)
 
 
