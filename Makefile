@@ -63,8 +63,8 @@ test: test-setup lint typecheck unit
 # kill matrix's cases with a JVM of their own (`make test` attaches the killed driver to
 # the test process's JVM), the Kafka, synthetic, outbox (user-written source), Delta table
 # and union pipelines killed after the read and at the steps past it, the random
-# in-process crash schedules over Kafka, synthetic and outbox, and the quick benchmark
-# smoke run (docs/development.md).
+# in-process crash schedules over Kafka, synthetic and outbox, the installed wheel's run and
+# its jars fetched on first use, and the quick benchmark smoke run (docs/development.md).
 test-integration: test-setup
 	$(BIN)/pytest -m integration --durations=10
 
