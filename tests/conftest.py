@@ -40,6 +40,12 @@ def _no_dagster_instance(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
 
 
+COLLECT_EVERY = 10
+"""Tests that use Spark between two full collections of Python's garbage (one takes about
+0.2 s: after every test it cost the suite minutes)."""
+_spark_tests = 0
+
+
 @pytest.fixture(autouse=True)
 def _release_memory(request: pytest.FixtureRequest) -> Iterator[None]:
     """Free what a test leaves in the session the whole suite shares.
@@ -47,11 +53,15 @@ def _release_memory(request: pytest.FixtureRequest) -> Iterator[None]:
     The suite runs hundreds of batches over hundreds of Delta tables: Python
     proxies caught in reference cycles keep their JVM objects alive until a
     collection, and Delta caches every table's log. Left to accumulate, they
-    filled the driver's heap late in the suite.
+    filled the driver's heap late in the suite. Delta's cache is emptied after
+    every test, the cycles collected every ``COLLECT_EVERY`` tests.
     """
+    global _spark_tests
     yield
     if "spark" in request.fixturenames:
-        gc.collect()
+        _spark_tests += 1
+        if _spark_tests % COLLECT_EVERY == 0:
+            gc.collect()
         jvm: Any = request.getfixturevalue("spark").sparkContext._jvm
         jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
@@ -91,13 +101,15 @@ FIRST = ("tests/faults/", "tests/orchestration/test_dagster_dev.py")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The suite on two workers (``make unit``: ``pytest -n 2 --dist loadgroup``): a test
     module runs on one worker, so its module fixtures are built once; a crash test of one
-    pipeline (``tests/faults``, the ``name`` parameter) runs with that pipeline's other
-    crash tests, wherever they are, so its fault-free reference run is made once; the
+    pipeline (``tests/faults``, the ``name`` parameter, or the module's ``REFERENCE``) runs
+    with that pipeline's other crash tests, wherever they are, so its fault-free reference
+    run is made once; the
     longest groups are handed out first."""
     for item in items:
         path = item.nodeid.split("::")[0]
         params = getattr(item, "callspec", None)
         name = params.params.get("name") if params is not None else None
+        name = getattr(getattr(item, "module", None), "REFERENCE", name)
         if path.startswith(FIRST[0]) and isinstance(name, str):
             item.add_marker(pytest.mark.xdist_group(f"faults-{name}"))
         else:

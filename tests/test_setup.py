@@ -74,6 +74,7 @@ def run(args: list[str], env: dict[str, str], cwd: Path = REPO) -> subprocess.Co
     )
 
 
+@pytest.mark.integration
 def test_demo_setup_succeeds_without_apt_get_or_a_browser(tmp_path: Path) -> None:
     done = run(["make", "setup"], tool_path(tmp_path))
     assert done.returncode == 0, done.stdout

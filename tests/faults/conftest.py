@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from lowmark.batches.loop.faults import KillPoint
+from lowmark.batches.loop.faults import STEPS, KillPoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline
 from tests.faults.class_archive import ARCHIVE_ENV, make_archive
@@ -59,10 +59,6 @@ MATRIX = (
     delta_update,
     union_append,
 )
-SOURCE_STEPS = ("after_plan", "after_offset_log", "after_commit")
-"""Where a batch's source code runs or is replayed: planning, the recorded range (replayed
-by the next run: its read is the same read), and the frontier committed upstream after the
-commit."""
 OTHER_SOURCES = (
     "kafka_update",
     "synthetic_append",
@@ -71,10 +67,17 @@ OTHER_SOURCES = (
     "delta_update",
     "union_append",
 )
-"""Matrix pipelines over the other sources: killed at ``SOURCE_STEPS`` in ``make test``, at
-every step in ``make test-integration`` (their other steps: the read, which writes nothing,
-and the same writes of state, sink, late rows and logs the folder pipelines are killed at
-in ``make test``)."""
+"""Matrix pipelines over the other sources: killed at every step in ``make test-integration``
+only (their sources' replays are tested on their own in ``tests/batches/sources``)."""
+KILLED_IN_MAKE_TEST = {
+    "tumbling_two_partitions": STEPS,
+    "session_update": ("after_state", "after_sink"),
+    "plain_append": ("after_sink",),
+}
+"""The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
+at every step, and where a replay must not write twice what already landed uncommitted:
+sessions in update mode after their state write and after their sink's MERGE, the
+stateless pipeline after Spark's sink write."""
 NO_BAD_ROWS = ("delta_update",)
 """Pipelines whose source has no malformed rows (a Delta table's rows are typed)."""
 """Windows (every write driver-side; tumbling over two source partitions with an idle

@@ -49,6 +49,7 @@ def crashed_first_batch(spark: SparkSession, tmp_path: Path, step: str) -> Path:
     return root
 
 
+@pytest.mark.integration
 def test_a_file_removed_before_its_batch_is_replayed_is_one_line_naming_it(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -76,6 +77,7 @@ def test_a_file_removed_before_its_batch_is_replayed_is_one_line_naming_it(
     assert "put it back" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_a_file_changed_under_a_half_written_batch_is_refused_naming_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -93,7 +95,11 @@ def test_a_file_changed_under_a_half_written_batch_is_refused_naming_it(
 
 @pytest.mark.parametrize(
     ("scenario", "file", "crashed"),
-    [(plain_append, 0, 0), (tumbling_append, 2, 2), (tumbling_append, 6, 2)],
+    [
+        pytest.param(plain_append, 0, 0, marks=pytest.mark.integration),
+        pytest.param(tumbling_append, 2, 2, marks=pytest.mark.integration),
+        (tumbling_append, 6, 2),
+    ],
     ids=["changed_before_its_read", "changed_before_the_read_ahead", "landed_before_it"],
 )
 def test_input_changing_between_the_listing_and_the_read_is_read_once_as_it_is(

@@ -13,6 +13,9 @@ from lowmark.batches.cli.commands import main
 from tests.faults.conftest import Reference, References
 from tests.faults.harness import run_to_completion
 
+REFERENCE = "tumbling_two_partitions"
+"""The pipeline whose fault-free run these tests start from."""
+
 
 def damaged_copy(ref: Reference, name: str) -> Path:
     """A copy of the template (3 committed batches, windows open) to damage."""
@@ -35,7 +38,7 @@ def damaged_copy(ref: Reference, name: str) -> Path:
 def test_a_missing_checkpoint_table_is_an_error_naming_it(
     spark: SparkSession, references: References, table: str, message: str
 ) -> None:
-    ref = references["tumbling_two_partitions"]
+    ref = references[REFERENCE]
     root = damaged_copy(ref, table)
     shutil.rmtree(Path(ref.pipeline.checkpoint_location(root)) / table)
     with pytest.raises(Exception, match=message) as error:
@@ -46,7 +49,7 @@ def test_a_missing_checkpoint_table_is_an_error_naming_it(
 def test_an_unreadable_commit_log_is_one_line_naming_it(
     spark: SparkSession, references: References, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ref = references["tumbling_two_partitions"]
+    ref = references[REFERENCE]
     root = damaged_copy(ref, "commit_json")
     log = Path(ref.pipeline.checkpoint_location(root)) / "commits" / "_delta_log"
     max(log.glob("*.json")).write_text("not a delta log entry\n")

@@ -36,6 +36,7 @@ def plain(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> tupl
     return folder, snapshot(plain_append, folder / "reference")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("pipeline_name", ["plain_append", "session_update"])
 def test_a_runner_whose_batch_another_runner_finished_first_stops_at_its_commit(
     spark: SparkSession,
@@ -70,6 +71,7 @@ def test_a_runner_whose_batch_another_runner_finished_first_stops_at_its_commit(
     assert differences(reference, snapshot(p, root)) == []
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_of_two_lowmark_runs_at_once_one_finishes_and_the_other_stops_with_a_clear_message(
     spark: SparkSession, plain: tuple[Path, Snapshot]

@@ -74,6 +74,7 @@ def test_a_conflict_on_our_own_transaction_id_is_another_runner_at_once() -> Non
     assert len(calls) == 1
 
 
+@pytest.mark.integration
 def test_maintenance_and_another_job_writing_the_sink_around_a_crash_change_no_result(
     spark: SparkSession, references: References, caplog: pytest.LogCaptureFixture
 ) -> None:

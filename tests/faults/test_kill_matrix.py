@@ -14,9 +14,8 @@ before any replay must end as a fault-free run from scratch.
 
 The killed driver is attached to this process's JVM (what that covers:
 ``tests.faults.driver``); the folder pipelines' cases run again with a JVM of
-their own that dies with the driver. `make test` runs the folder pipelines at
-every step and the others at ``SOURCE_STEPS``; `make test-integration` the
-others' other steps and the own-JVM cases.
+their own that dies with the driver. `make test` runs the cases of
+``KILLED_IN_MAKE_TEST``; `make test-integration` every other case.
 """
 
 from __future__ import annotations
@@ -30,9 +29,9 @@ from pyspark.sql import SparkSession
 from lowmark.batches.loop.faults import STEPS, KillPoint
 from tests.faults.conftest import (
     KILL_BATCH,
+    KILLED_IN_MAKE_TEST,
     MATRIX,
     OTHER_SOURCES,
-    SOURCE_STEPS,
     KillCases,
     References,
 )
@@ -50,7 +49,7 @@ pytestmark = [pytest.mark.slow]
 
 
 def _in_make_test(step: str, name: str, jvm: str) -> bool:
-    return jvm == "shared" and (name not in OTHER_SOURCES or step in SOURCE_STEPS)
+    return jvm == "shared" and step in KILLED_IN_MAKE_TEST.get(name, ())
 
 
 CASES = [
@@ -90,6 +89,7 @@ def test_a_run_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
     assert differences(ref.tables, snapshot(ref.pipeline, case.root)) == []
 
 
+@pytest.mark.integration  # the synthetic pipelines' reference runs are integration's
 def test_an_idle_timeout_shorter_than_every_batch_makes_no_waiting_record_late(
     spark: SparkSession, references: References, tmp_path: Path
 ) -> None:
@@ -105,12 +105,18 @@ def test_an_idle_timeout_shorter_than_every_batch_makes_no_waiting_record_late(
 RESET_STEPS = ("after_offset_log", "after_sink")
 """Kills before anything of the batch landed, and after its sink write landed uncommitted."""
 RESET_CASES = [
-    pytest.param(step, name, id=f"reset-{step}-{name}")
+    pytest.param(
+        step,
+        name,
+        marks=[] if name == "tumbling_two_partitions" else [pytest.mark.integration],
+        id=f"reset-{step}-{name}",
+    )
     for step in RESET_STEPS
     for name in ("plain_append", "tumbling_two_partitions", "session_update")
 ]
 """A stateless pipeline, whose sink Spark writes; tumbling windows in append mode and
-sessions in update mode, whose sinks lowmark writes on the driver."""
+sessions in update mode, whose sinks lowmark writes on the driver (`make test`: tumbling
+windows; `make test-integration`: the others)."""
 
 
 @pytest.mark.parametrize(("step", "name"), RESET_CASES)

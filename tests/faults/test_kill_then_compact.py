@@ -31,7 +31,15 @@ from tests.faults.scenarios import session_update
 
 pytestmark = [pytest.mark.slow]
 
-COMPACTED_AT = ("after_offset_log", "after_state", "before_commit")
+REFERENCE = session_update.name
+"""The pipeline whose fault-free run these tests start from."""
+
+COMPACTED_AT = (
+    pytest.param("after_offset_log", marks=pytest.mark.integration),
+    "after_state",
+    pytest.param("before_commit", marks=pytest.mark.integration),
+)
+"""`make test` compacts after the state write; `make test-integration` at the other two."""
 
 CHANGED_BY_MAINTENANCE = ("commits", "state_windows history")
 """What a compaction rightly changes: its OPTIMIZE commits are versions of the state table,
@@ -49,7 +57,7 @@ def test_a_checkpoint_compacted_between_a_kill_and_its_replay_ends_like_a_run_ne
     monkeypatch: pytest.MonkeyPatch,
     step: str,
 ) -> None:
-    ref = references[session_update.name]
+    ref = references[REFERENCE]
     root = ref.folder / f"compacted_{step}"
     shutil.copytree(ref.folder / "template", root)
     killed = kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH), jvm=spark)

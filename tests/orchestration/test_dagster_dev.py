@@ -41,7 +41,7 @@ CHROMIUM = shutil.which("chromium")
 TICKS = dg.AssetKey(["lowmark", "ticks"])
 SLOW = dg.AssetKey(["lowmark", "slow"])
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 @dataclass

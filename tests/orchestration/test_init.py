@@ -81,6 +81,7 @@ def windows_of(folder: Path) -> Counter[tuple[str, datetime]]:
     return counts
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_an_initialized_project_runs_its_own_pipeline_and_dagster_serves_it_not_the_demo(
     tmp_path: Path,

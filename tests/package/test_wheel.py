@@ -105,6 +105,7 @@ def lowmark(bin_dir: Path, cwd: Path, *args: str, **env: str) -> subprocess.Comp
     )
 
 
+@pytest.mark.integration
 def test_the_installed_wheel_prints_its_version_and_inits_a_project(
     venv: Path, shadowed: Path
 ) -> None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from pyspark.sql import SparkSession
 
 from lowmark.batches.admin.status import pipeline_status
@@ -123,6 +124,7 @@ def _age_logs(ckpt: Checkpoint) -> None:
         os.utime(log_file, (hours_ago, hours_ago))
 
 
+@pytest.mark.integration
 def test_after_10_000_batches_each_log_holds_what_it_held_after_10(
     spark: SparkSession, tmp_path: Path
 ) -> None:

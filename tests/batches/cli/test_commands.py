@@ -223,6 +223,7 @@ def test_status_of_a_windowed_pipeline_reads_its_checkpoint_without_starting_spa
     assert status["next_batch"]["batch_id"] == 1 and status["backlog"]["files"] == 1
 
 
+@pytest.mark.integration
 def test_demo_writes_samples_runs_both_pipelines_and_prints_the_sinks(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], data_root: Path
 ) -> None:

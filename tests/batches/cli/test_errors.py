@@ -57,6 +57,7 @@ def _assert_short(stderr: str) -> None:
         assert noise not in stderr, stderr[:5000]
 
 
+@pytest.mark.integration
 def test_a_record_that_breaks_the_transform_prints_the_batch_its_input_and_what_to_do(
     tmp_path: Path,
 ) -> None:
@@ -99,6 +100,7 @@ def test_a_sink_path_that_is_a_file_says_so_in_one_line_before_spark_starts(
     assert (root / "a_file").read_text() == "not a table\n"
 
 
+@pytest.mark.integration
 def test_a_string_event_time_column_prints_a_short_paragraph_not_a_log_line(
     tmp_path: Path,
 ) -> None:
@@ -123,6 +125,7 @@ def _wait_for_batch_0(root: Path, process: subprocess.Popen[str]) -> None:
     raise AssertionError("batch 0 never started")
 
 
+@pytest.mark.integration
 def test_ctrl_c_twice_prints_one_line_and_the_next_run_loses_nothing(
     spark: SparkSession, tmp_path: Path
 ) -> None:

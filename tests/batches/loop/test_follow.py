@@ -146,6 +146,7 @@ def _lowmark(root: Path, *args: str) -> list[str]:
     return [LOWMARK, "--pipelines", str(root / "pipelines.yaml"), "--data-root", str(root), *args]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_lowmark_run_follow_stops_cleanly_on_sigint_after_the_batch_in_progress(
     data_root: Path,

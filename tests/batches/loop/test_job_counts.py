@@ -73,6 +73,7 @@ def sink_checkpoints(root: Path) -> int:
     return len(list((root / "out" / "_delta_log").glob("*.checkpoint*.parquet")))
 
 
+@pytest.mark.integration
 def test_every_batch_of_a_long_stateless_run_stays_within_four_jobs_plus_three_per_sink_checkpoint(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

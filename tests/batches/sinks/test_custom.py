@@ -40,6 +40,7 @@ pipelines:
 """
 
 
+@pytest.mark.integration
 def test_a_custom_sink_killed_after_its_write_ends_with_every_record_once(
     spark: SparkSession, data_root: Path
 ) -> None:

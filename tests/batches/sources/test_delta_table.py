@@ -118,6 +118,7 @@ def writer(spark: SparkSession, table: Path, appended: list[tuple[int, str]]) ->
             spark.sql(f"DELETE FROM delta.`{table}` WHERE id = {step * 10}")
 
 
+@pytest.mark.integration
 def test_a_table_written_while_the_pipelines_run_is_read_exactly_once(
     spark: SparkSession, tmp_path: Path
 ) -> None:
