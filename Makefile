@@ -18,11 +18,12 @@ setup:
 test-setup: setup
 	@scripts/setup test
 
-# The set-up steps' markers (scripts/setup builds them in this order).
+# The set-up steps' markers (scripts/setup builds them in this order). The packages go in with
+# uv (pinned in constraints.txt): the same pins as pip would install, in a third of pip's time.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -c constraints.txt uv
+	$(BIN)/uv pip install --python $(BIN)/python -c constraints.txt -e '.[dev]'
 	touch $@
 
 jvm/lib/.pom.sha: jvm/pom.xml jvm/fetch-jars $(VENV)/.installed
@@ -59,14 +60,13 @@ unit: test-setup
 
 test: test-setup lint typecheck unit
 
-# What `make test` leaves out to keep its time down (tests marked `integration`): the
-# kill matrix's cases with a JVM of their own (`make test` attaches the killed driver to
-# the test process's JVM), the Kafka, synthetic, outbox (user-written source), Delta table
-# and union pipelines killed after the read and at the steps past it, the random
-# in-process crash schedules over Kafka, synthetic and outbox, the installed wheel's run and
-# its jars fetched on first use, and the quick benchmark smoke run (docs/development.md).
+# What `make test` leaves out to keep it under 15 minutes on 2 cores (tests marked
+# `integration`, listed in docs/development.md): the rest of the kill matrix, the random crash
+# schedules and the compactions between kill and replay over the other pipelines, real
+# `dagster dev` with the browser, the CLI end to end in subprocesses, the installed wheel, long
+# histories and long runs' job counts. Run it before a release; on two workers like `make unit`.
 test-integration: test-setup
-	$(BIN)/pytest -m integration --durations=10
+	$(BIN)/pytest -m integration -n 2 --dist loadgroup --no-loadscope-reorder --durations=15
 
 # Random crash schedules with real SIGKILLs of `lowmark run` (tests/faults/soak.py);
 # prints `cases: N, differences: D` and fails if D > 0.

@@ -71,13 +71,12 @@ OTHER_SOURCES = (
 only (their sources' replays are tested on their own in ``tests/batches/sources``)."""
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": STEPS,
-    "session_update": ("after_state", "after_sink"),
     "plain_append": ("after_sink",),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
-at every step, and where a replay must not write twice what already landed uncommitted:
-sessions in update mode after their state write and after their sink's MERGE, the
-stateless pipeline after Spark's sink write."""
+at every step, and the stateless pipeline after Spark's sink write landed uncommitted.
+(Sessions killed after their state write are replayed in ``make test`` too, with
+maintenance between: ``test_kill_then_compact``.)"""
 NO_BAD_ROWS = ("delta_update",)
 """Pipelines whose source has no malformed rows (a Delta table's rows are typed)."""
 """Windows (every write driver-side; tumbling over two source partitions with an idle

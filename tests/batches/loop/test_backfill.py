@@ -155,7 +155,9 @@ def test_a_closed_slice_whose_windows_the_next_batch_emits_waits_for_it(
     assertDataFrameEqual(in_hour(sink(spark, tmp_path), 1), expected)
 
 
-@pytest.mark.parametrize("crash", [None, "after_state"])
+@pytest.mark.parametrize(
+    "crash", [pytest.param(None, marks=pytest.mark.integration), "after_state"]
+)
 def test_no_window_is_written_twice_whatever_runs_and_backfills_interleave(
     spark: SparkSession, tmp_path: Path, crash: str | None
 ) -> None:

@@ -98,7 +98,11 @@ def dedup(records: DataFrame) -> DataFrame:
     return records.dropDuplicates(["user", "ts", "amount"])
 
 
-@pytest.mark.parametrize("transform", [None, dedup], ids=["one_scan", "scan_per_batch"])
+@pytest.mark.parametrize(
+    "transform",
+    [None, pytest.param(dedup, marks=pytest.mark.integration)],
+    ids=["one_scan", "scan_per_batch"],
+)
 def test_a_backlog_is_looked_at_in_one_job_and_every_batch_commits_as_alone(
     spark: SparkSession,
     tmp_path: Path,
