@@ -154,6 +154,7 @@ def test_after_sink_goes_on_after_the_last_batch_the_sink_holds(
     assert sink_ids(spark, data_root) == _all_ids(5)  # each record exactly once
 
 
+@pytest.mark.integration
 def test_a_runner_following_the_source_while_it_is_reset_stops_and_nothing_lands_twice(
     spark: SparkSession, data_root: Path
 ) -> None:

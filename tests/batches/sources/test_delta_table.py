@@ -308,6 +308,7 @@ def test_a_union_records_each_sources_identity_and_names_the_one_replaced(
         MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
 
 
+@pytest.mark.integration
 def test_with_on_data_loss_skip_cleaned_up_versions_and_vacuumed_files_are_passed_over_and_counted(
     spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

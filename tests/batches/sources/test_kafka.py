@@ -445,6 +445,7 @@ def test_a_backfill_of_a_pipeline_started_at_latest_reads_from_its_start_until_r
     assert DeltaTable(str(data_root / "out")).version() == version
 
 
+@pytest.mark.integration
 def test_a_batch_slower_than_the_idle_timeout_makes_no_waiting_record_late(
     spark: SparkSession, kafka: KafkaBroker, data_root: Path
 ) -> None:
