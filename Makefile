@@ -55,11 +55,13 @@ typecheck: setup
 unit: test-setup
 	@$(MAKE) --no-print-directory unit-tests
 
-# `make test`: the set-up once, then lint, mypy and the tests side by side (lint and mypy take
-# about a minute and a half of one core beside the tests' 13 minutes), each line printed as it
-# comes; any of them failing fails `make test`.
+# `make test`: the set-up once, then lint and mypy beside the tests (they take about a minute
+# and a half of one core; the tests 13 minutes). The tests print as they go; each check prints
+# its output in one piece when it ends. Any of them failing fails `make test`.
 test: test-setup
-	@$(MAKE) --no-print-directory -j3 --output-sync=line lint-checks typecheck-checks unit-tests
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint-checks typecheck-checks & checks=$$!; \
+	$(MAKE) --no-print-directory unit-tests; tests=$$?; \
+	wait $$checks && exit $$tests
 
 # The checks themselves, without the set-up (the targets above run it first).
 lint-checks:
