@@ -98,7 +98,7 @@ def test_a_file_changed_under_a_half_written_batch_is_refused_naming_it(
     [
         pytest.param(plain_append, 0, 0, marks=pytest.mark.integration),
         pytest.param(tumbling_append, 2, 2, marks=pytest.mark.integration),
-        (tumbling_append, 6, 2),
+        pytest.param(tumbling_append, 6, 2, marks=pytest.mark.integration),
     ],
     ids=["changed_before_its_read", "changed_before_the_read_ahead", "landed_before_it"],
 )
