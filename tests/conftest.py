@@ -103,8 +103,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     module runs on one worker, so its module fixtures are built once; a crash test of one
     pipeline (``tests/faults``, the ``name`` parameter, or the module's ``REFERENCE``) runs
     with that pipeline's other crash tests, wherever they are, so its fault-free reference
-    run is made once; the
-    longest groups are handed out first."""
+    run is made once; the longest groups are handed out first."""
     for item in items:
         path = item.nodeid.split("::")[0]
         params = getattr(item, "callspec", None)
