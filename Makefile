@@ -1,7 +1,8 @@
 # Every target the README and the docs name. `make setup` is what `make demo` and `make ui` need, and
 # needs only python3.11, Java 17 (or 21, 25.0.3+) and mvn: the venv with the pinned packages, the
 # Spark jars (Delta, the Kafka connector) via mvn, and a smoke check. `make test-setup` adds
-# what the tests need: the Kafka test broker's jars and a browser for the UI test.
+# what the tests need: the Kafka test broker's jars; `make integration-setup` the browser the UI
+# test of `make test-integration` drives.
 # scripts/setup runs the steps, one line each: it asks make whether each marker file below is
 # current (`make -q`), builds it with its output in .venv/setup.log, and on failure prints
 # that log's last lines. A missing or wrong tool is one line naming what to install.
@@ -10,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup test-setup demo test test-integration lint typecheck unit ui bench soak docs clean \
+.PHONY: setup test-setup integration-setup demo test test-integration lint typecheck unit ui bench soak docs clean \
 	lint-checks typecheck-checks unit-tests
 
 setup:
@@ -18,6 +19,9 @@ setup:
 
 test-setup: setup
 	@scripts/setup test
+
+integration-setup: test-setup
+	@scripts/setup integration
 
 # The set-up steps' markers (scripts/setup builds them in this order). The packages go in with
 # uv (pinned in constraints.txt): the same pins as pip would install, in a third of pip's time.
@@ -82,7 +86,7 @@ unit-tests:
 # schedules and the compactions between kill and replay over the other pipelines, real
 # `dagster dev` with the browser, the CLI end to end in subprocesses, the installed wheel, long
 # histories and long runs' job counts. Run it before a release; on two workers like `make unit`.
-test-integration: test-setup
+test-integration: integration-setup
 	$(BIN)/pytest -m integration -n 2 --dist loadgroup --no-loadscope-reorder --durations=15
 
 # Random crash schedules with real SIGKILLs of `lowmark run` (tests/faults/soak.py);

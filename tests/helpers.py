@@ -20,6 +20,7 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable as RsDeltaTable
 from hypothesis import HealthCheck, settings
 from prometheus_client.parser import text_string_to_metric_families
 from py4j.protocol import Py4JJavaError
@@ -153,8 +154,15 @@ def drop_file(root: Path, index: int, rows: int = 3) -> Path:
     return write_json_lines(root / "in", f"f{index:03d}.json", records, 1_700_000_000 + index)
 
 
+def delta_frame(spark: SparkSession, path: str | Path) -> DataFrame:
+    """The Delta table at ``path`` as a Spark DataFrame, read by delta-rs (an independent
+    reader of the Delta protocol): a Spark read of a table new to the session replays its
+    log in Spark jobs, about 1 s, and every test's tables are new (the suite read hundreds)."""
+    return spark.createDataFrame(RsDeltaTable(str(path)).to_pyarrow_table())
+
+
 def sink_ids(spark: SparkSession, root: Path, table: str = "out") -> list[int]:
-    df = spark.read.format("delta").load(str(root / table))
+    df = delta_frame(spark, str(root / table))
     return sorted(r["id"] for r in df.select("id").collect())
 
 
@@ -431,7 +439,7 @@ def reference(spark: SparkSession, root: Path, window: Tumbling | Sliding | Sess
 
 
 def sink(spark: SparkSession, root: Path) -> DataFrame:
-    return spark.read.format("delta").load(str(root / "out"))
+    return delta_frame(spark, str(root / "out"))
 
 
 class FakeClock:

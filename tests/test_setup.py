@@ -1,11 +1,12 @@
-"""The set-up (``make setup``, ``make test-setup``: scripts/setup) on a PATH that holds only the
-tools it may use — python3.11, java, mvn, make and plain shell tools; no apt-get, no browser.
+"""The set-up (``make setup``, ``make test-setup``, ``make integration-setup``: scripts/setup) on
+a PATH that holds only the tools it may use — python3.11, java, mvn, make and plain shell tools;
+no apt-get, no browser.
 
-The demo's set-up succeeds there; a missing or wrong tool, and the test set-up's missing
-browser, end it with one line naming what to install; a failing step prints its log's last
-lines and one line naming the step. They rely on the markers of the repository's ``make
-test-setup`` being current (as ``make test`` leaves them), so nothing is downloaded or run
-again and each takes a second or two.
+The demo's and the tests' set-up succeed there; a missing or wrong tool, and the integration
+set-up's missing browser, end it with one line naming what to install; a failing step prints
+its log's last lines and one line naming the step. They rely on the markers of the
+repository's ``make test-setup`` being current (as ``make test`` leaves them), so nothing is
+downloaded or run again and each takes a second or two.
 """
 
 from __future__ import annotations
@@ -82,6 +83,16 @@ def test_demo_setup_succeeds_without_apt_get_or_a_browser(tmp_path: Path) -> Non
     assert [line.split(" ")[0] for line in lines] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]", "set-up"]
     assert lines[0].startswith("[1/4] tools (python3.11, java, mvn) … python 3.11.")
     assert all(" … up to date" in line or " done in " in line for line in lines[1:4]), lines
+    assert "apt" not in done.stdout and "chromium" not in done.stdout
+
+
+def test_the_tests_setup_needs_no_browser(tmp_path: Path) -> None:
+    """``make test`` runs no browser: only ``make test-integration``'s set-up asks for one."""
+    done = run([str(SETUP), "test"], tool_path(tmp_path))
+    assert done.returncode == 0, done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("[test] Kafka test broker's jars via mvn into jvm/kafka/lib … ")
+    assert lines[1].startswith("test set-up done in "), lines
     assert "apt" not in done.stdout and "chromium" not in done.stdout
 
 
@@ -162,23 +173,25 @@ def test_a_missing_or_wrong_tool_is_one_line_naming_what_to_install(
     assert line.startswith(f"[1/4] tools (python3.11, java, mvn) … {says}"), line
 
 
-def test_test_setup_without_apt_get_or_a_browser_is_one_line_naming_chromium(
+def test_integration_setup_without_apt_get_or_a_browser_is_one_line_naming_chromium(
     tmp_path: Path,
 ) -> None:
-    done = run([str(SETUP), "test"], tool_path(tmp_path))
+    done = run([str(SETUP), "integration"], tool_path(tmp_path))
     assert done.returncode == 1
-    assert done.stdout.splitlines()[1:] == [
+    assert done.stdout.splitlines() == [
         "chromium not found on PATH and apt-get is not available: install Chromium so that "
         "`chromium` is on PATH, and rerun"
     ]
 
 
-def test_test_setup_of_a_user_who_is_not_root_does_not_run_apt_get(tmp_path: Path) -> None:
+def test_integration_setup_of_a_user_who_is_not_root_does_not_run_apt_get(
+    tmp_path: Path,
+) -> None:
     ran = tmp_path / "apt-get ran"
     env = tool_path(tmp_path, fakes={"id": "echo 1000", "apt-get": f"touch '{ran}'"})
-    done = run([str(SETUP), "test"], env)
+    done = run([str(SETUP), "integration"], env)
     assert done.returncode == 1
-    assert done.stdout.splitlines()[1:] == [
+    assert done.stdout.splitlines() == [
         "chromium not found on PATH and apt-get needs root: run `sudo apt-get install chromium` "
         "and rerun"
     ]

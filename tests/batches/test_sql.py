@@ -14,7 +14,7 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, Pipeline
 from lowmark.batches.registry import load_pipelines
 from lowmark.batches.sql import SqlStep
-from tests.helpers import drop_file, pipeline
+from tests.helpers import delta_frame, drop_file, pipeline
 
 DOUBLED_POSITIVE = "SELECT id, amount * 2 AS amount FROM input WHERE amount > 0"
 
@@ -30,7 +30,7 @@ def one_file_a_batch(**overrides: object) -> Pipeline:
 
 
 def rows(spark: SparkSession, table: Path) -> list[tuple[int, int]]:
-    df = spark.read.format("delta").load(str(table))
+    df = delta_frame(spark, str(table))
     return sorted((r["id"], r["amount"]) for r in df.collect())
 
 

@@ -15,6 +15,7 @@ from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.registry import get_pipeline
+from tests.helpers import delta_frame
 
 PIPELINES = """
 pipelines:
@@ -57,9 +58,9 @@ def test_an_outbox_table_is_read_exactly_once_and_emptied_behind_the_frontier(
         ({"outbox": 4}, 2, 1),
         ({"outbox": 5}, 1, 0),
     ]
-    sink = spark.read.format("delta").load(str(data_root / "orders"))
+    sink = delta_frame(spark, str(data_root / "orders"))
     assert sorted((r.order_id, r.amount) for r in sink.collect()) == [(1, 10), (2, 20), (3, 30)]
-    bad = spark.read.format("delta").load(str(data_root / "_lowmark/outbox_orders/bad_records"))
+    bad = delta_frame(spark, str(data_root / "_lowmark/outbox_orders/bad_records"))
     assert [(r.source_file, r.raw) for r in bad.collect()] == [("outbox@3", "not json")]
     with sqlite3.connect(data_root / "app.db") as db:
         assert db.execute("SELECT COUNT(*) FROM outbox").fetchone() == (0,)  # all committed

@@ -17,7 +17,7 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import FileSource, Pipeline
 from tests.faults.harness import run_to_completion, snapshot
 from tests.faults.scenarios import FIXED_INPUT, plain_append, tumbling_append, write_input
-from tests.helpers import pipeline, sink_ids
+from tests.helpers import delta_frame, pipeline, sink_ids
 
 SCHEMA = "id LONG, amount LONG"
 
@@ -31,12 +31,12 @@ def land(root: Path, name: str, text: str, second: int) -> Path:
 
 
 def sink_rows(spark: SparkSession, root: Path) -> list[tuple[int, int | None]]:
-    rows = spark.read.format("delta").load(str(root / "out")).collect()
+    rows = delta_frame(spark, str(root / "out")).collect()
     return sorted((r.id, r.amount) for r in rows)
 
 
 def bad_raws(spark: SparkSession, runner: MicroBatchRunner) -> list[str]:
-    bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records"))
+    bad = delta_frame(spark, runner.checkpoint.table("bad_records"))
     return sorted(r.raw for r in bad.collect())
 
 
@@ -83,14 +83,14 @@ def test_a_file_changed_under_a_half_written_batch_is_refused_naming_it(
 ) -> None:
     root = crashed_first_batch(spark, tmp_path, "after_sink")
     sink = root / "out"
-    before = spark.read.format("delta").load(str(sink)).count()
+    before = delta_frame(spark, str(sink)).count()
     taken = tmp_path / "input" / "f000.json"
     taken.write_text(taken.read_text() + '{"user": "z", "ts": "2026-01-01T00:00:09Z"}\n')
 
     # The sink holds the first attempt's rows: reading other bytes would mix two inputs.
     with pytest.raises(SourceFileChanged, match=r"f000.json \(taken by batch 0\) changed"):
         MicroBatchRunner(spark, plain_append, root).run_batch()
-    assert spark.read.format("delta").load(str(sink)).count() == before
+    assert delta_frame(spark, str(sink)).count() == before
 
 
 @pytest.mark.parametrize(

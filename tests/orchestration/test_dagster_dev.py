@@ -32,7 +32,7 @@ from pyspark.sql import SparkSession
 
 from lowmark.orchestration.ui import free_port, live_group_members
 from lowmark.state.checkpoint import Checkpoint
-from tests.helpers import tick, write_json_lines
+from tests.helpers import delta_frame, tick, write_json_lines
 from tests.orchestration.pipelines import HOLD
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,11 +208,11 @@ def test_a_run_killed_mid_batch_is_replayed_by_the_next_sensor_run(
     pipeline_id = Checkpoint(str(checkpoint), "slow").pipeline_id
     replay_key = f"slow:{pipeline_id}:batch-0:replay-after-{runs[0].run_id}"
     assert runs[-1].tags["dagster/run_key"] == replay_key
-    progress = spark.read.format("delta").load(str(checkpoint / "progress")).collect()
+    progress = delta_frame(spark, str(checkpoint / "progress")).collect()
     assert [(r.batch_id, r.replayed) for r in progress] == [(0, True)]
-    offsets = spark.read.format("delta").load(str(checkpoint / "offsets")).collect()
+    offsets = delta_frame(spark, str(checkpoint / "offsets")).collect()
     assert [r.batch_id for r in offsets] == [0]
-    sink = spark.read.format("delta").load(str(dev.data_root / "slow/out")).collect()
+    sink = delta_frame(spark, str(dev.data_root / "slow/out")).collect()
     assert sorted(r.id for r in sink) == [1, 2]
 
 

@@ -20,7 +20,7 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.orchestration.checks import checks_of
 from lowmark.orchestration.tables import COLUMN_SCHEMA, ROW_COUNT
 from lowmark.state.table import DriverTable
-from tests.helpers import TICKS, drop_order_files, samples, tick, value
+from tests.helpers import TICKS, delta_frame, drop_order_files, samples, tick, value
 from tests.orchestration.pipelines import SCHEMA, ticks
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -85,7 +85,7 @@ def test_a_run_records_one_readable_materialization_per_batch(
     assert isinstance(lag, float) and lag > (datetime.now(UTC) - T0).total_seconds() - 3600
 
     # The sink's row count and schema are its table's, as Spark reads it.
-    sink = spark.read.format("delta").load(str(data_root / "ticks/out"))
+    sink = delta_frame(spark, str(data_root / "ticks/out"))
     assert metadata[-1][ROW_COUNT].value == sink.count() == 2
     schema = metadata[-1][COLUMN_SCHEMA].value
     assert [c.name for c in schema.columns] == sink.columns  # type: ignore[union-attr]
@@ -142,7 +142,7 @@ def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
     assert written == {"2026-01-01-00:00", "2026-01-01-01:00"}
     # Each carries its windows in the sink as a number (what the sink's plots, by
     # partition, show): one window in hour 0, none yet in hour 1 (a@2 h is in hour 2).
-    sink = spark.read.format("delta").load(str(data_root / "ticks/out"))
+    sink = delta_frame(spark, str(data_root / "ticks/out"))
     hours = {"2026-01-01-00:00": 0, "2026-01-01-01:00": 1}
     for key, hour in hours.items():
         [record] = instance.fetch_materializations(
@@ -191,7 +191,7 @@ def test_the_backfill_job_replaces_one_hour_partition(
         instance=instance, resources=resources, partition_key="2026-01-01-00:00"
     )
     assert done.success
-    out = spark.read.format("delta").load(str(data_root / "ticks/out"))
+    out = delta_frame(spark, str(data_root / "ticks/out"))
     assert [(r["count"], r["sum_amount"]) for r in out.collect()] == [(2, 5)]  # the late 4 included
     [backfilled] = done.asset_materializations_for_node("ticks_batches")
     assert backfilled.partition == "2026-01-01-00:00"

@@ -25,7 +25,7 @@ from lowmark.batches.cli.display import duration, moment
 from lowmark.batches.demo import INCOMING, orders, user_revenue, write_sample_files
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.state.checkpoint import Checkpoint
-from tests.helpers import FakeClock, lowmark
+from tests.helpers import FakeClock, delta_frame, lowmark
 
 REPO = Path(__file__).resolve().parents[3]
 LOWMARK = str(Path(sys.executable).parent / "lowmark")
@@ -234,7 +234,7 @@ def test_demo_writes_samples_runs_both_pipelines_and_prints_the_sinks(
     # 30 s of disorder and 1 minute of lateness: every order in it is late.
     straggler = expected_demo_orders(data_root, slice(-1, None))
     assert f"2 bad records, {straggler} late records" in out
-    windows = spark.read.format("delta").load(str(data_root / "demo/user_revenue"))
+    windows = delta_frame(spark, str(data_root / "demo/user_revenue"))
     on_time = expected_demo_orders(data_root, slice(0, -1))
     assert 0 < windows.agg({"orders": "sum"}).first()[0] <= on_time  # type: ignore[index]
 
@@ -327,7 +327,7 @@ def test_status_accounts_for_every_record_read_by_counts_taken_from_the_files(
     clock.advance(90_000)
     _, out, _ = lowmark(capsys, data_root, "status", "user_revenue", "--json", clock=clock)
     status = json.loads(out)
-    sink = spark.read.format("delta").load(str(data_root / "demo/user_revenue"))
+    sink = delta_frame(spark, str(data_root / "demo/user_revenue"))
     in_sink = sink.agg({"orders": "sum"}).first()[0]  # type: ignore[index]
     on_time = sum(len(k) for k in kept[:-1])
     assert status["accounting"] == {

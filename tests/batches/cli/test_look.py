@@ -24,7 +24,7 @@ from lowmark.batches.demo import orders, write_sample_files
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.registry import load_pipelines
-from tests.helpers import json_lines_sink, lowmark
+from tests.helpers import delta_frame, json_lines_sink, lowmark
 
 PIPELINES = """
 from lowmark.batches.demo import orders, user_revenue
@@ -64,7 +64,7 @@ class Ran:
         return ("--pipelines", str(self.pipelines), *args)
 
     def sink(self, spark: SparkSession, name: str) -> Any:
-        return spark.read.format("delta").load(str(self.root / "demo" / name))
+        return delta_frame(spark, str(self.root / "demo" / name))
 
 
 @pytest.fixture(scope="module")

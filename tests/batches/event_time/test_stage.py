@@ -13,7 +13,7 @@ from lowmark.batches.admin.health import watermark_lag
 from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.event_time.stage import FUTURE
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from tests.helpers import FakeClock, at, drop, event, partitioned
+from tests.helpers import FakeClock, at, delta_frame, drop, event, partitioned
 
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
 
@@ -37,7 +37,7 @@ def test_the_pipeline_watermark_is_the_min_over_partitions_until_one_goes_idle(
     assert result is not None and result.watermark_ms == at(100)
     offsets = runner.checkpoint.offsets.get(2)
     assert offsets is not None and offsets.batch_watermark_ms == at(50)
-    marks = spark.read.format("delta").load(runner.checkpoint.table("watermarks"))
+    marks = delta_frame(spark, runner.checkpoint.table("watermarks"))
     latest = {r.partition: r.max_event_time_ms for r in marks.where("batch_id = 2").collect()}
     assert latest == {"p0": at(100), "p1": at(10)}
 
@@ -61,7 +61,7 @@ def test_an_idle_partition_lets_time_close_windows_without_new_data(
     }
     emitting = runner.run_batch()
     assert emitting is not None and emitting.rows_in == 0 and emitting.rows_out == 2
-    sink = spark.read.format("delta").load(str(data_root / "out")).collect()
+    sink = delta_frame(spark, str(data_root / "out")).collect()
     assert sorted((r.user, r.window_start.second) for r in sink) == [("a", 0), ("b", 0)]
 
 
@@ -120,8 +120,8 @@ def test_a_crash_after_the_state_write_replays_with_open_windows_exactly_once(
     assert resumed[0].replay and resumed[0].batch_id == 2
     for table in ("out", "_lowmark/p/state_windows"):
         assertDataFrameEqual(
-            spark.read.format("delta").load(str(data_root / table)).drop("updated_batch"),
-            spark.read.format("delta").load(str(reference_root / table)).drop("updated_batch"),
+            delta_frame(spark, str(data_root / table)).drop("updated_batch"),
+            delta_frame(spark, str(reference_root / table)).drop("updated_batch"),
         )
 
 
@@ -156,8 +156,8 @@ def test_a_partition_with_records_waiting_is_never_idle_however_long_a_batch_tak
     assert late == {"timeout": [0, 0, 0], "none": [0, 0, 0]}
     for table in ("out", "_lowmark/p/late"):
         assertDataFrameEqual(
-            spark.read.format("delta").load(str(roots["timeout"] / table)),
-            spark.read.format("delta").load(str(roots["none"] / table)),
+            delta_frame(spark, str(roots["timeout"] / table)),
+            delta_frame(spark, str(roots["none"] / table)),
         )
 
 
@@ -176,9 +176,9 @@ def test_an_event_time_from_the_future_is_set_aside_and_never_moves_the_watermar
     second = runner.run_batch()
     # On time: a year-ahead watermark would have made this record late.
     assert second is not None and second.rows_late == 0
-    late = spark.read.format("delta").load(runner.checkpoint.table("late")).collect()
+    late = delta_frame(spark, runner.checkpoint.table("late")).collect()
     assert [(r.reason, '"user":"z"' in r.record) for r in late] == [(FUTURE, True)]
-    state = spark.read.format("delta").load(runner.checkpoint.table("state_windows"))
+    state = delta_frame(spark, runner.checkpoint.table("state_windows"))
     assert state.where("user = 'z'").count() == 0
 
 

@@ -22,6 +22,7 @@ from lowmark.batches.windows import (
 from tests.helpers import (
     SCHEMA,
     T0,
+    delta_frame,
     drop_batches,
     event,
     reference,
@@ -87,7 +88,7 @@ def test_late_records_within_lateness_update_their_window_and_beyond_go_to_the_l
     results = runner.run(max_batches=None)
     # Batch 3 reads nothing: the watermark (50 s) alone closes [10,20) and [20,30).
     assert [(r.rows_in, r.rows_late) for r in results] == [(2, 0), (2, 1), (1, 0), (0, 0)]
-    late = spark.read.format("delta").load(runner.checkpoint.table("late")).collect()
+    late = delta_frame(spark, runner.checkpoint.table("late")).collect()
     assert len(late) == 1 and '"amount":100' in late[0].record and late[0].batch_id == 1
     assert late[0].watermark_ms == int((T0 + timedelta(seconds=25)).timestamp() * 1000)
     out = {r.window_start.second: r["sum_amount"] for r in sink(spark, data_root).collect()}
@@ -104,13 +105,13 @@ def test_a_record_without_event_time_goes_to_the_late_table_never_into_a_window_
     results = runner.run(max_batches=None)
     # Before any watermark (batch 0) and after one (batch 1) alike.
     assert [(r.rows_in, r.rows_late) for r in results[:2]] == [(2, 1), (2, 1)]
-    late = spark.read.format("delta").load(runner.checkpoint.table("late")).collect()
+    late = delta_frame(spark, runner.checkpoint.table("late")).collect()
     assert sorted((r.batch_id, r.event_time, r.reason) for r in late) == [
         (0, None, "no event time: the event-time column is null"),
         (1, None, "no event time: the event-time column is null"),
     ]
     assert sorted('"amount":7' in r.record for r in late) == [False, True]
-    state = spark.read.format("delta").load(runner.checkpoint.table("state_windows"))
+    state = delta_frame(spark, runner.checkpoint.table("state_windows"))
     assert state.where("window_start IS NULL OR user IN ('b', 'c')").count() == 0
     assert sink(spark, data_root).where("user IN ('b', 'c')").count() == 0
 
@@ -129,7 +130,7 @@ def test_an_event_that_bridges_two_stored_sessions_merges_them_into_one(
         for r in sink(spark, data_root).collect()
     ]
     assert rows == [(1, 25, 3, 7)]
-    state = spark.read.format("delta").load(runner.checkpoint.table("state_windows"))
+    state = delta_frame(spark, runner.checkpoint.table("state_windows"))
     assert [(r.window_start.second, r.window_end.second) for r in state.collect()] == [(0, 10)]
 
 
@@ -146,7 +147,7 @@ def test_a_new_session_of_a_key_whose_old_session_closes_in_the_same_batch_keeps
     runner = MicroBatchRunner(spark, pipeline, data_root)
     runner.run(max_batches=None)
     assertDataFrameEqual(sink(spark, data_root), reference(spark, data_root, window))
-    state = spark.read.format("delta").load(runner.checkpoint.table("state_windows"))
+    state = delta_frame(spark, runner.checkpoint.table("state_windows"))
     assert sorted((r.user, r.window_start.second) for r in state.collect()) == [
         ("b", 38),
         ("c", 40),

@@ -26,7 +26,7 @@ from lowmark.batches.expectations import Quality
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import FileSource
 from lowmark.batches.windows import Sliding, Tumbling
-from tests.helpers import SPARK_EXAMPLES, FakeClock, windowed
+from tests.helpers import SPARK_EXAMPLES, FakeClock, delta_frame, windowed
 
 TIMES = st.one_of(
     st.integers(0, 120).map(lambda s: f"2026-01-01T00:{s // 60:02d}:{s % 60:02d}Z"),
@@ -103,5 +103,5 @@ def _sum(spark: SparkSession, table: str, column: str) -> int:
     """Sum of ``column`` over the Delta table at ``table`` (0 if it was never written)."""
     if not (Path(table) / "_delta_log").exists():
         return 0
-    row = spark.read.format("delta").load(table).agg(F.sum(column)).first()
+    row = delta_frame(spark, table).agg(F.sum(column)).first()
     return int((row[0] if row else None) or 0)

@@ -27,7 +27,15 @@ from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from lowmark.batches.windows import Sliding, Tumbling
-from tests.helpers import SCHEMA, counted_batch, drop_batches, event, windowed, write_json_lines
+from tests.helpers import (
+    SCHEMA,
+    counted_batch,
+    delta_frame,
+    drop_batches,
+    event,
+    windowed,
+    write_json_lines,
+)
 
 BACKLOG: list[list[dict[str, Any]]] = [
     [event("a", 1, 1), event("b", 2, 2)],
@@ -63,7 +71,7 @@ def _run(
 
 def _tables(spark: SparkSession, runner: MicroBatchRunner, root: Path) -> dict[str, list[Any]]:
     def rows(path: str, order: list[str]) -> list[Any]:
-        df = spark.read.format("delta").load(path)
+        df = delta_frame(spark, path)
         return [tuple(r) for r in df.select(*order).orderBy(*order).collect()]
 
     ckpt = runner.checkpoint

@@ -34,6 +34,7 @@ from lowmark.state.commit_log import COUNTS
 from tests.helpers import (
     counted_batch,
     counted_per_window,
+    delta_frame,
     drop_batches,
     event,
     lowmark,
@@ -84,10 +85,17 @@ def test_drop_sends_records_to_bad_records_by_name_and_warn_counts_them_but_keep
         sink(spark, data_root), whole.where(F.coalesce(F.expr("amount >= 0"), F.lit(False)))
     )
     runner = MicroBatchRunner(spark, p, data_root)
-    bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records")).collect()
-    dropped = sorted((r.batch_id, r.reason, r.raw) for r in bad if r.reason == "valid_amount")
-    assert dropped == [(0, "valid_amount", '{"id":2,"amount":-1}'), (0, "valid_amount", '{"id":3}')]
-    assert sum(r.reason != "valid_amount" for r in bad) == 1  # the line that did not parse
+    bad = delta_frame(spark, runner.checkpoint.table("bad_records")).collect()
+    dropped = sorted(
+        (r.batch_id, r.reason, r.raw, r.source_file) for r in bad if r.reason == "valid_amount"
+    )
+    # A transformed record has no one source file (documented): source_file is null.
+    assert dropped == [
+        (0, "valid_amount", '{"id":2,"amount":-1}', None),
+        (0, "valid_amount", '{"id":3}', None),
+    ]
+    [unparsed] = [r for r in bad if r.reason != "valid_amount"]
+    assert unparsed.source_file.endswith(".json")  # the line that did not parse names its file
     # Per batch and in total: commit, progress, status; the accounting identity holds.
     commits = runner.checkpoint.commits.get_range()
     for c in commits:
@@ -164,7 +172,7 @@ def test_a_batch_over_max_bad_fraction_exits_non_zero_and_lands_once_when_loosen
     runner = MicroBatchRunner(spark, ALL_BAD, data_root)
     ckpt = runner.checkpoint
     assert (ckpt.offsets.latest_batch_id(), ckpt.commits.latest_batch_id()) == (1, 0)
-    bad_table = spark.read.format("delta").load(ckpt.table("bad_records"))
+    bad_table = delta_frame(spark, ckpt.table("bad_records"))
     assert bad_table.count() == 0  # nothing written
     assert sink_ids(spark, data_root) == [1]
     loosened = ALL_BAD.model_copy(update={"quality": Quality(max_bad_fraction=1.0)})
@@ -172,7 +180,7 @@ def test_a_batch_over_max_bad_fraction_exits_non_zero_and_lands_once_when_loosen
     results = MicroBatchRunner(spark, loosened, data_root).run(max_batches=None)
     assert [(r.batch_id, r.replay, r.rows_bad) for r in results] == [(1, True, 3)]
     assert MicroBatchRunner(spark, loosened, data_root).run(max_batches=None) == []
-    bad = spark.read.format("delta").load(ckpt.table("bad_records")).collect()
+    bad = delta_frame(spark, ckpt.table("bad_records")).collect()
     assert sorted(r.raw for r in bad) == sorted(wrong_types)
     assert sink_ids(spark, data_root) == [1]
 
@@ -204,7 +212,7 @@ def test_a_windowed_pipeline_evaluates_expectations_in_its_one_job_and_reading_a
         while runner.planner.next_batch(dry_run=True).planned is not None:
             _, counter = counted_batch(spark, runner, monkeypatch)
             jobs.append(counter.jobs())
-        bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records"))
+        bad = delta_frame(spark, runner.checkpoint.table("bad_records"))
         runs[read_ahead] = (
             [
                 {k: getattr(c, k) for k in (*COUNTS, "violations", "next_watermark_ms")}

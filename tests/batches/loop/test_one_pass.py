@@ -21,7 +21,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import FileSource
 from lowmark.batches.windows import Tumbling
-from tests.helpers import T0, counted_batch, drop_batches, event, sink, windowed
+from tests.helpers import T0, counted_batch, delta_frame, drop_batches, event, sink, windowed
 
 
 def test_a_windowed_batch_with_clean_input_is_one_spark_job(
@@ -51,7 +51,7 @@ def test_a_windowed_batch_with_late_rows_collects_them_in_its_one_spark_job(
     result, counter = counted_batch(spark, runner, monkeypatch)
     assert (result.rows_in, result.rows_late) == (3, 2)
     assert counter.jobs() == 1, counter.per_step
-    late = spark.read.format("delta").load(runner.checkpoint.table("late"))
+    late = delta_frame(spark, runner.checkpoint.table("late"))
     late = late.withColumn("event_ms", F.unix_millis("event_time"))
     rows = [
         (r.batch_id, r.event_ms, r.watermark_ms, r.reason.split(":")[0], json.loads(r.record))
@@ -88,9 +88,9 @@ def test_bad_rows_even_in_unused_columns_and_late_rows_are_all_found(
     runner = MicroBatchRunner(spark, p, data_root)
     _, second = runner.run(max_batches=2)
     assert (second.rows_in, second.rows_bad, second.rows_late) == (4, 2, 1)
-    bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records")).collect()
+    bad = delta_frame(spark, runner.checkpoint.table("bad_records")).collect()
     assert sorted(r.raw.startswith("{not json") for r in bad) == [False, True]
-    late = spark.read.format("delta").load(runner.checkpoint.table("late")).collect()
+    late = delta_frame(spark, runner.checkpoint.table("late")).collect()
     assert [('"user":"b"' in r.record) for r in late] == [True]
     out = {
         (r.user, r.window_start.second): r["sum_amount"] for r in sink(spark, data_root).collect()

@@ -32,6 +32,7 @@ from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from tests.helpers import (
     SPARK_ERRORS,
     FlakyReads,
+    delta_frame,
     dividing,
     drop_batches,
     drop_file,
@@ -96,7 +97,7 @@ def test_skip_batch_records_the_input_and_the_pipeline_goes_on(
     results = MicroBatchRunner(spark, dividing, data_root).run(max_batches=None)
     assert [r.batch_id for r in results] == [2]
     assert sink_ids(spark, data_root) == [0, 2]
-    bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records")).collect()
+    bad = delta_frame(spark, runner.checkpoint.table("bad_records")).collect()
     assert [(r.batch_id, r.source_file.endswith("f001.json"), r.raw) for r in bad] == [
         (1, True, None)
     ]

@@ -12,7 +12,7 @@ from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.loop.parts import read_only_planner
 from lowmark.state.errors import FingerprintMismatch
-from tests.helpers import SPARK_ERRORS, double_amount, drop_file, per_unit, pipeline
+from tests.helpers import SPARK_ERRORS, delta_frame, double_amount, drop_file, per_unit, pipeline
 
 
 def test_a_pipeline_changed_after_its_first_batch_failed_starts_over_under_the_new_definition(
@@ -29,7 +29,7 @@ def test_a_pipeline_changed_after_its_first_batch_failed_starts_over_under_the_n
 
     done = MicroBatchRunner(spark, fixed, data_root).run_batch()
     assert done is not None and (done.batch_id, done.replay, done.rows_out) == (0, False, 3)
-    rows = spark.read.format("delta").load(str(data_root / "out")).collect()
+    rows = delta_frame(spark, str(data_root / "out")).collect()
     assert sorted((r["id"], r["amount"]) for r in rows) == [(0, 0), (1, 2), (2, 4)]
     # The failed checkpoint is kept beside the new one, never deleted.
     assert [p.name.split("-")[0] for p in (data_root / "_lowmark").glob("t.changed-*")] == [

@@ -14,7 +14,7 @@ from lowmark.batches.pipeline import DeltaSink, Maintenance
 from lowmark.batches.sinks.delta import DeltaTableSink
 from lowmark.state.delta import TXN_APP_ID_CONF, idempotent_dml
 from lowmark.state.table import TABLE_CONFIGURATION
-from tests.helpers import counted_per_window, drop_file, pipeline
+from tests.helpers import counted_per_window, delta_frame, drop_file, pipeline
 
 
 def test_append_of_the_same_batch_twice_lands_once(spark: SparkSession, tmp_path: Path) -> None:
@@ -23,7 +23,7 @@ def test_append_of_the_same_batch_twice_lands_once(spark: SparkSession, tmp_path
     first = sink.write(df, 0)
     again = sink.write(df, 0)
     assert first == again
-    assert spark.read.format("delta").load(str(tmp_path / "t")).count() == 2
+    assert delta_frame(spark, str(tmp_path / "t")).count() == 2
 
 
 def test_merge_upserts_on_keys_and_a_replayed_batch_is_skipped(
@@ -37,7 +37,7 @@ def test_merge_upserts_on_keys_and_a_replayed_batch_is_skipped(
     # Someone changes a row; a replay of batch 1 must not overwrite it again.
     spark.sql(f"UPDATE delta.`{path}` SET n = 99 WHERE id = 2")
     sink.write(batch1, 1)
-    rows = {r.id: r.n for r in spark.read.format("delta").load(path).collect()}
+    rows = {r.id: r.n for r in delta_frame(spark, path).collect()}
     assert rows == {1: 10, 2: 99, 3: 30}
     assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
 

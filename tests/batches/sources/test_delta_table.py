@@ -19,7 +19,7 @@ from lowmark.batches.errors import PipelineConfigInvalid, SourceDataLost, Source
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
 from lowmark.batches.sources.delta_table import PARTITION, DeltaStreamSource
-from tests.helpers import vacuum_every_version
+from tests.helpers import delta_frame, vacuum_every_version
 
 
 def append(spark: SparkSession, table: Path, first: int, rows: int, files: int) -> None:
@@ -95,7 +95,7 @@ def test_reads_exactly_the_rows_of_a_range_with_partition_values(
         read.append(src.read(start, end, batch).records)
         start = end
     everything = read[0].unionByName(read[1]).unionByName(read[2]).unionByName(read[3])
-    expected = spark.read.format("delta").load(str(table)).withColumn("_p", F.lit(PARTITION))
+    expected = delta_frame(spark, str(table)).withColumn("_p", F.lit(PARTITION))
     assertDataFrameEqual(everything.withColumnRenamed("_lowmark_partition", "_p"), expected)
     # A split version: its first two files (sorted by path: part=0, part=1) in one batch.
     assert sorted(r.id % 3 for r in read[1].collect()) == [0, 0, 0, 1, 1, 1]
@@ -151,7 +151,7 @@ def test_a_table_written_while_the_pipelines_run_is_read_exactly_once(
 
     # Appends, with the versions that updated or deleted rows passed over: every row
     # as appended, once.
-    got = spark.read.format("delta").load(str(root / "appends_out"))
+    got = delta_frame(spark, str(root / "appends_out"))
     assertDataFrameEqual(got, spark.createDataFrame(appended, "id LONG, label STRING"))
     # The change feed: what a plain Spark read of the whole feed returns, once.
     feed = (
@@ -160,7 +160,7 @@ def test_a_table_written_while_the_pipelines_run_is_read_exactly_once(
         .option("startingVersion", 0)
         .load(str(table))
     )
-    assertDataFrameEqual(spark.read.format("delta").load(str(root / "changes_out")), feed)
+    assertDataFrameEqual(delta_frame(spark, str(root / "changes_out")), feed)
     kinds = {r[0] for r in feed.select("_change_type").distinct().collect()}
     assert kinds == {"insert", "update_preimage", "update_postimage", "delete"}
 
@@ -245,7 +245,7 @@ def test_a_table_dropped_and_created_again_at_its_path_stops_the_pipeline_in_one
     message = str(replaced.value)
     assert message.startswith(f"Delta table {table} was replaced (deleted and created again)")
     assert "\n" not in message
-    ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
+    ids = sorted(r.id for r in delta_frame(spark, str(root / "out")).collect())
     assert ids == [0, 1, 10, 11, 20, 21, 30, 31]  # the old table's rows only
 
 
@@ -266,7 +266,7 @@ def test_a_checkpoint_reset_to_go_on_after_the_sink_refuses_a_table_created_agai
 
     with pytest.raises(SourceReplaced, match=f"^Delta table {table} was replaced .* start offsets"):
         MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
-    ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
+    ids = sorted(r.id for r in delta_frame(spark, str(root / "out")).collect())
     assert ids == [0, 1, 10, 11]
 
 
@@ -329,7 +329,7 @@ def test_with_on_data_loss_skip_cleaned_up_versions_and_vacuumed_files_are_passe
 
     runner = MicroBatchRunner(spark, pipeline, root)
     runner.run(max_batches=None)
-    ids = sorted(r.id for r in spark.read.format("delta").load(str(root / "out")).collect())
+    ids = sorted(r.id for r in delta_frame(spark, str(root / "out")).collect())
     assert ids == [0, 1, 100, 101, 110, 111]
     second = runner.checkpoint.offsets.get(1)
     assert second is not None and second.start_offsets == {"version": 10}  # the gap, recorded

@@ -16,7 +16,7 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource
 from lowmark.batches.sources.base import Range
 from lowmark.state.errors import CheckpointMissing
-from tests.helpers import drop_file, pipeline, sink_ids
+from tests.helpers import delta_frame, drop_file, pipeline, sink_ids
 
 SCHEMA = "id LONG, amount LONG"
 
@@ -89,7 +89,7 @@ def test_an_inferred_schema_is_fixed_once_and_reused(spark: SparkSession, data_r
     runner.run_batch()
     (data_root / "in" / "f001.json").write_text('{"id": 7, "amount": 1, "extra": "x"}\n')
     runner.run_batch()
-    out = spark.read.format("delta").load(str(data_root / "out"))
+    out = delta_frame(spark, str(data_root / "out"))
     assert sorted(out.columns) == ["amount", "id"]
     assert sorted(r.id for r in out.collect()) == [0, 1, 2, 7]
 
@@ -105,7 +105,7 @@ def test_malformed_json_rows_are_quarantined_with_file_and_raw_text(
     runner = MicroBatchRunner(spark, pipeline(), data_root)
     result = runner.run_batch()
     assert result is not None and (result.rows_in, result.rows_out, result.rows_bad) == (3, 1, 2)
-    bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records")).collect()
+    bad = delta_frame(spark, runner.checkpoint.table("bad_records")).collect()
     assert sorted(r.raw for r in bad) == ['{"id": "x", "amount": 1}', '{"id": 2, oops']
     assert {r.source_file.rsplit("/", 1)[-1] for r in bad} == {"a.json"}
     assert {r.batch_id for r in bad} == {0}
@@ -123,7 +123,7 @@ def test_malformed_csv_rows_are_quarantined_and_the_batch_goes_on(
     runner = MicroBatchRunner(spark, pipeline(source=src), data_root)
     result = runner.run_batch()
     assert result is not None and result.rows_bad == 1
-    bad = spark.read.format("delta").load(runner.checkpoint.table("bad_records")).collect()
+    bad = delta_frame(spark, runner.checkpoint.table("bad_records")).collect()
     assert [r.raw for r in bad] == ["2,not-a-number"]
     assert sink_ids(spark, data_root) == [1, 3]
 

@@ -32,7 +32,7 @@ from lowmark.orchestration.assets import pipeline_assets
 from lowmark.orchestration.jobs import microbatch_job
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.sensors import pipeline_sensor
-from tests.helpers import FakeClock, per_window
+from tests.helpers import FakeClock, delta_frame, per_window
 from tests.kafka_broker import KafkaBroker
 
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
@@ -159,7 +159,7 @@ def test_a_topic_deleted_and_created_again_stops_the_pipeline_in_one_line_readin
     assert message.startswith(f"Kafka topic {topic} was replaced (deleted and created again)")
     assert "\n" not in message and "lowmark reset replaced_topic --truncate-sink" in message
     # Nothing of the new topic was read: the sink holds the old topic's ten records only.
-    users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
+    users = [r.user for r in delta_frame(spark, str(data_root / "out")).collect()]
     assert users == ["old"] * 10
     assert runner.checkpoint.offsets.get_latest().batch_id == 0  # type: ignore[union-attr]
 
@@ -197,11 +197,11 @@ def test_read_committed_stops_a_batch_at_an_open_transaction_and_reads_it_once_c
     pipeline = copied(kafka, topic, "committed_only", options=committed_only)
     MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
     out = str(data_root / "out")
-    assert sorted(r.user for r in spark.read.format("delta").load(out).collect()) == ["before"] * 3
+    assert sorted(r.user for r in delta_frame(spark, out).collect()) == ["before"] * 3
 
     open_transaction.commit_transaction(30)
     MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
-    got = sorted((r.user, r.ts) for r in spark.read.format("delta").load(out).collect())
+    got = sorted((r.user, r.ts) for r in delta_frame(spark, out).collect())
     expected = [("before", T0 + timedelta(seconds=i)) for i in range(3)]
     expected += [("in_transaction", T0 + timedelta(seconds=i)) for i in range(4)]
     assert got == sorted((u, t.replace(tzinfo=None)) for u, t in expected)
@@ -219,7 +219,7 @@ def test_with_on_data_loss_skip_records_deleted_before_they_were_read_are_passed
 
     runner = MicroBatchRunner(spark, pipeline, data_root)
     runner.run(max_batches=None)
-    out = spark.read.format("delta").load(str(data_root / "out"))
+    out = delta_frame(spark, str(data_root / "out"))
     assert sorted(r.amount for r in out.collect()) == [0, 1, 4, 5]
     second = runner.checkpoint.offsets.get(1)
     assert second is not None and second.start_offsets == {f"{topic}:0": 4}  # the gap, recorded
@@ -269,7 +269,7 @@ def test_start_at_latest_or_at_a_time_is_recorded_so_later_runs_start_there(
     assert MicroBatchRunner(spark, pipeline, data_root).run_batch() is None  # nothing new
     kafka.produce(topic, [event("new", 9)])  # lands between two runs
     MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
-    users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
+    users = [r.user for r in delta_frame(spark, str(data_root / "out")).collect()]
     assert users == ["new"]
 
 
@@ -296,7 +296,7 @@ def test_a_pipeline_at_latest_reads_what_lands_after_the_dagster_sensor_first_as
         key = f"sensed_from_latest:{runner.checkpoint.pipeline_id}:batch-0"
         assert [r.run_key for r in tick().run_requests] == [key]
     runner.run(max_batches=None)
-    users = [r.user for r in spark.read.format("delta").load(str(data_root / "out")).collect()]
+    users = [r.user for r in delta_frame(spark, str(data_root / "out")).collect()]
     assert users == ["new"] * 4
 
 
@@ -395,7 +395,7 @@ def test_a_windowed_pipeline_over_three_partitions_goes_on_when_one_goes_idle(
     ).where(  # append mode: windows the watermark closed (allowed lateness 0)
         F.unix_millis("window_end") <= F.lit(status.watermark_ms)
     )
-    assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)
+    assertDataFrameEqual(delta_frame(spark, str(data_root / "out")), expected)
 
 
 def test_a_backfill_of_a_pipeline_started_at_latest_reads_from_its_start_until_retention_ends_it(
@@ -430,7 +430,7 @@ def test_a_backfill_of_a_pipeline_started_at_latest_reads_from_its_start_until_r
         F.sum("amount").alias("sum_amount"),
     ).where(F.col("window_start") < F.lit(hour_0[1]))
     assert backfill_partition(spark, pipeline, data_root, *hour_0).windows == 3
-    out = spark.read.format("delta").load(str(data_root / "out"))
+    out = delta_frame(spark, str(data_root / "out"))
     assertDataFrameEqual(out.where(F.col("window_start") < F.lit(hour_0[1])), expected)
 
     # Retention deletes the first record the pipeline read: a backfill would lose it.
@@ -474,6 +474,6 @@ def test_a_batch_slower_than_the_idle_timeout_makes_no_waiting_record_late(
         late[name] = [r.rows_late for r in results]
     assert late == {"timeout": [0, 0, 0], "none": [0, 0, 0]}
     assertDataFrameEqual(
-        spark.read.format("delta").load(str(data_root / "timeout/out")),
-        spark.read.format("delta").load(str(data_root / "none/out")),
+        delta_frame(spark, str(data_root / "timeout/out")),
+        delta_frame(spark, str(data_root / "none/out")),
     )

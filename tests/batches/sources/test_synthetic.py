@@ -15,7 +15,7 @@ from lowmark.batches.pipeline import DeltaSink, Pipeline, SyntheticSource
 from lowmark.batches.sources.base import PARTITION_COLUMN
 from lowmark.batches.sources.synthetic import SyntheticStreamSource
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from tests.helpers import FakeClock, per_window
+from tests.helpers import FakeClock, delta_frame, per_window
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 START_MS = int(START.timestamp() * 1000)
@@ -157,4 +157,4 @@ def test_a_windowed_pipeline_over_it_equals_a_plain_batch_over_the_same_records(
         F.count(F.lit(1)).alias("count"),
         F.sum("value").alias("sum_value"),
     )
-    assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)
+    assertDataFrameEqual(delta_frame(spark, str(data_root / "out")), expected)

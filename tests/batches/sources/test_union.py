@@ -18,7 +18,7 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, Pipeline, SyntheticSource, UnionSource
 from lowmark.batches.sources.synthetic import SyntheticStreamSource
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from tests.helpers import FakeClock, per_window
+from tests.helpers import FakeClock, delta_frame, per_window
 
 START_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
@@ -85,7 +85,7 @@ def test_two_sources_are_one_stream_with_each_sources_offsets_recorded(
         F.count(F.lit(1)).alias("count"),
         F.sum("amount").alias("sum_amount"),
     )
-    assertDataFrameEqual(spark.read.format("delta").load(str(data_root / "out")), expected)
+    assertDataFrameEqual(delta_frame(spark, str(data_root / "out")), expected)
 
 
 def test_a_source_gone_idle_does_not_hold_the_watermark_back(
