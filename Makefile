@@ -1,7 +1,8 @@
 # Every target the README and the docs name. `make setup` is what `make demo` and `make ui` need, and
 # needs only python3.11, Java 17 (or 21, 25.0.3+) and mvn: the venv with the pinned packages, the
-# Spark jars (Delta, the Kafka connector) via mvn, and a smoke check. `make test-setup` adds
-# what the tests need: the Kafka test broker's jars; `make integration-setup` the browser the UI
+# Spark jars (Delta, the Kafka connector) via mvn, and a smoke check. `make test-setup` is the
+# same without the smoke check (the tests themselves start Spark and write Delta tables first
+# thing) plus the Kafka test broker's jars; `make integration-setup` adds the browser the UI
 # test of `make test-integration` drives.
 # scripts/setup runs the steps, one line each: it asks make whether each marker file below is
 # current (`make -q`), builds it with its output in .venv/setup.log, and on failure prints
@@ -17,8 +18,8 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 setup:
 	@PYTHON='$(PYTHON)' scripts/setup demo
 
-test-setup: setup
-	@scripts/setup test
+test-setup:
+	@PYTHON='$(PYTHON)' scripts/setup test
 
 integration-setup: test-setup
 	@scripts/setup integration

@@ -86,13 +86,15 @@ def test_demo_setup_succeeds_without_apt_get_or_a_browser(tmp_path: Path) -> Non
     assert "apt" not in done.stdout and "chromium" not in done.stdout
 
 
-def test_the_tests_setup_needs_no_browser(tmp_path: Path) -> None:
-    """``make test`` runs no browser: only ``make test-integration``'s set-up asks for one."""
+def test_the_tests_setup_needs_no_browser_and_no_smoke_check(tmp_path: Path) -> None:
+    """``make test`` runs no browser (only ``make test-integration``'s set-up asks for one)
+    and no smoke check (its tests start Spark first thing)."""
     done = run([str(SETUP), "test"], tool_path(tmp_path))
     assert done.returncode == 0, done.stdout
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("[test] Kafka test broker's jars via mvn into jvm/kafka/lib … ")
-    assert lines[1].startswith("test set-up done in "), lines
+    assert [line.split(" ")[0] for line in lines] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]", "set-up"]
+    assert lines[3].startswith("[4/4] Kafka test broker's jars via mvn into jvm/kafka/lib … ")
+    assert "smoke" not in done.stdout, "the tests start Spark first thing: no smoke check"
     assert "apt" not in done.stdout and "chromium" not in done.stdout
 
 
