@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -200,6 +201,12 @@ def test_read_committed_stops_a_batch_at_an_open_transaction_and_reads_it_once_c
     assert sorted(r.user for r in delta_frame(spark, out).collect()) == ["before"] * 3
 
     open_transaction.commit_transaction(30)
+    # The broker moves the last stable offset a moment after the commit returns: a run
+    # planned before that finds nothing new (rightly), so wait for it.
+    deadline = time.monotonic() + 30
+    while source.plan({f"{topic}:0": 3}, 1) == {f"{topic}:0": 3}:
+        assert time.monotonic() < deadline, "the committed transaction never became readable"
+        time.sleep(0.1)
     MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
     got = sorted((r.user, r.ts) for r in delta_frame(spark, out).collect())
     expected = [("before", T0 + timedelta(seconds=i)) for i in range(3)]
