@@ -8,15 +8,14 @@ Every module of lowmark is under this one name (``lowmark.batches``, ``lowmark.s
 ``lowmark.orchestration``: the repository's top-level folders, linked here), so a project's
 own ``state.py`` or ``batches.py`` never stands in for one of them.
 
-The names below are imported on first use (a module ``__getattr__``): importing any
-``lowmark`` module runs this file first, and a command that needs no Spark (``lowmark
---version``, ``lowmark status``) must not load it through here.
+The names below, and ``__version__``, are read on first use (a module ``__getattr__``):
+importing any ``lowmark`` module runs this file first, and a command that needs no Spark
+(``lowmark --version``, ``lowmark status``) must not load them through here.
 """
 
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -48,8 +47,6 @@ if TYPE_CHECKING:
         UserAggregate,
         WindowedAggregation,
     )
-
-__version__ = version("lowmark")
 
 _HOME = {
     "Expectation": "lowmark.batches.expectations",
@@ -123,10 +120,20 @@ __all__ = [
 ]
 
 
+__version__: str
+"""The installed package's version (read from its metadata on first use: importing
+``importlib.metadata`` costs 60 ms that ``lowmark show`` must not pay)."""
+
+
 def __getattr__(name: str) -> Any:
-    if name not in _HOME:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        value: Any = version("lowmark")
+    elif name in _HOME:
+        value = getattr(importlib.import_module(_HOME[name]), name)
+    else:
         raise AttributeError(f"module 'lowmark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
     globals()[name] = value  # the next look-up finds it without this function
     return value
 

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 
 from lowmark.batches.pipeline import Pipeline
+from lowmark.state.table import query_rows
 
 ROW_COUNT = "dagster/row_count"
 COLUMN_SCHEMA = "dagster/column_schema"
@@ -48,7 +49,7 @@ def table_metadata(path: str) -> dict[str, dg.RawMetadataValue]:
 
 def _query(table: DeltaTable, sql: str) -> pa.Table:
     """``sql`` over ``table``, named ``t``, with delta-rs's query engine."""
-    return pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
+    return query_rows(QueryBuilder().register("t", table).execute(sql))
 
 
 def _sum(actions: pa.Table, column: str) -> int:

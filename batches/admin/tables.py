@@ -26,7 +26,7 @@ from deltalake import DeltaTable, QueryBuilder
 from lowmark.batches.errors import QueryFailed, TableNotFound
 from lowmark.batches.pipeline import Pipeline, resolve
 from lowmark.state.errors import first_line
-from lowmark.state.table import plain
+from lowmark.state.table import query_rows
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def _run(
     ``waiting``'s reason, by unquoted name, for one not created yet), any other failure
     ``QueryFailed`` saying ``fix``."""
     try:
-        return plain(pa.table(engine.execute(sql).read_all()))
+        return query_rows(engine.execute(sql))
     except Exception as exc:  # DataFusion raises one error type for every failure
         message = first_line(exc)
         missing = _NOT_FOUND.search(message)

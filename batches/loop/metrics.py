@@ -9,6 +9,10 @@ Prometheus to scrape (``lowmark run --follow --metrics-port``); with
 for node_exporter's textfile collector (written whole under a temporary name,
 then renamed: a scrape never reads half a file), which suits short-lived runs
 (Dagster's). The metric names and labels are the table in docs/metrics.md.
+
+prometheus_client is imported where a registry is made or served, not with this module:
+importing it (http.server, ssl) costs 0.1 s that the commands that only read, which import
+this module with the CLI, must not pay (docs/cli.md, "Fast commands").
 """
 
 from __future__ import annotations
@@ -19,10 +23,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
-from wsgiref.simple_server import WSGIServer
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
-from prometheus_client.exposition import start_http_server
 
 from lowmark.batches.loop.events import (
     BatchFailure,
@@ -34,6 +34,10 @@ from lowmark.batches.loop.events import (
 from lowmark.batches.loop.listeners import PipelineListener
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
     from lowmark.batches.loop.microbatch import MicroBatchRunner
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,8 @@ class PrometheusMetrics(PipelineListener):
     wants_backlog = True
 
     def __init__(self, pipeline: str, textfile: Path | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
         self.pipeline = pipeline
         self.textfile = textfile
         self.registry = CollectorRegistry()
@@ -176,6 +182,8 @@ class PrometheusMetrics(PipelineListener):
         """The registry to ``textfile``, whole (``write_to_textfile`` writes a temporary
         file beside it and renames it over the old one)."""
         if self.textfile is not None:
+            from prometheus_client import write_to_textfile
+
             self.textfile.parent.mkdir(parents=True, exist_ok=True)
             write_to_textfile(str(self.textfile), self.registry)
 
@@ -186,6 +194,8 @@ def serve_metrics(
 ) -> Iterator[WSGIServer]:
     """``registry`` on ``http://host:port/metrics`` (any path answers) while the block runs,
     from a daemon thread; port 0 takes a free port (``server.server_port``)."""
+    from prometheus_client.exposition import start_http_server
+
     server, thread = start_http_server(port, host, registry=registry)
     log.info("metrics on http://%s:%d/metrics", host, server.server_port)
     try:
