@@ -25,7 +25,7 @@ from lowmark.orchestration.jobs import (
     microbatch_job,
 )
 from lowmark.orchestration.keys import sink_locations
-from lowmark.orchestration.observations import observed_inputs
+from lowmark.orchestration.observations import observable_inputs, observed_inputs
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.sensors import pipeline_sensor
 
@@ -33,7 +33,7 @@ from lowmark.orchestration.sensors import pipeline_sensor
 def build_definitions(location: str | None = None) -> dg.Definitions:
     """Definitions for the pipelines at ``location`` (default: ``LOWMARK_PIPELINES``)."""
     lowmark = LowmarkResource()
-    assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
+    assets: list[dg.AssetsDefinition] = []
     sources: dict[dg.AssetKey, dg.AssetSpec] = {}
     jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition] = []
     sensors, schedules = [], []
@@ -53,8 +53,9 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
         schedules.append(maintenance_schedule(pipeline, maintenance))
         if pipeline.backfill is not None:
             jobs.append(backfill_job(pipeline))
+    inputs_asset = observable_inputs(list(sources.values()), list(pipelines), lowmark.root(), sinks)
     return dg.Definitions(
-        assets=[*assets, *sources.values()],
+        assets=[*assets, inputs_asset] if sources else assets,
         jobs=jobs,
         sensors=sensors,
         schedules=schedules,

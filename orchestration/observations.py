@@ -5,20 +5,23 @@ never materializes it; each sensor tick that reads the pipeline's position
 (``lowmark.batches.admin.status``, no Spark) records an observation of each of the
 pipeline's inputs when what waits there changed since the last one it
 recorded: the source's backlog (files, records, versions) past the committed
-batch. Pipelines reading one input each observe it under their own name, as
+batch. The inputs are observable sources (``observable_inputs``): "Observe sources" in the
+UI records the same on demand. Pipelines reading one input each observe it under their own name, as
 the backlog is per checkpoint (``<pipeline>/waiting_<unit>``, plotted).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Dagster reads the observation function's
+# annotations at definition time to find its resources.
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import dagster as dg
 
+from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.pipeline import Pipeline, UnionSource
-from lowmark.orchestration.keys import Sinks, source_key
+from lowmark.orchestration.keys import GROUP, Sinks, source_key
+from lowmark.orchestration.resources import LowmarkResource, SparkResource
 
 ONLY = ""
 """The name of a pipeline's source when it is not a union."""
@@ -61,3 +64,38 @@ def backlog_cursor(backlog: dict[str, int]) -> str:
     """The sensor's cursor: the backlog last observed, to record an observation only when
     it changed (a tick every 30 s would otherwise record 2,880 a day)."""
     return json.dumps(backlog, sort_keys=True)
+
+
+def observable_inputs(
+    specs: Sequence[dg.AssetSpec], pipelines: Sequence[Pipeline], data_root: Path, sinks: Sinks
+) -> dg.AssetsDefinition:
+    """The input assets ``specs`` as observable sources: "Observe sources" in the UI (or
+    any run of them) records what waits in each selected input for each of ``pipelines``
+    reading it, as the sensor's ticks do; their pages then show when they were last
+    observed. Reads positions only: no Spark starts."""
+    readers = [(p, observed_inputs(p, data_root, sinks)) for p in pipelines]
+
+    @dg.multi_observable_source_asset(
+        specs=list(specs),
+        name="lowmark_inputs",
+        description="What waits in each input of the lowmark pipelines.",
+        can_subset=True,
+        group_name=GROUP,
+    )
+    def _observe(
+        context: dg.AssetExecutionContext, spark: SparkResource, lowmark: LowmarkResource
+    ) -> Iterator[dg.ObserveResult]:
+        metadata: dict[dg.AssetKey, dict[str, dg.RawMetadataValue]] = {}
+        for pipeline, inputs in readers:
+            selected = {n: k for n, k in inputs.items() if k in context.selected_asset_keys}
+            if not selected:
+                continue
+            status = pipeline_status(spark.session, pipeline, lowmark.root())
+            for event in input_observations(
+                pipeline, selected, status.backlog, status.backlog_described
+            ):
+                metadata.setdefault(event.asset_key, {}).update(event.metadata)
+        for key, values in metadata.items():
+            yield dg.ObserveResult(asset_key=key, metadata=values)
+
+    return _observe

@@ -5,8 +5,9 @@ server) on a free loopback port — and Debian's Chromium driven by Playwright:
   the source, so a file that lands later is committed by the same run;
 - a SIGKILLed run's batch is replayed by the next run;
 - the UI: the asset page shows the watermark as a time and the sensor as the asset's
-  automation, Materialize launches a micro-batch run, and a backfill of two partitions
-  launched from the UI runs (the following run makes way for it);
+  automation, the input folder's page the sensor's observation of what waits there,
+  Materialize launches a micro-batch run, and a backfill of two partitions launched from
+  the UI runs (the following run makes way for it);
 - SIGTERM to ``lowmark ui`` stops the server, its runs and their Spark within 15 s.
 
 The tests share one server and run in file order; the last one stops it.
@@ -241,6 +242,14 @@ def test_the_ui_shows_readable_assets_and_launches_batches_and_backfills(
         assert "1767" not in watermark.inner_text()  # not epoch seconds or milliseconds
         page.get_by_text("ticks_sensor").first.wait_for(timeout=30_000)
         page.screenshot(path=str(tmp_path / "asset.png"))
+
+        # The input folder's page: an observable source the sensor observes (what waits
+        # there), so it says when it was last observed, never "Never materialized".
+        page.goto(f"{dev.url}/assets/lowmark/sources/files_ticks_in")
+        page.get_by_text("ticks/waiting_files").first.wait_for(timeout=60_000)
+        page.get_by_text("Latest observation").first.wait_for(timeout=30_000)
+        assert page.get_by_text("Never materialized").count() == 0
+        page.screenshot(path=str(tmp_path / "input.png"))
 
         # Materialize on an unpartitioned sink launches a micro-batch run.
         before = {r.run_id for r in dev.runs()}

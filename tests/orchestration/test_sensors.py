@@ -13,8 +13,10 @@ from pyspark.sql import SparkSession
 
 from lowmark.batches.admin.reset import reset
 from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.orchestration.definitions import build_definitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from tests.helpers import write_json_lines
+from tests.orchestration.conftest import PIPELINES
 from tests.orchestration.pipelines import slow
 
 
@@ -172,3 +174,23 @@ def test_a_tick_observes_the_input_when_what_waits_there_changed(
     drop(data_root, 1)
     [again] = observe(first.cursor).asset_events
     assert again.metadata["slow/waiting_files"] == dg.IntMetadataValue(2)
+
+
+def test_observe_sources_records_what_waits_for_each_pipeline_reading_an_input(
+    instance: dg.DagsterInstance, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inputs are observable sources ("Observe sources" in the UI runs this): what waits
+    for each pipeline, as the sensor records it, read without Spark."""
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
+    defs = build_definitions(PIPELINES)
+    key = dg.AssetKey(["lowmark", "sources", "files_slow_in"])
+    assert defs.resolve_assets_def(key).is_observable
+    drop(data_root, 0)
+    drop(data_root, 1)
+    observe = dg.define_asset_job("observe_inputs", selection=[key])
+    job = dg.Definitions.merge(defs, dg.Definitions(jobs=[observe])).resolve_job_def(observe.name)
+    assert job.execute_in_process(instance=instance).success
+    [event] = instance.fetch_observations(key, limit=10).records
+    observation = event.asset_observation
+    assert observation is not None
+    assert observation.metadata["slow/waiting_files"] == dg.IntMetadataValue(2)
