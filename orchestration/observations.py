@@ -5,9 +5,9 @@ never materializes it; each sensor tick that reads the pipeline's position
 (``lowmark.batches.admin.status``, no Spark) records an observation of each of the
 pipeline's inputs when what waits there changed since the last one it
 recorded: the source's backlog (files, records, versions) past the committed
-batch. The inputs are observable sources (``observable_inputs``): "Observe sources" in the
-UI records the same on demand. Pipelines reading one input each observe it under their own name, as
-the backlog is per checkpoint (``<pipeline>/waiting_<unit>``, plotted).
+batch. The inputs are observable sources (``observable_inputs``): their page's Observe
+button records the same on demand. Pipelines reading one input each observe it under their
+own name, as the backlog is per checkpoint (``<pipeline>/waiting_<unit>``, plotted).
 """
 
 # No `from __future__ import annotations`: Dagster reads the observation function's
@@ -69,7 +69,7 @@ def backlog_cursor(backlog: dict[str, int]) -> str:
 def observable_inputs(
     specs: Sequence[dg.AssetSpec], pipelines: Sequence[Pipeline], data_root: Path, sinks: Sinks
 ) -> dg.AssetsDefinition:
-    """The input assets ``specs`` as observable sources: "Observe sources" in the UI (or
+    """The input assets ``specs`` as observable sources: their Observe button in the UI (or
     any run of them) records what waits in each selected input for each of ``pipelines``
     reading it, as the sensor's ticks do; their pages then show when they were last
     observed. Reads positions only: no Spark starts."""

@@ -179,7 +179,7 @@ def test_a_tick_observes_the_input_when_what_waits_there_changed(
 def test_observe_sources_records_what_waits_for_each_pipeline_reading_an_input(
     instance: dg.DagsterInstance, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The inputs are observable sources ("Observe sources" in the UI runs this): what waits
+    """The inputs are observable sources (their Observe button in the UI runs this): what waits
     for each pipeline, as the sensor records it, read without Spark."""
     monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
     defs = build_definitions(PIPELINES)
