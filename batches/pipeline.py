@@ -30,6 +30,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
 from lowmark.batches.sql import SqlStep, Transform, apply_step, step_semantics
 from lowmark.batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
+from lowmark.state.catalog import CatalogEntry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -856,6 +857,17 @@ class Pipeline(_Config):
 
     def checkpoint_location(self, data_root: Path) -> str:
         return resolve(self.checkpoint or f"_lowmark/{self.name}", data_root)
+
+    def catalog_entry(self, data_root: Path) -> CatalogEntry:
+        """Where this pipeline's tables are under ``data_root`` (``lowmark.state.catalog``)."""
+        return CatalogEntry(
+            pipeline=self.name,
+            checkpoint=self.checkpoint_location(data_root),
+            sink=resolve(self.sink.path, data_root) if isinstance(self.sink, DeltaSink) else None,
+            sink_label=self.sink.label,
+            window_keys=tuple(self.aggregation.keys) if self.aggregation is not None else None,
+            event_time_column=self.event_time.column if self.event_time is not None else None,
+        )
 
 
 def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | None:

@@ -4,6 +4,10 @@ A module contributes every module-level ``Pipeline`` object. A YAML file has
 a ``pipelines:`` list of pipeline mappings, transforms given by import path.
 The location comes from ``--pipelines`` or ``LOWMARK_PIPELINES``; the demo
 pipelines (``lowmark.batches.demo``) are the default.
+
+The definitions (pydantic, the pipeline models) are imported by the functions that load
+them, not with this module: the commands that import it without loading any (`lowmark
+show`, `sql`) do not pay for them (docs/cli.md, "Fast commands").
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ import importlib
 import importlib.util
 import os
 from pathlib import Path
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from lowmark.batches.errors import PipelineConfigInvalid, PipelineNotFound
-from lowmark.batches.pipeline import SOURCE_KINDS, Pipeline
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from lowmark.batches.pipeline import Pipeline
 
 DEFAULT_LOCATION = "lowmark.batches.demo"
 
@@ -52,6 +59,10 @@ def get_pipeline(name: str, location: str | None = None) -> Pipeline:
 
 
 def _from_module(location: str) -> list[Pipeline]:
+    from pydantic import ValidationError
+
+    from lowmark.batches.pipeline import Pipeline
+
     try:
         if location.endswith(".py"):
             spec = importlib.util.spec_from_file_location(Path(location).stem, location)
@@ -72,6 +83,9 @@ def _from_module(location: str) -> list[Pipeline]:
 
 def _from_yaml(path: Path) -> list[Pipeline]:
     import yaml  # 60 ms to import: only for a YAML file
+    from pydantic import ValidationError
+
+    from lowmark.batches.pipeline import Pipeline
 
     try:
         doc = yaml.safe_load(path.read_text())
@@ -95,6 +109,8 @@ def _from_yaml(path: Path) -> list[Pipeline]:
 def _first_error(exc: ValidationError) -> str:
     """``field.path: message`` of the first validation error, on one line (the source's
     kind, which pydantic puts in the path, left out: ``source.format``)."""
+    from lowmark.batches.pipeline import SOURCE_KINDS
+
     err = exc.errors()[0]
     parts = [str(part) for part in err["loc"]]
     parts = [

@@ -36,11 +36,9 @@ import stat
 import sys
 import tomllib
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 
@@ -54,21 +52,36 @@ LOWMARK_PACKAGES = ("lowmark",)
 on ``sys.path``, so none of its modules is found in the folder instead."""
 
 
-class ProjectSettings(BaseModel):
-    """What ``lowmark.toml`` holds."""
+@dataclass(frozen=True)
+class ProjectSettings:
+    """What ``lowmark.toml`` holds: strings, each key once, no other key.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Checked by hand, not by a pydantic model: every ``lowmark`` command in a project reads
+    this file, and importing pydantic would cost the fast ones (``show``, ``sql``) a
+    quarter of their time (docs/cli.md, "Fast commands")."""
 
-    pipelines: str = Field(
-        description="Where the pipelines are defined: a module (pipelines.py in this folder is "
-        "`pipelines`; or pkg.module), or a .py or .yaml file relative to this folder."
-    )
-    data_root: str = Field(default="data", description="Folder relative pipeline paths live under.")
-    dagster_home: str = Field(
-        default="dagster_home",
-        description="Dagster instance folder (its dagster.yaml, then its storage); `lowmark` "
-        "reports the batches it runs there.",
-    )
+    pipelines: str
+    """Where the pipelines are defined: a module (pipelines.py in this folder is
+    `pipelines`; or pkg.module), or a .py or .yaml file relative to this folder."""
+    data_root: str = "data"
+    """Folder relative pipeline paths live under."""
+    dagster_home: str = "dagster_home"
+    """Dagster instance folder (its dagster.yaml, then its storage); `lowmark` reports the
+    batches it runs there."""
+
+    @classmethod
+    def parse(cls, doc: dict[str, Any]) -> ProjectSettings:
+        """The settings in the TOML document ``doc``; ``ValueError`` ``"field: what is
+        wrong"`` for the first key that is unknown, missing or not a string."""
+        known = {f.name for f in fields(cls)}
+        for key, value in doc.items():
+            if key not in known:
+                raise ValueError(f"{key}: Extra inputs are not permitted")
+            if not isinstance(value, str):
+                raise ValueError(f"{key}: Input should be a valid string")
+        if "pipelines" not in doc:
+            raise ValueError("pipelines: Field required")
+        return cls(**doc)
 
 
 @dataclass(frozen=True)
@@ -134,11 +147,9 @@ def load_project(root: Path, environ: Mapping[str, str] = os.environ) -> Project
     except tomllib.TOMLDecodeError as exc:
         raise ProjectFileInvalid(f"{path} is not valid TOML: {exc}") from exc
     try:
-        settings = ProjectSettings.model_validate(doc)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(part) for part in err["loc"]) or "(root)"
-        raise ProjectFileInvalid(f"{path}: {field}: {err['msg']}") from exc
+        settings = ProjectSettings.parse(doc)
+    except ValueError as exc:
+        raise ProjectFileInvalid(f"{path}: {exc}") from exc
     return Project(path.parent, settings)
 
 

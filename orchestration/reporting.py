@@ -78,4 +78,4 @@ class BatchReports:
         return TablesRead(sink=sink, late=late, bad=table_metadata(self._path("bad")))
 
     def _path(self, table: str) -> str:
-        return table_path(self.pipeline, TABLES[table], self.data_root)
+        return table_path(self.pipeline.catalog_entry(self.data_root), TABLES[table])

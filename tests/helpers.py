@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import pyarrow as pa
@@ -33,7 +33,7 @@ from lowmark.batches.cli import commands
 from lowmark.batches.clock import Clock
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.events import BatchFailure, BatchStarted, RunTerminated
-from lowmark.batches.loop.listeners import Event, PipelineListener
+from lowmark.batches.loop.listeners import PipelineListener
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
 from lowmark.batches.pipeline import CustomSink, DeltaSink, FileSource, Pipeline
 from lowmark.batches.sources.base import Range, Source, SourceRead
@@ -48,6 +48,9 @@ from lowmark.batches.windows import (
 from lowmark.orchestration.cli import report_to_dagster
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.offset_log import OffsetEntry, Offsets
+
+if TYPE_CHECKING:
+    from lowmark.batches.loop.listeners import Event
 
 T0_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 

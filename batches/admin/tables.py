@@ -2,10 +2,12 @@
 ``lowmark sql``.
 
 Every table a pipeline has is a Delta table: its sink (a ``kind: delta`` one)
-and the tables of its checkpoint (``lowmark.state.checkpoint``). They are read with
-delta-rs's own query engine (DataFusion, ``deltalake.QueryBuilder``): no
-Spark, no JVM; a query of the demo's tables takes milliseconds. Read only:
-DataFusion cannot write through these tables.
+and the tables of its checkpoint (``lowmark.state.checkpoint``). Where they are is what
+the pipeline's last run recorded in the data root's catalog (``lowmark.state.catalog``);
+the definitions are loaded only for a pipeline the catalog does not hold (``locate``).
+They are read with delta-rs's own query engine (DataFusion, ``deltalake.QueryBuilder``)
+into arro3 tables: no Spark, no JVM, no pyarrow; a query of the demo's tables takes
+milliseconds. Read only: DataFusion cannot write through these tables.
 
 SQL names: ``<pipeline>.<table>``, the pipeline a schema and each of
 ``TABLES`` a table in it (``user_revenue.sink``, ``orders.late``). SQL folds
@@ -20,13 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
+from arro3.core import RecordBatchReader
+from arro3.core import Table as Rows
 from deltalake import DeltaTable, QueryBuilder
 
-from lowmark.batches.errors import QueryFailed, TableNotFound
-from lowmark.batches.pipeline import Pipeline, resolve
-from lowmark.state.errors import first_line
-from lowmark.state.table import query_rows
+from lowmark.batches.errors import PipelineConfigInvalid, QueryFailed, TableNotFound
+from lowmark.state import catalog
+from lowmark.state.catalog import CatalogEntry
+from lowmark.state.errors import LowmarkError, first_line
 
 
 @dataclass(frozen=True)
@@ -99,15 +102,31 @@ def sql_name(pipeline: str, table: str) -> str:
     return f"{schema_name(pipeline)}.{table}"
 
 
-def table_path(pipeline: Pipeline, table: Table, data_root: Path) -> str:
-    """Where ``table`` of ``pipeline`` lives; for a custom sink, ``PipelineConfigInvalid``."""
+def locate(pipeline: str, data_root: Path, definitions: str | None) -> CatalogEntry:
+    """Where ``pipeline``'s tables are under ``data_root``: as its last run recorded them
+    (the catalog), else as its definition in ``definitions`` (``lowmark.batches.registry``)
+    says: a pipeline not run yet, or last run by a lowmark without the catalog (recorded
+    now, so the next look is fast). Defined nowhere: ``PipelineNotFound``."""
+    recorded = catalog.entries(data_root).get(pipeline)
+    if recorded is not None:
+        return recorded
+    from lowmark.batches.registry import get_pipeline
+
+    return _record(get_pipeline(pipeline, definitions).catalog_entry(data_root), data_root)
+
+
+def table_path(entry: CatalogEntry, table: Table) -> str:
+    """Where ``table`` of ``entry``'s pipeline lives; for a custom sink,
+    ``PipelineConfigInvalid``."""
     if table.folder is not None:
-        return f"{pipeline.checkpoint_location(data_root)}/{table.folder}"
-    sink = pipeline.delta_sink(
-        "`lowmark show`",
-        "look at it with its own system's tools (the checkpoint's tables can still be shown)",
-    )
-    return resolve(sink.path, data_root)
+        return f"{entry.checkpoint}/{table.folder}"
+    if entry.sink is None:
+        raise PipelineConfigInvalid(
+            f"pipeline {entry.pipeline} writes a custom sink ({entry.sink_label}): `lowmark "
+            "show` reads the sink's table, so it needs a `kind: delta` sink; look at it with "
+            "its own system's tools (the checkpoint's tables can still be shown)"
+        )
+    return entry.sink
 
 
 @dataclass(frozen=True)
@@ -116,52 +135,81 @@ class Shown:
 
     name: str
     """The table's SQL name."""
-    rows: pa.Table
+    rows: Rows
     matching: int
     """How many rows match the filter in all (``rows`` holds at most the limit)."""
     order_by: str
     """How ``rows`` are ordered ('' : as stored)."""
 
 
-def show(
-    pipeline: Pipeline, table: str, data_root: Path, limit: int, where: str | None = None
-) -> Shown:
-    """The first ``limit`` rows of ``pipeline``'s ``table`` (one of ``TABLES``) that match
-    the SQL predicate ``where``, newest first where rows have an age (``Table.order_by``;
-    a windowed sink: the newest windows; a sink with the event-time column: the newest
-    events)."""
+def show(entry: CatalogEntry, table: str, limit: int, where: str | None = None) -> Shown:
+    """The first ``limit`` rows of the ``table`` (one of ``TABLES``) of ``entry``'s
+    pipeline that match the SQL predicate ``where``, newest first where rows have an age
+    (``Table.order_by``; a windowed sink: the newest windows; a sink with the event-time
+    column: the newest events)."""
     if table not in TABLES:
         raise TableNotFound(f"no table {table!r} in a pipeline: choose one of {', '.join(TABLES)}")
     kind = TABLES[table]
-    name = sql_name(pipeline.name, table)
-    if kind.folder == _WINDOW_STATE and pipeline.aggregation is None:
+    name = sql_name(entry.pipeline, table)
+    if kind.folder == _WINDOW_STATE and entry.window_keys is None:
         raise TableNotFound(
-            f"{name}: pipeline {pipeline.name} has no window state (it has no `aggregation`): "
+            f"{name}: pipeline {entry.pipeline} has no window state (it has no `aggregation`): "
             f"show one of its other tables"
         )
-    opened = _open(pipeline, kind, data_root)
+    opened = _open(entry, kind)
     engine = _engine({name: opened})
-    order_by = kind.order_by if kind.folder is not None else _sink_order(pipeline, opened)
+    order_by = kind.order_by if kind.folder is not None else _sink_order(entry, opened)
     filtered = f"FROM {name}" + (f" WHERE ({where})" if where else "")
     ordered = f" ORDER BY {order_by}" if order_by else ""
     fix = "fix --where"
     rows = _run(engine, f"SELECT * {filtered}{ordered} LIMIT {limit}", fix)
-    matching = _run(engine, f"SELECT count(*) AS n {filtered}", fix).column("n")[0].as_py()
+    matching = _run(engine, f"SELECT count(*) AS n {filtered}", fix).column("n").to_pylist()[0]
     return Shown(name, rows, int(matching), order_by)
 
 
-def query(pipelines: Mapping[str, Pipeline], data_root: Path, sql: str) -> pa.Table:
-    """The result of the SQL query ``sql`` over the tables of ``pipelines`` (their SQL
-    names: the module doc). Tables not created yet are not there to query; naming one is
+def query(data_root: Path, sql: str, definitions: str | None) -> Rows:
+    """The result of the SQL query ``sql`` over the tables of the pipelines under
+    ``data_root`` (their SQL names: the module doc): those the catalog records, and, if
+    the query names a table none of them has, those ``definitions`` define too (as
+    ``locate``). Tables not created yet are not there to query; naming one is
     ``TableNotFound`` saying so."""
+    recorded = catalog.entries(data_root)
+    try:
+        return _query(recorded, sql)
+    except TableNotFound as missing:
+        from lowmark.batches.registry import load_pipelines
+
+        try:
+            defined = load_pipelines(definitions)
+        except LowmarkError:
+            raise missing from None
+        more = {
+            name: _record(p.catalog_entry(data_root), data_root)
+            for name, p in defined.items()
+            if name not in recorded
+        }
+        if not more:
+            raise
+    return _query({**recorded, **more}, sql)
+
+
+def _record(entry: CatalogEntry, data_root: Path) -> CatalogEntry:
+    """``entry``, recorded in the catalog if its checkpoint exists (its pipeline has run)."""
+    if DeltaTable.is_deltatable(f"{entry.checkpoint}/offsets"):
+        catalog.remember(data_root, entry)
+    return entry
+
+
+def _query(entries: Mapping[str, CatalogEntry], sql: str) -> Rows:
+    """``sql`` over the tables of ``entries`` that exist."""
     found: dict[str, DeltaTable] = {}
     waiting: dict[str, str] = {}
-    for pipeline in pipelines.values():
+    for entry in entries.values():
         for kind in TABLES.values():
-            if kind.folder is None and pipeline.sink.kind != "delta":
+            if kind.folder is None and entry.sink is None:
                 continue  # a custom sink has no table
-            name = sql_name(pipeline.name, kind.name)
-            path = table_path(pipeline, kind, data_root)
+            name = sql_name(entry.pipeline, kind.name)
+            path = table_path(entry, kind)
             if DeltaTable.is_deltatable(path):
                 found[name] = DeltaTable(path)
             else:
@@ -169,25 +217,25 @@ def query(pipelines: Mapping[str, Pipeline], data_root: Path, sql: str) -> pa.Ta
     return _run(_engine(found), sql, "fix the query", waiting)
 
 
-def _open(pipeline: Pipeline, kind: Table, data_root: Path) -> DeltaTable:
-    """``kind`` of ``pipeline``; ``TableNotFound`` if it does not exist yet."""
-    path = table_path(pipeline, kind, data_root)
+def _open(entry: CatalogEntry, kind: Table) -> DeltaTable:
+    """``kind`` of ``entry``'s pipeline; ``TableNotFound`` if it does not exist yet."""
+    path = table_path(entry, kind)
     if not DeltaTable.is_deltatable(path):
         raise TableNotFound(
-            f"{sql_name(pipeline.name, kind.name)} does not exist yet ({path}): {kind.created}"
+            f"{sql_name(entry.pipeline, kind.name)} does not exist yet ({path}): {kind.created}"
         )
     return DeltaTable(path)
 
 
-def _sink_order(pipeline: Pipeline, sink: DeltaTable) -> str:
+def _sink_order(entry: CatalogEntry, sink: DeltaTable) -> str:
     """The newest first: a windowed sink's windows by start (then key), a sink holding the
     event-time column by event time; else as stored."""
-    if pipeline.aggregation is not None:
-        keys = "".join(f', "{k}"' for k in pipeline.aggregation.keys)
+    if entry.window_keys is not None:
+        keys = "".join(f', "{k}"' for k in entry.window_keys)
         return f"window_start DESC{keys}"
     columns = {field.name for field in sink.schema().fields}
-    if pipeline.event_time is not None and pipeline.event_time.column in columns:
-        return f'"{pipeline.event_time.column}" DESC'
+    if entry.event_time_column is not None and entry.event_time_column in columns:
+        return f'"{entry.event_time_column}" DESC'
     return ""
 
 
@@ -206,12 +254,12 @@ _NOT_FOUND = re.compile(r"table '(?:datafusion\.)?(?:public\.)?([^']+)' not foun
 
 def _run(
     engine: QueryBuilder, sql: str, fix: str, waiting: Mapping[str, str] | None = None
-) -> pa.Table:
+) -> Rows:
     """The rows of ``sql``; a table it names that is not there is ``TableNotFound`` (with
     ``waiting``'s reason, by unquoted name, for one not created yet), any other failure
     ``QueryFailed`` saying ``fix``."""
     try:
-        return query_rows(engine.execute(sql))
+        return RecordBatchReader.from_arrow(engine.execute(sql)).read_all()
     except Exception as exc:  # DataFusion raises one error type for every failure
         message = first_line(exc)
         missing = _NOT_FOUND.search(message)

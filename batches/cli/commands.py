@@ -43,24 +43,22 @@ from lowmark.batches.cli.logs import (
     stop_logs,
 )
 from lowmark.batches.clock import Clock, SystemClock
-from lowmark.batches.demo import INCOMING, orders, user_revenue, write_sample_files
-from lowmark.batches.durations import parse_duration_ms
 from lowmark.batches.errors import BatchFailed, RunInFlight
-from lowmark.batches.expectations import PARSABLE
-from lowmark.batches.loop.events import BatchResult
-from lowmark.batches.loop.metrics import TEXTFILE_ENV, exported_metrics
-from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
+from lowmark.batches.loop.metrics import TEXTFILE_ENV
 from lowmark.batches.registry import get_pipeline, load_pipelines
 from lowmark.state.errors import LowmarkError, first_line
 
 # The engine (lowmark.batches.loop, the sources, lowmark.state.session) and PySpark are imported by
-# the commands that run or plan batches, not with this module: `lowmark --help`, `list`,
-# `show` and `sql` must not pay for importing them (docs/cli.md, "Fast commands").
+# the commands that run or plan batches, the pipeline definitions (pydantic, pyarrow) by those
+# that load them, not with this module: `lowmark --help`, `show` and `sql` must not pay for
+# importing them (docs/cli.md, "Fast commands").
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lowmark.batches.admin.status import NextBatchStatus, PipelineStatus
+    from lowmark.batches.loop.events import BatchResult
     from lowmark.batches.loop.microbatch import MicroBatchRunner
+    from lowmark.batches.pipeline import Pipeline
 
 app = typer.Typer(
     help="lowmark: exactly-once micro-batch streaming on Spark + Delta.",
@@ -80,8 +78,9 @@ if TYPE_CHECKING:
     """Given a runner and the data root, what to call with each batch it commits (None:
     nothing)."""
 
-ResetGuard = Callable[[Pipeline], str | None]
-"""Why a reset of a pipeline must not go on now (a run of it in flight elsewhere), or None."""
+    ResetGuard: TypeAlias = Callable[[Pipeline], str | None]
+    """Why a reset of a pipeline must not go on now (a run of it in flight elsewhere), or
+    None."""
 
 JsonFlag = Annotated[
     bool, typer.Option("--json", help="Print JSON instead of text (keys in the README).")
@@ -217,6 +216,8 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 def _sink_words(p: Pipeline) -> str:
     """The sink as ``lowmark list`` shows it: ``delta:demo/orders (append)``, its mode the
     one batches write it with (``Pipeline.output_mode``)."""
+    from lowmark.batches.pipeline import DeltaSink
+
     where = p.sink.path if isinstance(p.sink, DeltaSink) else p.sink.label
     mode = f" ({p.output_mode})" if p.output_mode else ""
     return f"{p.sink.kind}:{where}{mode}"
@@ -225,6 +226,8 @@ def _sink_words(p: Pipeline) -> str:
 def _sink_json(p: Pipeline) -> dict[str, str | None]:
     """The sink as ``lowmark list --json`` shows it: a Delta table, or a custom factory;
     ``mode`` the one batches write it with (``Pipeline.output_mode``)."""
+    from lowmark.batches.pipeline import DeltaSink
+
     if isinstance(p.sink, DeltaSink):
         return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.output_mode}
     shown: dict[str, str | None] = {"kind": p.sink.kind, "factory": p.sink.label}
@@ -348,6 +351,8 @@ def _metrics_exported(
     """``runner``'s metrics on the endpoint and/or in the textfile asked for
     (``lowmark.batches.loop.metrics.exported_metrics``); a port that cannot be listened on is a
     bad ``--metrics-port``."""
+    from lowmark.batches.loop.metrics import exported_metrics
+
     with ExitStack() as stack:
         try:
             bound = stack.enter_context(exported_metrics(runner, port, host, textfile_dir))
@@ -428,6 +433,8 @@ def _follow(
 
 def _seconds(option: str, value: str) -> float:
     """A duration as batches/durations.py reads it; a bare number is seconds."""
+    from lowmark.batches.durations import parse_duration_ms
+
     try:
         return parse_duration_ms(float(value) if _is_number(value) else value) / 1000
     except ValueError as exc:
@@ -443,6 +450,7 @@ def _is_number(value: str) -> bool:
 
 
 def _print_batch(r: BatchResult) -> None:
+    from lowmark.batches.expectations import PARSABLE
     from lowmark.batches.sources.base import describe_range
 
     what = "replayed" if r.replay else "committed"
@@ -534,6 +542,8 @@ def status(
 def _violated(p: Pipeline, last: dict[str, int], totals: dict[str, int]) -> str:
     """Each expectation's violations in words, in the last batch and in all (``valid_amount
     (drop): 2 of the last batch, 7 in all``)."""
+    from lowmark.batches.expectations import PARSABLE
+
     actions = {PARSABLE: "drop"} | {e.name: e.on_violation for e in p.expectations}
     return "; ".join(
         f"{name} ({action}): {last.get(name, 0)} in the last batch, {totals.get(name, 0)} in all"
@@ -843,6 +853,8 @@ def reset(
 
 def _demo_table(pipeline: Pipeline, data_root: Path) -> str:
     """Where a demo pipeline's sink table lives."""
+    from lowmark.batches.pipeline import DeltaSink, resolve
+
     assert isinstance(pipeline.sink, DeltaSink)  # the demo's pipelines write Delta tables
     return resolve(pipeline.sink.path, data_root)
 
@@ -856,6 +868,7 @@ def demo(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     the straggler file's orders to its late table.
     """
     from lowmark.batches.admin.status import pipeline_status
+    from lowmark.batches.demo import INCOMING, orders, user_revenue, write_sample_files
     from lowmark.batches.loop.microbatch import MicroBatchRunner
 
     c: Context = ctx.obj

@@ -19,13 +19,11 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any
 
-import pyarrow as pa
 import typer
 
-from lowmark.batches.admin.tables import EPOCH_MS_COLUMNS, TABLES, query, show
+from lowmark.batches.admin.tables import EPOCH_MS_COLUMNS, TABLES, Rows, locate, query, show
 from lowmark.batches.cli.commands import Context, app, err, out
 from lowmark.batches.cli.display import iso_time, print_json, print_table
-from lowmark.batches.registry import get_pipeline, load_pipelines
 
 DEFAULT_LIMIT = 20
 
@@ -63,8 +61,7 @@ def show_table(
     started. `lowmark sql` queries and joins them.
     """
     c: Context = ctx.obj
-    p = get_pipeline(pipeline, c.pipelines)
-    shown = show(p, table, c.data_root, limit, where)
+    shown = show(locate(pipeline, c.data_root, c.pipelines), table, limit, where)
     if as_json:
         _print_json_lines(shown.rows)
         return
@@ -99,7 +96,7 @@ def sql_query(
     DataFusion's dialect).
     """
     c: Context = ctx.obj
-    rows = query(load_pipelines(c.pipelines), c.data_root, statement)
+    rows = query(c.data_root, statement, c.pipelines)
     if as_json:
         _print_json_lines(rows)
         return
@@ -107,14 +104,16 @@ def sql_query(
     err.print(f"{rows.num_rows} rows", highlight=False)
 
 
-def _print_rows(rows: pa.Table) -> None:
+def _print_rows(rows: Rows) -> None:
     """``rows`` as a table for people (its times ISO 8601 UTC)."""
     epoch_ms = [name in EPOCH_MS_COLUMNS for name in rows.column_names]
-    cells = [
-        [_cell(v, ms) for v, ms in zip(row.values(), epoch_ms, strict=True)]
-        for row in rows.to_pylist()
-    ]
+    cells = [[_cell(v, ms) for v, ms in zip(row, epoch_ms, strict=True)] for row in _values(rows)]
     print_table(out, rows.column_names, cells)
+
+
+def _values(rows: Rows) -> list[tuple[Any, ...]]:
+    """``rows`` as Python values, a tuple a row."""
+    return list(zip(*(column.to_pylist() for column in rows.columns), strict=True))
 
 
 def _cell(value: Any, epoch_ms: bool) -> str:
@@ -137,11 +136,12 @@ def _cell(value: Any, epoch_ms: bool) -> str:
     return str(value)
 
 
-def _print_json_lines(rows: pa.Table) -> None:
+def _print_json_lines(rows: Rows) -> None:
     """``rows`` as JSON Lines."""
-    for batch in rows.to_batches():
-        for row in batch.to_pylist():
-            print_json(out, row, indent=None, default=_json_value)
+    for row in _values(rows):
+        print_json(
+            out, dict(zip(rows.column_names, row, strict=True)), indent=None, default=_json_value
+        )
 
 
 def _json_value(value: Any) -> Any:

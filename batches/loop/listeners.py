@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
-from lowmark.batches.pipeline import Pipeline
 from lowmark.state.errors import first_line
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
+    from lowmark.batches.pipeline import Pipeline
 
-Event = BatchStarted | BatchResult | BatchFailure | RunTerminated
-"""Anything a listener is told."""
+    Event: TypeAlias = BatchStarted | BatchResult | BatchFailure | RunTerminated
+    """Anything a listener is told."""
+
+log = logging.getLogger(__name__)
 
 
 class PipelineListener:

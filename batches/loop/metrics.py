@@ -24,13 +24,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lowmark.batches.loop.events import (
-    BatchFailure,
-    BatchResult,
-    BatchStarted,
-    FailedKind,
-    RunTerminated,
-)
 from lowmark.batches.loop.listeners import PipelineListener
 
 if TYPE_CHECKING:
@@ -38,6 +31,13 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
+    from lowmark.batches.loop.events import (
+        BatchFailure,
+        BatchResult,
+        BatchStarted,
+        FailedKind,
+        RunTerminated,
+    )
     from lowmark.batches.loop.microbatch import MicroBatchRunner
 
 log = logging.getLogger(__name__)

@@ -25,6 +25,7 @@ from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink, build_sink
 from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Source
+from lowmark.state import catalog
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.session import SparkLike, provider
 
@@ -58,8 +59,11 @@ def build_parts(
     ``clock``: what "now" is read from (default: the wall clock); ``source``:
     the runtime source to read through (default: the one its configuration
     builds, ``build_source``).
+
+    Where its tables are is recorded in the data root's catalog (``lowmark.state.catalog``).
     """
     checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
+    catalog.remember(data_root, pipeline.catalog_entry(data_root))
     parts = _parts(spark, pipeline, data_root, checkpoint, clock or SystemClock(), source)
     new = start_over(pipeline, parts.planner, parts.work, data_root)
     if new is None:

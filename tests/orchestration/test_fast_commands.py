@@ -1,10 +1,13 @@
 """The commands that only read (``--help``, ``list``, ``show``, ``sql``) import neither
 Dagster nor PySpark: importing them costs seconds, the commands' own work milliseconds. Nor
 pandas (0.7 s; pyarrow imports it when asked whether something is a DataFrame) or
-prometheus_client (0.1 s).
+prometheus_client (0.1 s). And ``show`` and ``sql`` of a pipeline that has run (its tables
+in the data root's catalog) import neither the pipeline definitions nor pydantic nor
+pyarrow (0.6 s together).
 
-One Python subprocess (the suite's own process has both imported) runs the console entry
-point the ``lowmark`` script runs, for each command in turn, then names what it imported.
+One Python subprocess (the suite's own process has them all imported) runs the console
+entry point the ``lowmark`` script runs, for each command in turn, then names what it
+imported.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import write_deltalake
 
+from lowmark.state import catalog
+from lowmark.state.catalog import CatalogEntry
+
 RUN_COMMANDS = """
 import json, sys
 from lowmark.orchestration.cli import main
@@ -26,8 +32,9 @@ for argv in json.loads(sys.argv[1]):
         main(argv)
     except SystemExit as exc:
         assert not exc.code, (argv, exc.code)
-heavy = {"dagster", "pyspark", "pandas", "prometheus_client"}
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & heavy)))
+heavy = {"dagster", "pyspark", "pandas", "prometheus_client", "pydantic", "pyarrow"}
+imported = {m.split(".")[0] for m in sys.modules} | {m for m in sys.modules if "lowmark" in m}
+print(json.dumps(sorted(imported & (heavy | {"lowmark.batches.pipeline"}))))
 """
 
 
@@ -61,6 +68,26 @@ def test_help_list_show_and_sql_import_neither_dagster_nor_pyspark_nor_pandas(
     shown = run_commands(commands, tmp_path)
     rows = [json.loads(line) for line in shown if line.startswith('{"order_id"')]
     assert sorted(r["order_id"] for r in rows) == ["o1", "o2"]  # `show` did its work
+    assert not {"dagster", "pyspark", "pandas", "prometheus_client"} & set(json.loads(shown[-1]))
+
+
+def test_show_and_sql_of_a_pipeline_that_has_run_load_no_definitions_nor_pyarrow(
+    tmp_path: Path,
+) -> None:
+    write_deltalake(str(tmp_path / "sink"), pa.table({"order_id": ["o1", "o2"]}))
+    ran = CatalogEntry(
+        "orders", str(tmp_path / "checkpoint"), str(tmp_path / "sink"), "", None, None
+    )
+    catalog.remember(tmp_path, ran)  # as its run records it (tests/batches/cli/test_look.py)
+    root = ["--data-root", str(tmp_path), "--pipelines", "no.such.module"]
+    commands = [
+        [*root, "show", "orders", "--json"],
+        [*root, "sql", "SELECT count(*) AS n FROM orders.sink"],
+    ]
+    shown = run_commands(commands, tmp_path)
+    rows = [json.loads(line) for line in shown if line.startswith('{"order_id"')]
+    assert sorted(r["order_id"] for r in rows) == ["o1", "o2"]  # `show` did its work
+    assert shown[-2].strip() == "2"  # and `sql` its
     assert json.loads(shown[-1]) == [], f"imported {shown[-1]}"
 
 

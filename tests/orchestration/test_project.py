@@ -58,6 +58,7 @@ def test_a_project_is_found_from_any_folder_below_it_and_not_beside_it(
     [
         ('pipelines = "pipelines"\ndata_rot = "d"\n', "lowmark.toml: data_rot: Extra inputs"),
         ("data_root = 'data'\n", "lowmark.toml: pipelines: Field required"),
+        ("pipelines = 3\n", "lowmark.toml: pipelines: Input should be a valid string"),
         ("pipelines = pipelines\n", "lowmark.toml is not valid TOML: Invalid value (at line 1"),
     ],
 )

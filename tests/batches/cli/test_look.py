@@ -24,6 +24,7 @@ from lowmark.batches.demo import orders, write_sample_files
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.registry import load_pipelines
+from lowmark.state import catalog
 from tests.helpers import delta_frame, json_lines_sink, lowmark
 
 PIPELINES = """
@@ -214,8 +215,33 @@ def test_what_cannot_be_shown_is_one_line_naming_it_and_the_way_on(
 def test_a_custom_sink_has_no_table_to_show(ran: Ran) -> None:
     exporting = orders.model_copy(update={"sink": json_lines_sink()})
     with pytest.raises(PipelineConfigInvalid, match=r"writes a custom sink .*lowmark show"):
-        tables.show(exporting, "sink", ran.root, 10)
-    assert tables.show(exporting, "bad", ran.root, 10).matching == 2  # its checkpoint's are
+        tables.show(exporting.catalog_entry(ran.root), "sink", 10)
+    # its checkpoint's are
+    assert tables.show(exporting.catalog_entry(ran.root), "bad", 10).matching == 2
+
+
+def test_show_finds_the_tables_where_the_last_run_recorded_them(
+    capsys: pytest.CaptureFixture[str], ran: Ran
+) -> None:
+    defined = load_pipelines(str(ran.pipelines))
+    recorded = catalog.entries(ran.root)
+    assert recorded == {
+        n: defined[n].catalog_entry(ran.root) for n in ("orders", "revenue_updates")
+    }
+    # Recorded: no definitions needed (these are nowhere).
+    nowhere = ("--pipelines", str(ran.root / "nowhere.py"))
+    code, out, _ = lowmark(capsys, ran.root, *nowhere, "show", "revenue_updates", "--json")
+    assert code == 0 and len(json_lines(out)) == min(20, len(ran.windows))
+    code, _, err = lowmark(capsys, ran.root, *nowhere, "show", "user_revenue")
+    assert code == 2 and "cannot import pipelines from" in err  # never ran: not recorded
+    # Not recorded (a run by a lowmark without the catalog): found by its definition, and
+    # recorded for the next look.
+    (catalog.catalog_dir(ran.root) / "orders.json").unlink()
+    code, out, _ = lowmark(
+        capsys, ran.root, *ran.args("sql", "SELECT count(*) AS n FROM orders.bad")
+    )
+    assert code == 0 and out.split()[-1] == "2"
+    assert catalog.entries(ran.root) == recorded
 
 
 def test_show_and_sql_start_no_spark(ran: Ran, tmp_path: Path) -> None:
