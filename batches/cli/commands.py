@@ -110,13 +110,16 @@ class Context:
     def spark(self) -> SparkSession:
         from pyspark.sql import SparkSession
 
+        from lowmark.state.jars import delta_jars
         from lowmark.state.session import SparkSettings, get_spark
 
         settings = SparkSettings(master=self.master) if self.master else SparkSettings()
         send_pyspark_logs()
         if SparkSession.getActiveSession() is not None:
             return get_spark(settings)
-        # Spark's JVM prints to the log file, not the console (lowmark.batches.cli.logs).
+        # Jars fetched on first use say so on the console, before the JVM's output goes to
+        # the log file instead (lowmark.batches.cli.logs).
+        delta_jars(settings.jars_dir)
         with err.status("starting Spark…"), jvm_output_to(log_file(self.data_root)):
             return get_spark(settings)
 
