@@ -17,6 +17,7 @@ quoted: ``"Page-Views".sink``. A query may join the tables of any pipelines.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -194,9 +195,11 @@ def query(data_root: Path, sql: str, definitions: str | None) -> Rows:
 
 
 def _record(entry: CatalogEntry, data_root: Path) -> CatalogEntry:
-    """``entry``, recorded in the catalog if its checkpoint exists (its pipeline has run)."""
+    """``entry``, recorded in the catalog if its checkpoint exists (its pipeline has run) and
+    the data root may be written (a look from a read-only one finds it the same way again)."""
     if DeltaTable.is_deltatable(f"{entry.checkpoint}/offsets"):
-        catalog.remember(data_root, entry)
+        with contextlib.suppress(OSError):
+            catalog.remember(data_root, entry)
     return entry
 
 
