@@ -33,8 +33,9 @@ for argv in json.loads(sys.argv[1]):
     except SystemExit as exc:
         assert not exc.code, (argv, exc.code)
 heavy = {"dagster", "pyspark", "pandas", "prometheus_client", "pydantic", "pyarrow"}
-imported = {m.split(".")[0] for m in sys.modules} | {m for m in sys.modules if "lowmark" in m}
-print(json.dumps(sorted(imported & (heavy | {"lowmark.batches.pipeline"}))))
+imported = {m.split(".")[0] for m in sys.modules} & heavy
+imported |= {"lowmark.batches.pipeline"} & sys.modules.keys()
+print(json.dumps(sorted(imported)))
 """
 
 
