@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from lowmark.batches.config import UserConfig
+from lowmark.batches.dedup import Dedup
 from lowmark.batches.durations import DurationMs
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
@@ -698,6 +699,11 @@ class Pipeline(_Config):
     event_time: EventTime | None = Field(
         default=None, description="Event-time column, out-of-orderness, idleness, lateness."
     )
+    dedup: Dedup | None = Field(
+        default=None,
+        description="Drop records whose id was let through within a horizon of event time "
+        "(needs event_time); see Deduplication.",
+    )
     aggregation: WindowedAggregation | None = Field(
         default=None, description="Windowed aggregation per key (needs event_time)."
     )
@@ -750,6 +756,15 @@ class Pipeline(_Config):
     @model_validator(mode="after")
     def _expectations_named_once(self) -> Pipeline:
         check_names(self.expectations, self.quality)
+        return self
+
+    @model_validator(mode="after")
+    def _dedup_needs_event_time(self) -> Pipeline:
+        if self.dedup is not None and self.event_time is None:
+            raise ValueError(
+                "`dedup` holds ids for a horizon of event time: it needs `event_time` "
+                "(which column holds event time)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -834,9 +849,10 @@ class Pipeline(_Config):
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not; a SQL transform by its query (surrounding
         whitespace stripped). ``post_aggregation`` counts the same way, and only when
-        set, so pipelines without it keep their fingerprint. Of the expectations, only
-        the ``drop`` ones count, and only when there are some (``lowmark.batches.expectations``):
-        ``warn`` and ``fail`` ones and the ``quality`` thresholds change no committed row.
+        set, so pipelines without it keep their fingerprint; ``dedup`` likewise. Of the
+        expectations, only the ``drop`` ones count, and only when there are some
+        (``lowmark.batches.expectations``): ``warn`` and ``fail`` ones and the ``quality``
+        thresholds change no committed row.
         """
         semantics: dict[str, Any] = {
             "source": self.source.semantics(),
@@ -849,6 +865,8 @@ class Pipeline(_Config):
         }
         if self.post_aggregation is not None:
             semantics["post_aggregation"] = step_semantics(self.post_aggregation)
+        if self.dedup is not None:  # absent otherwise, as for post_aggregation
+            semantics["dedup"] = self.dedup.model_dump()
         drops = fingerprint_semantics(self.expectations)
         if drops is not None:  # absent otherwise: checkpoints from before keep theirs
             semantics["expectations"] = drops

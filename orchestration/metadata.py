@@ -34,8 +34,9 @@ def batch_line(pipeline: Pipeline, r: BatchResult) -> str:
     verb = "replayed" if r.replay else "committed"
     line = (
         f"{pipeline.name} batch {r.batch_id} {verb} in {_seconds(r):.1f} s: {r.rows_in} rows "
-        f"in, {r.rows_out} out, {r.rows_late} late, {r.rows_bad} bad; input "
-        f"{describe_range(r.start, r.end)}"
+        f"in, {r.rows_out} out, {r.rows_late} late, {r.rows_bad} bad"
+        + (f", {r.rows_duplicate} duplicates" if r.rows_duplicate is not None else "")
+        + f"; input {describe_range(r.start, r.end)}"
     )
     if r.watermark_ms is not None:
         line += f"; watermark {_iso(r.watermark_ms)}"
@@ -56,6 +57,8 @@ def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawM
         "rows_bad": r.rows_bad,
         "duration_seconds": round(_seconds(r), 2),
     }
+    if r.rows_duplicate is not None:
+        metadata["rows_duplicate"] = r.rows_duplicate
     if r.watermark_ms is not None:
         metadata["watermark"] = dg.MetadataValue.timestamp(r.watermark_ms / 1000)
     if r.lag_ms is not None:

@@ -29,6 +29,8 @@ class BatchCounts(BaseModel):
     """Records that went into windows (windowed pipelines)."""
     rows_closed: int = 0
     """Records in the windows this batch closed (emitted as final, purged from state)."""
+    rows_duplicate: int = 0
+    """Records deduplication dropped: their id was let through before (``dedup``)."""
     violations: dict[str, int] = Field(default_factory=dict)
     """Per expectation, the records that violated it (``parsable``: rows that did not
     parse). A ``drop`` expectation's records are among ``rows_bad``."""
@@ -60,6 +62,7 @@ class CommitEntry(LogEntry, BatchCounts):
         pa.field("rows_closed", pa.int64()),
         pa.field("violations", pa.string()),
         pa.field("violation_totals", pa.string()),
+        pa.field("rows_duplicate", pa.int64()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {"table_versions", "totals", "violations", "violation_totals"}
@@ -72,7 +75,7 @@ class CommitEntry(LogEntry, BatchCounts):
     any batch.
 
     The accounting identity, per batch and in total: ``rows_in = rows_bad +
-    rows_dropped + rows_late + rows_windowed`` (windowed pipelines; ``+ rows_out``,
+    rows_dropped + rows_duplicate + rows_late + rows_windowed`` (windowed pipelines; ``+ rows_out``,
     the sink's rows, instead of ``rows_windowed`` for stateless ones), and the
     records still in open windows are ``rows_windowed - rows_closed`` in total."""
     violation_totals: dict[str, int] = Field(default_factory=dict)

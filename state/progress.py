@@ -29,6 +29,7 @@ class ProgressEntry(LogEntry):
         pa.field("input_skipped", pa.string()),
         # Added later: null in rows written before.
         pa.field("violations", pa.string()),
+        pa.field("rows_duplicate", pa.int64()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {"durations_ms", "input_skipped", "violations"}
@@ -40,6 +41,8 @@ class ProgressEntry(LogEntry):
     rows_out: int
     rows_bad: int
     rows_late: int = 0
+    rows_duplicate: int | None = None
+    """Records deduplication dropped (None: the pipeline has no ``dedup``)."""
     violations: dict[str, int] = Field(default_factory=dict)
     """Per expectation, the records that violated it (``parsable``: rows that did not
     parse)."""

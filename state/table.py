@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import (
     CommitProperties,
     DeltaTable,
@@ -451,3 +452,10 @@ def micros_literal(micros: int) -> str:
     """An SQL timestamp literal (UTC) for delta-rs predicates, exact to the microsecond."""
     moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
     return f"'{moment.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}'"
+
+
+def floor_div(values: pa.Array, divisor: int) -> pa.Array:
+    """``values // divisor`` as Python floors it (Arrow's integer division truncates)."""
+    truncated = pc.divide(values, divisor)
+    above = pc.greater(pc.multiply(truncated, divisor), values)
+    return pc.subtract(truncated, pc.cast(above, pa.int64()))

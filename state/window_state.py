@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing
-from lowmark.state.table import DriverTable, micros_literal
+from lowmark.state.table import DriverTable, floor_div, micros_literal
 
 WINDOW_COLUMNS = ("window_start", "window_end")
 LATEST = -1
@@ -132,7 +132,7 @@ class WindowState:
             )
         upsert_starts = upserts.column("window_start").combine_chunks().cast(pa.int64())
         self.table.merge_once(
-            upserts.append_column(SLOT, _floor_div(upsert_starts, self.slot_us)),
+            upserts.append_column(SLOT, floor_div(upsert_starts, self.slot_us)),
             deletes,
             self.identity,
             self.txn_app_id,
@@ -147,10 +147,3 @@ class WindowState:
         if not self.table.exists():
             return True
         return SLOT in self.table.open().metadata().partition_columns
-
-
-def _floor_div(values: pa.Array, divisor: int) -> pa.Array:
-    """``values // divisor`` as Python floors it (Arrow's integer division truncates)."""
-    truncated = pc.divide(values, divisor)
-    above = pc.greater(pc.multiply(truncated, divisor), values)
-    return pc.subtract(truncated, pc.cast(above, pa.int64()))

@@ -331,7 +331,7 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     committed batches (``total``, the running totals) or of one batch.
 
     ``read = bad + dropped_by_transform + late`` (``bad``: rows that did not parse and
-    records ``drop`` expectations removed) plus, stateless, ``in_sink``;
+    records ``drop`` expectations removed; ``+ duplicates`` with ``dedup``) plus, stateless, ``in_sink``;
     windowed, in total, ``in_closed_windows + in_open_windows`` (the records
     in windows emitted as final, and in windows still in the state table);
     windowed, of one batch, ``into_windows`` (which of them are still open is
@@ -342,8 +342,10 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
         "read": counts.get("rows_in", 0),
         "bad": counts.get("rows_bad", 0),
         "dropped_by_transform": counts.get("rows_dropped", 0),
-        "late": counts.get("rows_late", 0),
     }
+    if pipeline.dedup is not None:
+        went["duplicates"] = counts.get("rows_duplicate", 0)
+    went["late"] = counts.get("rows_late", 0)
     if pipeline.aggregation is None:
         return went | {"in_sink": counts.get("rows_out", 0)}
     windowed = counts.get("rows_windowed", 0)

@@ -462,9 +462,11 @@ def _print_batch(r: BatchResult) -> None:
     start = f" ({duration(starting)} of it starting Spark)" if starting else ""
     violated = [f"{name} {n}" for name, n in r.violations.items() if n and name != PARSABLE]
     expected = f" (expectations violated: {', '.join(violated)})" if violated else ""
+    twins = f", {r.rows_duplicate} duplicates" if r.rows_duplicate is not None else ""
     out.print(
         f"batch {r.batch_id} {what}: {r.rows_in} rows in, {r.rows_out} out, "
-        f"{r.rows_bad} bad, {r.rows_late} late{expected}; input: {describe_range(r.start, r.end)}"
+        f"{r.rows_bad} bad, {r.rows_late} late{twins}{expected}; "
+        f"input: {describe_range(r.start, r.end)}"
         f"{lag}; took {duration(r.durations_ms['total'])}{start}",
         soft_wrap=True,
         highlight=False,
@@ -585,6 +587,7 @@ def _watermark_fields(s: PipelineStatus) -> list[tuple[str, str]]:
 _WENT = {
     "bad": "bad",
     "dropped_by_transform": "dropped by the transform",
+    "duplicates": "duplicates",
     "late": "late",
     "in_sink": "in the sink",
     "into_windows": "into windows",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from lowmark.batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.event_time.dedup import DedupSeen, DedupStep, Judged
 from lowmark.batches.event_time.driver_merge import WindowChanges
 from lowmark.batches.event_time.stage import (
     BatchFrames,
@@ -55,6 +56,9 @@ class Taken:
     expected: Observation | None = None
     """Windowed, with expectations: observes ``checked`` as the batch's job reads it (each
     expectation's violations, and the dropped records, ``Checks.observed``)."""
+    judged: Judged | None = None
+    """With ``dedup``: the records' verdicts, observed as the batch's job reads them
+    (``out`` is then what it lets through)."""
 
 
 class BatchWork:
@@ -68,6 +72,7 @@ class BatchWork:
         source: Source,
         stage: WindowedStage | None,
         sink: Sink | WindowedSink,
+        dedup: DedupStep | None = None,
     ) -> None:
         self._spark = spark
         self.pipeline = pipeline
@@ -75,6 +80,7 @@ class BatchWork:
         self.source = source
         self.stage = stage
         self.sink = sink
+        self.dedup = dedup
         self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
 
     def take(self, planned: PlannedBatch) -> Taken:
@@ -89,6 +95,7 @@ class BatchWork:
             planned.planned_at_ms,
             cache=self.stage is None,
             strict=strict,
+            seen_ids=self._seen_ids_as_of(planned),
         )
 
     def _take(
@@ -100,9 +107,11 @@ class BatchWork:
         strict: bool = False,
         observe: bool = True,
         expect: bool = True,
+        seen_ids: int | None = None,
     ) -> Taken:
         """Step 3 for ``batch`` (``observe``: see ``WindowedStage.batch_frames``; ``expect``
-        False: the expectations drop nothing, as the read-ahead looks)."""
+        False: the expectations drop nothing, as the read-ahead looks; ``seen_ids``: the
+        version of the seen-ids table a deduplicating pipeline judges against)."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
         checked = self._transformed(read, batch)
         out, expected = checked, None
@@ -111,6 +120,10 @@ class BatchWork:
                 expected = Observation()
                 checked = checked.observe(expected, *self._observed_checks(checked))
             out = checked.where(~self.checks.dropped()) if self.checks.drops else checked
+        judged = None
+        if self.dedup is not None:
+            judged = self.dedup.judged(out, watermark_ms, seen_ids)
+            out = judged.kept
         frames = (
             self.stage.batch_frames(
                 out, watermark_ms, batch.batch_id, self._partitions_of(batch), now_ms, observe
@@ -118,7 +131,7 @@ class BatchWork:
             if self.stage is not None
             else None
         )
-        return Taken(read, out, frames, checked, expected)
+        return Taken(read, out, frames, checked, expected, judged)
 
     def _observed_checks(self, checked: DataFrame) -> list[Column]:
         """What a windowed batch's job observes of its transformed records: each
@@ -153,6 +166,8 @@ class BatchWork:
         ]
         if self.stage is not None:
             written.append((self.stage.state.table, self.stage.state.txn_app_id))
+        if self.dedup is not None:
+            written.append((self.dedup.seen_ids.table, self.dedup.seen_ids.txn_app_id))
         if any(table.landed(app_id, batch_id) for table, app_id in written):
             return True
         return self.sink.landed(batch_id) is not False  # a sink that cannot tell may have
@@ -202,10 +217,12 @@ class BatchWork:
             partials = explained(read, lambda: collect({"partials": frames.partials}))
         counts, stats = observed(read.counts), frames.stats()
         expected = observed(taken.expected) if taken.expected is not None else {}
+        judged = _judged(taken)
         if (
             counts is not None
             and stats is not None
             and expected is not None
+            and judged is not False
             and not counts.get("bad")
         ):
             late = None
@@ -215,17 +232,25 @@ class BatchWork:
             return Seen(
                 counts["rows"],
                 None,
-                late,
+                _with_late(late, judged, planned),
                 stats.max_ms,
                 stats.rows,
                 partials["partials"],
                 self.checks.violations(expected),
                 pa.Table.from_pylist([r.asDict() for r in dropped]) if dropped else None,
+                judged,
             )
-        again = self._take(planned.range, planned.watermark_ms, planned.planned_at_ms, cache=True)
+        again = self._take(
+            planned.range,
+            planned.watermark_ms,
+            planned.planned_at_ms,
+            cache=True,
+            seen_ids=self._seen_ids_as_of(planned),
+        )
         assert again.frames is not None
         seen = self._counted(again, again.frames.late, planned)
         seen_late = seen.late.num_rows if seen.late is not None else 0
+        seen_late -= seen.judged.late.num_rows if seen.judged is not None else 0
         if stats is not None and (seen.rows_out, seen_late) != (stats.rows, stats.late):
             raise PipelineConfigInvalid(
                 f"the transform of {self.pipeline.name} gave batch {planned.batch_id} "
@@ -266,15 +291,25 @@ class BatchWork:
         if event_time is not None:
             stats = seen["output"].to_pylist()
             max_ms = {r[PARTITION_COLUMN]: r["max_ms"] for r in stats if r["max_ms"] is not None}
+        rows_out = total(seen["output"], "rows")
+        judged = _judged(taken)
+        if judged is False:
+            if rows_out:  # never a guess: the ids it let through must be recorded
+                raise RuntimeError(
+                    f"batch {planned.batch_id} of {self.pipeline.name}: Spark reported no "
+                    "deduplication verdicts for its records; the batch is run again"
+                )
+            judged = None
         return Seen(
             total(seen["input"], "rows"),
             seen.get("bad"),
-            seen.get("late"),
+            _with_late(seen.get("late"), judged, planned),
             max_ms,
-            total(seen["output"], "rows"),
+            rows_out,
             None,
             self.checks.violations(seen["expectations"].to_pylist()[0]) if self.checks else {},
             seen.get("dropped"),
+            judged,
         )
 
     def windows(
@@ -317,6 +352,14 @@ class BatchWork:
         tables = collect({f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)})
         return WindowChanges(**tables)
 
+    def _seen_ids_as_of(self, planned: PlannedBatch) -> int | None:
+        """The seen-ids version batch ``planned`` judges its records against (None: no ids
+        yet, or the pipeline does not deduplicate): see ``lowmark.state.seen_ids``."""
+        if self.dedup is None:
+            return None
+        recorded = planned.previous.table_versions.get("dedup") if planned.previous else None
+        return self.dedup.seen_ids.version_for(recorded, planned.replay, planned.batch_id)
+
     def _state_as_of(self, planned: PlannedBatch) -> int | None:
         """The state version batch ``planned`` starts from: the newest (``LATEST``), or, for
         a replay whose own state write landed, the one commit N-1 recorded (None: no state
@@ -328,6 +371,26 @@ class BatchWork:
         if planned.replay and state.table.landed(state.txn_app_id, planned.batch_id):
             return recorded
         return LATEST
+
+
+def _judged(taken: Taken) -> DedupSeen | None | Literal[False]:
+    """What the job that just ran saw of the deduplication of ``taken`` (None: the pipeline
+    does not deduplicate; False: Spark observed nothing, see ``collect.observed``)."""
+    if taken.judged is None:
+        return None
+    metrics = observed(taken.judged.seen)
+    return taken.judged.observed(metrics) if metrics is not None else False
+
+
+def _with_late(
+    late: pa.Table | None, judged: DedupSeen | None, planned: PlannedBatch
+) -> pa.Table | None:
+    """The batch's late rows: ``late`` (the event-time stage's) and those deduplication set
+    aside (``judged``)."""
+    if judged is None or not judged.late.num_rows:
+        return late
+    more = late_table(judged.late, planned.batch_id, planned.watermark_ms)
+    return more if late is None else pa.concat_tables([late, more.cast(late.schema)])
 
 
 def explained(read: SourceRead, job: Callable[[], T]) -> T:

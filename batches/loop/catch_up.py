@@ -60,6 +60,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lowmark.batches.collect import collect, observed, session_confs, shuffle_partitions
+from lowmark.batches.event_time.dedup import DedupSeen
 from lowmark.batches.event_time.stage import (
     FUTURE,
     LATE_RECORD,
@@ -105,6 +106,8 @@ class Seen:
     """Per expectation, the records that violated it (``lowmark.batches.expectations``)."""
     dropped: pa.Table | None = None
     """The records ``drop`` expectations removed (``raw``, ``reason``)."""
+    judged: DedupSeen | None = None
+    """With ``dedup``: its verdicts (its late records are among ``late``)."""
 
 
 @dataclass(frozen=True)

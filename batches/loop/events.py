@@ -70,6 +70,8 @@ class BatchResult(_Json):
     """What waits in the source past this batch's end, by unit (``files``, ``bytes``,
     ``records``, ``versions``): measured only when a listener asks for it
     (``PipelineListener.wants_backlog``), else None."""
+    rows_duplicate: int | None = None
+    """Records deduplication dropped as duplicates (None: the pipeline has no ``dedup``)."""
 
 
 FailedKind = Literal["data", "operational", "transient"]

@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROW_KINDS = ("in", "out", "bad", "late")
-"""The ``kind`` label of the row metrics: read, written to the sink, bad, late."""
+ROW_KINDS = ("in", "out", "bad", "late", "duplicate")
+"""The ``kind`` label of the row metrics: read, written to the sink, bad, late, and dropped
+as duplicates (``dedup``)."""
 
 FAILED_KINDS: tuple[FailedKind, ...] = ("data", "operational", "transient")
 
@@ -151,7 +152,13 @@ class PrometheusMetrics(PipelineListener):
         self.committed.labels(p).inc()
         if progress.replay:
             self.replayed.labels(p).inc()
-        rows = progress.rows_in, progress.rows_out, progress.rows_bad, progress.rows_late
+        rows = (
+            progress.rows_in,
+            progress.rows_out,
+            progress.rows_bad,
+            progress.rows_late,
+            progress.rows_duplicate or 0,
+        )
         for kind, n in zip(ROW_KINDS, rows, strict=True):
             self.rows.labels(p, kind).inc(n)
             self.last_rows.labels(p, kind).set(n)

@@ -232,7 +232,8 @@ class MicroBatchRunner:
         Step 5. Event-time stage: the partials merged with the state rows they touch,
                 read as of commit N-1 on the driver (one Spark job over local data).
         Step 6. Writes, each idempotent per batch: bad records (rows that did not parse,
-                and those expectations dropped), state, sink, late.
+                and those expectations dropped), state (window state, the ids
+                deduplication let through), sink, late.
         Step 7. Commit log (with the next watermark), after the per-partition times.
         Step 8. Source commit (upstream may discard), maintenance every
                 ``maintenance.every_batches`` batches, then the progress row.
@@ -358,6 +359,14 @@ class MicroBatchRunner:
             state_version = state.apply(changes.upserts, changes.deletes, batch_id)
             if state_version is not None:
                 versions["state"] = state_version
+        dedup = parts.work.dedup
+        if dedup is not None and seen.judged is not None:
+            if seen.judged.new_ids.num_rows:
+                dedup.seen_ids.add(seen.judged.new_ids, batch_id)
+            dedup.seen_ids.purge(planned.watermark_ms, batch_id)
+            ids_version = dedup.seen_ids.after()
+            if ids_version is not None:
+                versions["dedup"] = ids_version
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = parts.sink
@@ -376,6 +385,8 @@ class MicroBatchRunner:
         timer.lap("sink")
         faults.reached("after_sink", batch_id)
         rows_late = late.num_rows if late is not None else 0
+        duplicates = seen.judged.duplicates if seen.judged is not None else 0
+        too_old = seen.judged.late.num_rows if seen.judged is not None else 0
         if late is not None and rows_late:
             ckpt.late.append_once(late, ckpt.txn_app_id("late"), batch_id)
         if taken is not None:
@@ -392,10 +403,11 @@ class MicroBatchRunner:
             rows_out=rows_out,
             rows_bad=rows_bad,
             rows_late=rows_late,
-            rows_dropped=seen.rows_in - seen.rows_out - dropped,
+            rows_dropped=seen.rows_in - seen.rows_out - dropped - duplicates - too_old,
             violations=violations,
-            rows_windowed=seen.rows_out - rows_late if parts.stage is not None else 0,
+            rows_windowed=seen.rows_out - (rows_late - too_old) if parts.stage is not None else 0,
             rows_closed=total(changes.closed, ROWS) if changes is not None else 0,
+            rows_duplicate=duplicates,
         )
         commit = commit_batch(
             ckpt,
@@ -434,6 +446,7 @@ class MicroBatchRunner:
                 rows_out=rows_out,
                 rows_bad=rows_bad,
                 rows_late=rows_late,
+                rows_duplicate=duplicates if parts.work.dedup is not None else None,
                 violations=violations,
                 watermark_ms=planned.watermark_ms,
                 lag_ms=lag_ms,
@@ -457,6 +470,7 @@ class MicroBatchRunner:
             violations,
             committed_at_ms=self.clock.now_ms(),
             backlog=self._backlog(planned.end) if self.listeners.want_backlog else None,
+            rows_duplicate=duplicates if parts.work.dedup is not None else None,
         )
         self.listeners.batch_progress(result)
         return result

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.event_time.dedup import DedupStep
 from lowmark.batches.event_time.stage import WindowedStage, window_state
 from lowmark.batches.loop.batch_work import BatchWork
 from lowmark.batches.loop.catch_up import ReadAhead
@@ -27,6 +28,7 @@ from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Source
 from lowmark.state import catalog
 from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.seen_ids import SeenIds
 from lowmark.state.session import SparkLike, provider
 
 
@@ -83,12 +85,16 @@ def _parts(
     source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
     stage = _stage(pipeline, checkpoint)
     sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
-    work = BatchWork(session, pipeline, checkpoint, source, stage, sink)
+    work = BatchWork(
+        session, pipeline, checkpoint, source, stage, sink, _dedup(pipeline, checkpoint)
+    )
+    # A deduplicating batch judges its records against what the batches before it let
+    # through: it is never looked at ahead of them.
     read_ahead = (
         ReadAhead(
             session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
         )
-        if stage is not None
+        if stage is not None and pipeline.dedup is None
         else None
     )
     planner = Planner(pipeline, checkpoint, source, stage, clock)
@@ -117,3 +123,13 @@ def _stage(pipeline: Pipeline, checkpoint: Checkpoint) -> WindowedStage | None:
     return WindowedStage(
         pipeline.event_time, pipeline.aggregation, window_state(checkpoint, pipeline.aggregation)
     )
+
+
+def _dedup(pipeline: Pipeline, checkpoint: Checkpoint) -> DedupStep | None:
+    """The deduplication of a pipeline with ``dedup``, its seen ids in ``checkpoint``."""
+    if pipeline.dedup is None or pipeline.event_time is None:
+        return None
+    seen_ids = SeenIds(
+        checkpoint.table("dedup_ids"), checkpoint.txn_app_id("dedup"), pipeline.dedup.within * 1000
+    )
+    return DedupStep(pipeline.dedup, pipeline.event_time.column, seen_ids)

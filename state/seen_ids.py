@@ -1,0 +1,103 @@
+"""Seen ids: the record ids a deduplicating pipeline has let through, within its horizon.
+
+The ``dedup_ids`` table of a checkpoint holds one row per id first seen
+within the horizon: ``id`` (the record's id columns as a JSON object, the
+form two records are compared in), ``event_time`` (of the record that was
+let through), ``batch_id`` (the batch that let it through), partitioned by
+``_lowmark_slot``, the event time in steps of ``slot_us``. A batch appends
+the ids it lets through with ONE idempotent append (``<pipeline_id>:dedup``,
+batch id); no id is ever rewritten, as a duplicate is never let through.
+
+An id is live while ``event_time >= watermark - within`` (``live_from_us``).
+The batch's Spark tasks read the live ids on the executors, with delta-rs, as
+of a version the driver pins (``SeenIds.version_for``): a new batch the
+newest, a replay whose own append landed the one commit N-1 recorded, so a
+replay judges every record exactly as the first attempt did. Ids below the
+horizon are left out of every read; whole slots below it are deleted as the
+watermark moves (``purge``), a delete of partitions only, no file rewritten.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from lowmark.state.table import UTC_MICROS, DriverTable, floor_div, micros_literal
+
+SLOT = "_lowmark_slot"
+"""Partition column: ``event_time`` (epoch µs) // ``slot_us``."""
+SLOT_MIN_US = 60_000_000
+"""The narrowest slot: a minute."""
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("event_time", UTC_MICROS, nullable=False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field(SLOT, pa.int64(), nullable=False),
+    ]
+)
+
+
+class SeenIds:
+    """The ``dedup_ids`` table at ``path``; ids live for ``within_us`` of event time."""
+
+    def __init__(self, path: str, txn_app_id: str, within_us: int) -> None:
+        self.table = DriverTable(path, SCHEMA, "deduplication table", partition_by=(SLOT,))
+        self.path = self.table.path
+        self.txn_app_id = txn_app_id
+        self.within_us = within_us
+        self.slot_us = max(within_us, SLOT_MIN_US)
+
+    def live_from_us(self, watermark_ms: int | None) -> int | None:
+        """The oldest event time (epoch µs) whose ids are still held under ``watermark_ms``
+        (None: no watermark yet, every id is)."""
+        return None if watermark_ms is None else watermark_ms * 1000 - self.within_us
+
+    def version_for(self, recorded: int | None, replay: bool, batch_id: int) -> int | None:
+        """The version batch ``batch_id`` judges its records against: ``recorded`` (commit
+        N-1's) for a replay whose own append landed, else the newest; None: no ids yet."""
+        if not self.table.exists():
+            return None
+        if replay and recorded is not None and self.table.landed(self.txn_app_id, batch_id):
+            return recorded
+        return self.table.version()
+
+    def add(self, ids: pa.Table, batch_id: int) -> None:
+        """Append ``ids`` (``id``, ``event_us``) let through by batch ``batch_id``, once."""
+        event_us = ids.column("event_us").cast(pa.int64())
+        rows = pa.table(
+            {
+                "id": ids.column("id"),
+                "event_time": event_us.cast(UTC_MICROS),
+                "batch_id": pa.array([batch_id] * ids.num_rows, pa.int64()),
+                SLOT: floor_div(event_us, self.slot_us),
+            }
+        )
+        self.table.append_once(rows, self.txn_app_id, batch_id)
+
+    def purge(self, watermark_ms: int | None, batch_id: int) -> None:
+        """Delete the slots wholly below the horizon under ``watermark_ms`` (a repeat is
+        harmless; a slot deleted or not changes no batch's judgement, as reads leave out
+        ids below the horizon)."""
+        from_us = self.live_from_us(watermark_ms)
+        if from_us is None or not self.table.exists():
+            return
+        below = from_us // self.slot_us
+        held = {int(p[SLOT]) for p in self.table.open().partitions()}
+        if any(slot < below for slot in held):
+            self.table.delete(f'"{SLOT}" < {below}', batch_id)
+
+    def after(self) -> int | None:
+        """The table's version now (None: it does not exist): what the commit records."""
+        return self.table.version() if self.table.exists() else None
+
+
+def live_ids(path: str, slot_us: int, version: int | None, from_us: int | None) -> pa.Array:
+    """The ids the table at ``path`` held as of ``version`` from event time ``from_us`` on
+    (None: every id); what a Spark task reads, with delta-rs, on an executor."""
+    if version is None:
+        return pa.array([], pa.string())
+    where = None
+    if from_us is not None:
+        where = f'"{SLOT}" >= {from_us // slot_us} AND "event_time" >= {micros_literal(from_us)}'
+    table = DriverTable(path, SCHEMA, "deduplication table")
+    return table.read(where, version).column("id").combine_chunks()
