@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -149,6 +150,9 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
     if settings.master.startswith("local"):
         # Bind to loopback: no other host is ever involved in local mode.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python tasks (deduplication, users' UDFs) run in this interpreter, whose packages
+        # (pyarrow, numpy, lowmark) they need, not in whatever `python3` is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     confs = {
         **_LOCAL_DEFAULTS,
         "spark.ui.enabled": str(settings.ui).lower(),

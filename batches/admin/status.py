@@ -331,7 +331,8 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     committed batches (``total``, the running totals) or of one batch.
 
     ``read = bad + dropped_by_transform + late`` (``bad``: rows that did not parse and
-    records ``drop`` expectations removed; ``+ duplicates`` with ``dedup``) plus, stateless, ``in_sink``;
+    records ``drop`` expectations removed; ``+ duplicates`` with ``dedup``) plus,
+    stateless, ``in_sink``;
     windowed, in total, ``in_closed_windows + in_open_windows`` (the records
     in windows emitted as final, and in windows still in the state table);
     windowed, of one batch, ``into_windows`` (which of them are still open is

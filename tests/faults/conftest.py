@@ -32,6 +32,8 @@ from tests.faults.scenarios import (
     FIXED_INPUT,
     KAFKA_TOPIC,
     PIPELINES,
+    RESENT_INPUT,
+    dedup_tumbling,
     delta_update,
     kafka_lines,
     kafka_update,
@@ -52,6 +54,7 @@ MATRIX = (
     tumbling_two_partitions,
     session_update,
     plain_append,
+    dedup_tumbling,
     kafka_update,
     synthetic_append,
     synthetic_idle,
@@ -72,6 +75,7 @@ only (their sources' replays are tested on their own in ``tests/batches/sources`
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": STEPS,
     "plain_append": ("after_sink",),
+    "dedup_tumbling": ("after_state", "before_commit"),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
 at every step, and the stateless pipeline after Spark's sink write landed uncommitted.
@@ -125,6 +129,9 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
     if pipeline in (delta_update, union_append):
         write_table(request.getfixturevalue("spark"), folder / "input_table")
     if pipeline is delta_update:
+        return pipeline
+    if pipeline is dedup_tumbling:
+        write_input(folder / "input", RESENT_INPUT, pipeline)
         return pipeline
     if pipeline is not kafka_update:
         write_input(folder / "input", FIXED_INPUT, pipeline)

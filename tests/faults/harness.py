@@ -69,6 +69,7 @@ _CHECKPOINT_TABLES = (
     "watermarks",
     "state_windows",
     "late",
+    "dedup_ids",
 )
 _INSERTED = ("numOutputRows", "numTargetRowsInserted", "num_added_rows", "num_target_rows_inserted")
 _UPDATED = ("numTargetRowsUpdated", "num_target_rows_updated")

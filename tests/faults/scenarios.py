@@ -24,6 +24,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from lowmark.batches.dedup import Dedup
 from lowmark.batches.pipeline import (
     CustomSource,
     DeltaSink,
@@ -97,6 +98,10 @@ sliding_update = _windowed(
     "sliding_update", Sliding(size="10 seconds", slide="5 seconds"), "update"
 )
 plain_append = Pipeline(name="plain_append", source=_source(), sink=DeltaSink(path=SINK))
+dedup_tumbling = _windowed("dedup_tumbling", Tumbling(size="10 seconds"), "append").model_copy(
+    update={"dedup": Dedup(columns=("user", "ts"), within="20 seconds")}
+)
+"""Tumbling windows behind deduplication by (user, event time), over ``RESENT_INPUT``."""
 
 KAFKA_ENV = "LOWMARK_TEST_KAFKA"
 """The test broker's address (``tests.conftest``'s ``kafka`` fixture sets it for subprocesses)."""
@@ -221,6 +226,7 @@ PIPELINES = {
         session_update,
         sliding_update,
         plain_append,
+        dedup_tumbling,
         kafka_update,
         synthetic_append,
         synthetic_idle,
@@ -247,6 +253,20 @@ FIXED_INPUT: list[File] = [
     [("c", 60, 14), ("a", 52, 15), ("b", 44, 16)],
 ]
 """Six files, one per batch."""
+
+RESENT_INPUT: list[File] = [
+    FIXED_INPUT[0],
+    FIXED_INPUT[1],
+    FIXED_INPUT[2],
+    # The killed batch (watermark 25 s, ids held from 5 s): b@18 came in batch 2 (a
+    # duplicate), a@1 in batch 0 (before the horizon: late).
+    [*FIXED_INPUT[3], ("b", 18, 7), ("a", 1, 1)],
+    # a@16 came in the killed batch, and twice here (two duplicates).
+    [*FIXED_INPUT[4], ("a", 16, 9), ("a", 16, 9)],
+    # c@33 came in the killed batch (watermark 40 s: held from 20 s).
+    [*FIXED_INPUT[5], ("c", 33, 11)],
+]
+"""``FIXED_INPUT`` with records sent again (``dedup_tumbling``'s input)."""
 
 
 def random_input(rng: random.Random, files: int) -> list[File]:
