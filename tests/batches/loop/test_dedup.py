@@ -1,0 +1,226 @@
+"""Deduplication by record id (``dedup``): a record whose id was let through within the
+horizon never reaches the sink again, and every dropped record is counted.
+
+Records sent again (a file delivered twice, twins within a file, a record repeated in a
+later file) must leave the sink exactly as a plain Spark batch that deduplicates the
+whole input, and as Structured Streaming's ``dropDuplicatesWithinWatermark`` over the
+same files; behind windows, as a plain batch that deduplicates and then aggregates.
+Records older than the horizon go to the late table with their reason, seen ids below
+it are purged, and the accounting identity holds per batch with the duplicates in it.
+(Replays after kills: the ``dedup_tumbling`` pipeline of the kill matrix.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.dedup import Dedup
+from lowmark.batches.event_time.dedup import BEFORE_HORIZON, NO_EVENT_TIME
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.windows import EventTime, Tumbling
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.commit_log import CommitEntry
+from tests.helpers import FakeClock, delta_frame, per_window, sink, windowed, write_json_lines
+
+SCHEMA = "id STRING, user STRING, ts TIMESTAMP, amount LONG"
+
+
+def _event(id_: str, user: str, second: int, amount: int = 1) -> dict[str, Any]:
+    minute, second = divmod(second, 60)
+    return {
+        "id": id_,
+        "user": user,
+        "ts": f"2026-01-01T00:{minute:02d}:{second:02d}Z",
+        "amount": amount,
+    }
+
+
+FIRST = [
+    _event("e1", "a", 1),
+    _event("e2", "b", 2, 2),
+    _event("e2", "b", 2, 2),
+    _event("e3", "a", 12),
+]
+SECOND = [_event("e4", "b", 15, 4), _event("e1", "a", 1), _event("e5", "c", 21, 5)]
+RESENT: list[list[dict[str, Any]]] = [
+    FIRST,
+    SECOND,
+    [_event("e6", "a", 30, 6), _event("e5", "c", 21, 5), _event("e7", "b", 33, 7)],
+    SECOND,  # the second file, delivered twice
+]
+"""Four files, one per batch: twins in a file, records repeated in later files, a file
+delivered twice; every repeat within the horizon of an hour."""
+
+
+def _files(root: Path, files: list[list[dict[str, Any]]]) -> None:
+    for i, rows in enumerate(files):
+        write_json_lines(root / "in", f"f{i:03d}.json", rows, 1_700_000_000 + i)
+
+
+def _deduplicating(**fields: Any) -> Pipeline:
+    defined: dict[str, Any] = {
+        "name": "d",
+        "source": FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1),
+        "sink": DeltaSink(path="out"),
+        "event_time": EventTime(column="ts"),
+        "dedup": Dedup(columns=("id",), within="1 hour"),
+    }
+    return Pipeline(**(defined | fields))
+
+
+def _commits(root: Path, name: str = "d") -> list[CommitEntry]:
+    return Checkpoint(str(root / "_lowmark" / name), name).commits.get_range()
+
+
+def _whole_input(spark: SparkSession, root: Path) -> DataFrame:
+    return spark.read.schema(SCHEMA).json(str(root / "in"))
+
+
+def test_records_sent_again_reach_the_sink_once_as_plain_spark_and_structured_streaming_keep_them(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    _files(tmp_path, RESENT)
+    with MicroBatchRunner(spark, _deduplicating(), tmp_path, FakeClock()) as runner:
+        results = runner.run(max_batches=None)
+    assert len(results) == len(RESENT)
+
+    got = sink(spark, tmp_path)
+    # A plain Spark batch over the whole input (every twin is the same record).
+    assertDataFrameEqual(got, _whole_input(spark, tmp_path).dropDuplicates(["id"]))
+    # Structured Streaming's deduplication within the watermark, a file per trigger.
+    stream = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(tmp_path / "in"))
+        .withWatermark("ts", "1 hour")
+        .dropDuplicatesWithinWatermark(["id"])
+    )
+    query = (
+        stream.writeStream.format("memory")
+        .queryName("dedup_peer")
+        .option("checkpointLocation", str(tmp_path / "peer"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assertDataFrameEqual(got, spark.table("dedup_peer"))
+
+    # Every repeat is counted once, per batch, in the accounting identity.
+    lines = [r for rows in RESENT for r in rows]
+    commits = _commits(tmp_path)
+    assert sum(c.rows_duplicate for c in commits) == len(lines) - len({r["id"] for r in lines})
+    assert [c.rows_duplicate for c in commits] == [1, 1, 1, 3]
+    for c in commits:
+        assert (
+            c.rows_in == c.rows_bad + c.rows_dropped + c.rows_duplicate + c.rows_late + c.rows_out
+        )
+        assert c.rows_dropped == 0
+    status = pipeline_status(spark, _deduplicating(), tmp_path)
+    assert status.accounting == {
+        "read": len(lines),
+        "bad": 0,
+        "dropped_by_transform": 0,
+        "duplicates": 6,
+        "late": 0,
+        "in_sink": got.count(),
+    }
+    assert [r.rows_duplicate for r in results] == [1, 1, 1, 3]
+
+
+def test_dedup_in_front_of_windows_equals_a_plain_batch_that_deduplicates_then_aggregates(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    _files(tmp_path, RESENT)
+    defined = windowed(Tumbling(size="10 seconds"), "update", schema=SCHEMA)
+    pipeline = defined.model_copy(update={"dedup": Dedup(columns=("id",), within="1 hour")})
+    MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
+
+    kept = _whole_input(spark, tmp_path).dropDuplicates(["id"])
+    expected = per_window(
+        kept,
+        "user",
+        F.window("ts", "10 seconds"),
+        F.count(F.lit(1)).alias("count"),
+        F.sum("amount").alias("sum_amount"),
+        F.min("amount").alias("min_amount"),
+        F.max("amount").alias("max_amount"),
+        F.avg("amount").alias("avg_amount"),
+    )
+    assertDataFrameEqual(sink(spark, tmp_path), expected)
+    for c in _commits(tmp_path, "w"):
+        assert (
+            c.rows_in
+            == c.rows_bad + c.rows_dropped + c.rows_duplicate + c.rows_late + c.rows_windowed
+        )
+    total = _commits(tmp_path, "w")[-1].totals
+    assert total["rows_duplicate"] == 6 and total["rows_windowed"] == kept.count()
+
+
+def test_records_older_than_the_horizon_go_to_the_late_table_and_their_ids_are_purged(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Ids are held for 30 s of event time behind the watermark (no out-of-orderness: the
+    # watermark is the newest event time).
+    files = [
+        [_event("a", "u", 0), _event("b", "u", 100)],  # watermark 100 s: held from 70 s
+        [
+            _event("a", "u", 0),  # before the horizon: late, not let through again
+            _event("b", "u", 100),  # held: a duplicate
+            _event("c", "u", 80),  # new, within the horizon
+            {"id": "d", "user": "u", "amount": 1},  # no event time: late
+        ],
+        [_event("e", "u", 200)],  # watermark 200 s: held from 170 s, slots below 120 s go
+        [_event("c", "u", 180)],  # c's id was purged; 180 s is within the horizon: new again
+    ]
+    _files(tmp_path, files)
+    pipeline = _deduplicating(dedup=Dedup(columns=("id",), within="30 seconds"))
+    MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
+
+    assert sorted(r["id"] for r in sink(spark, tmp_path).collect()) == ["a", "b", "c", "c", "e"]
+    late = delta_frame(spark, tmp_path / "_lowmark" / "d" / "late").collect()
+    assert sorted((json.loads(r["record"])["id"], r["reason"], r["batch_id"]) for r in late) == [
+        ("a", BEFORE_HORIZON, 1),
+        ("d", NO_EVENT_TIME, 1),
+    ]
+    held = DeltaTable(str(tmp_path / "_lowmark" / "d" / "dedup_ids")).to_pyarrow_table()
+    # Slots are a minute: [120 s, 180 s) and [180 s, 240 s) remain.
+    assert sorted(held.column("id").to_pylist()) == ['{"id":"c"}', '{"id":"e"}']
+    commits = _commits(tmp_path)
+    assert [(c.rows_duplicate, c.rows_late) for c in commits] == [(0, 0), (1, 2), (0, 0), (0, 0)]
+    for c in commits:
+        assert (
+            c.rows_in == c.rows_bad + c.rows_dropped + c.rows_duplicate + c.rows_late + c.rows_out
+        )
+
+
+def test_dedup_needs_event_time_and_counts_in_the_fingerprint_only_when_set() -> None:
+    with pytest.raises(ValueError, match="`dedup` .* needs `event_time`"):
+        _deduplicating(event_time=None)
+    plain = _deduplicating(dedup=None)
+    assert "dedup" not in plain.definition()
+    assert _deduplicating().fingerprint() != plain.fingerprint()
+    from_yaml = Pipeline.model_validate(
+        {
+            "name": "d",
+            "source": {
+                "path": "in",
+                "format": "json",
+                "schema_ddl": SCHEMA,
+                "max_files_per_batch": 1,
+            },
+            "sink": {"path": "out"},
+            "event_time": {"column": "ts"},
+            "dedup": {"columns": ["id"], "within": "1 hour"},
+        }
+    )
+    assert from_yaml.fingerprint() == _deduplicating().fingerprint()
