@@ -52,13 +52,19 @@ class SeenIds:
         (None: no watermark yet, every id is)."""
         return None if watermark_ms is None else watermark_ms * 1000 - self.within_us
 
+    def create(self) -> None:
+        """Create the table, empty, unless it exists: before a checkpoint's first batch, so
+        that version 0 is what its replay reads (``version_for``)."""
+        self.table.create()
+
     def version_for(self, recorded: int | None, replay: bool, batch_id: int) -> int | None:
-        """The version batch ``batch_id`` judges its records against: ``recorded`` (commit
-        N-1's) for a replay whose own append landed, else the newest; None: no ids yet."""
+        """The version batch ``batch_id`` judges its records against: for a replay whose own
+        append landed, ``recorded`` (commit N-1's), or version 0 (``create``) when no batch
+        committed before it; else the newest. None: no table (nothing held)."""
         if not self.table.exists():
             return None
-        if replay and recorded is not None and self.table.landed(self.txn_app_id, batch_id):
-            return recorded
+        if replay and self.table.landed(self.txn_app_id, batch_id):
+            return recorded if recorded is not None else 0
         return self.table.version()
 
     def add(self, ids: pa.Table, batch_id: int) -> None:

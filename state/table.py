@@ -120,6 +120,7 @@ class DriverTable:
                 self.schema.empty_table(),
                 mode="ignore",
                 configuration=self.configuration,
+                partition_by=list(self.partition_by) or None,
             )
         except (CommitFailedError, DeltaError):
             if not self.exists():

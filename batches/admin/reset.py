@@ -13,7 +13,8 @@ reset offers the two safe ways on:
 - ``after``: the new checkpoint starts right after the data the sink holds:
   the end offsets of the newest batch that wrote the sink (the old
   checkpoint's offset log) and, for a file source, the old file manifest up to
-  there. Only where the sink holds every record a batch read: a windowed
+  there, and the ids a deduplicating pipeline let through up to there (their
+  repeats stay duplicates). Only where the sink holds every record a batch read: a windowed
   pipeline's open windows hold records the sink has not got yet, so it is
   refused there (truncate, and the windows are recomputed from the source).
 
@@ -42,6 +43,7 @@ from lowmark.state.delta import USER_METADATA_CONF
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkError
 from lowmark.state.offset_log import OffsetEntry, OffsetLog, Offsets
 from lowmark.state.ownership import last_writer, writer_metadata
+from lowmark.state.seen_ids import SLOT
 from lowmark.state.session import SparkLike, provider
 from lowmark.state.table import DriverTable
 
@@ -139,6 +141,10 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
     if retired is not None and retired.num_rows:
         history = DriverTable(f"{staging}/files_history", retired.schema, "manifest history")
         history.append_once(retired, "lowmark:reset", 0)
+    held = _held_ids(f"{old}/dedup_ids", writer.batch_id)
+    if held is not None:  # the ids the sink's records hold: their repeats stay duplicates
+        ids = DriverTable(f"{staging}/dedup_ids", held.schema, "deduplication table", None, (SLOT,))
+        ids.append_once(held, "lowmark:reset", 0)
     schema = _schema_json(old)
     # The old source's identity goes with its offsets: batch 0 refuses a replaced source.
     new = Checkpoint(
@@ -203,6 +209,15 @@ def _taken_files(path: str, end: Offsets) -> pa.Table | None:
     rows = table.read()
     keep = [r for r in rows.to_pylist() if r["seq"] < end.get(r["partition"], 0)]
     return pa.Table.from_pylist(keep, schema=rows.schema)
+
+
+def _held_ids(path: str, last_batch: int) -> pa.Table | None:
+    """The ids the old seen-ids table at ``path`` held, let through by batches up to
+    ``last_batch`` (None: the pipeline did not deduplicate)."""
+    table = DriverTable(path, None, "deduplication table")
+    if not table.exists():
+        return None
+    return table.read(f'"batch_id" <= {last_batch}')
 
 
 def _schema_json(location: str) -> str | None:

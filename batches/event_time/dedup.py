@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import ByteType, StructField, StructType
 
@@ -145,6 +145,19 @@ class DedupStep:
             reason.alias("reason"),
             F.to_json(F.struct(*payload)).alias("record"),
         )
+
+
+def first_of_each_id(records: DataFrame, dedup: Dedup, column: str) -> DataFrame:
+    """Of a whole history of ``records`` at once (a backfill), the first record of each id
+    in event time, ties broken as a batch breaks them (``_judge``); records without event
+    time are left out (a batch sends them to the late table)."""
+    payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+    order = F.xxhash64(F.to_json(F.struct(*payload)))
+    rank = F.row_number().over(
+        Window.partitionBy(*[F.col(c) for c in dedup.columns]).orderBy(F.col(column), order)
+    )
+    timed = records.where(F.col(column).isNotNull())
+    return timed.withColumn(VERDICT, rank).where(F.col(VERDICT) == 1).drop(VERDICT)
 
 
 def _judge(

@@ -45,6 +45,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
+from lowmark.batches.event_time.dedup import first_of_each_id
 from lowmark.batches.event_time.stage import WindowedStage, window_state
 from lowmark.batches.pipeline import Pipeline, resolve
 from lowmark.batches.sources import build_source
@@ -152,6 +153,8 @@ def backfill_partition(
         )
     read = source.read(history.start, history.end, done.batch_id, strict=True)
     records = pipeline.transformed(read.records)
+    if pipeline.dedup is not None:  # each id once in the whole history, as the stream keeps it
+        records = first_of_each_id(records, pipeline.dedup, event_time.column)
 
     # Step 4. One batch aggregation, sliced.
     stage = WindowedStage(event_time, aggregation, state)

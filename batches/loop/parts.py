@@ -132,4 +132,5 @@ def _dedup(pipeline: Pipeline, checkpoint: Checkpoint) -> DedupStep | None:
     seen_ids = SeenIds(
         checkpoint.table("dedup_ids"), checkpoint.txn_app_id("dedup"), pipeline.dedup.within * 1000
     )
+    seen_ids.create()
     return DedupStep(pipeline.dedup, pipeline.event_time.column, seen_ids)

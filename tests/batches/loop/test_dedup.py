@@ -13,6 +13,7 @@ it are purged, and the accounting identity holds per batch with the duplicates i
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from lowmark.batches.admin.reset import reset
 from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.dedup import Dedup
 from lowmark.batches.event_time.dedup import BEFORE_HORIZON, NO_EVENT_TIME
+from lowmark.batches.loop.backfill import backfill_partition
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.windows import EventTime, Tumbling
@@ -36,13 +40,8 @@ SCHEMA = "id STRING, user STRING, ts TIMESTAMP, amount LONG"
 
 
 def _event(id_: str, user: str, second: int, amount: int = 1) -> dict[str, Any]:
-    minute, second = divmod(second, 60)
-    return {
-        "id": id_,
-        "user": user,
-        "ts": f"2026-01-01T00:{minute:02d}:{second:02d}Z",
-        "amount": amount,
-    }
+    ts = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=second)
+    return {"id": id_, "user": user, "ts": ts.isoformat(), "amount": amount}
 
 
 FIRST = [
@@ -140,7 +139,9 @@ def test_records_sent_again_reach_the_sink_once_as_plain_spark_and_structured_st
 def test_dedup_in_front_of_windows_equals_a_plain_batch_that_deduplicates_then_aggregates(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    _files(tmp_path, RESENT)
+    # A last record an hour on closes every window of the first hour (update mode: they are
+    # in the sink as they stand, and leave the state), so that hour can be backfilled.
+    _files(tmp_path, [*RESENT, [_event("e8", "a", 3700)]])
     defined = windowed(Tumbling(size="10 seconds"), "update", schema=SCHEMA)
     pipeline = defined.model_copy(update={"dedup": Dedup(columns=("id",), within="1 hour")})
     MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
@@ -156,6 +157,10 @@ def test_dedup_in_front_of_windows_equals_a_plain_batch_that_deduplicates_then_a
         F.max("amount").alias("max_amount"),
         F.avg("amount").alias("avg_amount"),
     )
+    assertDataFrameEqual(sink(spark, tmp_path), expected)
+    # A backfill of the first hour recomputes it from the whole history, deduplicated.
+    first_hour = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 1, tzinfo=UTC)
+    assert not backfill_partition(spark, pipeline, tmp_path, *first_hour).skipped
     assertDataFrameEqual(sink(spark, tmp_path), expected)
     for c in _commits(tmp_path, "w"):
         assert (
@@ -204,7 +209,7 @@ def test_records_older_than_the_horizon_go_to_the_late_table_and_their_ids_are_p
 
 
 def test_dedup_needs_event_time_and_counts_in_the_fingerprint_only_when_set() -> None:
-    with pytest.raises(ValueError, match="`dedup` .* needs `event_time`"):
+    with pytest.raises(ValueError, match=r"`dedup` .* needs `event_time`"):
         _deduplicating(event_time=None)
     plain = _deduplicating(dedup=None)
     assert "dedup" not in plain.definition()
@@ -224,3 +229,34 @@ def test_dedup_needs_event_time_and_counts_in_the_fingerprint_only_when_set() ->
         }
     )
     assert from_yaml.fingerprint() == _deduplicating().fingerprint()
+
+
+@pytest.mark.parametrize("batch", [0, 1])
+def test_a_batch_replayed_after_its_ids_were_written_judges_its_records_as_before(
+    spark: SparkSession, tmp_path: Path, batch: int
+) -> None:
+    # Killed once the batch's new ids are in the seen-ids table, before its sink write:
+    # its replay must not take its own records for duplicates.
+    _files(tmp_path, RESENT[:2])
+    with crash_at(KillPoint("after_state", batch)), pytest.raises(InjectedCrash):
+        MicroBatchRunner(spark, _deduplicating(), tmp_path, FakeClock()).run(max_batches=None)
+    MicroBatchRunner(spark, _deduplicating(), tmp_path, FakeClock()).run(max_batches=None)
+
+    assertDataFrameEqual(
+        sink(spark, tmp_path), _whole_input(spark, tmp_path).dropDuplicates(["id"])
+    )
+    assert [c.rows_duplicate for c in _commits(tmp_path)] == [1, 1]
+
+
+def test_a_reset_after_the_sink_keeps_the_ids_its_records_hold(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    _files(tmp_path, RESENT[:2])
+    MicroBatchRunner(spark, _deduplicating(), tmp_path, FakeClock()).run(max_batches=None)
+    before = sink(spark, tmp_path).collect()
+    reset(spark, _deduplicating(), tmp_path, "after")
+    _files(tmp_path, [*RESENT[:2], SECOND])  # the second file delivered again, after the reset
+
+    results = MicroBatchRunner(spark, _deduplicating(), tmp_path, FakeClock()).run()
+    assert [(r.rows_in, r.rows_out, r.rows_duplicate) for r in results] == [(3, 0, 3)]
+    assertDataFrameEqual(sink(spark, tmp_path), before)
