@@ -14,12 +14,14 @@ written by delta-rs from the driver)::
     bad_records/    malformed input rows          (lowmark.state.quarantine)
     late/           records too late for windows  (lowmark.state.late_records)
     state_windows/  open windows (windowed pipelines; created by the first batch)
+    dedup_ids/      ids deduplication let through (``dedup``; lowmark.state.seen_ids)
     failures/       failed attempts at batches (created by the first failure)
 
 ``pipeline_id`` is random per checkpoint (Spark's query id) and is part of
 every idempotency key, so a new checkpoint never collides with an old one.
-The checkpoint owns every table handle; all of them but ``state_windows`` and
-``failures`` are created with the checkpoint, so a missing one is always an error.
+The checkpoint owns every table handle; all of them but ``state_windows``,
+``dedup_ids`` (created by the runner's parts) and ``failures`` are created with the
+checkpoint, so a missing one is always an error.
 """
 
 from __future__ import annotations

@@ -62,6 +62,12 @@ TABLES: dict[str, Table] = {
             "window_start DESC",
             "the first batch of a windowed pipeline creates it",
         ),
+        Table(
+            "dedup_ids",
+            "dedup_ids",
+            "event_time DESC",
+            "a pipeline with `dedup` creates it when it first runs",
+        ),
         Table("offsets", "offsets", "batch_id DESC", _WITH_CHECKPOINT),
         Table("commits", "commits", "batch_id DESC", _WITH_CHECKPOINT),
         Table("progress", "progress", "batch_id DESC", _WITH_CHECKPOINT),

@@ -92,4 +92,5 @@ def test_the_fingerprints_of_the_demo_and_example_pipelines_are_unchanged() -> N
         "clicks_two_regions": "f9100180d1d6ca37",
         "clicks_per_hour": "d151a882d50a754f",
         "busy_minutes_sql": "3bf2c6952cd0ee55",
+        "unique_orders": "df4fe47e3a6d0293",  # taken when it was added
     }

@@ -36,6 +36,7 @@ def test_the_example_yaml_declares_a_pipeline_for_every_source_kind() -> None:
         "clicks_two_regions": "union",
         "clicks_per_hour": "delta",
         "busy_minutes_sql": "files",  # the SQL steps' example
+        "unique_orders": "files",  # deduplication's example
     }
     kafka = pipelines["kafka_orders"].source
     assert isinstance(kafka, KafkaSource) and kafka.topics == ("orders",)

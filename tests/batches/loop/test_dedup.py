@@ -31,10 +31,11 @@ from lowmark.batches.loop.backfill import backfill_partition
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
-from lowmark.batches.windows import EventTime, Tumbling
+from lowmark.batches.registry import get_pipeline
+from lowmark.batches.windows import EventTime
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import CommitEntry
-from tests.helpers import FakeClock, delta_frame, per_window, sink, windowed, write_json_lines
+from tests.helpers import REPO, FakeClock, delta_frame, per_window, sink, write_json_lines
 
 SCHEMA = "id STRING, user STRING, ts TIMESTAMP, amount LONG"
 
@@ -61,9 +62,9 @@ RESENT: list[list[dict[str, Any]]] = [
 delivered twice; every repeat within the horizon of an hour."""
 
 
-def _files(root: Path, files: list[list[dict[str, Any]]]) -> None:
+def _files(root: Path, files: list[list[dict[str, Any]]], folder: str = "in") -> None:
     for i, rows in enumerate(files):
-        write_json_lines(root / "in", f"f{i:03d}.json", rows, 1_700_000_000 + i)
+        write_json_lines(root / folder, f"f{i:03d}.json", rows, 1_700_000_000 + i)
 
 
 def _deduplicating(**fields: Any) -> Pipeline:
@@ -136,39 +137,43 @@ def test_records_sent_again_reach_the_sink_once_as_plain_spark_and_structured_st
     assert [r.rows_duplicate for r in results] == [1, 1, 1, 3]
 
 
-def test_dedup_in_front_of_windows_equals_a_plain_batch_that_deduplicates_then_aggregates(
+def test_the_example_dedup_in_front_of_windows_equals_a_plain_batch_that_dedups_then_sums(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    # A last record an hour on closes every window of the first hour (update mode: they are
-    # in the sink as they stand, and leave the state), so that hour can be backfilled.
-    _files(tmp_path, [*RESENT, [_event("e8", "a", 3700)]])
-    defined = windowed(Tumbling(size="10 seconds"), "update", schema=SCHEMA)
-    pipeline = defined.model_copy(update={"dedup": Dedup(columns=("id",), within="1 hour")})
+    # examples/pipelines.yaml's unique_orders. A last order an hour on closes every
+    # window of the first hour, so that hour can be backfilled.
+    orders = [
+        [{"order_id": r["id"], **{k: v for k, v in r.items() if k != "id"}} for r in rows]
+        for rows in [*RESENT, [_event("e8", "a", 3700)]]
+    ]
+    _files(tmp_path, orders, "orders/incoming")
+    pipeline = get_pipeline("unique_orders", str(REPO / "examples" / "pipelines.yaml"))
     MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
 
-    kept = _whole_input(spark, tmp_path).dropDuplicates(["id"])
+    schema = "order_id STRING, user STRING, amount LONG, ts TIMESTAMP"
+    kept = spark.read.schema(schema).json(str(tmp_path / "orders" / "incoming"))
+    kept = kept.dropDuplicates(["order_id"])
     expected = per_window(
         kept,
         "user",
-        F.window("ts", "10 seconds"),
+        F.window("ts", "1 minute"),
         F.count(F.lit(1)).alias("count"),
-        F.sum("amount").alias("sum_amount"),
-        F.min("amount").alias("min_amount"),
-        F.max("amount").alias("max_amount"),
-        F.avg("amount").alias("avg_amount"),
+        F.sum("amount").alias("revenue"),
     )
-    assertDataFrameEqual(sink(spark, tmp_path), expected)
+    revenue = delta_frame(spark, tmp_path / "orders" / "revenue_per_minute")
+    assertDataFrameEqual(revenue, expected)
     # A backfill of the first hour recomputes it from the whole history, deduplicated.
     first_hour = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 1, tzinfo=UTC)
     assert not backfill_partition(spark, pipeline, tmp_path, *first_hour).skipped
-    assertDataFrameEqual(sink(spark, tmp_path), expected)
-    for c in _commits(tmp_path, "w"):
+    assertDataFrameEqual(revenue, expected)
+    commits = _commits(tmp_path, "unique_orders")
+    for c in commits:
         assert (
             c.rows_in
             == c.rows_bad + c.rows_dropped + c.rows_duplicate + c.rows_late + c.rows_windowed
         )
-    total = _commits(tmp_path, "w")[-1].totals
-    assert total["rows_duplicate"] == 6 and total["rows_windowed"] == kept.count()
+    assert commits[-1].totals["rows_duplicate"] == 6
+    assert commits[-1].totals["rows_windowed"] == kept.count()
 
 
 def test_records_older_than_the_horizon_go_to_the_late_table_and_their_ids_are_purged(
