@@ -22,8 +22,10 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.dedup import Dedup
 from lowmark.batches.errors import BackfillHistoryLost, SourceDataLost, SourceReplaced
 from lowmark.batches.loop.backfill import backfill_partition
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, EventTimePartitions, KafkaSource, Pipeline
 from lowmark.batches.sources.base import PARTITION_COLUMN
@@ -325,6 +327,45 @@ def test_each_commit_commits_the_frontier_to_the_consumer_group_and_status_shows
     )
     runner.run(max_batches=None)
     assert kafka.committed("lowmark-grouped", topic) == {0: 5, 1: 3}
+
+
+def test_records_a_producer_sends_again_reach_the_sink_once_even_across_a_replay(
+    spark: SparkSession, kafka: KafkaBroker, data_root: Path
+) -> None:
+    # A producer that retries sends some records twice: to the same partition, right after
+    # or batches later, and (re-keyed) to the other partition.
+    topic = new_topic(kafka, 2)
+
+    def order(n: int, partition: int) -> None:
+        record = json.loads(event("u", n, n)) | {"id": f"o{n}"}
+        kafka.produce(topic, [json.dumps(record)], partition=partition)
+
+    for n in range(6):
+        order(n, n % 2)
+    order(2, 0)  # again, right after
+    pipeline = Pipeline(
+        name="once",
+        source=config(kafka, topic, max_offsets_per_batch=4).model_copy(
+            update={"schema_ddl": f"id STRING, {SCHEMA}"}
+        ),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts"),
+        dedup=Dedup(columns=("id",), within="1 hour"),
+    )
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    order(1, 0)  # batches later, on the other partition
+    order(5, 1)  # batches later, on its own
+    order(6, 0)
+    # Killed after the sink write of the batch holding the repeats: its replay must
+    # keep exactly what it wrote.
+    with crash_at(KillPoint("after_sink", 2)), pytest.raises(InjectedCrash):
+        MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+    MicroBatchRunner(spark, pipeline, data_root).run(max_batches=None)
+
+    written = delta_frame(spark, data_root / "out").select("id").collect()
+    assert sorted(r.id for r in written) == [f"o{n}" for n in range(7)]
+    status = pipeline_status(spark, pipeline, data_root)
+    assert status.accounting["read"] == 10 and status.accounting["duplicates"] == 3
 
 
 def test_a_dagster_run_reports_the_records_still_waiting_after_each_batch(
