@@ -12,6 +12,7 @@ it are purged, and the accounting identity holds per batch with the duplicates i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,11 +29,13 @@ from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.dedup import Dedup
 from lowmark.batches.event_time.dedup import BEFORE_HORIZON, NO_EVENT_TIME
 from lowmark.batches.loop.backfill import backfill_partition
+from lowmark.batches.loop.events import BatchResult
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.registry import get_pipeline
 from lowmark.batches.windows import EventTime
+from lowmark.orchestration.metadata import batch_line, batch_metadata
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import CommitEntry
 from tests.helpers import REPO, FakeClock, delta_frame, per_window, sink, write_json_lines
@@ -265,3 +268,12 @@ def test_a_reset_after_the_sink_keeps_the_ids_its_records_hold(
     results = MicroBatchRunner(spark, _deduplicating(), tmp_path, FakeClock()).run()
     assert [(r.rows_in, r.rows_out, r.rows_duplicate) for r in results] == [(3, 0, 3)]
     assertDataFrameEqual(sink(spark, tmp_path), before)
+
+
+def test_dagster_shows_a_batchs_duplicates_and_only_for_a_deduplicating_pipeline() -> None:
+    committed = BatchResult("d", 3, False, {"p": 0}, {"p": 5}, 5, 2, 0, 0, None, None)
+    deduplicating = dataclasses.replace(committed, rows_duplicate=3)
+    assert batch_metadata(deduplicating, {})["rows_duplicate"] == 3
+    assert "rows_duplicate" not in batch_metadata(committed, {})
+    assert ", 3 duplicates;" in batch_line(_deduplicating(), deduplicating)
+    assert "duplicates" not in batch_line(_deduplicating(), committed)
