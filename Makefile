@@ -101,9 +101,11 @@ soak: test-setup
 # lowmark vs Structured Streaming (bench/state_scaling.py), then lowmark vs Structured Streaming vs a plain Spark job
 # on the same data (bench/streaming.py, which includes the first one's output as (c)
 # and writes bench/RESULTS.md), a long history (bench/history.py) and the file-to-sink
-# latency through dagster dev (bench/dagster_latency.py), and a windowed pipeline over
-# Kafka next to Structured Streaming's Kafka source (bench/kafka.py). BENCH_ARGS=--quick for a
-# smoke run of bench/streaming.py (no RESULTS.md).
+# latency through dagster dev (bench/dagster_latency.py), a windowed pipeline over Kafka
+# next to Structured Streaming's Kafka source (bench/kafka.py), and deduplication by record id
+# next to Structured Streaming's dropDuplicatesWithinWatermark (bench/dedup.py).
+# BENCH_ARGS=--quick for a smoke run of bench/state_scaling.py, bench/streaming.py (no
+# RESULTS.md) and bench/dedup.py.
 # Never part of `make test`.
 BENCH_ARGS ?=
 BENCH_OUT := data/bench
@@ -114,6 +116,7 @@ bench: test-setup
 	bash -o pipefail -c '$(BIN)/python -m bench.history --batches 600 --every 200 | tee $(BENCH_OUT)/history.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.dagster_latency | tee $(BENCH_OUT)/dagster_latency.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.kafka | tee $(BENCH_OUT)/kafka.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.dedup $(BENCH_ARGS) | tee $(BENCH_OUT)/dedup.txt'
 
 # The docs site (mkdocs.yml, docs/) into site/: first the configuration reference is generated
 # again from the pipeline models (scripts/config_reference.py), then `mkdocs build --strict`

@@ -265,11 +265,32 @@ def _sss_scenario(spark: SparkSession, name: str, s: dict[str, Any]) -> dict[str
     }
 
 
-def run_sss(events: DataFrame, checkpoint: Path, out: Path, name: str) -> list[Any]:
-    """The benchmark's query over ``events`` in Structured Streaming, available-now, into the
-    Delta table ``out``; the progress of each batch that read rows (each one printed)."""
+def _aggregate(events: DataFrame) -> DataFrame:
+    return (
+        events.groupBy("user", F.window("ts", WINDOW))
+        .agg(F.count(F.lit(1)).alias("count"), F.avg("amount").alias("avg_amount"))
+        .select(
+            "user",
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "count",
+            "avg_amount",
+        )
+    )
+
+
+def run_sss(
+    events: DataFrame,
+    checkpoint: Path,
+    out: Path,
+    name: str,
+    shape: Callable[[DataFrame], DataFrame] = _aggregate,
+) -> list[Any]:
+    """``shape(events)`` (by default the benchmark's query) in Structured Streaming,
+    available-now, appended to the Delta table ``out``; the progress of each batch that read
+    rows (each one printed)."""
     query = (
-        _aggregate(events)
+        shape(events)
         .writeStream.format("delta")
         .outputMode("append")
         .option("checkpointLocation", str(checkpoint))
@@ -297,20 +318,6 @@ def _plain_scenario(spark: SparkSession, name: str, s: dict[str, Any]) -> dict[s
     if output["events"] != s["events"]:
         raise RuntimeError(f"plain {name}: aggregated {output['events']} of {s['events']} events")
     return {"seconds": seconds, "rows_in": s["events"], "output": output}
-
-
-def _aggregate(events: DataFrame) -> DataFrame:
-    return (
-        events.groupBy("user", F.window("ts", WINDOW))
-        .agg(F.count(F.lit(1)).alias("count"), F.avg("amount").alias("avg_amount"))
-        .select(
-            "user",
-            F.col("window.start").alias("window_start"),
-            F.col("window.end").alias("window_end"),
-            "count",
-            "avg_amount",
-        )
-    )
 
 
 def _digest(spark: SparkSession, table: Path) -> dict[str, int]:
@@ -649,6 +656,19 @@ def _div(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def small_batch_measures(lowmark_s: list[float], sss_s: list[float]) -> list[Measure]:
+    """(a)'s median and p95 of each engine's small-batch seconds."""
+    return [
+        Measure("a_median", "(a) small batch: median s", _median(lowmark_s), _median(sss_s)),
+        Measure("a_p95", "(a) small batch: p95 s", _p95(lowmark_s), _p95(sss_s)),
+    ]
+
+
+def lowmark_over_sss(key: str, what: str, measure: Measure, target: str) -> Ratio:
+    """``measure``'s lowmark / SSS, labelled ``what, lowmark / SSS``."""
+    return Ratio(key, f"{what}, lowmark / SSS", _div(measure.lowmark, measure.sss), target)
+
+
 def build_report(r: dict[str, Any]) -> tuple[list[Measure], list[Ratio]]:
     small = {e: r.get(e, {}).get("small", {}) for e in ("lowmark", "sss")}
     catchup = {e: r.get(e, {}).get("catchup", {}) for e in ("lowmark", "sss", "plain")}
@@ -665,18 +685,7 @@ def build_report(r: dict[str, Any]) -> tuple[list[Measure], list[Ratio]]:
     follow = r.get("follow", {})
     rss = r.get("rss_mib", {})
     measures = [
-        Measure(
-            "a_median",
-            "(a) small batch: median s",
-            _median(small["lowmark"].get("batch_s", [])),
-            _median(small["sss"].get("batch_s", [])),
-        ),
-        Measure(
-            "a_p95",
-            "(a) small batch: p95 s",
-            _p95(small["lowmark"].get("batch_s", [])),
-            _p95(small["sss"].get("batch_s", [])),
-        ),
+        *small_batch_measures(small["lowmark"].get("batch_s", []), small["sss"].get("batch_s", [])),
         Measure("b_rate", "(b) catch-up: events/s", rate("lowmark"), rate("sss"), rate("plain")),
         Measure(
             "b_seconds",
@@ -725,18 +734,8 @@ def build_report(r: dict[str, Any]) -> tuple[list[Measure], list[Ratio]]:
     if follow.get("batch_s"):
         expected_d = follow["poll_s"] + (m["d_batch"].lowmark or 0)
     ratios = [
-        Ratio(
-            "a",
-            "(a) small batch median, lowmark / SSS",
-            _div(m["a_median"].lowmark, m["a_median"].sss),
-            "<= 1.0",
-        ),
-        Ratio(
-            "b_sss",
-            "(b) catch-up events/s, lowmark / SSS",
-            _div(m["b_rate"].lowmark, m["b_rate"].sss),
-            ">= 1.2",
-        ),
+        lowmark_over_sss("a", "(a) small batch median", m["a_median"], "<= 1.0"),
+        lowmark_over_sss("b_sss", "(b) catch-up events/s", m["b_rate"], ">= 1.2"),
         Ratio(
             "b_wide",
             f"(b) catch-up events/s, lowmark / SSS with maxFilesPerTrigger {wide_files}",
@@ -783,18 +782,49 @@ def _met(ratio: Ratio) -> str:
     return {True: "yes", False: "no", None: "-"}[ratio.met]
 
 
-def text_report(measures: list[Measure], ratios: list[Ratio]) -> str:
+def text_report(measures: list[Measure], ratios: list[Ratio], plain: bool = True) -> str:
+    """The measures (with a plain-batch column if ``plain``) and the ratios, as text tables."""
     width = max(len(m.label) for m in measures)
-    lines = [f"{'measure':<{width}} {'lowmark':>12} {'SSS':>12} {'plain batch':>12}"]
+    tail = f" {'plain batch':>12}" if plain else ""
+    lines = [f"{'measure':<{width}} {'lowmark':>12} {'SSS':>12}{tail}"]
     for m in measures:
-        lines.append(
-            f"{m.label:<{width}} {_fmt(m.lowmark):>12} {_fmt(m.sss):>12} {_fmt(m.plain):>12}"
-        )
+        tail = f" {_fmt(m.plain):>12}" if plain else ""
+        lines.append(f"{m.label:<{width}} {_fmt(m.lowmark):>12} {_fmt(m.sss):>12}{tail}")
     width = max(len(r.label) for r in ratios)
     lines += ["", f"{'ratio':<{width}} {'value':>8} {'target':>8} {'met':>4}"]
     for r in ratios:
         lines.append(f"{r.label:<{width}} {_fmt(r.value):>8} {r.target:>8} {_met(r):>4}")
     return "\n".join(lines)
+
+
+def markdown_header(script: str, meta: dict[str, Any]) -> list[str]:
+    """A results file's title and the run's ``meta`` (``run_meta``) as a list, then a blank
+    line."""
+    return [
+        f"# {script} results",
+        "",
+        f"- date: {meta['date']}",
+        f"- command: `{meta['command']}` (took {meta['took_s'] / 60:.1f} minutes)",
+        f"- machine: {meta['cores']} cores, {meta['memory_gib']:.1f} GiB memory, "
+        f"{meta['cpu']}; load average at start {meta['load']}",
+        f"- versions: {meta['versions']}",
+        f"- sizes: {meta['sizes']}",
+        "",
+    ]
+
+
+def markdown_tables(measures: list[Measure], ratios: list[Ratio], plain: bool = True) -> list[str]:
+    """The lines of the measures' markdown table (a plain-batch column if ``plain``), a blank
+    line, and the ratios' table."""
+    tail, rule = (" plain batch |", " ---: |") if plain else ("", "")
+    lines = [f"| measure | lowmark | Structured Streaming |{tail}", f"| --- | ---: | ---: |{rule}"]
+    for m in measures:
+        tail = f" {_fmt(m.plain)} |" if plain else ""
+        lines.append(f"| {m.label} | {_fmt(m.lowmark)} | {_fmt(m.sss)} |{tail}")
+    lines += ["", "| ratio | value | target | met |", "| --- | ---: | ---: | :---: |"]
+    for r in ratios:
+        lines.append(f"| {r.label} | {_fmt(r.value)} | {r.target} | {_met(r)} |")
+    return lines
 
 
 def markdown_report(
@@ -804,26 +834,12 @@ def markdown_report(
     meta: dict[str, Any],
 ) -> str:
     lines = [
-        "# bench/streaming.py results",
-        "",
-        f"- date: {meta['date']}",
-        f"- command: `{meta['command']}` (took {meta['took_s'] / 60:.1f} minutes)",
-        f"- machine: {meta['cores']} cores, {meta['memory_gib']:.1f} GiB memory, "
-        f"{meta['cpu']}; load average at start {meta['load']}",
-        f"- versions: {meta['versions']}",
-        f"- sizes: {meta['sizes']}",
-        "",
+        *markdown_header("bench/streaming.py", meta),
         "Measurements (engines in separate processes, one at a time; see the docstring "
         "of `bench/streaming.py` for what each row measures):",
         "",
-        "| measure | lowmark | Structured Streaming | plain batch |",
-        "| --- | ---: | ---: | ---: |",
+        *markdown_tables(measures, ratios),
     ]
-    for m in measures:
-        lines.append(f"| {m.label} | {_fmt(m.lowmark)} | {_fmt(m.sss)} | {_fmt(m.plain)} |")
-    lines += ["", "| ratio | value | target | met |", "| --- | ---: | ---: | :---: |"]
-    for r in ratios:
-        lines.append(f"| {r.label} | {_fmt(r.value)} | {r.target} | {_met(r)} |")
     lines += ["", "Same output check (windows written, events they count):", ""]
     for scenario in ("small", "catchup", "catchup_wide"):
         got = {
@@ -842,7 +858,10 @@ def markdown_report(
     return "\n".join(lines) + "\n"
 
 
-def _meta(sizes: Sizes, started: float) -> dict[str, Any]:
+def run_meta(sizes: Any, started: float, module: str = "bench.streaming") -> dict[str, Any]:
+    """Date, command (``python -m module`` with this process's arguments), time taken since
+    ``started`` (monotonic), machine, load, versions and ``sizes`` (a dataclass) of a run."""
+
     def version(package: str) -> str:
         try:
             return importlib.metadata.version(package)
@@ -863,7 +882,7 @@ def _meta(sizes: Sizes, started: float) -> dict[str, Any]:
         cpu = model.group(1).strip() if model else cpu
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": shlex.join([".venv/bin/python", "-m", "bench.streaming", *sys.argv[1:]]),
+        "command": shlex.join([".venv/bin/python", "-m", module, *sys.argv[1:]]),
         "took_s": time.monotonic() - started,
         "cores": os.cpu_count(),
         "memory_gib": memory_gib,
@@ -903,7 +922,7 @@ def main(argv: list[str] | None = None) -> None:
     measures, ratios = build_report(results)
     _say("")
     _say(text_report(measures, ratios))
-    meta = _meta(sizes, started)
+    meta = run_meta(sizes, started)
     meta["load"] = load
     target = Path(args.results) if args.results else (None if args.quick else RESULTS)
     if target is not None:
