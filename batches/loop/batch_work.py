@@ -86,8 +86,9 @@ class BatchWork:
     def take(self, planned: PlannedBatch) -> Taken:
         """Step 3 for ``planned``: its read, transformed records and (windowed) stage frames,
         all lazy. A stateless batch reads its input twice (counts, then the sink write):
-        its parse is cached. A replay of a batch that already wrote something reads
-        strictly what it read then (``Source.read``)."""
+        its parse is cached (with ``dedup``, the records it lets through too). A replay of
+        a batch that already wrote something reads strictly what it read then
+        (``Source.read``)."""
         strict = planned.replay and self.wrote_any(planned.batch_id)
         return self._take(
             planned.range,
@@ -124,6 +125,9 @@ class BatchWork:
         if self.dedup is not None:
             judged = self.dedup.judged(out, watermark_ms, seen_ids)
             out = judged.kept
+            if cache:  # the sink write reads them again: verdicts are worked out once
+                out = out.persist()
+                read = dataclasses.replace(read, cached=(*read.cached, out))
         frames = (
             self.stage.batch_frames(
                 out, watermark_ms, batch.batch_id, self._partitions_of(batch), now_ms, observe
