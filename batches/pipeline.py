@@ -29,6 +29,7 @@ from lowmark.batches.dedup import Dedup
 from lowmark.batches.durations import DurationMs
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
+from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.sql import SqlStep, Transform, apply_step, step_semantics
 from lowmark.batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
 from lowmark.state.catalog import CatalogEntry
@@ -707,6 +708,11 @@ class Pipeline(_Config):
     aggregation: WindowedAggregation | None = Field(
         default=None, description="Windowed aggregation per key (needs event_time)."
     )
+    keyed: Keyed | None = Field(
+        default=None,
+        description="A stateful processor over each key's records, with state and timers "
+        "(needs event_time; not with aggregation); see Keyed state and timers.",
+    )
     post_aggregation: ImportString[Transform] | SqlStep | None = Field(
         default=None,
         description="Applied to the windows each batch emits, before the sink (filter or "
@@ -756,6 +762,21 @@ class Pipeline(_Config):
     @model_validator(mode="after")
     def _expectations_named_once(self) -> Pipeline:
         check_names(self.expectations, self.quality)
+        return self
+
+    @model_validator(mode="after")
+    def _keyed_needs_event_time_and_no_windows(self) -> Pipeline:
+        if self.keyed is not None:
+            if self.event_time is None:
+                raise ValueError(
+                    "`keyed` orders each key's records and fires timers by event time: it "
+                    "needs `event_time` (which column holds event time)"
+                )
+            if self.aggregation is not None:
+                raise ValueError(
+                    "a pipeline has either `keyed` or `aggregation`: a keyed step's output "
+                    "goes to the sink; remove one"
+                )
         return self
 
     @model_validator(mode="after")
@@ -867,6 +888,8 @@ class Pipeline(_Config):
             semantics["post_aggregation"] = step_semantics(self.post_aggregation)
         if self.dedup is not None:  # absent otherwise, as for post_aggregation
             semantics["dedup"] = self.dedup.model_dump()
+        if self.keyed is not None:
+            semantics["keyed"] = self.keyed.model_dump()
         drops = fingerprint_semantics(self.expectations)
         if drops is not None:  # absent otherwise: checkpoints from before keep theirs
             semantics["expectations"] = drops

@@ -23,7 +23,12 @@ from lowmark.batches.pipeline import DeltaSink, Pipeline
 from lowmark.orchestration.keys import sink_key
 from lowmark.orchestration.metadata import TablesRead, batch_materializations
 from lowmark.orchestration.partitions import final_partition_keys
-from lowmark.orchestration.tables import open_windows, partition_rows, table_metadata
+from lowmark.orchestration.tables import (
+    keyed_held,
+    open_windows,
+    partition_rows,
+    table_metadata,
+)
 
 Partitions = Callable[[], dg.PartitionsDefinition | None]
 """The sink's partitions as of now: a run's are its asset's (what the UI shows); the CLI's
@@ -74,6 +79,8 @@ class BatchReports:
             sink = table_metadata(self._path("sink"))
         if pipeline.aggregation is not None:
             sink |= open_windows(pipeline, self._path("state"))
+        if pipeline.keyed is not None:
+            sink |= keyed_held(self._path("keyed_state"), self._path("keyed_timers"))
         late = table_metadata(self._path("late")) if pipeline.event_time is not None else {}
         return TablesRead(sink=sink, late=late, bad=table_metadata(self._path("bad")))
 

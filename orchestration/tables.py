@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 
 from lowmark.batches.pipeline import Pipeline
+from lowmark.state.keyed_state import held
 from lowmark.state.table import query_rows
 
 ROW_COUNT = "dagster/row_count"
@@ -98,6 +99,19 @@ def open_windows(pipeline: Pipeline, state_path: str) -> dict[str, dg.RawMetadat
         final_at = end.timestamp() + pipeline.event_time.allowed_lateness / 1000
         metadata["next_window_final_at"] = dg.MetadataValue.timestamp(final_at)
         metadata["oldest_open_window"] = dg.MetadataValue.text(f"{_utc(start)} → {_utc(end)}")
+    return metadata
+
+
+def keyed_held(state_path: str, timers_path: str) -> dict[str, dg.RawMetadataValue]:
+    """What a keyed step holds (``lowmark.state.keyed_state.held``): ``keys_held``,
+    ``timers_pending`` and, if any, ``next_timer_at``."""
+    now = held(state_path, timers_path)
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "keys_held": now.keys,
+        "timers_pending": now.timers,
+    }
+    if now.next_timer_ms is not None:
+        metadata["next_timer_at"] = dg.MetadataValue.timestamp(now.next_timer_ms / 1000)
     return metadata
 
 

@@ -31,6 +31,8 @@ class BatchCounts(BaseModel):
     """Records in the windows this batch closed (emitted as final, purged from state)."""
     rows_duplicate: int = 0
     """Records deduplication dropped: their id was let through before (``dedup``)."""
+    rows_keyed: int = 0
+    """Records a keyed step's processor was given (``keyed``)."""
     violations: dict[str, int] = Field(default_factory=dict)
     """Per expectation, the records that violated it (``parsable``: rows that did not
     parse). A ``drop`` expectation's records are among ``rows_bad``."""
@@ -63,12 +65,17 @@ class CommitEntry(LogEntry, BatchCounts):
         pa.field("violations", pa.string()),
         pa.field("violation_totals", pa.string()),
         pa.field("rows_duplicate", pa.int64()),
+        pa.field("rows_keyed", pa.int64()),
+        pa.field("next_timer_ms", pa.int64()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {"table_versions", "totals", "violations", "violation_totals"}
     )
 
     next_watermark_ms: int | None = None
+    next_timer_ms: int | None = None
+    """A keyed step's earliest pending timer after the batch (None: none, or no keyed step):
+    a batch with no new input runs once it is due."""
     table_versions: dict[str, int] = Field(default_factory=dict)
     totals: dict[str, int] = Field(default_factory=dict)
     """Every ``rows_*`` count summed over batches 0..N, so the totals cost one row to read at
@@ -76,7 +83,8 @@ class CommitEntry(LogEntry, BatchCounts):
 
     The accounting identity, per batch and in total: ``rows_in = rows_bad +
     rows_dropped + rows_duplicate + rows_late + rows_windowed`` (windowed pipelines; ``+ rows_out``,
-    the sink's rows, instead of ``rows_windowed`` for stateless ones), and the
+    the sink's rows, instead of ``rows_windowed`` for stateless ones; ``+ rows_keyed``, the
+    records a keyed step's processor was given, for keyed ones), and the
     records still in open windows are ``rows_windowed - rows_closed`` in total."""
     violation_totals: dict[str, int] = Field(default_factory=dict)
     """``violations`` summed over batches 0..N, per expectation (one that batches before it

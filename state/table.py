@@ -162,8 +162,12 @@ class DriverTable:
         few batches' rows costs the same at batch 10 and at batch 100,000.
         Columns are quoted with double quotes in ``where`` (``"batch_id" = 3``).
         """
+        return self.query("SELECT * FROM t" + (f" WHERE {where}" if where else ""), version)
+
+    def query(self, sql: str, version: int | None = None) -> pa.Table:
+        """The result of ``sql`` over the table (named ``t`` in it) as of ``version`` (None:
+        the newest), as plain Arrow."""
         table = self.open(version)
-        sql = "SELECT * FROM t" + (f" WHERE {where}" if where else "")
         try:
             return query_rows(QueryBuilder().register("t", table).execute(sql))
         except Exception as exc:

@@ -25,6 +25,7 @@ from lowmark.batches.sources.base import describe_range
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import COUNTS, CommitEntry
 from lowmark.state.failures import FailureKind
+from lowmark.state.keyed_state import Held, held
 from lowmark.state.offset_log import OffsetEntry, Offsets
 from lowmark.state.session import SparkLike
 
@@ -124,6 +125,8 @@ class PipelineStatus:
     stopping on an operational error (``lowmark.batches.loop.poison``); else None."""
     last_failure: LastFailure | None
     """None when the next batch has not failed."""
+    keyed: Held | None = None
+    """A keyed step's keys held, timers pending and the next timer (None: no keyed step)."""
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data: ``lowmark status --json``, Dagster metadata."""
@@ -173,6 +176,11 @@ def pipeline_status(
         last_batch=_last_batch(pipeline, done, committed),
         blocked=nxt.blocked,
         last_failure=_last_failure(planner, nxt),
+        keyed=(
+            held(f"{checkpoint.location}/keyed_state", f"{checkpoint.location}/keyed_timers")
+            if pipeline.keyed is not None and checkpoint is not None
+            else None
+        ),
     )
 
 
@@ -347,6 +355,8 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     if pipeline.dedup is not None:
         went["duplicates"] = counts.get("rows_duplicate", 0)
     went["late"] = counts.get("rows_late", 0)
+    if pipeline.keyed is not None:
+        return went | {"into_processor": counts.get("rows_keyed", 0)}
     if pipeline.aggregation is None:
         return went | {"in_sink": counts.get("rows_out", 0)}
     windowed = counts.get("rows_windowed", 0)

@@ -68,6 +68,18 @@ TABLES: dict[str, Table] = {
             "event_time DESC",
             "a pipeline with `dedup` creates it when it first runs",
         ),
+        Table(
+            "keyed_state",
+            "keyed_state",
+            "batch_id DESC",
+            "a pipeline with `keyed` creates it when it first runs",
+        ),
+        Table(
+            "keyed_timers",
+            "keyed_timers",
+            "timer_ms",
+            "a pipeline with `keyed` creates it when it first runs",
+        ),
         Table("offsets", "offsets", "batch_id DESC", _WITH_CHECKPOINT),
         Table("commits", "commits", "batch_id DESC", _WITH_CHECKPOINT),
         Table("progress", "progress", "batch_id DESC", _WITH_CHECKPOINT),

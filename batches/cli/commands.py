@@ -539,6 +539,15 @@ def status(
         closed = f"; the windows it closed held {held} records" if held is not None else ""
         fields.append((f"batch {last.batch_id}", _went(last.accounting, p.output_mode) + closed))
     fields.append(("all batches", _went(s.accounting, p.output_mode)))
+    if s.keyed is not None:
+        due = s.keyed.next_timer_ms
+        fields.append(
+            (
+                "keyed state",
+                f"{s.keyed.keys} keys held, {s.keyed.timers} timers pending"
+                + (f", the next due at {iso_utc(due)}" if due is not None else ""),
+            )
+        )
     if last:
         fields.append(("expectations", _violated(p, last.violations, s.violations)))
     print_fields(out, fields)
@@ -590,6 +599,7 @@ _WENT = {
     "duplicates": "duplicates",
     "late": "late",
     "in_sink": "in the sink",
+    "into_processor": "into the keyed processor",
     "into_windows": "into windows",
     "in_closed_windows": "in closed windows (the sink)",
     "in_open_windows": "in open windows (the state)",

@@ -30,6 +30,7 @@ from lowmark.batches.event_time.stage import (
     partition_max_event_ms,
 )
 from lowmark.batches.expectations import DROPPED, Checks
+from lowmark.batches.keyed.step import KeyedSeen, KeyedStep, Processed
 from lowmark.batches.loop.catch_up import Seen, row_by_row
 from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.loop.post_aggregation import post_aggregated
@@ -37,6 +38,7 @@ from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
 from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.keyed_state import Pinned
 from lowmark.state.window_state import LATEST
 
 T = TypeVar("T")
@@ -59,6 +61,12 @@ class Taken:
     judged: Judged | None = None
     """With ``dedup``: the records' verdicts, observed as the batch's job reads them
     (``out`` is then what it lets through)."""
+    processed: Processed | None = None
+    """With ``keyed``: the keyed step, observed as the batch's job reads it (``out`` is then
+    the processor's output)."""
+    timed: DataFrame | None = None
+    """With ``keyed``: the records given to the keyed step (their event times move the
+    watermark; ``out`` holds the processor's rows)."""
 
 
 class BatchWork:
@@ -73,6 +81,7 @@ class BatchWork:
         stage: WindowedStage | None,
         sink: Sink | WindowedSink,
         dedup: DedupStep | None = None,
+        keyed: KeyedStep | None = None,
     ) -> None:
         self._spark = spark
         self.pipeline = pipeline
@@ -81,6 +90,7 @@ class BatchWork:
         self.stage = stage
         self.sink = sink
         self.dedup = dedup
+        self.keyed = keyed
         self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
 
     def take(self, planned: PlannedBatch) -> Taken:
@@ -97,6 +107,7 @@ class BatchWork:
             cache=self.stage is None,
             strict=strict,
             seen_ids=self._seen_ids_as_of(planned),
+            keyed=self._keyed_as_of(planned),
         )
 
     def _take(
@@ -109,6 +120,7 @@ class BatchWork:
         observe: bool = True,
         expect: bool = True,
         seen_ids: int | None = None,
+        keyed: Pinned | None = None,
     ) -> Taken:
         """Step 3 for ``batch`` (``observe``: see ``WindowedStage.batch_frames``; ``expect``
         False: the expectations drop nothing, as the read-ahead looks; ``seen_ids``: the
@@ -125,9 +137,19 @@ class BatchWork:
         if self.dedup is not None:
             judged = self.dedup.judged(out, watermark_ms, seen_ids)
             out = judged.kept
-            if cache:  # the sink write reads them again: verdicts are worked out once
-                out = out.persist()
-                read = dataclasses.replace(read, cached=(*read.cached, out))
+        processed, timed = None, None
+        if self.keyed is not None:
+            assert keyed is not None
+            timed = out
+            processed = self.keyed.processed(
+                self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id
+            )
+            out = processed.output
+        if cache and (judged is not None or processed is not None):
+            # The sink write reads them again: verdicts (and a processor's rows) are worked
+            # out once.
+            out = out.persist()
+            read = dataclasses.replace(read, cached=(*read.cached, out))
         frames = (
             self.stage.batch_frames(
                 out, watermark_ms, batch.batch_id, self._partitions_of(batch), now_ms, observe
@@ -135,7 +157,7 @@ class BatchWork:
             if self.stage is not None
             else None
         )
-        return Taken(read, out, frames, checked, expected, judged)
+        return Taken(read, out, frames, checked, expected, judged, processed, timed)
 
     def _observed_checks(self, checked: DataFrame) -> list[Column]:
         """What a windowed batch's job observes of its transformed records: each
@@ -172,6 +194,9 @@ class BatchWork:
             written.append((self.stage.state.table, self.stage.state.txn_app_id))
         if self.dedup is not None:
             written.append((self.dedup.seen_ids.table, self.dedup.seen_ids.txn_app_id))
+        if self.keyed is not None:
+            tables = self.keyed.tables
+            written.append((tables.state, f"{tables.app_id}:keyed_state"))
         if any(table.landed(app_id, batch_id) for table, app_id in written):
             return True
         return self.sink.landed(batch_id) is not False  # a sink that cannot tell may have
@@ -236,7 +261,7 @@ class BatchWork:
             return Seen(
                 counts["rows"],
                 None,
-                _with_late(late, judged, planned),
+                _with_late(late, judged.late if judged else None, planned),
                 stats.max_ms,
                 stats.rows,
                 partials["partials"],
@@ -267,7 +292,9 @@ class BatchWork:
     def _counted(self, taken: Taken, late: DataFrame | None, planned: PlannedBatch) -> Seen:
         """One job over ``taken``'s read (cached): counts, max event times, bad rows,
         ``late``, and each expectation's violations and dropped records."""
-        read, out = taken.read, taken.out
+        read = taken.read
+        # A keyed step's records move the watermark; its output is what the sink gets.
+        out = taken.timed if taken.timed is not None else taken.out
         event_time = self.pipeline.event_time
         parts: dict[str, DataFrame] = {
             "input": read.records.agg(F.count(F.lit(1)).alias("rows")),
@@ -277,6 +304,8 @@ class BatchWork:
                 else out.agg(F.count(F.lit(1)).alias("rows"))
             ),
         }
+        if taken.processed is not None:
+            parts["emitted"] = taken.out.agg(F.count(F.lit(1)).alias("rows"))
         if read.bad is not None:
             parts["bad"] = read.bad
         if late is not None:
@@ -304,16 +333,20 @@ class BatchWork:
                     "deduplication verdicts for its records; the batch is run again"
                 )
             judged = None
+        keyed = _keyed(taken, planned)
+        late = _with_late(seen.get("late"), judged.late if judged else None, planned)
         return Seen(
             total(seen["input"], "rows"),
             seen.get("bad"),
-            _with_late(seen.get("late"), judged, planned),
+            _with_late(late, keyed.late if keyed else None, planned),
             max_ms,
             rows_out,
             None,
             self.checks.violations(seen["expectations"].to_pylist()[0]) if self.checks else {},
             seen.get("dropped"),
             judged,
+            keyed,
+            total(seen["emitted"], "rows") if "emitted" in seen else None,
         )
 
     def windows(
@@ -364,6 +397,14 @@ class BatchWork:
         recorded = planned.previous.table_versions.get("dedup") if planned.previous else None
         return self.dedup.seen_ids.version_for(recorded, planned.replay, planned.batch_id)
 
+    def _keyed_as_of(self, planned: PlannedBatch) -> Pinned | None:
+        """Where batch ``planned``'s keyed step reads its state and timers (None: the pipeline
+        has no keyed step): see ``lowmark.state.keyed_state``."""
+        if self.keyed is None:
+            return None
+        recorded = planned.previous.table_versions if planned.previous else {}
+        return self.keyed.tables.pinned(recorded, planned.replay, planned.batch_id)
+
     def _state_as_of(self, planned: PlannedBatch) -> int | None:
         """The state version batch ``planned`` starts from: the newest (``LATEST``), or, for
         a replay whose own state write landed, the one commit N-1 recorded (None: no state
@@ -386,15 +427,30 @@ def _judged(taken: Taken) -> DedupSeen | None | Literal[False]:
     return taken.judged.observed(metrics) if metrics is not None else False
 
 
+def _keyed(taken: Taken, planned: PlannedBatch) -> KeyedSeen | None:
+    """What the job that just ran saw of ``taken``'s keyed step (None: there is none).
+    Raises when Spark observed nothing: a keyed batch's changes are never guessed."""
+    processed = taken.processed
+    if processed is None:
+        return None
+    seen, changes = observed(processed.seen), observed(processed.changes)
+    if seen is None or changes is None:
+        raise RuntimeError(
+            f"batch {planned.batch_id}: Spark reported none of the keyed step's changes; "
+            "the batch is run again"
+        )
+    return processed.observed(seen, changes)
+
+
 def _with_late(
-    late: pa.Table | None, judged: DedupSeen | None, planned: PlannedBatch
+    late: pa.Table | None, more: pa.Table | None, planned: PlannedBatch
 ) -> pa.Table | None:
-    """The batch's late rows: ``late`` (the event-time stage's) and those deduplication set
-    aside (``judged``)."""
-    if judged is None or not judged.late.num_rows:
+    """The batch's late rows: ``late`` (a late table's rows) and ``more`` (``LATE_RECORD``s
+    a step set aside: deduplication, a keyed step)."""
+    if more is None or not more.num_rows:
         return late
-    more = late_table(judged.late, planned.batch_id, planned.watermark_ms)
-    return more if late is None else pa.concat_tables([late, more.cast(late.schema)])
+    rows = late_table(more, planned.batch_id, planned.watermark_ms)
+    return rows if late is None else pa.concat_tables([late, rows.cast(late.schema)])
 
 
 def explained(read: SourceRead, job: Callable[[], T]) -> T:

@@ -70,6 +70,7 @@ from lowmark.batches.event_time.stage import (
     split_stats,
 )
 from lowmark.batches.expectations import Checks
+from lowmark.batches.keyed.step import KeyedSeen
 from lowmark.batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
 from lowmark.batches.windows import Tumbling
 from lowmark.state.errors import LowmarkError
@@ -108,6 +109,11 @@ class Seen:
     """The records ``drop`` expectations removed (``raw``, ``reason``)."""
     judged: DedupSeen | None = None
     """With ``dedup``: its verdicts (its late records are among ``late``)."""
+    keyed: KeyedSeen | None = None
+    """With ``keyed``: the keyed step's counts and changes (its late records are among
+    ``late``)."""
+    emitted: int | None = None
+    """With ``keyed``: the processor's output rows (``rows_out`` counts its input)."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ def commit_batch(
     versions: dict[str, int],
     partitions: dict[str, PartitionTime] | None,
     counts: BatchCounts,
+    next_timer_ms: int | None = None,
 ) -> CommitEntry:
     """Commit batch ``planned``; the entry written.
 
@@ -49,6 +50,7 @@ def commit_batch(
         batch_id=batch_id,
         runner_id=runner_id,
         next_watermark_ms=next_watermark_ms,
+        next_timer_ms=next_timer_ms,
         table_versions=versions,
         **counts.model_dump(),
     ).plus_totals(planned.previous)

@@ -346,6 +346,8 @@ class MicroBatchRunner:
             parts.work.windows(seen.partials, taken, planned) if seen.partials is not None else None
         )
         rows_out = changes.output.num_rows if changes is not None else seen.rows_out
+        if seen.emitted is not None:  # a keyed step: the sink gets the processor's rows
+            rows_out = seen.emitted
         timer.lap("event_time")
 
         # Step 6. Writes: bad records, state, sink, late records.
@@ -367,6 +369,12 @@ class MicroBatchRunner:
             ids_version = dedup.seen_ids.after()
             if ids_version is not None:
                 versions["dedup"] = ids_version
+        keyed, next_timer_ms = parts.work.keyed, None
+        if keyed is not None and seen.keyed is not None:
+            ran_at = keyed.ran_at(planned.watermark_ms, planned.planned_at_ms)
+            keyed.tables.write(seen.keyed.states, seen.keyed.timers, batch_id, ran_at)
+            versions.update(keyed.tables.versions())
+            next_timer_ms = keyed.tables.next_pending(ran_at)
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = parts.sink
@@ -408,6 +416,7 @@ class MicroBatchRunner:
             rows_windowed=seen.rows_out - (rows_late - too_old) if parts.stage is not None else 0,
             rows_closed=total(changes.closed, ROWS) if changes is not None else 0,
             rows_duplicate=duplicates,
+            rows_keyed=seen.keyed.records if seen.keyed is not None else 0,
         )
         commit = commit_batch(
             ckpt,
@@ -418,6 +427,7 @@ class MicroBatchRunner:
             versions,
             partitions,
             counts,
+            next_timer_ms,
         )
         parts.planner.committed(offsets, commit, partitions)
         timer.lap("commit")

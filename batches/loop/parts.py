@@ -18,6 +18,7 @@ from pathlib import Path
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.event_time.dedup import DedupStep
 from lowmark.batches.event_time.stage import WindowedStage, window_state
+from lowmark.batches.keyed.step import KeyedStep
 from lowmark.batches.loop.batch_work import BatchWork
 from lowmark.batches.loop.catch_up import ReadAhead
 from lowmark.batches.loop.plan import Planner
@@ -28,6 +29,7 @@ from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Source
 from lowmark.state import catalog
 from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.keyed_state import KeyedTables
 from lowmark.state.seen_ids import SeenIds
 from lowmark.state.session import SparkLike, provider
 
@@ -86,7 +88,14 @@ def _parts(
     stage = _stage(pipeline, checkpoint)
     sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
     work = BatchWork(
-        session, pipeline, checkpoint, source, stage, sink, _dedup(pipeline, checkpoint)
+        session,
+        pipeline,
+        checkpoint,
+        source,
+        stage,
+        sink,
+        _dedup(pipeline, checkpoint),
+        _keyed(pipeline, checkpoint),
     )
     # A deduplicating batch judges its records against what the batches before it let
     # through: it is never looked at ahead of them.
@@ -134,3 +143,17 @@ def _dedup(pipeline: Pipeline, checkpoint: Checkpoint) -> DedupStep | None:
     )
     seen_ids.create()
     return DedupStep(pipeline.dedup, pipeline.event_time.column, seen_ids)
+
+
+def _keyed(pipeline: Pipeline, checkpoint: Checkpoint) -> KeyedStep | None:
+    """The keyed step of a pipeline with ``keyed``, its state and timers in ``checkpoint``."""
+    if pipeline.keyed is None or pipeline.event_time is None:
+        return None
+    tables = KeyedTables(
+        checkpoint.table("keyed_state"),
+        checkpoint.table("keyed_timers"),
+        checkpoint.pipeline_id,
+        slot_ms=pipeline.event_time.max_out_of_orderness,
+    )
+    tables.create()
+    return KeyedStep(pipeline.keyed, pipeline.event_time.column, tables)

@@ -256,7 +256,7 @@ class Planner:
             parts = self.partition_times(done)
             active = self.with_records(Range(batch_id, start, end), waiting)
             watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark, active)
-        if end == start and skipped is None:
+        if end == start and skipped is None and not self._timer_due(done, watermark, now):
             previous_watermark = latest.batch_watermark_ms if latest else None
             if watermark is None or watermark == previous_watermark or self.stage is None:
                 return None
@@ -266,6 +266,15 @@ class Planner:
         return PlannedBatch(
             batch_id, start, end, watermark, False, now, done, identity, skipped, waiting
         )
+
+    def _timer_due(self, done: CommitEntry | None, watermark: int | None, now: int) -> bool:
+        """Whether a keyed step's earliest pending timer is due: a batch then runs with no
+        new input, to fire it."""
+        keyed = self.pipeline.keyed
+        if keyed is None or done is None or done.next_timer_ms is None:
+            return False
+        ran_at = watermark if keyed.time_mode == "event_time" else now
+        return ran_at is not None and ran_at >= done.next_timer_ms
 
     def _check_identity(self, latest: OffsetEntry | None) -> Identity:
         """The source's identity now, after checking it is the one ``latest`` recorded (or,

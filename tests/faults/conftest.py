@@ -37,6 +37,7 @@ from tests.faults.scenarios import (
     delta_update,
     kafka_lines,
     kafka_update,
+    keyed_alerts,
     outbox_update,
     plain_append,
     session_update,
@@ -55,6 +56,7 @@ MATRIX = (
     session_update,
     plain_append,
     dedup_tumbling,
+    keyed_alerts,
     kafka_update,
     synthetic_append,
     synthetic_idle,
@@ -76,6 +78,7 @@ KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": STEPS,
     "plain_append": ("after_sink",),
     "dedup_tumbling": ("after_state", "before_commit"),
+    "keyed_alerts": ("after_state", "after_sink"),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
 at every step, and the stateless pipeline after Spark's sink write landed uncommitted.
@@ -191,8 +194,9 @@ class References(Mapping[str, Reference]):
         shutil.copytree(root, folder / "template")
         rest = runner.run(max_batches=None)
         # What the kill matrix relies on: the killed batch has output, bad rows and
-        # (windowed) late records, with windows left open, and batches come after it.
-        windowed = pipeline.aggregation is not None
+        # (windowed or keyed) late records, with windows or timers left open, and batches
+        # come after it.
+        windowed = pipeline.aggregation is not None or pipeline.keyed is not None
         killed = rest[0]
         assert (
             killed.batch_id,

@@ -70,6 +70,8 @@ _CHECKPOINT_TABLES = (
     "state_windows",
     "late",
     "dedup_ids",
+    "keyed_state",
+    "keyed_timers",
 )
 _INSERTED = ("numOutputRows", "numTargetRowsInserted", "num_added_rows", "num_target_rows_inserted")
 _UPDATED = ("numTargetRowsUpdated", "num_target_rows_updated")

@@ -24,7 +24,9 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from examples.keyed import ALERTS, SilenceAlert
 from lowmark.batches.dedup import Dedup
+from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.pipeline import (
     CustomSource,
     DeltaSink,
@@ -102,6 +104,15 @@ dedup_tumbling = _windowed("dedup_tumbling", Tumbling(size="10 seconds"), "appen
     update={"dedup": Dedup(columns=("user", "ts"), within="20 seconds")}
 )
 """Tumbling windows behind deduplication by (user, event time), over ``RESENT_INPUT``."""
+keyed_alerts = Pipeline(
+    name="keyed_alerts",
+    source=_source(),
+    sink=DeltaSink(path=SINK),
+    event_time=EventTime(column="ts", max_out_of_orderness="5 seconds"),
+    keyed=Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS),
+)
+"""A keyed step with event-time timers (``examples.keyed.SilenceAlert``): users silent for
+10 seconds of event time raise an alert, as the watermark passes their timers."""
 
 KAFKA_ENV = "LOWMARK_TEST_KAFKA"
 """The test broker's address (``tests.conftest``'s ``kafka`` fixture sets it for subprocesses)."""
@@ -227,6 +238,7 @@ PIPELINES = {
         sliding_update,
         plain_append,
         dedup_tumbling,
+        keyed_alerts,
         kafka_update,
         synthetic_append,
         synthetic_idle,

@@ -1,0 +1,46 @@
+"""A keyed step, as users declare it: a stateful processor over the records of each key.
+
+```yaml
+keyed:
+  processor: examples.keyed:Sessions     # a pyspark StatefulProcessor subclass
+  keys: [user]
+  output_schema: "user string, session_start timestamp, ..."
+  time_mode: event_time                   # timers fire as the watermark passes them
+```
+
+What a batch does with it is ``lowmark.batches.keyed.step``; how the processor is
+run, ``lowmark.batches.keyed.runtime``; where its state lives,
+``lowmark.state.keyed_state``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, ImportString
+
+from lowmark.batches.config import UserConfig
+
+
+class Keyed(UserConfig):
+    """Run ``processor`` over each key's records, with its own state and timers.
+
+    ``processor`` is a ``pyspark.sql.streaming.StatefulProcessor`` subclass (the
+    API of Structured Streaming's ``transformWithStateInPandas``): per batch and
+    key, ``handleInputRows`` gets the key's new records (in event-time order),
+    then ``handleExpiredTimer`` each due timer; what they yield (pandas
+    DataFrames of ``output_schema``) goes to the sink. Needs ``event_time``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    processor: ImportString[Any] = Field(
+        description="Import path of the processor class (`package.module:Class`)."
+    )
+    keys: tuple[str, ...] = Field(min_length=1, description="Columns the records are keyed by.")
+    output_schema: str = Field(description="DDL of the rows the processor yields.")
+    time_mode: Literal["event_time", "processing_time"] = Field(
+        default="event_time",
+        description="What timers follow: the watermark (event_time) or the batch's "
+        "processing time.",
+    )

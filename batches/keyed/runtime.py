@@ -1,0 +1,301 @@
+"""Running a user's stateful processor over one task's keys: the executor side of a keyed step.
+
+The processor is written against Spark's ``StatefulProcessor`` API
+(``pyspark.sql.streaming.StatefulProcessor``: ``init(handle)``,
+``handleInputRows(key, rows, timerValues)``, ``handleExpiredTimer(key,
+timerValues, expiredTimerInfo)``, ``close()``), so one class runs under
+Structured Streaming's ``transformWithStateInPandas`` and under lowmark. The
+handle lowmark gives it (``Handle``) keeps each key's state and timers in
+memory for the task: ``KeyedRun.run`` is handed what the state tables held
+for the task's keys as of the batch's start, and returns what the batch
+changed, which the caller writes (once per batch) to the state tables.
+
+Per batch, per key, in key order (``KeyedRun.run``):
+
+1. the key's new records, ordered by event time, go to ``handleInputRows``;
+2. its timers that are due (event time: at or below the batch's watermark;
+   processing time: at or below the batch's processing time) fire, in
+   timestamp order, each through ``handleExpiredTimer``; a timer is deleted
+   as it fires, so it fires once, and one a handler sets at or below the
+   watermark fires in the same batch.
+
+Everything a handler sees is what the batch started from plus what the
+handlers before it changed, so a replay from the same start gives the same
+outputs and the same changes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    TimerValues,
+)
+
+TimeMode = Literal["event_time", "processing_time"]
+Key = tuple[Any, ...]
+StateValues = dict[str, Any]
+"""A key's states by name: a value state's tuple, a list state's list of tuples, a map
+state's dict of tuple → tuple (``Handle``)."""
+
+
+@dataclass
+class KeyChanges:
+    """What a batch changed of one key: the states it wrote (a name → its new value, or
+    ``DELETED``) and its timers."""
+
+    states: dict[str, Any] = field(default_factory=dict)
+    timers_set: set[int] = field(default_factory=set)
+    timers_deleted: set[int] = field(default_factory=set)
+
+
+DELETED = object()
+"""A state's value once ``clear``ed (or ``deleteIfExists``)."""
+
+
+@dataclass
+class Outcome:
+    """What ``KeyedRun.run`` gives back: the processor's output rows and, per key, the
+    changes to write."""
+
+    output: list[pd.DataFrame]
+    changes: dict[Key, KeyChanges]
+    fired: int
+    """Timers that fired."""
+
+
+class Handle:
+    """lowmark's ``StatefulProcessorHandle``: the states and timers of the current key."""
+
+    def __init__(self) -> None:
+        self.key: Key = ()
+        self.states: dict[Key, StateValues] = {}
+        self.timers: dict[Key, set[int]] = {}
+        self.changes: dict[Key, KeyChanges] = {}
+        self.declared: dict[str, str] = {}
+        """State names as ``init`` declared them: ``value``, ``list`` or ``map``."""
+
+    def _state(self, name: str) -> Any:
+        value = self.states.get(self.key, {}).get(name, DELETED)
+        return None if value is DELETED else value
+
+    def _write(self, name: str, value: Any) -> None:
+        self.states.setdefault(self.key, {})[name] = value
+        self.changes.setdefault(self.key, KeyChanges()).states[name] = value
+
+    def _declare(self, name: str, kind: str) -> None:
+        if self.declared.setdefault(name, kind) != kind:
+            raise ValueError(
+                f"state {name!r} is declared as {self.declared[name]} state and as {kind}"
+            )
+
+    # The handle's API, named as Spark names it.
+
+    def getValueState(
+        self,
+        stateName: str,
+        schema: object,
+        ttlDurationMs: int | None = None,
+    ) -> ValueState:
+        self._declare(stateName, "value")
+        return ValueState(self, stateName)
+
+    def getListState(
+        self,
+        stateName: str,
+        schema: object,
+        ttlDurationMs: int | None = None,
+    ) -> ListState:
+        self._declare(stateName, "list")
+        return ListState(self, stateName)
+
+    def getMapState(
+        self,
+        stateName: str,
+        userKeySchema: object,
+        valueSchema: object,
+        ttlDurationMs: int | None = None,
+    ) -> MapState:
+        self._declare(stateName, "map")
+        return MapState(self, stateName)
+
+    def deleteIfExists(self, stateName: str) -> None:
+        self._write(stateName, DELETED)
+
+    def registerTimer(self, expiryTimestampMs: int) -> None:
+        timers = self.timers.setdefault(self.key, set())
+        if expiryTimestampMs not in timers:
+            timers.add(expiryTimestampMs)
+            changes = self.changes.setdefault(self.key, KeyChanges())
+            changes.timers_set.add(expiryTimestampMs)
+            changes.timers_deleted.discard(expiryTimestampMs)
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None:
+        timers = self.timers.get(self.key, set())
+        if expiryTimestampMs in timers:
+            timers.discard(expiryTimestampMs)
+            changes = self.changes.setdefault(self.key, KeyChanges())
+            changes.timers_deleted.add(expiryTimestampMs)
+            changes.timers_set.discard(expiryTimestampMs)
+
+    def listTimers(self) -> Iterator[int]:
+        return iter(sorted(self.timers.get(self.key, set())))
+
+
+class ValueState:
+    """One value (a tuple) per key."""
+
+    def __init__(self, handle: Handle, name: str) -> None:
+        self._handle, self._name = handle, name
+
+    def exists(self) -> bool:
+        return self._handle._state(self._name) is not None
+
+    def get(self) -> tuple[Any, ...] | None:
+        value = self._handle._state(self._name)
+        return tuple(value) if value is not None else None
+
+    def update(self, newValue: tuple[Any, ...]) -> None:
+        self._handle._write(self._name, tuple(newValue))
+
+    def clear(self) -> None:
+        self._handle._write(self._name, DELETED)
+
+
+class ListState:
+    """A list of tuples per key."""
+
+    def __init__(self, handle: Handle, name: str) -> None:
+        self._handle, self._name = handle, name
+
+    def exists(self) -> bool:
+        return bool(self._handle._state(self._name))
+
+    def get(self) -> Iterator[tuple[Any, ...]]:
+        return iter([tuple(v) for v in self._handle._state(self._name) or []])
+
+    def put(self, newState: list[tuple[Any, ...]]) -> None:
+        self._handle._write(self._name, [tuple(v) for v in newState])
+
+    def appendValue(self, newState: tuple[Any, ...]) -> None:
+        self.appendList([newState])
+
+    def appendList(self, newState: list[tuple[Any, ...]]) -> None:
+        held = list(self._handle._state(self._name) or [])
+        self._handle._write(self._name, held + [tuple(v) for v in newState])
+
+    def clear(self) -> None:
+        self._handle._write(self._name, DELETED)
+
+
+class MapState:
+    """A map of tuple → tuple per key."""
+
+    def __init__(self, handle: Handle, name: str) -> None:
+        self._handle, self._name = handle, name
+
+    def _held(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        return dict(self._handle._state(self._name) or {})
+
+    def exists(self) -> bool:
+        return bool(self._held())
+
+    def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        return self._held().get(tuple(key))
+
+    def containsKey(self, key: tuple[Any, ...]) -> bool:
+        return tuple(key) in self._held()
+
+    def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        held = self._held()
+        held[tuple(key)] = tuple(value)
+        self._handle._write(self._name, held)
+
+    def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        return iter(sorted(self._held().items(), key=lambda kv: json.dumps(kv[0], default=str)))
+
+    def keys(self) -> Iterator[tuple[Any, ...]]:
+        return (k for k, _ in self.iterator())
+
+    def values(self) -> Iterator[tuple[Any, ...]]:
+        return (v for _, v in self.iterator())
+
+    def removeKey(self, key: tuple[Any, ...]) -> None:
+        held = self._held()
+        if held.pop(tuple(key), None) is not None:
+            self._handle._write(self._name, held if held else DELETED)
+
+    def clear(self) -> None:
+        self._handle._write(self._name, DELETED)
+
+
+class KeyedRun:
+    """One task's run of a processor made by ``factory`` over its keys, for one batch."""
+
+    def __init__(
+        self,
+        factory: Callable[[], StatefulProcessor],
+        time_mode: TimeMode,
+        watermark_ms: int | None,
+        processing_ms: int,
+    ) -> None:
+        self.factory = factory
+        self.time_mode = time_mode
+        self.watermark_ms = watermark_ms
+        self.processing_ms = processing_ms
+
+    def run(
+        self,
+        records: dict[Key, pd.DataFrame],
+        states: dict[Key, StateValues],
+        timers: dict[Key, set[int]],
+    ) -> Outcome:
+        """Steps 1-2 of the module's docstring over ``records`` (each key's new records, in
+        event-time order), starting from ``states`` and ``timers`` (every pending timer of the
+        keys that have records, and of those with a timer due)."""
+        handle = Handle()
+        handle.states = {k: dict(v) for k, v in states.items()}
+        handle.timers = {k: set(v) for k, v in timers.items()}
+        processor = self.factory()
+        processor.init(handle)  # type: ignore[arg-type]
+        values = TimerValues(
+            self.processing_ms, self.watermark_ms if self.watermark_ms is not None else -1
+        )
+        output: list[pd.DataFrame] = []
+        fired = 0
+        for key in sorted(records.keys() | timers.keys(), key=_order):
+            handle.key = key
+            if key in records:
+                rows = processor.handleInputRows(key, iter([records[key]]), values)
+                output.extend(_frames(rows))
+            while (due := self._next_due(handle.timers.get(key, set()))) is not None:
+                handle.deleteTimer(due)
+                fired += 1
+                expired = processor.handleExpiredTimer(key, values, ExpiredTimerInfo(due))
+                output.extend(_frames(expired))
+        processor.close()
+        return Outcome(output, handle.changes, fired)
+
+    def _next_due(self, timers: set[int]) -> int | None:
+        """The earliest of ``timers`` that is due now (None: none is)."""
+        now = self.watermark_ms if self.time_mode == "event_time" else self.processing_ms
+        if now is None or not timers:
+            return None
+        first = min(timers)
+        return first if first <= now else None
+
+
+def _frames(rows: Iterable[Any] | None) -> list[pd.DataFrame]:
+    """A handler's output: pandas DataFrames (a handler that yields nothing may return None)."""
+    return [r for r in rows or () if len(r)]
+
+
+def _order(key: Key) -> str:
+    """Keys in one order whatever their types (a replay visits them the same way)."""
+    return json.dumps(key, default=str)

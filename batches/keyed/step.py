@@ -1,0 +1,329 @@
+"""A keyed step in a batch's Spark work: the records of each key through the user's processor.
+
+Per batch (``KeyedStep.processed``):
+
+1. Records without event time, or (event-time mode) below the watermark, go
+   to the late table, as a windowed batch's late records do; the others get
+   their key's bucket (a hash of the key columns modulo the state table's
+   buckets) and one marker row per bucket joins them, so that every bucket
+   is in exactly one task even when no record of it came.
+2. The records are shuffled by bucket. Each task (``_process``, on the
+   executors) reads, with delta-rs as of the versions the driver pinned
+   (``lowmark.state.keyed_state.Pinned``), the timers of its buckets that are
+   due and the states of the keys its records or due timers name, runs the
+   processor (``lowmark.batches.keyed.runtime``), and yields the processor's
+   output rows and one change row per state or timer the batch changed.
+3. The job that reads the batch observes the change rows and the late records
+   as it runs; the output rows go on to the sink. The driver appends the
+   changes in the batch's state step, once per table.
+
+The change rows of the keys a batch touched reach the driver (as a windowed
+batch's window changes do); the per-key work runs on the executors.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StringType, StructField, StructType
+
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.keyed.definition import Keyed
+from lowmark.batches.keyed.runtime import DELETED, Key, KeyedRun, TimeMode
+from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
+from lowmark.state.keyed_state import (
+    BUCKET,
+    BUCKETS,
+    SLOT,
+    STATE,
+    TIMER_INDEX,
+    TIMERS,
+    KeyedTables,
+    Pinned,
+    key_json,
+)
+
+MARKER = "_lowmark_marker"
+EVENT_MS = "_lowmark_event_ms"
+ORDER = "_lowmark_order"
+CHANGE = "_lowmark_change"
+CHANGES, INTO, LATE = "_lowmark_changes", "_lowmark_keyed", "_lowmark_keyed_late"
+UNTIMED = "no event time: the event-time column is null"
+BEHIND = "event time below the watermark: a keyed step's timers have passed it"
+
+
+@dataclass(frozen=True)
+class KeyedSeen:
+    """What the job that read a batch observed of its keyed step."""
+
+    records: int
+    """Records the processor was given."""
+    states: pa.Table
+    """Rows of ``keyed_state`` the batch writes (``STATE``)."""
+    timers: pa.Table
+    """Rows of ``keyed_timers`` the batch writes (``TIMER_INDEX`` without the slot)."""
+    late: pa.Table
+    """``event_us``, ``reason``, ``record`` of each record sent to the late table."""
+
+
+@dataclass(frozen=True)
+class Processed:
+    """A batch's keyed step, lazily: the processor's output rows, and the observations of
+    the records it was given (``seen``) and of the changes it made (``changes``)."""
+
+    output: DataFrame
+    seen: Observation
+    changes: Observation
+    batch_id: int
+
+    def observed(self, seen: dict[str, Any], changes: dict[str, Any]) -> KeyedSeen:
+        """The step's counts and changes from the observations' metrics
+        (``collect.observed``)."""
+        states, timers = [], []
+        for change in (json.loads(c) for c in changes[CHANGES]):
+            if change.pop("kind") == "state":
+                states.append(change | {"batch_id": self.batch_id})
+            else:
+                timers.append(change | {"batch_id": self.batch_id})
+        late = [r.asDict() for r in seen[LATE]]
+        return KeyedSeen(
+            int(seen[INTO]),
+            pa.Table.from_pylist(states, schema=STATE),
+            pa.Table.from_pylist(
+                timers, schema=TIMER_INDEX.remove(TIMER_INDEX.get_field_index(SLOT))
+            ),
+            pa.Table.from_pylist(late, schema=_LATE),
+        )
+
+
+_LATE = pa.schema([("event_us", pa.int64()), ("reason", pa.string()), ("record", pa.string())])
+
+
+class KeyedStep:
+    """The keyed step of one pipeline's batches."""
+
+    def __init__(self, keyed: Keyed, event_time_column: str, tables: KeyedTables) -> None:
+        self.keyed = keyed
+        self.column = event_time_column
+        self.tables = tables
+
+    def ran_at(self, watermark_ms: int | None, processing_ms: int) -> int | None:
+        """The time a batch's timers are due by: its watermark (event-time mode; None before
+        there is one) or its processing time."""
+        return watermark_ms if self.keyed.time_mode == "event_time" else processing_ms
+
+    def processed(
+        self,
+        spark: SparkSession,
+        records: DataFrame,
+        watermark_ms: int | None,
+        processing_ms: int,
+        pinned: Pinned,
+        batch_id: int,
+    ) -> Processed:
+        """Steps 1-3 of the module's docstring over ``records``, lazily."""
+        keyed = self.keyed
+        missing = {*keyed.keys, self.column} - set(records.columns)
+        if missing:
+            raise PipelineConfigInvalid(
+                f"the records lack {sorted(missing)}: the transform must keep the keyed "
+                "step's keys and the event-time column"
+            )
+        payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+        event_ms = F.unix_millis(F.col(self.column))
+        late = F.col(self.column).isNull()
+        if keyed.time_mode == "event_time" and watermark_ms is not None:
+            late = late | (event_ms < F.lit(watermark_ms))
+        seen = Observation()
+        observed = records.observe(
+            seen,
+            F.count(F.when(~late, 1)).alias(INTO),
+            F.collect_list(F.when(late, _late_record(self.column, payload))).alias(LATE),
+        )
+        keys = [F.col(c) for c in keyed.keys]
+        timely = (
+            observed.where(~late)
+            .select(*payload)
+            .withColumn(EVENT_MS, event_ms)
+            .withColumn(ORDER, F.xxhash64(F.to_json(F.struct(*payload))))
+            .withColumn(BUCKET, F.pmod(F.xxhash64(*keys), F.lit(BUCKETS)).cast("int"))
+            .withColumn(MARKER, F.lit(None).cast("boolean"))
+        )
+        markers = spark.range(BUCKETS).select(
+            F.col("id").cast("int").alias(BUCKET), F.lit(True).alias(MARKER)
+        )
+        rows = timely.unionByName(markers, allowMissingColumns=True)
+        declared = StructType.fromDDL(keyed.output_schema)  # needs a running Spark
+        assert isinstance(declared, StructType)
+        output = StructType([*declared.fields, StructField(CHANGE, StringType())])
+        process = functools.partial(
+            _process,
+            pinned,
+            keyed.processor,
+            keyed.time_mode,
+            watermark_ms,
+            processing_ms,
+            keyed.keys,
+            payload,
+            to_arrow_schema(output, timezone="UTC"),
+        )
+        changes = Observation()
+        processed = (
+            rows.repartition(BUCKET)
+            .mapInArrow(process, output)
+            .observe(changes, F.collect_list(F.col(CHANGE)).alias(CHANGES))
+        )
+        output_rows = processed.where(F.col(CHANGE).isNull()).drop(CHANGE)
+        return Processed(output_rows, seen, changes, batch_id)
+
+
+def _late_record(column: str, payload: list[str]) -> Column:
+    reason = F.when(F.col(column).isNull(), F.lit(UNTIMED)).otherwise(F.lit(BEHIND))
+    return F.struct(
+        F.unix_micros(F.col(column)).alias("event_us"),
+        reason.alias("reason"),
+        F.to_json(F.struct(*payload)).alias("record"),
+    )
+
+
+def _process(
+    pinned: Pinned,
+    factory: Callable[[], Any],
+    time_mode: TimeMode,
+    watermark_ms: int | None,
+    processing_ms: int,
+    key_columns: tuple[str, ...],
+    payload: list[str],
+    schema: pa.Schema,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """One task of step 2: its buckets' records through the processor; output and change rows."""
+    parts = [b for b in batches if b.num_rows]
+    if not parts:
+        return
+    rows = pa.Table.from_batches(parts)
+    buckets = set(rows.column(BUCKET).to_pylist())
+    records = rows.filter(pc.invert(pc.fill_null(rows.column(MARKER), False)))
+    frame = records.to_pandas(types_mapper=None).sort_values([EVENT_MS, ORDER], kind="stable")
+    by_key: dict[Key, pd.DataFrame] = {}
+    bucket_of: dict[str, int] = {}
+    for key, group in frame.groupby(list(key_columns), sort=False, dropna=False):
+        values = key if isinstance(key, tuple) else (key,)
+        by_key[values] = group[payload].reset_index(drop=True)
+        bucket_of[key_json(values)] = int(group[BUCKET].iloc[0])
+    now = watermark_ms if time_mode == "event_time" else processing_ms
+    due = pinned.due(buckets, now) if now is not None else None
+    due_keys = {}
+    if due is not None:
+        for k, b in zip(due.column("key").to_pylist(), due.column(BUCKET).to_pylist(), strict=True):
+            due_keys[k] = b
+    bucket_of.update(due_keys)
+    keys_of = {key_json(k): k for k in by_key} | {k: tuple(json.loads(k)) for k in due_keys}
+    held = pinned.states(buckets, keys_of)
+    states: dict[Key, dict[str, Any]] = {}
+    timers: dict[Key, set[int]] = {}
+    for k, name, value in zip(
+        held.column("key").to_pylist(),
+        held.column("state").to_pylist(),
+        held.column("value").to_pylist(),
+        strict=True,
+    ):
+        if value is None:
+            continue
+        if name == TIMERS:
+            timers[keys_of[k]] = set(json.loads(value))
+        else:
+            states.setdefault(keys_of[k], {})[name] = _loaded(json.loads(value))
+    run = KeyedRun(factory, time_mode, watermark_ms, processing_ms)
+    outcome = run.run(by_key, states, {keys_of[k]: timers.get(keys_of[k], set()) for k in keys_of})
+    if outcome.output:
+        out = pd.concat(outcome.output, ignore_index=True)
+        data = pa.Table.from_pandas(
+            out, schema=schema.remove(schema.get_field_index(CHANGE)), preserve_index=False
+        )
+        yield from data.append_column(CHANGE, pa.nulls(data.num_rows, pa.string())).to_batches()
+    changes = []
+    for key, change in outcome.changes.items():
+        k = key_json(key)
+        for name, value in change.states.items():
+            stored = None if value is DELETED else json.dumps(_stored(value), default=str)
+            changes.append(
+                {
+                    "kind": "state",
+                    "key": k,
+                    "state": name,
+                    "value": stored,
+                    "expires_ms": None,
+                    "_lowmark_bucket": bucket_of[k],
+                }
+            )
+        if change.timers_set or change.timers_deleted:
+            pending = sorted((timers.get(key, set()) | change.timers_set) - change.timers_deleted)
+            changes.append(
+                {
+                    "kind": "state",
+                    "key": k,
+                    "state": TIMERS,
+                    "value": json.dumps(pending) if pending else None,
+                    "expires_ms": None,
+                    "_lowmark_bucket": bucket_of[k],
+                }
+            )
+        for timer_ms in change.timers_set:
+            changes.append(
+                {
+                    "kind": "timer",
+                    "key": k,
+                    "timer_ms": timer_ms,
+                    "pending": True,
+                    "_lowmark_bucket": bucket_of[k],
+                }
+            )
+        for timer_ms in change.timers_deleted:
+            changes.append(
+                {
+                    "kind": "timer",
+                    "key": k,
+                    "timer_ms": timer_ms,
+                    "pending": False,
+                    "_lowmark_bucket": bucket_of[k],
+                }
+            )
+    if changes:
+        blank = {
+            name: pa.nulls(len(changes), schema.field(name).type)
+            for name in schema.names
+            if name != CHANGE
+        }
+        yield pa.table(
+            {**blank, CHANGE: pa.array([json.dumps(c) for c in changes], pa.string())},
+            schema=schema,
+        ).to_batches()[0]
+
+
+def _stored(value: Any) -> Any:
+    """A state's value as JSON holds it (a map state's dict as a list of pairs)."""
+    if isinstance(value, dict):
+        return {"map": [[list(k), list(v)] for k, v in value.items()]}
+    if isinstance(value, list):
+        return {"list": [list(v) for v in value]}
+    return {"value": list(value)}
+
+
+def _loaded(stored: dict[str, Any]) -> Any:
+    """``_stored``'s inverse."""
+    if "map" in stored:
+        return {tuple(k): tuple(v) for k, v in stored["map"]}
+    if "list" in stored:
+        return [tuple(v) for v in stored["list"]]
+    return tuple(stored["value"])

@@ -1,0 +1,248 @@
+"""Keyed state and timers: the tables of a pipeline's keyed step.
+
+``keyed_state`` holds, per (key, state name), the state's value: ``key`` (the
+key columns as a JSON array), ``state``, ``value`` (JSON; null once the state
+was cleared), ``expires_ms`` (TTL, null: never), ``batch_id`` (the batch that
+wrote it), partitioned by ``_lowmark_bucket`` (a hash of the key modulo the
+table's bucket count, fixed when it is created). Timers are a state of their
+own per key (``TIMERS``: the key's pending timers, a JSON list), so a batch
+finds a touched key's timers where it finds its states.
+
+``keyed_timers`` is the index of pending timers by time: ``timer_ms``,
+``key``, ``_lowmark_bucket``, ``batch_id``, ``pending`` (false: a timer deleted
+before it fired), partitioned by ``_lowmark_slot`` (``timer_ms`` in steps of
+``slot_ms``). After a batch no pending timer is at or below the time it ran
+at (every due timer fired in it), so whole slots below that time are deleted
+(``purge``), and a batch reads only the slots up to its time.
+
+Both tables are append-only: the newest row of a (key, state) or (key,
+timer) wins (``latest``). A batch reads them as of the version the driver
+pinned (the newest for a new batch, the one commit N-1 recorded for a replay
+whose own append landed), so a replay sees what the first attempt saw, and
+each batch's changes are ONE idempotent append per table (``<pipeline
+id>:keyed_state`` / ``:keyed_timers``, batch id). Cost follows the keys a
+batch touches and the timers due: reads filter by bucket and key, or by slot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lowmark.state.table import DriverTable
+
+BUCKET = "_lowmark_bucket"
+SLOT = "_lowmark_slot"
+TIMERS = "_lowmark_timers"
+"""The state that holds a key's pending timers."""
+BUCKETS = 16
+"""Buckets of a new state table: a task reads the buckets of the keys it holds."""
+SLOT_MIN_MS = 60_000
+
+STATE = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("value", pa.string()),
+        pa.field("expires_ms", pa.int64()),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field(BUCKET, pa.int32(), nullable=False),
+    ]
+)
+TIMER_INDEX = pa.schema(
+    [
+        pa.field("timer_ms", pa.int64(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field(BUCKET, pa.int32(), nullable=False),
+        pa.field("pending", pa.bool_(), nullable=False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field(SLOT, pa.int64(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """Where a batch's tasks read keyed state and timers: the tables' paths and versions
+    (None: the table has no rows yet), and its slot size. Picklable: tasks get it."""
+
+    state_path: str
+    state_version: int | None
+    timers_path: str
+    timers_version: int | None
+    slot_ms: int
+
+    def states(self, buckets: Iterable[int], keys: Iterable[str]) -> pa.Table:
+        """The newest row of each (key, state) of ``keys`` (in ``buckets``)."""
+        keys = sorted(set(keys))
+        if self.state_version is None or not keys:
+            return STATE.empty_table()
+        where = f'"{BUCKET}" IN ({_ints(buckets)}) AND "key" IN ({_strings(keys)})'
+        rows = DriverTable(self.state_path, STATE, "keyed state table").read(
+            where, self.state_version
+        )
+        return latest(rows, ("key", "state"))
+
+    def due(self, buckets: Iterable[int], now_ms: int) -> pa.Table:
+        """The keys (``key``, ``timer_ms``) with a pending timer at or below ``now_ms``."""
+        if self.timers_version is None:
+            return TIMER_INDEX.empty_table()
+        where = (
+            f'"{SLOT}" <= {now_ms // self.slot_ms} AND "timer_ms" <= {now_ms} '
+            f'AND "{BUCKET}" IN ({_ints(buckets)})'
+        )
+        rows = DriverTable(self.timers_path, TIMER_INDEX, "keyed timer table").read(
+            where, self.timers_version
+        )
+        rows = latest(rows, ("key", "timer_ms"))
+        return rows.filter(rows.column("pending"))
+
+
+class KeyedTables:
+    """The ``keyed_state`` and ``keyed_timers`` tables of a checkpoint (see above)."""
+
+    def __init__(self, state_path: str, timers_path: str, pipeline_id: str, slot_ms: int) -> None:
+        """Writes carry the application transactions ``<pipeline_id>:keyed_state`` and
+        ``<pipeline_id>:keyed_timers`` (as ``Checkpoint.txn_app_id`` names them)."""
+        self.state = DriverTable(state_path, STATE, "keyed state table", partition_by=(BUCKET,))
+        self.timers = DriverTable(
+            timers_path, TIMER_INDEX, "keyed timer table", partition_by=(SLOT,)
+        )
+        self.app_id = pipeline_id
+        self.slot_ms = max(slot_ms, SLOT_MIN_MS)
+
+    def create(self) -> None:
+        """Both tables, empty, unless they exist: version 0 is what a checkpoint's first
+        batch reads on its replay (``pinned``)."""
+        self.state.create()
+        self.timers.create()
+
+    def pinned(self, recorded: dict[str, int], replay: bool, batch_id: int) -> Pinned:
+        """The versions batch ``batch_id`` reads: for a replay whose own append landed the
+        ones commit N-1 recorded (``recorded``; version 0 when no batch committed before),
+        else the newest."""
+
+        def version(table: DriverTable, name: str) -> int | None:
+            if not table.exists():
+                return None
+            if replay and table.landed(f"{self.app_id}:{name}", batch_id):
+                return recorded.get(name, 0)
+            return table.version()
+
+        return Pinned(
+            self.state.path,
+            version(self.state, "keyed_state"),
+            self.timers.path,
+            version(self.timers, "keyed_timers"),
+            self.slot_ms,
+        )
+
+    def write(self, states: pa.Table, timers: pa.Table, batch_id: int, now_ms: int | None) -> None:
+        """Append batch ``batch_id``'s changes once, then delete the timer slots below
+        ``now_ms`` (none of their timers is pending any more; None: no time yet)."""
+        if states.num_rows:
+            self.state.append_once(states, f"{self.app_id}:keyed_state", batch_id)
+        if timers.num_rows:
+            slots = pc.divide(timers.column("timer_ms"), self.slot_ms)
+            self.timers.append_once(
+                timers.append_column(SLOT, slots), f"{self.app_id}:keyed_timers", batch_id
+            )
+        if now_ms is None:
+            return
+        below = now_ms // self.slot_ms
+        held = {int(p[SLOT]) for p in self.timers.open().partitions()}
+        if any(slot < below for slot in held):
+            self.timers.delete(f'"{SLOT}" < {below}', batch_id)
+
+    def next_pending(self, after_ms: int | None) -> int | None:
+        """The earliest pending timer after ``after_ms`` (None: no timer is pending): the
+        slots from ``after_ms`` on, earliest first, until one holds a pending timer (every
+        timer at or below the time a batch ran at fired in it)."""
+        if not self.timers.exists():
+            return None
+        after = after_ms if after_ms is not None else -(2**62)
+        slots = sorted(
+            s
+            for s in {int(p[SLOT]) for p in self.timers.open().partitions()}
+            if s >= after // self.slot_ms
+        )
+        for slot in slots:
+            rows = self.timers.read(f'"{SLOT}" = {slot} AND "timer_ms" > {after}')
+            rows = latest(rows, ("key", "timer_ms"))
+            pending = rows.filter(rows.column("pending")).column("timer_ms").to_pylist()
+            if pending:
+                return int(min(pending))
+        return None
+
+    def versions(self) -> dict[str, int]:
+        """The tables' versions now: what the commit records."""
+        return {"keyed_state": self.state.version(), "keyed_timers": self.timers.version()}
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a keyed step holds now: keys with state or timers, pending timers, the next."""
+
+    keys: int
+    timers: int
+    next_timer_ms: int | None
+
+
+def held(state_path: str, timers_path: str) -> Held:
+    """``Held`` of the tables at ``state_path`` and ``timers_path`` (one query each, over
+    every row: for ``lowmark status`` and Dagster, not for a batch)."""
+    state = DriverTable(state_path, STATE, "keyed state table")
+    timers = DriverTable(timers_path, TIMER_INDEX, "keyed timer table")
+    keys = (
+        state.query(
+            "SELECT count(DISTINCT key) AS n FROM (SELECT key, value, row_number() OVER "
+            "(PARTITION BY key, state ORDER BY batch_id DESC) AS rn FROM t) "
+            "WHERE rn = 1 AND value IS NOT NULL"
+        )
+        if state.exists()
+        else None
+    )
+    pending = (
+        timers.query(
+            "SELECT count(*) AS n, min(timer_ms) AS next FROM (SELECT pending, timer_ms, "
+            "row_number() OVER (PARTITION BY key, timer_ms ORDER BY batch_id DESC) AS rn "
+            "FROM t) WHERE rn = 1 AND pending"
+        )
+        if timers.exists()
+        else None
+    )
+    return Held(
+        int(keys.column("n")[0].as_py()) if keys is not None else 0,
+        int(pending.column("n")[0].as_py()) if pending is not None else 0,
+        pending.column("next")[0].as_py() if pending is not None else None,
+    )
+
+
+def latest(rows: pa.Table, identity: tuple[str, ...]) -> pa.Table:
+    """The row with the highest ``batch_id`` of each ``identity``."""
+    if not rows.num_rows:
+        return rows
+    order = [(c, "ascending") for c in identity] + [("batch_id", "descending")]
+    rows = rows.sort_by(order)
+    first = [True] + [
+        any(rows.column(c)[i].as_py() != rows.column(c)[i - 1].as_py() for c in identity)
+        for i in range(1, rows.num_rows)
+    ]
+    return rows.filter(pa.array(first))
+
+
+def key_json(values: Iterable[object]) -> str:
+    """A key's values as the ``key`` column holds them."""
+    return json.dumps(list(values), default=str, separators=(",", ":"))
+
+
+def _ints(values: Iterable[int]) -> str:
+    return ", ".join(str(int(v)) for v in sorted(set(values))) or "NULL"
+
+
+def _strings(values: Iterable[str]) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)

@@ -1,0 +1,185 @@
+"""A keyed step end to end: the sessions example (``examples.keyed.Sessions``) over files in
+batches, through lowmark's batch loop into a Delta sink, equals the sessions its rule gives over
+the whole input; timers fire in batches with no new input; every record is accounted for."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+
+from examples.keyed import ALERTS, SESSIONS, SILENCE_MS, Sessions, SilenceAlert
+from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.keyed.definition import Keyed
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.windows import EventTime
+from lowmark.state.checkpoint import Checkpoint
+from tests.batches.keyed.sessions import events, sessions
+from tests.helpers import FakeClock, delta_frame, write_json_lines
+
+SCHEMA = "user STRING, ts TIMESTAMP, action STRING"
+
+
+def _pipeline() -> Pipeline:
+    return Pipeline(
+        name="sessions",
+        source=FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts"),
+        keyed=Keyed(processor=Sessions, keys=("user",), output_schema=SESSIONS),
+    )
+
+
+def test_sessions_through_the_batch_loop_equal_sessions_over_the_whole_input(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stream = events(5)[:60]
+    cuts = sorted(random.Random(5).sample(range(1, len(stream)), 4))
+    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(stream)], strict=True)):
+        rows = [
+            {"user": r.user, "ts": r.ts.isoformat(), "action": r.action}
+            for r in stream.iloc[a:b].itertuples()
+        ]
+        write_json_lines(tmp_path / "in", f"f{i:03d}.json", rows, 1_700_000_000 + i)
+    # A last record, of another user, far on: every session before it is over.
+    end = stream["ts"].max() + pd.Timedelta(hours=3)
+    last = [{"user": "zz", "ts": end.isoformat(), "action": "view"}]
+    write_json_lines(tmp_path / "in", "f999.json", last, 1_700_000_999)
+
+    results = MicroBatchRunner(spark, _pipeline(), tmp_path, FakeClock()).run(max_batches=None)
+
+    got = pd.DataFrame(delta_frame(spark, tmp_path / "out").toPandas())
+    found = sorted(
+        (
+            r.user,
+            r.session_start.value // 1_000_000,
+            r.session_end.value // 1_000_000,
+            r.events,
+            r.ended_by,
+        )
+        for r in got.itertuples()
+    )
+    assert found == sessions(stream)
+    assert any(r.rows_in == 0 and r.rows_out > 0 for r in results), "no batch fired timers alone"
+    commits = Checkpoint(str(tmp_path / "_lowmark" / "sessions"), "sessions").commits.get_range()
+    for c in commits:
+        assert (
+            c.rows_in == c.rows_bad + c.rows_dropped + c.rows_duplicate + c.rows_late + c.rows_keyed
+        )
+    assert sum(c.rows_keyed for c in commits) == len(stream) + 1
+
+
+def test_silence_alerts_equal_the_silences_over_the_whole_input_and_status_shows_what_is_held(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    rng = random.Random(11)
+    now, events = 0, []
+    for _ in range(40):
+        now += rng.choice([1, 2, 4, 9, 12, 30]) * 1000
+        events.append((rng.choice("abc"), now))
+    cuts = sorted(rng.sample(range(1, len(events)), 5))
+    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(events)], strict=True)):
+        rows = [{"user": u, "ts": _at(ms), "amount": 1} for u, ms in events[a:b]]
+        write_json_lines(tmp_path / "in", f"f{i:03d}.json", rows, 1_700_000_000 + i)
+    pipeline = Pipeline(
+        name="alerts",
+        source=FileSource(
+            path="in",
+            format="json",
+            schema_ddl="user STRING, ts TIMESTAMP, amount LONG",
+            max_files_per_batch=1,
+        ),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts"),
+        keyed=Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS),
+    )
+    MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
+
+    # The rule over the whole input: every silence of more than 10 s between two events
+    # of a user, and each user's last silence once the watermark (the newest event) is
+    # 10 s past it.
+    watermark, expected = events[-1][1], []
+    for user in "abc":
+        times = [ms for u, ms in events if u == user]
+        expected += [(user, a) for a, b in itertools.pairwise(times) if b - a > SILENCE_MS]
+        if times and times[-1] + SILENCE_MS <= watermark:
+            expected.append((user, times[-1]))
+    got = pd.DataFrame(delta_frame(spark, tmp_path / "out").toPandas())
+    assert sorted((r.user, r.silent_since.value // 1_000_000) for r in got.itertuples()) == sorted(
+        expected
+    )
+    assert all(
+        r.alerted_at.value // 1_000_000 == r.silent_since.value // 1_000_000 + SILENCE_MS
+        for r in got.itertuples()
+    )
+    status = pipeline_status(spark, pipeline, tmp_path)
+    still = [u for u in "abc" if (u, max(ms for v, ms in events if v == u)) not in expected]
+    assert status.keyed is not None
+    assert (status.keyed.keys, status.keyed.timers) == (len(still), len(still))
+    assert status.accounting["into_processor"] == len(events)
+
+
+class _Reminder(StatefulProcessor):
+    """A row for each key one second of processing time after it was last seen."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 1000)
+        return iter(())
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        yield pd.DataFrame({"user": [key[0]], "due_ms": [expiredTimerInfo.getExpiryTimeInMs()]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_processing_time_timers_fire_by_the_clock_in_a_batch_without_input(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    write_json_lines(tmp_path / "in", "f0.json", [{"user": "a", "ts": _at(0), "action": "x"}], 1)
+    pipeline = _pipeline().model_copy(
+        update={
+            "keyed": Keyed(
+                processor=_Reminder,
+                keys=("user",),
+                output_schema="user string, due_ms long",
+                time_mode="processing_time",
+            )
+        }
+    )
+    runner = MicroBatchRunner(spark, pipeline, tmp_path, clock)
+    planned_at = clock.now
+    assert [r.rows_out for r in runner.run(max_batches=None)] == [0]
+    clock.advance(999)
+    assert runner.run(max_batches=None) == []  # not due yet: no batch
+    clock.advance(1)
+    [fired] = runner.run(max_batches=None)
+    assert (fired.rows_in, fired.rows_out) == (0, 1)
+    got = delta_frame(spark, tmp_path / "out").collect()
+    assert [(r.user, r.due_ms) for r in got] == [("a", planned_at + 1000)]
+    assert runner.run(max_batches=None) == []  # fired once
+
+
+_T0_MS = int(pd.Timestamp("2026-01-01", tz="UTC").timestamp() * 1000)
+
+
+def _at(ms: int) -> str:
+    return (pd.Timestamp("2026-01-01", tz="UTC") + pd.Timedelta(milliseconds=ms)).isoformat()
