@@ -40,6 +40,8 @@ from pyspark.sql.types import ByteType, StructField, StructType
 
 from lowmark.batches.dedup import Dedup
 from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.event_time.stage import UNTIMED as NO_EVENT_TIME
+from lowmark.batches.event_time.stage import late_struct
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from lowmark.state.seen_ids import SeenIds, live_ids
 
@@ -51,7 +53,6 @@ NEW, DUPLICATE, UNTIMED, OLD = 0, 1, 2, 3
 """Verdicts: let through; a duplicate; late: no event time; late: older than the horizon."""
 NEW_IDS, DUPLICATES, LATE_RECORDS = "_lowmark_new_ids", "_lowmark_duplicates", "_lowmark_id_late"
 BEFORE_HORIZON = "event time before the deduplication horizon: watermark - dedup.within"
-NO_EVENT_TIME = "no event time: the event-time column is null"
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,7 @@ class DedupStep:
         reason = F.when(F.col(VERDICT) == UNTIMED, F.lit(NO_EVENT_TIME)).otherwise(
             F.lit(BEFORE_HORIZON)
         )
-        return F.struct(
-            F.col(EVENT_US).alias("event_us"),
-            reason.alias("reason"),
-            F.to_json(F.struct(*payload)).alias("record"),
-        )
+        return late_struct(F.col(EVENT_US), reason, payload)
 
 
 def first_of_each_id(records: DataFrame, dedup: Dedup, column: str) -> DataFrame:

@@ -174,6 +174,16 @@ def window_state(checkpoint: Checkpoint, aggregation: WindowedAggregation) -> Wi
     )
 
 
+def late_struct(event_us: Column, reason: Column, payload: list[str]) -> Column:
+    """A record's ``LATE_RECORD``: its event time (epoch µs), ``reason``, and its ``payload``
+    columns as JSON."""
+    return F.struct(
+        event_us.alias("event_us"),
+        reason.alias("reason"),
+        F.to_json(F.struct(*payload)).alias("record"),
+    )
+
+
 def late_table(records: pa.Table, batch_id: int, watermark_ms: int | None) -> pa.Table:
     """Rows of the late table for ``LATE_RECORD`` ``records`` of batch ``batch_id``, rejected
     under ``watermark_ms`` (0 when there was none, as ``BatchFrames.late`` writes it)."""
@@ -303,11 +313,7 @@ class WindowedStage:
         closed = F.lit(False) if watermark_ms is None else self.closed_under(watermark_ms)
         rejected = ~timed | future | closed
         reason = F.when(~timed, F.lit(UNTIMED)).when(future, F.lit(FUTURE)).otherwise(F.lit(CLOSED))
-        late_record = F.struct(
-            F.unix_micros(F.col(column)).alias("event_us"),
-            reason.alias("reason"),
-            F.to_json(F.struct(*payload)).alias("record"),
-        )
+        late_record = late_struct(F.unix_micros(F.col(column)), reason, payload)
         partition = F.col(PARTITION_COLUMN)
         metrics = [
             F.count(F.lit(1)).alias("rows"),

@@ -38,6 +38,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
 
 from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.event_time.stage import UNTIMED, late_struct
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.keyed.runtime import DELETED, Key, KeyedRun, TimeMode
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
@@ -58,7 +59,6 @@ EVENT_MS = "_lowmark_event_ms"
 ORDER = "_lowmark_order"
 CHANGE = "_lowmark_change"
 CHANGES, INTO, LATE = "_lowmark_changes", "_lowmark_keyed", "_lowmark_keyed_late"
-UNTIMED = "no event time: the event-time column is null"
 BEHIND = "event time below the watermark: a keyed step's timers have passed it"
 
 
@@ -189,11 +189,7 @@ class KeyedStep:
 
 def _late_record(column: str, payload: list[str]) -> Column:
     reason = F.when(F.col(column).isNull(), F.lit(UNTIMED)).otherwise(F.lit(BEHIND))
-    return F.struct(
-        F.unix_micros(F.col(column)).alias("event_us"),
-        reason.alias("reason"),
-        F.to_json(F.struct(*payload)).alias("record"),
-    )
+    return late_struct(F.unix_micros(F.col(column)), reason, payload)
 
 
 def _process(

@@ -96,7 +96,7 @@ class BatchWork:
     def take(self, planned: PlannedBatch) -> Taken:
         """Step 3 for ``planned``: its read, transformed records and (windowed) stage frames,
         all lazy. A stateless batch reads its input twice (counts, then the sink write):
-        its parse is cached (with ``dedup``, the records it lets through too). A replay of
+        its parse is cached (with ``dedup`` or ``keyed``, what the sink gets too). A replay of
         a batch that already wrote something reads strictly what it read then
         (``Source.read``)."""
         strict = planned.replay and self.wrote_any(planned.batch_id)

@@ -37,6 +37,8 @@ def test_the_example_yaml_declares_a_pipeline_for_every_source_kind() -> None:
         "clicks_per_hour": "delta",
         "busy_minutes_sql": "files",  # the SQL steps' example
         "unique_orders": "files",  # deduplication's example
+        "sessions": "files",  # keyed steps' examples
+        "device_status": "files",
     }
     kafka = pipelines["kafka_orders"].source
     assert isinstance(kafka, KafkaSource) and kafka.topics == ("orders",)

@@ -20,10 +20,11 @@ from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.registry import get_pipeline
 from lowmark.batches.windows import EventTime
 from lowmark.state.checkpoint import Checkpoint
 from tests.batches.keyed.sessions import events, sessions
-from tests.helpers import FakeClock, delta_frame, write_json_lines
+from tests.helpers import REPO, FakeClock, delta_frame, write_json_lines
 
 SCHEMA = "user STRING, ts TIMESTAMP, action STRING"
 
@@ -113,9 +114,8 @@ def test_silence_alerts_equal_the_silences_over_the_whole_input_and_status_shows
         if times and times[-1] + SILENCE_MS <= watermark:
             expected.append((user, times[-1]))
     got = pd.DataFrame(delta_frame(spark, tmp_path / "out").toPandas())
-    assert sorted((r.user, r.silent_since.value // 1_000_000) for r in got.itertuples()) == sorted(
-        expected
-    )
+    since = sorted((r.user, r.silent_since.value // 1_000_000 - _T0_MS) for r in got.itertuples())
+    assert since == sorted(expected)
     assert all(
         r.alerted_at.value // 1_000_000 == r.silent_since.value // 1_000_000 + SILENCE_MS
         for r in got.itertuples()
@@ -183,3 +183,33 @@ _T0_MS = int(pd.Timestamp("2026-01-01", tz="UTC").timestamp() * 1000)
 
 def _at(ms: int) -> str:
     return (pd.Timestamp("2026-01-01", tz="UTC") + pd.Timedelta(milliseconds=ms)).isoformat()
+
+
+def test_the_latest_status_per_device_declared_in_yaml_is_upserted_one_row_per_device(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    readings = [
+        [("d1", 0, "ok"), ("d2", 1, "ok"), ("d1", 2, "hot")],
+        [("d1", 3, "hot"), ("d3", 4, "off")],
+        [("d2", 5, "off"), ("d1", 6, "ok"), ("d2", 7, "off")],
+    ]
+    for i, batch in enumerate(readings):
+        rows = [{"device": d, "ts": _at(s * 1000), "status": st} for d, s, st in batch]
+        write_json_lines(tmp_path / "devices" / "readings", f"f{i}.json", rows, 1_700_000_000 + i)
+    pipeline = get_pipeline("device_status", str(REPO / "examples" / "pipelines.yaml"))
+    MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
+
+    # Per device over all readings: its last status, since when it has had it, how many.
+    expected = {}
+    for device in ("d1", "d2", "d3"):
+        mine = [(s, st) for batch in readings for d, s, st in batch if d == device]
+        since = mine[-1][0]
+        for s, st in reversed(mine):
+            if st != mine[-1][1]:
+                break
+            since = s
+        expected[device] = (mine[-1][1], since * 1000, len(mine))
+    got = delta_frame(spark, tmp_path / "devices" / "status").collect()
+    assert {
+        r.device: (r.status, int(r.since.timestamp() * 1000) - _T0_MS, r.readings) for r in got
+    } == expected
