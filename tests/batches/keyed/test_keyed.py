@@ -19,7 +19,7 @@ from examples.keyed import ALERTS, SESSIONS, SILENCE_MS, Sessions, SilenceAlert
 from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
 from lowmark.batches.registry import get_pipeline
 from lowmark.batches.windows import EventTime
 from lowmark.state.checkpoint import Checkpoint
@@ -36,6 +36,9 @@ def _pipeline() -> Pipeline:
         sink=DeltaSink(path="out"),
         event_time=EventTime(column="ts"),
         keyed=Keyed(processor=Sessions, keys=("user",), output_schema=SESSIONS),
+        # Maintenance every other batch: state compacted and old timer slots gone between
+        # batches, the results unchanged.
+        maintenance=Maintenance(every_batches=2),
     )
 
 
