@@ -13,7 +13,7 @@ from lowmark.state.table import DriverTable
 
 
 def _rows(rng: random.Random, batches: int) -> list[dict[str, object]]:
-    rows = []
+    rows: list[dict[str, object]] = []
     for batch in range(batches):
         for key in rng.sample(range(20), 8):
             for name in rng.sample(["a", "b"], rng.randint(1, 2)):

@@ -16,7 +16,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from examples.keyed import ALERTS, SESSIONS, SILENCE_MS, Sessions, SilenceAlert
-from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.admin.status import pipeline_plan, pipeline_status
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
@@ -174,6 +174,10 @@ def test_processing_time_timers_fire_by_the_clock_in_a_batch_without_input(
     clock.advance(999)
     assert runner.run(max_batches=None) == []  # not due yet: no batch
     clock.advance(1)
+    plan = pipeline_plan(spark, pipeline, tmp_path, clock)
+    assert (
+        plan.emit_only and plan.reason == "a keyed step's timer is due: it fires without new data"
+    )
     [fired] = runner.run(max_batches=None)
     assert (fired.rows_in, fired.rows_out) == (0, 1)
     got = delta_frame(spark, tmp_path / "out").collect()
