@@ -15,13 +15,15 @@ written by delta-rs from the driver)::
     late/           records too late for windows  (lowmark.state.late_records)
     state_windows/  open windows (windowed pipelines; created by the first batch)
     dedup_ids/      ids deduplication let through (``dedup``; lowmark.state.seen_ids)
+    keyed_state/    a keyed step's state and timers (``keyed``; lowmark.state.keyed_state)
+    keyed_timers/
     failures/       failed attempts at batches (created by the first failure)
 
 ``pipeline_id`` is random per checkpoint (Spark's query id) and is part of
 every idempotency key, so a new checkpoint never collides with an old one.
 The checkpoint owns every table handle; all of them but ``state_windows``,
-``dedup_ids`` (created by the runner's parts) and ``failures`` are created with the
-checkpoint, so a missing one is always an error.
+``dedup_ids``, ``keyed_*`` (created by the runner's parts) and ``failures`` are created
+with the checkpoint, so a missing one is always an error.
 """
 
 from __future__ import annotations

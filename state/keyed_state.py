@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import write_deltalake
 
-from lowmark.state.table import DriverTable
+from lowmark.state.table import HOOKS, DriverTable
 
 BUCKET = "_lowmark_bucket"
 SLOT = "_lowmark_slot"
@@ -224,15 +225,39 @@ def held(state_path: str, timers_path: str) -> Held:
 
 def latest(rows: pa.Table, identity: tuple[str, ...]) -> pa.Table:
     """The row with the highest ``batch_id`` of each ``identity``."""
-    if not rows.num_rows:
+    if rows.num_rows < 2:
         return rows
     order = [(c, "ascending") for c in identity] + [("batch_id", "descending")]
     rows = rows.sort_by(order)
-    first = [True] + [
-        any(rows.column(c)[i].as_py() != rows.column(c)[i - 1].as_py() for c in identity)
-        for i in range(1, rows.num_rows)
-    ]
-    return rows.filter(pa.array(first))
+    changed = pa.array([False] * (rows.num_rows - 1))
+    for c in identity:
+        values = rows.column(c).combine_chunks()
+        changed = pc.or_(changed, pc.not_equal(values[1:], values[:-1]))
+    return rows.filter(pa.concat_arrays([pa.array([True]), changed]))
+
+
+def compact_latest(state: DriverTable) -> None:
+    """Rewrite the ``keyed_state`` table ``state`` with only the newest row of each (key,
+    state), cleared ones left out, when those are fewer than half its rows: the reads of
+    a batch then open what is held, not its history.
+
+    The rewrite removes only the files of the version it read: rows a batch appends
+    meanwhile stay, and being newer they win (``latest``). Not a batch's write: repeating
+    it is harmless, and readers of earlier versions (a pending replay) are unaffected.
+    """
+    table = state.open()
+    rows = state.read(None, table.version())
+    held = latest(rows, ("key", "state"))
+    held = held.filter(pc.is_valid(held.column("value")))
+    if held.num_rows * 2 > rows.num_rows:
+        return
+    write_deltalake(
+        table,
+        held,
+        mode="overwrite",
+        partition_by=[BUCKET],
+        post_commithook_properties=HOOKS,
+    )
 
 
 def key_json(values: Iterable[object]) -> str:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.keyed_state import compact_latest
 from lowmark.state.table import DriverTable
 
 log = logging.getLogger(__name__)
@@ -58,19 +59,26 @@ class KeptBatches:
     progress_batches: int
 
 
+STATE_TABLES = {
+    "state_windows": "state",
+    "dedup_ids": "dedup",
+    "keyed_state": "keyed_state",
+    "keyed_timers": "keyed_timers",
+}
+"""A checkpoint's state tables (folder: the name a commit records its version under): each
+keeps the version the last commit recorded readable."""
+
+
 def maintain(
-    checkpoint: Checkpoint,
-    batch_id: int,
-    keep: KeptBatches,
-    state: DriverTable | None,
-    state_version: int | None,
+    checkpoint: Checkpoint, batch_id: int, keep: KeptBatches, recorded: dict[str, int]
 ) -> int:
     """Maintain every table of ``checkpoint`` after batch ``batch_id`` committed; tables
     maintained.
 
-    ``state_version`` is the window state version that commit recorded (None: none):
-    the state table keeps it readable (``DriverTable.maintain``) for a replay of the next
-    batch and for a backfill, whatever was written to the table since.
+    ``recorded`` are the table versions that commit recorded: each state table
+    (``STATE_TABLES``) keeps its version readable (``DriverTable.maintain``) for a replay
+    of the next batch and for a backfill, whatever was written to the table since. A keyed
+    step's state first sheds the values later ones replaced (``compact_latest``).
     """
     logs = batch_id - keep.log_batches + 1
     progress = batch_id - keep.progress_batches + 1
@@ -84,11 +92,15 @@ def maintain(
         (checkpoint.bad_records, None, None),
         (checkpoint.late, None, None),
     ]
-    if state is not None and state.exists():
-        plan.append((state, None, state_version))
+    for folder, name in STATE_TABLES.items():
+        table = DriverTable(checkpoint.table(folder), None, f"{folder} table")
+        if table.exists():
+            plan.append((table, None, recorded.get(name)))
     maintained = 0
     for table, drop_where, keep_version in plan:
         try:
+            if table.path == checkpoint.table("keyed_state"):
+                compact_latest(table)
             table.maintain(drop_where, KEEP_HOURS, keep_version)
             maintained += 1
         except (CommitFailedError, DeltaError) as exc:

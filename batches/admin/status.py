@@ -310,6 +310,8 @@ def _next_batch(
         return None
     if planned.replay:
         reason = f"batch {planned.batch_id} is uncommitted: replay it"
+    elif planned.emit_only and planner.pipeline.keyed is not None:
+        reason = "a keyed step's timer is due: it fires without new data"
     elif planned.emit_only:
         reason = "the watermark moved: windows close without new data"
     else:

@@ -638,7 +638,8 @@ def plan(
     watermark it would run with, and what kind of batch it is: new input, a
     replay of an uncommitted batch (exactly the offsets and watermark in the
     offset log), or an emit-only batch (no input; the watermark moved and
-    closes windows); or nothing to do. The runner's own planning rule, asked
+    closes windows, or a keyed step's timer is due); or nothing to do. A keyed
+    step is named with its processor, keys and timers. The runner's own planning rule, asked
     without recording anything; no Spark is started for local folders.
 
     Then the checks `lowmark run` makes before Spark starts (the files against
@@ -682,6 +683,15 @@ def plan(
             (
                 "  watermark",
                 moment(watermark, now) if watermark is not None else "none yet (no event time)",
+            )
+        )
+    if p.keyed is not None:
+        processor = p.keyed.processor
+        fields.append(
+            (
+                "  keyed step",
+                f"{processor.__module__}:{processor.__qualname__} per {', '.join(p.keyed.keys)}, "
+                f"{p.keyed.time_mode.replace('_', '-')} timers",
             )
         )
     if plan.blocked:

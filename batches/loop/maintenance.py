@@ -18,7 +18,6 @@ from lowmark.batches.sources.base import Range, Source
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.maintenance import KeptBatches, maintain
 from lowmark.state.session import SparkLike
-from lowmark.state.table import DriverTable
 
 
 @dataclass(frozen=True)
@@ -40,14 +39,11 @@ def maintain_checkpoint(spark: SparkLike, pipeline: Pipeline, data_root: Path) -
     if done is None:
         return None
     maintenance = pipeline.maintenance
-    state = DriverTable(ckpt.table("state_windows"), None, "window state table")
     source = build_source(spark, pipeline, data_root, ckpt)
     offsets = ckpt.offsets.get(done.batch_id)
     assert offsets is not None, "a committed batch always has its offsets"
     batch = Range(done.batch_id, offsets.start_offsets, offsets.end_offsets)
-    tables = maintain_after(
-        ckpt, source, batch, maintenance, state, done.table_versions.get("state")
-    )
+    tables = maintain_after(ckpt, source, batch, maintenance, done.table_versions)
     return Maintained(tables, max(0, done.batch_id - maintenance.log_batches + 1), done.batch_id)
 
 
@@ -56,12 +52,12 @@ def maintain_after(
     source: Source,
     committed: Range,
     maintenance: Maintenance,
-    state: DriverTable | None,
-    state_version: int | None,
+    recorded: dict[str, int],
 ) -> int:
     """Maintain ``checkpoint`` after batch ``committed`` as ``maintenance`` sets: the
-    source's bookkeeping first (``Source.retire``), then every table, keeping the window
-    state at ``state_version`` (the one ``committed``'s commit recorded); tables maintained."""
+    source's bookkeeping first (``Source.retire``), then every table, keeping each state
+    table at the version ``committed``'s commit recorded (``recorded``); tables
+    maintained."""
     source.retire(committed.end, committed.batch_id)
     keep = KeptBatches(maintenance.log_batches, maintenance.progress_batches)
-    return maintain(checkpoint, committed.batch_id, keep, state, state_version)
+    return maintain(checkpoint, committed.batch_id, keep, recorded)

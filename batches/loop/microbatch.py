@@ -441,10 +441,7 @@ class MicroBatchRunner:
         timer.lap("source_commit")
         maintenance = self.pipeline.maintenance
         if (batch_id + 1) % maintenance.every_batches == 0:
-            state_table = parts.stage.state.table if parts.stage else None
-            maintain_after(
-                ckpt, parts.source, batch, maintenance, state_table, versions.get("state")
-            )
+            maintain_after(ckpt, parts.source, batch, maintenance, versions)
             timer.lap("maintenance")
         ckpt.progress.add(
             ProgressEntry(

@@ -16,10 +16,10 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from examples.keyed import ALERTS, SESSIONS, SILENCE_MS, Sessions, SilenceAlert
-from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.admin.status import pipeline_plan, pipeline_status
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
 from lowmark.batches.registry import get_pipeline
 from lowmark.batches.windows import EventTime
 from lowmark.state.checkpoint import Checkpoint
@@ -36,6 +36,9 @@ def _pipeline() -> Pipeline:
         sink=DeltaSink(path="out"),
         event_time=EventTime(column="ts"),
         keyed=Keyed(processor=Sessions, keys=("user",), output_schema=SESSIONS),
+        # Maintenance every other batch: state compacted and old timer slots gone between
+        # batches, the results unchanged.
+        maintenance=Maintenance(every_batches=2),
     )
 
 
@@ -171,6 +174,10 @@ def test_processing_time_timers_fire_by_the_clock_in_a_batch_without_input(
     clock.advance(999)
     assert runner.run(max_batches=None) == []  # not due yet: no batch
     clock.advance(1)
+    plan = pipeline_plan(spark, pipeline, tmp_path, clock)
+    assert (
+        plan.emit_only and plan.reason == "a keyed step's timer is due: it fires without new data"
+    )
     [fired] = runner.run(max_batches=None)
     assert (fired.rows_in, fired.rows_out) == (0, 1)
     got = delta_frame(spark, tmp_path / "out").collect()
