@@ -102,10 +102,11 @@ soak: test-setup
 # on the same data (bench/streaming.py, which includes the first one's output as (c)
 # and writes bench/RESULTS.md), a long history (bench/history.py) and the file-to-sink
 # latency through dagster dev (bench/dagster_latency.py), a windowed pipeline over Kafka
-# next to Structured Streaming's Kafka source (bench/kafka.py), and deduplication by record id
-# next to Structured Streaming's dropDuplicatesWithinWatermark (bench/dedup.py).
+# next to Structured Streaming's Kafka source (bench/kafka.py), deduplication by record id
+# next to Structured Streaming's dropDuplicatesWithinWatermark (bench/dedup.py), and a keyed
+# step with timers next to Structured Streaming's transformWithStateInPandas (bench/keyed_state.py).
 # BENCH_ARGS=--quick for a smoke run of bench/state_scaling.py, bench/streaming.py (no
-# RESULTS.md) and bench/dedup.py.
+# RESULTS.md), bench/dedup.py and bench/keyed_state.py.
 # Never part of `make test`.
 BENCH_ARGS ?=
 BENCH_OUT := data/bench
@@ -117,6 +118,7 @@ bench: test-setup
 	bash -o pipefail -c '$(BIN)/python -m bench.dagster_latency | tee $(BENCH_OUT)/dagster_latency.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.kafka | tee $(BENCH_OUT)/kafka.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.dedup $(BENCH_ARGS) | tee $(BENCH_OUT)/dedup.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.keyed_state $(BENCH_ARGS) | tee $(BENCH_OUT)/keyed_state.txt'
 
 # The docs site (mkdocs.yml, docs/) into site/: first the configuration reference is generated
 # again from the pipeline models (scripts/config_reference.py), then `mkdocs build --strict`

@@ -60,6 +60,16 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench.history import _iso
+from bench.side_by_side import (
+    Engine,
+    Run,
+    lowmark_batches,
+    parser,
+    report,
+    scenarios,
+    session,
+    sss_over_files,
+)
 from bench.streaming import (
     T0_S,
     Measure,
@@ -67,18 +77,12 @@ from bench.streaming import (
     _say,
     land,
     lowmark_over_sss,
-    markdown_header,
-    markdown_tables,
     run_meta,
-    run_sss,
     small_batch_measures,
-    text_report,
 )
 from lowmark.batches.dedup import Dedup
-from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.windows import EventTime
-from lowmark.state.session import SparkSettings, get_spark
 
 SCHEMA = "id STRING, user STRING, ts TIMESTAMP, amount LONG"
 DELAY = "60 minutes"
@@ -118,14 +122,6 @@ class Dataset:
     folder: Path
     events: int
     distinct: int
-
-
-@dataclass(frozen=True)
-class Run:
-    """One engine over one dataset: seconds of each batch that read input, and in all."""
-
-    batch_s: list[float]
-    seconds: float
 
 
 # ---------------------------------------------------------------- data
@@ -205,57 +201,35 @@ def run_lowmark(
     """lowmark over ``data``, batch by batch until caught up; the sink is ``root/out``."""
     started = time.perf_counter()
     pipeline = deduplicating_pipeline(f"dedup_{name}", data.folder, files_per_batch)
-    batch_s: list[float] = []
-    rows_in = duplicates = set_aside = 0
-    with MicroBatchRunner(spark, pipeline, root) as runner:
-        while True:
-            began = time.perf_counter()
-            result = runner.run_batch()
-            if result is None:
-                break
-            seconds = time.perf_counter() - began
-            if result.rows_in > 0:
-                batch_s.append(seconds)
-            rows_in += result.rows_in
-            duplicates += result.rows_duplicate or 0
-            set_aside += result.rows_bad + result.rows_late
-            _say(
-                f"  lowmark {name} batch {result.batch_id}: {result.rows_in:,} rows in, "
-                f"{result.rows_duplicate} duplicates, {seconds:.2f} s {result.durations_ms}"
-            )
+    results, seconds = lowmark_batches(spark, pipeline, root, name)
     total = time.perf_counter() - started
+    rows_in = sum(r.rows_in for r in results)
+    duplicates = sum(r.rows_duplicate or 0 for r in results)
+    set_aside = sum(r.rows_bad + r.rows_late for r in results)
     expected = data.events - data.distinct
     if rows_in != data.events or duplicates != expected or set_aside:
         raise RuntimeError(
             f"lowmark {name}: read {rows_in} of {data.events} events, dropped {duplicates} "
             f"of {expected} duplicates, set {set_aside} aside as bad or late"
         )
-    return Run(batch_s, total)
+    return Run([s for r, s in zip(results, seconds, strict=True) if r.rows_in], total)
 
 
 def run_structured_streaming(
     spark: SparkSession, data: Dataset, root: Path, name: str, files_per_batch: int
 ) -> Run:
     """SSS's deduplication over ``data``, available-now; the sink is ``root/out``."""
-    started = time.perf_counter()
-    events = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", files_per_batch)
-        .json(str(data.folder))
-        .withWatermark("ts", DELAY)
-    )
-    progress = run_sss(
-        events,
-        root / "checkpoint",
-        root / "out",
+    return sss_over_files(
+        spark,
+        SCHEMA,
+        DELAY,
+        data.folder,
+        root,
         name,
-        shape=lambda e: e.dropDuplicatesWithinWatermark(["id"]),
+        files_per_batch,
+        lambda e: e.dropDuplicatesWithinWatermark(["id"]),
+        data.events,
     )
-    total = time.perf_counter() - started
-    rows_in = sum(int(p["numInputRows"]) for p in progress)
-    if rows_in != data.events:
-        raise RuntimeError(f"SSS {name}: read {rows_in} of {data.events} events")
-    return Run([p["durationMs"]["triggerExecution"] / 1000 for p in progress], total)
 
 
 def check_sinks(spark: SparkSession, name: str, data: Dataset, sinks: dict[str, Path]) -> None:
@@ -270,21 +244,6 @@ def check_sinks(spark: SparkSession, name: str, data: Dataset, sinks: dict[str, 
                 f"the input has {data.distinct} distinct ids"
             )
     _say(f"  {name}: both sinks hold the {data.distinct:,} distinct ids once each")
-
-
-def scenario(
-    spark: SparkSession, work: Path, data: Dataset, name: str, files_per_batch: int
-) -> dict[str, Run]:
-    """lowmark, then SSS, over ``data``; their runs, once both sinks are checked."""
-    runs = {
-        "lowmark": run_lowmark(spark, data, work / "lowmark" / name, name, files_per_batch),
-        "sss": run_structured_streaming(spark, data, work / "sss" / name, name, files_per_batch),
-    }
-    check_sinks(spark, name, data, {e: work / e / name / "out" for e in runs})
-    return runs
-
-
-# ---------------------------------------------------------------- report
 
 
 def build_report(
@@ -318,9 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {"small_batches": args.small_batches, "catchup_events": args.catchup_events}
     sizes = dataclasses.replace(sizes, **{k: v for k, v in overrides.items() if v})
     meta = run_meta(sizes, started, "bench.dedup")  # load average before Spark starts
-    confs = {"spark.sql.streaming.numRecentProgressUpdates": "10000"}
-    spark = get_spark(SparkSettings(app_name="lowmark-bench-dedup", confs=confs))
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session("lowmark-bench-dedup")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="lowmark-bench-dedup-"))
     try:
         sets = datasets(work / "data", args.seed, sizes)
@@ -329,47 +286,29 @@ def main(argv: list[str] | None = None) -> None:
                 f"[data] {name}: {d.events:,} events, {d.distinct:,} distinct ids, "
                 f"in {len(list(d.folder.iterdir()))} files"
             )
-        _say("[warm-up] unreported, each engine alike")
-        scenario(spark, work, sets["warmup"], "warmup", 1)
-        _say("[a] small batches: one file per batch")
-        small_runs = scenario(spark, work, sets["small"], "small", 1)
-        _say(f"[b] catch-up: {sizes.files_per_batch} files per batch")
-        catchup_runs = scenario(spark, work, sets["catchup"], "catchup", sizes.files_per_batch)
+        engines: dict[str, Engine[Dataset]] = {
+            "lowmark": run_lowmark,
+            "sss": run_structured_streaming,
+        }
+        small_runs, catchup_runs = scenarios(
+            spark, work, sets, sizes.files_per_batch, engines, check_sinks
+        )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     measures, ratios = build_report(small_runs, catchup_runs, sets["catchup"].events)
-    _say("")
-    _say(text_report(measures, ratios, plain=False))
-    if args.results:
-        meta["took_s"] = time.monotonic() - started
-        lines = [
-            *markdown_header("bench/dedup.py", meta),
-            "Both engines in one process, one after the other; see the docstring of "
-            "`bench/dedup.py` for what each row measures.",
-            "",
-            *markdown_tables(measures, ratios, plain=False),
-        ]
-        Path(args.results).write_text("\n".join(lines) + "\n")
-        _say(f"\nwrote {args.results}")
-    _say(f"took {(time.monotonic() - started) / 60:.1f} minutes")
+    note = (
+        "Both engines in one process, one after the other; see the docstring of "
+        "`bench/dedup.py` for what each row measures."
+    )
+    report(args, "bench/dedup.py", meta, started, measures, ratios, note)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.dedup",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"Full sizes: {FULL}.\nQuick sizes: {QUICK}.",
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
-    parser.add_argument("--seed", type=int, default=8, help="data generator seed (default: 8)")
-    parser.add_argument("--small-batches", type=int, help="(a) one-file batches")
-    parser.add_argument("--catchup-events", type=int, help="(b) events in all")
-    parser.add_argument("--results", help="also write the tables as markdown here")
-    parser.add_argument("--work-dir", help="where data and checkpoints go (default: a temp folder)")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder")
-    return parser.parse_args(argv)
+    parsing = parser("python -m bench.dedup", __doc__, FULL, QUICK)
+    parsing.add_argument("--small-batches", type=int, help="(a) one-file batches")
+    parsing.add_argument("--catchup-events", type=int, help="(b) events in all")
+    return parsing.parse_args(argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,177 @@
+"""What the benchmarks that run lowmark and Structured Streaming in one process share
+(``bench/dedup.py``, ``bench/keyed_state.py``): the command line, the Spark session, each
+engine's run over a folder of files, and the printed and markdown report.
+
+Both engines run in this one process's Spark session, one after the other: lowmark batch by
+batch with ``MicroBatchRunner``, Structured Streaming (SSS) available-now with
+``maxFilesPerTrigger`` = lowmark's ``max_files_per_batch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pyspark.sql import DataFrame, SparkSession
+
+from bench.streaming import (
+    Measure,
+    Ratio,
+    _say,
+    markdown_header,
+    markdown_tables,
+    run_sss,
+    text_report,
+)
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import Pipeline
+from lowmark.state.session import SparkSettings, get_spark
+
+
+@dataclass(frozen=True)
+class Run:
+    """One engine over one dataset: seconds of each batch that read input, and in all."""
+
+    batch_s: list[float]
+    seconds: float
+
+
+D = TypeVar("D")
+Engine = Callable[[SparkSession, D, Path, str, int], Run]
+"""One engine's run over a dataset: (spark, data, root, scenario name, files per batch);
+its sink is ``root/out``."""
+
+
+def scenarios(
+    spark: SparkSession,
+    work: Path,
+    sets: dict[str, D],
+    files_per_batch: int,
+    engines: dict[str, Engine[D]],
+    check: Callable[[SparkSession, str, D, dict[str, Path]], None],
+) -> tuple[dict[str, Run], dict[str, Run]]:
+    """The warm-up (unreported), (a) small batches of one file and (b) the catch-up of
+    ``files_per_batch`` files a batch, over ``sets``' datasets of those names: each engine
+    in turn (under ``work/<engine>/<scenario>``), then ``check`` over their sinks. (a)'s and
+    (b)'s runs by engine."""
+
+    def scenario(name: str, per_batch: int) -> dict[str, Run]:
+        runs = {
+            engine: run(spark, sets[name], work / engine / name, name, per_batch)
+            for engine, run in engines.items()
+        }
+        check(spark, name, sets[name], {e: work / e / name / "out" for e in runs})
+        return runs
+
+    _say("[warm-up] unreported, each engine alike")
+    scenario("warmup", 1)
+    _say("[a] small batches: one file per batch")
+    small = scenario("small", 1)
+    _say(f"[b] catch-up: {files_per_batch} files per batch")
+    return small, scenario("catchup", files_per_batch)
+
+
+def parser(prog: str, doc: str | None, full: object, quick: object) -> argparse.ArgumentParser:
+    """The options every such benchmark has (``--quick``, ``--seed``, ``--results``,
+    ``--work-dir``, ``--keep``); the caller adds its own."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"Full sizes: {full}.\nQuick sizes: {quick}.",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--seed", type=int, default=8, help="data generator seed (default: 8)")
+    parser.add_argument("--results", help="also write the tables as markdown here")
+    parser.add_argument("--work-dir", help="where data and checkpoints go (default: a temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    return parser
+
+
+def session(app_name: str, confs: dict[str, str] | None = None) -> SparkSession:
+    """The one Spark session both engines run in, keeping every batch's progress."""
+    confs = {"spark.sql.streaming.numRecentProgressUpdates": "10000", **(confs or {})}
+    spark = get_spark(SparkSettings(app_name=app_name, confs=confs))
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def lowmark_batches(
+    spark: SparkSession, pipeline: Pipeline, root: Path, name: str
+) -> tuple[list[BatchResult], list[float]]:
+    """``pipeline`` under ``root``, batch by batch until caught up (batches without input
+    included); each batch's result and wall seconds, each printed."""
+    results: list[BatchResult] = []
+    seconds: list[float] = []
+    with MicroBatchRunner(spark, pipeline, root) as runner:
+        while True:
+            began = time.perf_counter()
+            result = runner.run_batch()
+            if result is None:
+                return results, seconds
+            results.append(result)
+            seconds.append(time.perf_counter() - began)
+            _say(
+                f"  lowmark {name} batch {result.batch_id}: {result.rows_in:,} rows in, "
+                f"{result.rows_out:,} rows out, {result.rows_duplicate or 0:,} duplicates, "
+                f"{seconds[-1]:.2f} s {result.durations_ms}"
+            )
+
+
+def sss_over_files(
+    spark: SparkSession,
+    schema: str,
+    delay: str,
+    source: Path,
+    root: Path,
+    name: str,
+    files_per_batch: int,
+    shape: Callable[[DataFrame], DataFrame],
+    events: int,
+) -> Run:
+    """``shape`` over ``source``'s JSON files with a watermark ``delay`` behind, in SSS
+    (available-now, ``files_per_batch`` files a batch) into the Delta table ``root/out``.
+    Raises unless it read ``events`` rows."""
+    started = time.perf_counter()
+    stream = (
+        spark.readStream.schema(schema)
+        .option("maxFilesPerTrigger", files_per_batch)
+        .json(str(source))
+        .withWatermark("ts", delay)
+    )
+    progress = run_sss(stream, root / "checkpoint", root / "out", name, shape=shape)
+    total = time.perf_counter() - started
+    rows_in = sum(int(p["numInputRows"]) for p in progress)
+    if rows_in != events:
+        raise RuntimeError(f"SSS {name}: read {rows_in} of {events} events")
+    return Run([p["durationMs"]["triggerExecution"] / 1000 for p in progress], total)
+
+
+def report(
+    args: argparse.Namespace,
+    script: str,
+    meta: dict[str, Any],
+    started: float,
+    measures: list[Measure],
+    ratios: list[Ratio],
+    note: str,
+) -> None:
+    """Print the tables; with ``--results``, write them as markdown after ``meta``
+    (``run_meta``) and ``note``; then the minutes since ``started`` (monotonic)."""
+    _say("")
+    _say(text_report(measures, ratios, plain=False))
+    if args.results:
+        meta["took_s"] = time.monotonic() - started
+        lines = [
+            *markdown_header(script, meta),
+            note,
+            "",
+            *markdown_tables(measures, ratios, plain=False),
+        ]
+        Path(args.results).write_text("\n".join(lines) + "\n")
+        _say(f"\nwrote {args.results}")
+    _say(f"took {(time.monotonic() - started) / 60:.1f} minutes")
