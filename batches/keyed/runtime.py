@@ -68,6 +68,8 @@ class Outcome:
     changes: dict[Key, KeyChanges]
     fired: int
     """Timers that fired."""
+    timers: dict[Key, set[int]]
+    """Each key's pending timers after the batch (what its timers state is to hold)."""
 
 
 class Handle:
@@ -280,7 +282,7 @@ class KeyedRun:
                 expired = processor.handleExpiredTimer(key, values, ExpiredTimerInfo(due))
                 output.extend(_frames(expired))
         processor.close()
-        return Outcome(output, handle.changes, fired)
+        return Outcome(output, handle.changes, fired, handle.timers)
 
     def _next_due(self, timers: set[int]) -> int | None:
         """The earliest of ``timers`` that is due now (None: none is)."""

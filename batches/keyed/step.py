@@ -264,7 +264,7 @@ def _process(
                 }
             )
         if change.timers_set or change.timers_deleted:
-            pending = sorted((timers.get(key, set()) | change.timers_set) - change.timers_deleted)
+            pending = sorted(outcome.timers.get(key, set()))
             changes.append(
                 {
                     "kind": "state",
