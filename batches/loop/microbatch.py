@@ -229,7 +229,9 @@ class MicroBatchRunner:
         Step 4. Look at the batch in ONE Spark job: counts and max event time per
                 partition, bad rows, each expectation's violations and dropped records
                 and, for windows, late rows and partials; a batch that breaks its
-                expectations fails here, before anything is written.
+                expectations fails here, before anything is written. A stateless batch
+                that nothing found here could stop writes its sink in that job: the
+                write observes it all (``lowmark.batches.loop.one_job``).
         Step 5. Event-time stage: the partials merged with the state rows they touch,
                 read as of commit N-1 on the driver (one Spark job over local data).
         Step 6. Writes, each idempotent per batch: bad records (rows that did not parse,

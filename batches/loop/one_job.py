@@ -29,6 +29,11 @@ commits anything (``GUARD``); the batch then takes its two jobs
 when there are too many. And when Spark observed nothing (a plan the
 optimizer proved empty), the batch, whose write landed, looks in a job of
 its own, as its replay would.
+
+The source confirms its input unchanged after the write (``Source.confirm``):
+a file that changed while the write read it stops the batch with its sink
+written, and its replay, as any replay of a half-written batch, refuses the
+file (input files must not change once they land).
 """
 
 from __future__ import annotations
