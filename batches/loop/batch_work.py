@@ -107,15 +107,16 @@ class BatchWork:
         as it writes (``lowmark.batches.loop.one_job``)."""
         return in_one_job(planned, self.stage is not None, self.sink, self.checks)
 
-    def take(self, planned: PlannedBatch, one_job: bool = False) -> Taken:
+    def take(self, planned: PlannedBatch, one_job: bool = False, landed: bool = False) -> Taken:
         """Step 3 for ``planned``: its read, transformed records and (windowed) stage frames,
         all lazy. A stateless batch reads its input twice (counts, then the sink write):
         its parse is cached (with ``dedup`` or ``keyed``, what the sink gets too) — or, with
         ``one_job`` (``in_one_job``), once, observed as the sink's write reads it
         (``write_looking``; the parse is cached for the rows that do not parse, which that
-        job reads beside the records). A replay of a batch that already wrote something
-        reads strictly what it read then (``Source.read``)."""
-        strict = planned.replay and self.wrote_any(planned.batch_id)
+        job reads beside the records). A replay of a batch that already wrote something,
+        and a batch whose write ``landed``, reads strictly what it read then
+        (``Source.read``)."""
+        strict = landed or (planned.replay and self.wrote_any(planned.batch_id))
         return self._take(
             planned.range,
             planned.watermark_ms,
@@ -339,7 +340,7 @@ class BatchWork:
         seen = self._seen_written(taken, planned)
         if seen is None:  # Spark observed nothing: count as a replay would (its write landed)
             taken.read.unpersist()
-            taken = self.take(planned)
+            taken = self.take(planned, landed=True)
             seen = self.look(taken, planned)
         return taken, seen, version
 
