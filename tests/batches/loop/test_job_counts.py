@@ -18,10 +18,9 @@ from lowmark.batches.dedup import Dedup
 from lowmark.batches.expectations import Expectation
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
-from lowmark.batches.windows import EventTime, Session, Tumbling
+from lowmark.batches.pipeline import Maintenance, Pipeline
+from lowmark.batches.windows import Session, Tumbling
 from tests.helpers import (
-    SCHEMA,
     T0,
     FakeClock,
     counted_batch,
@@ -30,13 +29,14 @@ from tests.helpers import (
     drop_file,
     event,
     pipeline,
+    timed,
     windowed,
 )
 
 ONE_JOB_LIMIT = 2
 """A stateless batch whose sink write looks at it (``lowmark.batches.loop.one_job``): Delta's
-check of the sink's application transaction (a job of delta-spark's idempotent append, which
-Structured Streaming's Delta sink runs too), then the write, which reads and transforms the
+check of the sink's application transaction (delta-spark's idempotent append reads it from
+the table's state, which it builds in a job), then the write, which reads and transforms the
 batch (deduplicates it, runs its keyed step) and observes its counts as it writes."""
 STATELESS_LIMIT = 4
 """A stateless batch that looks at its records before it writes (an expectation can fail
@@ -47,22 +47,10 @@ SINK_CHECKPOINT_JOBS = 3
 """A Spark-written sink checkpoints its Delta log every 10 commits, in the batch that commits."""
 
 
-def _stateless(**fields: object) -> Pipeline:
-    """Records of ``drop_batches`` (one file a batch) into a Delta sink, with ``fields``."""
-    source = FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1)
-    defined: dict[str, object] = {
-        "name": "s",
-        "source": source,
-        "sink": DeltaSink(path="out"),
-        "event_time": EventTime(column="ts"),
-    }
-    return Pipeline.model_validate({**defined, **fields})
-
-
 STATELESS = {
-    "plain": _stateless(),
-    "dedup": _stateless(dedup=Dedup(columns=("user", "ts"), within="1 hour")),
-    "keyed": _stateless(keyed=Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS)),
+    "plain": timed(),
+    "dedup": timed(dedup=Dedup(columns=("user", "ts"), within="1 hour")),
+    "keyed": timed(keyed=Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS)),
 }
 
 

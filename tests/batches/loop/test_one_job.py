@@ -23,12 +23,11 @@ from lowmark.batches.expectations import Quality
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks.delta import DeltaTableSink
-from lowmark.batches.windows import EventTime
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import COUNTS
-from tests.helpers import SCHEMA, FakeClock, delta_frame, drop_batches, event, sink
+from tests.helpers import SCHEMA, FakeClock, delta_frame, drop_batches, event, sink, timed
 
 INPUT = [
     [event("a", 1, 1), event("b", 2, 2), event("b", 2, 2)],
@@ -37,23 +36,12 @@ INPUT = [
 """Two files, one a batch: twins within a file and across files (by user and time)."""
 
 
-def _pipeline(**fields: object) -> Pipeline:
-    source = FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1)
-    defined: dict[str, object] = {
-        "name": "one",
-        "source": source,
-        "sink": DeltaSink(path="out"),
-        "event_time": EventTime(column="ts"),
-    }
-    return Pipeline.model_validate({**defined, **fields})
+DEDUP = timed(dedup=Dedup(columns=("user", "ts"), within="1 hour"))
+KEYED = timed(keyed=Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS))
 
 
-DEDUP = _pipeline(dedup=Dedup(columns=("user", "ts"), within="1 hour"))
-KEYED = _pipeline(keyed=Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS))
-
-
-def _commits(root: Path, name: str) -> list[dict[str, object]]:
-    ckpt = Checkpoint(str(root / "_lowmark" / name), name)
+def _commits(root: Path) -> list[dict[str, object]]:
+    ckpt = Checkpoint(str(root / "_lowmark" / "timed"), "timed")
     return [
         {k: getattr(c, k) for k in (*COUNTS, "next_watermark_ms", "next_timer_ms")}
         for c in ckpt.commits.get_range()
@@ -81,12 +69,12 @@ def test_a_batch_killed_after_its_one_job_write_replays_to_the_counts_of_a_run_n
     assert [(r.batch_id, r.replay) for r in replay] == [
         (r.batch_id, r.batch_id == 1) for r in batches
     ]
-    assert _commits(killed, defined.name) == _commits(tmp_path / "clean", defined.name)
+    assert _commits(killed) == _commits(tmp_path / "clean")
     assertDataFrameEqual(sink(spark, killed), sink(spark, tmp_path / "clean"))
     if defined is DEDUP:  # a plain Spark batch over the whole input
         whole = spark.read.schema(SCHEMA).json(str(killed / "in"))
         assertDataFrameEqual(sink(spark, killed), whole.dropDuplicates(["user", "ts"]))
-        assert [c["rows_duplicate"] for c in _commits(killed, defined.name)] == [1, 2]
+        assert [c["rows_duplicate"] for c in _commits(killed)] == [1, 2]
 
 
 def test_a_batch_with_too_many_bad_rows_writes_nothing_though_its_write_is_its_look(
@@ -96,14 +84,14 @@ def test_a_batch_with_too_many_bad_rows_writes_nothing_though_its_write_is_its_l
     drop_batches(tmp_path, INPUT[:1])
     bad = "".join('{"user": "x", "ts": oops}\n' for _ in range(10))
     (tmp_path / "in" / "b001.json").write_text(bad + '{"user": "d", "amount": 7}\n')
-    runner = MicroBatchRunner(spark, _pipeline(), tmp_path, FakeClock())
+    runner = MicroBatchRunner(spark, timed(), tmp_path, FakeClock())
     runner.run_batch()
     with pytest.raises(ExpectationsFailed, match="10 of 11 rows bad"):
         runner.run_batch()
 
     assert isinstance(runner.sink, DeltaTableSink) and not runner.sink.landed(1)
     assert delta_frame(spark, runner.checkpoint.table("bad_records")).count() == 0
-    loosened = _pipeline(quality=Quality(max_bad_fraction=1.0))
+    loosened = timed(quality=Quality(max_bad_fraction=1.0))
     results = MicroBatchRunner(spark, loosened, tmp_path, FakeClock()).run(max_batches=None)
     assert [(r.batch_id, r.rows_in, r.rows_out, r.rows_bad) for r in results] == [(1, 11, 1, 10)]
     assert sorted(r.user for r in sink(spark, tmp_path).collect()) == ["a", "b", "b", "d"]
