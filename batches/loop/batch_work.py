@@ -329,9 +329,12 @@ class BatchWork:
         it landed (the batch then looks, then writes: ``one_job``).
         """
         assert taken.watched is not None
-        rows = guarded(taken.out.drop(PARTITION_COLUMN), taken.read.bad)
+        read = taken.read
+        rows = guarded(taken.out.drop(PARTITION_COLUMN), read.bad)
         try:
-            version = explained(taken.read, lambda: write(rows))
+            # Shuffles (deduplication's, a keyed step's) sized to the input, as the look's.
+            with shuffle_partitions(self._spark(), read.size_bytes):
+                version = explained(read, lambda: write(rows))
         except Exception as exc:
             if not stopped_by_guard(exc):
                 raise
