@@ -46,8 +46,8 @@ from pyspark.sql import functions as F
 
 from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
 from lowmark.batches.event_time.dedup import first_of_each_id
-from lowmark.batches.expectations import Checks
 from lowmark.batches.event_time.stage import WindowedStage, window_state
+from lowmark.batches.expectations import Checks
 from lowmark.batches.pipeline import Pipeline, resolve
 from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Range
