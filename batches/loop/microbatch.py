@@ -288,6 +288,7 @@ class MicroBatchRunner:
             source_identity=planned.identity,
             input_skipped=planned.skipped.counts if planned.skipped else {},
             waiting_partitions=list(planned.waiting),
+            ingestion_ms=planned.ingestion,
         )
         if not planned.replay:
             # A custom sink's history is not lowmark's to read: the sink checks its own.
