@@ -393,6 +393,7 @@ class FileStreamSource(Source):
         times = {p: observed_ms for p in self.initial_offsets()}
         known = self._manifest()
         for f in known:
+            times.setdefault(f.partition, observed_ms)
             if f.seq >= position.get(f.partition, 0):
                 listed = f.discovered_ms if f.discovered_ms is not None else 0
                 times[f.partition] = min(times.get(f.partition, observed_ms), listed)

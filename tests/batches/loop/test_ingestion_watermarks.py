@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSource, FileSource, KafkaSource, Pipeline
@@ -100,6 +101,11 @@ def test_a_sparse_partition_does_not_hold_windows_open(spark: SparkSession, tmp_
         land(root / "in" / "busy", "2.json", [event("a", 95, 4), event("a", 118, 16)], 3)
         runner.run(max_batches=None)
         emitted[name] = _windows(sink(spark, root))
+        if watermark is not None:  # status shows each folder's ingestion clock
+            status = pipeline_status(spark, _pipeline(watermark, by_folder=True), root, clock)
+            shown = {(p.partition, p.ingestion_ms, p.watermark_ms) for p in status.partitions}
+            at, clock_at = T0_MS + 120_000, T0_MS + 90_000
+            assert shown == {("busy", at, clock_at), ("sparse", at, clock_at)}
     # Ingestion time: the clock at the second batch is 1:30 (both folders' clocks are past
     # it: the sparse one has nothing waiting), so every window before 1:30 is final.
     assert emitted["ingestion"] == [("a", 40), ("a", 50), ("s", 40)]
