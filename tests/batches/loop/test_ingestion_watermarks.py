@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.status import pipeline_status
-from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.faults import STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSource, FileSource, KafkaSource, Pipeline
 from lowmark.batches.windows import EventTime, IngestionWatermark, Tumbling
@@ -173,7 +173,14 @@ def _marks(root: Path) -> list[tuple[int, int | None]]:
     return [(c.batch_id, c.next_watermark_ms) for c in commits]
 
 
-@pytest.mark.parametrize("step", ["after_state", "after_late"])
+IN_MAKE_TEST = ("after_state", "after_late")
+"""Steps whose crash runs in `make test`; the others run in `make test-integration`."""
+
+
+@pytest.mark.parametrize(
+    "step",
+    [pytest.param(s, marks=[] if s in IN_MAKE_TEST else [pytest.mark.integration]) for s in STEPS],
+)
 def test_a_replay_after_a_crash_gives_the_same_clock_windows_and_late_records(
     spark: SparkSession, clean: Path, tmp_path: Path, step: str
 ) -> None:
@@ -181,7 +188,8 @@ def test_a_replay_after_a_crash_gives_the_same_clock_windows_and_late_records(
     assertDataFrameEqual(sink(spark, tmp_path), sink(spark, clean))
     late = _late(spark, clean, _pipeline())
     assert late and _late(spark, tmp_path, _pipeline()) == late
-    assert _marks(tmp_path) == _marks(clean)
+    if step != "after_plan":  # else batch 1 was never written: it is planned anew, later
+        assert _marks(tmp_path) == _marks(clean)
 
 
 def _delta_pipeline(table: Path) -> Pipeline:
