@@ -479,6 +479,7 @@ class MicroBatchRunner:
             committed_at_ms=self.clock.now_ms(),
             backlog=self._backlog(planned.end) if self.listeners.want_backlog else None,
             rows_duplicate=duplicates if parts.work.dedup is not None else None,
+            ingestion_ms=planned.ingestion,
         )
         self.listeners.batch_progress(result)
         return result

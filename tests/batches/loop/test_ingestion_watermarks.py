@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from dagster import JsonMetadataValue
 from deltalake import write_deltalake
 from pydantic import ValidationError
 from pyspark.sql import DataFrame, SparkSession
@@ -25,6 +26,7 @@ from lowmark.batches.loop.faults import STEPS, InjectedCrash, KillPoint, crash_a
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSource, FileSource, KafkaSource, Pipeline
 from lowmark.batches.windows import EventTime, IngestionWatermark, Tumbling
+from lowmark.orchestration.metadata import batch_metadata
 from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import (
     T0,
@@ -79,6 +81,9 @@ def test_an_idle_stream_closes_its_last_windows_by_tail_reads_alone(
         assert first.rows_late == 0
         if watermark is not None:
             assert first.watermark_ms == T0_MS + 30_000
+            shown = batch_metadata(first, {})["ingested_up_to"]
+            assert isinstance(shown, JsonMetadataValue)
+            assert shown.data == {"0": "2026-01-01 00:01:00 UTC"}
         _at(clock, 200)  # nothing lands any more
         runner.run(max_batches=None)
     ingestion, event_time = sink(spark, tmp_path / "ingestion"), sink(spark, tmp_path / "event")
