@@ -663,7 +663,7 @@ class Maintenance(_Config):
     )
 
 
-INGESTION_CLOCKS = frozenset({"files", "delta", "custom"})
+INGESTION_CLOCKS = frozenset({"files", "delta", "kafka", "custom"})
 """Source kinds that can drive an ingestion-time watermark (``Source.ingestion_times``; a
 custom source that does not is refused when it plans)."""
 
