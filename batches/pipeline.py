@@ -905,7 +905,7 @@ class Pipeline(_Config):
         if self.dedup is not None:  # absent otherwise, as for post_aggregation
             semantics["dedup"] = self.dedup.model_dump()
         if self.keyed is not None:
-            semantics["keyed"] = self.keyed.model_dump()
+            semantics["keyed"] = self.keyed.semantics()
         drops = fingerprint_semantics(self.expectations)
         if drops is not None:  # absent otherwise: checkpoints from before keep theirs
             semantics["expectations"] = drops
