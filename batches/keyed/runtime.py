@@ -323,6 +323,18 @@ class KeyedRun:
         processor.close()
         return Outcome(output, handle.changes, fired, handle.timers)
 
+    def stored(self, changes: KeyChanges) -> list[tuple[str, str | None, int | None]]:
+        """A key's changed states as ``keyed_state`` rows hold them: (``state``, ``value``,
+        ``expires_ms``), ``value`` None for a cleared one."""
+        return [
+            (
+                name,
+                None if value is DELETED else self.codecs[name].encode(value),
+                changes.expires[name],
+            )
+            for name, value in changes.states.items()
+        ]
+
     def _next_due(self, timers: set[int]) -> int | None:
         """The earliest of ``timers`` that is due now (None: none is)."""
         now = self.watermark_ms if self.time_mode == "event_time" else self.processing_ms

@@ -40,7 +40,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import UNTIMED, late_struct
 from lowmark.batches.keyed.definition import Keyed
-from lowmark.batches.keyed.runtime import DELETED, Key, KeyedRun, TimeMode
+from lowmark.batches.keyed.runtime import Key, KeyedRun, TimeMode
 from lowmark.batches.keyed.state_values import held_values
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from lowmark.state.keyed_state import (
@@ -253,15 +253,14 @@ def _process(
     changes = []
     for key, change in outcome.changes.items():
         k = key_json(key)
-        for name, value in change.states.items():
-            stored = None if value is DELETED else run.codecs[name].encode(value)
+        for name, stored, expires_ms in run.stored(change):
             changes.append(
                 {
                     "kind": "state",
                     "key": k,
                     "state": name,
                     "value": stored,
-                    "expires_ms": change.expires[name],
+                    "expires_ms": expires_ms,
                     "_lowmark_bucket": bucket_of[k],
                 }
             )
