@@ -257,7 +257,9 @@ def compact_latest(state: DriverTable, expired_by_ms: int | None = None) -> None
     kept = pc.is_valid(held.column("value"))
     if expired_by_ms is not None:
         expires = held.column("expires_ms")
-        kept = pc.and_(kept, pc.or_(pc.is_null(expires), pc.greater(expires, expired_by_ms)))
+        kept = pc.and_kleene(
+            kept, pc.or_kleene(pc.is_null(expires), pc.greater(expires, expired_by_ms))
+        )
     held = held.filter(kept)
     if held.num_rows * 2 > rows.num_rows:
         return

@@ -63,3 +63,27 @@ def test_compaction_keeps_the_newest_values_and_drops_cleared_ones(tmp_path: Pat
     assert len(after) == len(held)
     # The version a pending replay reads is still there, unchanged.
     assert table.read(None, before).num_rows == len(rows)
+
+
+def test_compaction_drops_values_expired_by_the_last_batch_and_keeps_those_without_ttl(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(5)
+    rows = _rows(rng, 12)
+    for row in rows:  # half the values with a TTL, expiring 15 ms after their batch's 10 ms
+        row["expires_ms"] = None if rng.random() < 0.5 else int(str(row["batch_id"])) * 10 + 15
+    table = DriverTable(str(tmp_path / "keyed_state"), STATE, partition_by=(BUCKET,))
+    table.append_once(pa.Table.from_pylist(rows, schema=STATE), "app", 0)
+    compact_latest(table, expired_by_ms=80)
+
+    newest: dict[tuple[object, object], dict[str, object]] = {}
+    for row in sorted(rows, key=lambda r: int(str(r["batch_id"]))):
+        newest[(row["key"], row["state"])] = row
+    held = {
+        k: r["value"]
+        for k, r in newest.items()
+        if r["value"] is not None and (r["expires_ms"] is None or int(str(r["expires_ms"])) > 80)
+    }
+    after = table.read().to_pylist()
+    assert {(r["key"], r["state"]): r["value"] for r in after} == held
+    assert {r["expires_ms"] is None for r in after} == {True, False}
