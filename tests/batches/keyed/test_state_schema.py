@@ -11,7 +11,13 @@ from pydantic import BaseModel
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from lowmark.batches.keyed.state_schema import StateSchema, as_struct, parse_ddl, refusal
+from lowmark.batches.keyed.state_schema import (
+    StateKind,
+    StateSchema,
+    as_struct,
+    parse_ddl,
+    refusal,
+)
 
 DDLS = [
     "start_ms long, last_ms long, events long",
@@ -51,6 +57,11 @@ def _states(**schemas: str) -> dict[str, object]:
     return {n: StateSchema(n, "value", parse_ddl(s, n)).semantics() for n, s in schemas.items()}
 
 
+def _kinds(**kinds: StateKind) -> dict[str, object]:
+    schema = parse_ddl("first timestamp, n long", "visits")
+    return {n: StateSchema(n, k, schema).semantics() for n, k in kinds.items()}
+
+
 @pytest.mark.parametrize(
     ("now", "refused"),
     [
@@ -62,14 +73,7 @@ def _states(**schemas: str) -> dict[str, object]:
         (_states(visits="n long"), "field 'first' was removed"),
         (_states(visits="first timestamp, n long, m long not null"), "new field 'm' is NOT NULL"),
         (_states(visits="first timestamp, n long not null"), "field 'n' may no longer be null"),
-        (
-            {
-                "visits": StateSchema(
-                    "visits", "list", parse_ddl("first timestamp, n long", "v")
-                ).semantics()
-            },
-            "state 'visits' changed from value state to list state",
-        ),  # fmt: skip
+        (_kinds(visits="list"), "state 'visits' changed from value state to list state"),
     ],
 )
 def test_a_schema_change_is_accepted_when_the_values_held_still_read(
