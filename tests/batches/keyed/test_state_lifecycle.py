@@ -140,9 +140,11 @@ def test_ttl_runs_by_recorded_processing_time_and_schema_changes_are_judged(
         ]
     )
     state = delta_frame(spark, tmp_path / "_lowmark" / "visits" / "keyed_state")
-    [newest] = state.where("batch_id = 4").selectExpr(
-        "get_json_object(value, '$.last') AS last", "expires_ms"
-    ).collect()
+    [newest] = (
+        state.where("batch_id = 4")
+        .selectExpr("get_json_object(value, '$.last') AS last", "expires_ms")
+        .collect()
+    )
     assert newest.last == "2026-01-01T00:04:00Z"
     assert newest.expires_ms == clock.now + TTL_MS  # batch 4's processing time + TTL
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -47,17 +48,18 @@ def test_a_pydantic_model_is_a_schema_its_defaults_nullable(spark: SparkSession)
         "at timestamp not null, amount decimal(38,18) not null, tags array<string> not null, "
         "note string, seen bigint"
     )
-    assert [(f.name, f.dataType, f.nullable) for f in struct] == [
-        (f.name, f.dataType, f.nullable) for f in expected
+    assert isinstance(expected, StructType)
+    assert [(f.name, f.dataType, f.nullable) for f in struct.fields] == [
+        (f.name, f.dataType, f.nullable) for f in expected.fields
     ]
     assert struct["seen"].metadata == {"default": 0}
 
 
-def _states(**schemas: str) -> dict[str, object]:
+def _states(**schemas: str) -> dict[str, Any]:
     return {n: StateSchema(n, "value", parse_ddl(s, n)).semantics() for n, s in schemas.items()}
 
 
-def _kinds(**kinds: StateKind) -> dict[str, object]:
+def _kinds(**kinds: StateKind) -> dict[str, Any]:
     schema = parse_ddl("first timestamp, n long", "visits")
     return {n: StateSchema(n, k, schema).semantics() for n, k in kinds.items()}
 
@@ -77,10 +79,10 @@ def _kinds(**kinds: StateKind) -> dict[str, object]:
     ],
 )
 def test_a_schema_change_is_accepted_when_the_values_held_still_read(
-    now: dict[str, object], refused: str | None
+    now: dict[str, Any], refused: str | None
 ) -> None:
     was = _states(visits="first timestamp, n long")
-    problem = refusal(was, now)  # type: ignore[arg-type]
+    problem = refusal(was, now)
     if refused is None:
         assert problem is None
     else:

@@ -81,7 +81,7 @@ def test_typed_values_come_back_across_batches_as_they_were_put_with_their_types
     at = pd.Timestamp("2026-01-01 10:00:00.123456", tz="UTC")
     day = dt.date(2026, 1, 1)
     first = (at, day, Decimal("1.50"), [("x", 1), ("y", 2)])
-    second = (at + pd.Timedelta(hours=1), dt.date(2026, 1, 2), Decimal("2.25"), [])
+    second: tuple[Any, ...] = (at + pd.Timedelta(hours=1), dt.date(2026, 1, 2), Decimal("2.25"), [])
     stored: Stored = {}
     held = _batches(_Typed, [({("a",): _visits(first)}, 0), ({("a",): _visits(second)}, 1)], stored)
 
@@ -111,7 +111,12 @@ def test_values_stored_before_states_were_typed_still_read_with_their_types() ->
         [({("a",): _visits()}, 0), ({("a",): _visits()}, 1)],
         untyped,
     )
-    put = (dt.datetime(2026, 1, 1, 10, tzinfo=dt.UTC), dt.date(2026, 1, 1), Decimal("1.50"), [])
+    put: tuple[Any, ...] = (
+        dt.datetime(2026, 1, 1, 10, tzinfo=dt.UTC),
+        dt.date(2026, 1, 1),
+        Decimal("1.50"),
+        [],
+    )
     assert held == (put, [put], {(dt.date(2026, 1, 1),): (Decimal("1.50"),)})
 
 
@@ -176,8 +181,11 @@ def test_a_state_with_a_ttl_reads_as_absent_once_its_ttl_passed_since_its_last_w
     held = _batches(_Counts, [(one, 0), (one, 999), (one, 1998), (one, 2998)], stored)
     assert held == [None, (1,), (2,), None]
     assert stored[("a",)]["count"] == ('{"n":1}', 3998)
+
     # A replay of the last batch (the table as the batch before left it, the processing
     # time recorded for it) sees what the first attempt saw.
-    before = {("a",): {"count": ('{"n":3}', 2998)}}
-    assert _batches(_Counts, [(one, 2998)], before) == [None]
-    assert _batches(_Counts, [(one, 2997)], {("a",): {"count": ('{"n":3}', 2998)}}) == [(3,)]
+    def before() -> Stored:
+        return {("a",): {"count": ('{"n":3}', 2998)}}
+
+    assert _batches(_Counts, [(one, 2998)], before()) == [None]
+    assert _batches(_Counts, [(one, 2997)], before()) == [(3,)]
