@@ -224,10 +224,12 @@ def _fields(tokens: _Tokens, end: str | None) -> StructType:
             tokens.take()
             tokens.take("null")
             nullable = False
+        metadata = {}
         if (tokens.peek() or "").lower() == "comment":
             tokens.take()
-            tokens.take()
-        fields.append(StructField(name, data_type, nullable))
+            quoted = tokens.take()
+            metadata["comment"] = re.sub(r"\\(.)", r"\1", quoted[1:-1])
+        fields.append(StructField(name, data_type, nullable, metadata))
     return StructType(fields)
 
 
@@ -243,11 +245,6 @@ def _type(tokens: _Tokens) -> DataType:
                 scale = int(tokens.take())
             tokens.take(")")
         return DecimalType(precision, scale)
-    if name in ("char", "varchar"):
-        tokens.take("(")
-        tokens.take()
-        tokens.take(")")
-        return StringType()
     if name == "array":
         tokens.take("<")
         element = _type(tokens)

@@ -25,7 +25,7 @@ DDLS = [
     "at TIMESTAMP, day DATE, amount DECIMAL(10, 2), n INT NOT NULL, f float, ok boolean",
     "tags array<struct<name: string, n: bigint>>, m map<string, double>, b binary",
     "`odd name` string COMMENT 'a comment', t timestamp_ntz, s smallint, y tinyint",
-    "d dec, v varchar(10), c char(2), nested struct<a: struct<b: date>>",
+    "d dec, nested struct<a: struct<b: date>>, n numeric(5, 1)",
 ]
 
 
