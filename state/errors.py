@@ -18,10 +18,12 @@ def first_line(exc: BaseException) -> str:
     else:
         text = str(exc).strip()
     lines = text.splitlines()
-    if lines and lines[0].endswith(_TRACEBACK):
+    traceback = next((i for i, line in enumerate(lines[:2]) if _TRACEBACK in line), None)
+    if traceback is not None:
         # Python code on an executor raised: its error is the traceback's last line (a
-        # lowmark error's message, say), not the line that announces the traceback.
-        raised = [line for line in lines[1:] if line.strip() and not line[0].isspace()]
+        # lowmark error's message, say), not the lines that announce the traceback.
+        after = lines[traceback + 1 :]
+        raised = [line for line in after if line.strip() and not line[0].isspace()]
         if raised:
             return raised[-1]
     return lines[0] if lines else type(exc).__name__

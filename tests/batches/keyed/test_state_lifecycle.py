@@ -43,6 +43,8 @@ class _Visits(StatefulProcessor):
         visits = pd.concat(list(rows))
         held = self.visits.get()
         first = held[0] if held is not None else visits["ts"].min().to_pydatetime()
+        if key[0] == "wrong":  # a processor's mistake: a string where a timestamp goes
+            first = first.isoformat()
         n = (held[1] if held is not None else 0) + len(visits)
         last = visits["ts"].max().to_pydatetime()
         self.visits.update((first, n, last)[: len(self.SCHEMA.split(","))])
@@ -74,9 +76,9 @@ def _pipeline(schema: str) -> Pipeline:
     )
 
 
-def _visit(root: Path, i: int) -> pd.Timestamp:
+def _visit(root: Path, i: int, user: str = "a") -> pd.Timestamp:
     at = pd.Timestamp("2026-01-01", tz="UTC") + pd.Timedelta(minutes=i)
-    write_json_lines(root / "in", f"f{i}.json", [{"user": "a", "ts": at.isoformat()}], 1000 + i)
+    write_json_lines(root / "in", f"f{i}.json", [{"user": user, "ts": at.isoformat()}], 1000 + i)
     return at
 
 
@@ -118,12 +120,11 @@ def test_ttl_runs_by_recorded_processing_time_and_schema_changes_are_judged(
     ts.append(_visit(tmp_path, 2))
     MicroBatchRunner(spark, v1, tmp_path, clock).run(max_batches=None)
 
-    # A nullable field added: the value held reads with it null; written, it holds.
+    # A nullable field added: the value held reads with it null.
     v2 = _pipeline("first timestamp, n long, last timestamp")
-    for i in (3, 4):
-        clock.advance(10_000)
-        ts.append(_visit(tmp_path, i))
-        MicroBatchRunner(spark, v2, tmp_path, clock).run(max_batches=None)
+    clock.advance(10_000)
+    ts.append(_visit(tmp_path, 3))
+    MicroBatchRunner(spark, v2, tmp_path, clock).run(max_batches=None)
 
     got = sorted(
         (_s(r.first), r.n, r.seen, _s(r.last))
@@ -136,20 +137,27 @@ def test_ttl_runs_by_recorded_processing_time_and_schema_changes_are_judged(
             (at[0], 2, 1, None),  # the replay: batch 0's value still held
             (at[2], 1, None, None),  # expired: counting starts over
             (at[2], 2, 1, None),  # the new field reads as null
-            (at[2], 3, 2, at[3]),
         ]
     )
     state = delta_frame(spark, tmp_path / "_lowmark" / "visits" / "keyed_state")
     [newest] = (
-        state.where("batch_id = 4")
+        state.where("batch_id = 3")
         .selectExpr("get_json_object(value, '$.last') AS last", "expires_ms")
         .collect()
     )
-    assert newest.last == "2026-01-01T00:04:00Z"
-    assert newest.expires_ms == clock.now + TTL_MS  # batch 4's processing time + TTL
+    assert newest.last == "2026-01-01T00:03:00Z"
+    assert newest.expires_ms == clock.now + TTL_MS  # batch 3's processing time + TTL
+
+    # A value the schema does not hold fails the batch, in one line naming state and field.
+    _visit(tmp_path, 4, user="wrong")
+    runner = MicroBatchRunner(spark, v2, tmp_path, clock)
+    with pytest.raises(Exception) as failed:
+        runner.run(max_batches=None)
+    report = runner.failure_report(failed.value)
+    assert report is not None and "\n" not in report
+    assert "state 'visits' field 'first' (timestamp): '2026-01-01T00:04:00+00:00'" in report, report
 
     # A field's type changed: refused before Spark work, in one line.
-    ts.append(_visit(tmp_path, 5))
     v3 = _pipeline("first string, n long, last timestamp")
     with pytest.raises(FingerprintMismatch) as refused:
         MicroBatchRunner(spark, v3, tmp_path, clock).run(max_batches=None)
@@ -157,4 +165,4 @@ def test_ttl_runs_by_recorded_processing_time_and_schema_changes_are_judged(
     assert "\n" not in message
     assert "state 'visits': field 'first' changed type timestamp -> string" in message
     assert "lowmark reset visits" in message
-    assert delta_frame(spark, tmp_path / "out").count() == 5
+    assert delta_frame(spark, tmp_path / "out").count() == 4
