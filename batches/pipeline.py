@@ -889,7 +889,9 @@ class Pipeline(_Config):
         set, so pipelines without it keep their fingerprint; ``dedup`` likewise. Of the
         expectations, only the ``drop`` ones count, and only when there are some
         (``lowmark.batches.expectations``): ``warn`` and ``fail`` ones and the ``quality``
-        thresholds change no committed row.
+        thresholds change no committed row. A keyed step counts with the schemas of the
+        states its processor declares (``Keyed.semantics``): a compatible change of them is
+        accepted on a running checkpoint (``Planner``), others are refused.
         """
         semantics: dict[str, Any] = {
             "source": self.source.semantics(),

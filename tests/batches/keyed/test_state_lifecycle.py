@@ -16,12 +16,15 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import TimerValues
 
 from lowmark.batches.keyed.definition import Keyed
-from lowmark.batches.loop import faults
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.loop.parts import read_only_planner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.windows import EventTime
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.commit_log import CommitEntry
 from lowmark.state.errors import FingerprintMismatch
-from tests.helpers import FakeClock, delta_frame, write_json_lines
+from tests.helpers import FakeClock, delta_frame, entry, write_json_lines
 
 TTL_MS = 60_000
 OUTPUT = "user string, first timestamp, n long, seen long, last timestamp"
@@ -87,12 +90,8 @@ def _s(moment: Any) -> float | None:
     return moment.timestamp() if moment is not None else None
 
 
-class _Crash(Exception):
-    """Stands in for the process dying after the batch's state write."""
-
-
 def test_ttl_runs_by_recorded_processing_time_and_schema_changes_are_judged(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     clock = FakeClock()
     v1 = _pipeline("first timestamp, n long")
@@ -104,14 +103,8 @@ def test_ttl_runs_by_recorded_processing_time_and_schema_changes_are_judged(
     clock.advance(30_000)
     ts.append(_visit(tmp_path, 1))
 
-    def die(step: str, batch_id: int) -> None:
-        if (step, batch_id) == ("after_state", 1):
-            raise _Crash(step)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(faults, "reached", die)
-        with pytest.raises(_Crash):
-            MicroBatchRunner(spark, v1, tmp_path, clock).run(max_batches=None)
+    with crash_at(KillPoint("after_state", 1)), pytest.raises(InjectedCrash):
+        MicroBatchRunner(spark, v1, tmp_path, clock).run(max_batches=None)
     clock.advance(600_000)
     [replayed] = MicroBatchRunner(spark, v1, tmp_path, clock).run(max_batches=None)
     assert replayed.replay
@@ -166,3 +159,20 @@ def test_ttl_runs_by_recorded_processing_time_and_schema_changes_are_judged(
     assert "state 'visits': field 'first' changed type timestamp -> string" in message
     assert "lowmark reset visits" in message
     assert delta_frame(spark, tmp_path / "out").count() == 4
+
+
+def test_a_checkpoint_from_before_state_schemas_were_recorded_runs_on(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    pipeline = _pipeline("first timestamp, n long")
+    before = pipeline.definition()
+    del before["keyed"]["states"]
+    checkpoint = Checkpoint(pipeline.checkpoint_location(tmp_path), pipeline.name)
+    recorded = entry(0).model_copy(
+        update={"pipeline_fingerprint": "before-states", "pipeline_definition": before}
+    )
+    checkpoint.offsets.add(recorded)
+    checkpoint.commits.add(CommitEntry(batch_id=0, runner_id="r1"))
+
+    planner = read_only_planner(spark, pipeline, tmp_path)
+    assert planner.next_batch(dry_run=True).planned is None  # no new input: nothing, no refusal
