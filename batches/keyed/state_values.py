@@ -184,27 +184,24 @@ def held_values(
 
 
 def _python_name(data_type: DataType) -> str:
-    if isinstance(data_type, (TimestampType, TimestampNTZType)):
-        return "datetime"
-    if isinstance(data_type, DateType):
-        return "date"
-    if isinstance(data_type, DecimalType):
-        return "Decimal"
-    if isinstance(data_type, tuple(_INTEGRAL)):
-        return "int"
-    if isinstance(data_type, (FloatType, DoubleType)):
-        return "float"
-    if isinstance(data_type, StringType):
-        return "str"
-    if isinstance(data_type, BooleanType):
-        return "bool"
-    if isinstance(data_type, BinaryType):
-        return "bytes"
-    if isinstance(data_type, ArrayType):
-        return "list"
-    if isinstance(data_type, MapType):
-        return "dict"
-    return "tuple"
+    """What a processor gives for a field of ``data_type``."""
+    return _PYTHON_NAMES.get(type(data_type), "tuple")
+
+
+_PYTHON_NAMES: dict[type[DataType], str] = {
+    **dict.fromkeys(_INTEGRAL, "int"),
+    TimestampType: "datetime",
+    TimestampNTZType: "datetime",
+    DateType: "date",
+    DecimalType: "Decimal",
+    FloatType: "float",
+    DoubleType: "float",
+    StringType: "str",
+    BooleanType: "bool",
+    BinaryType: "bytes",
+    ArrayType: "list",
+    MapType: "dict",
+}
 
 
 def _plain(value: Any) -> Any:
