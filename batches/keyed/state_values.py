@@ -29,6 +29,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import BaseModel
 from pyspark.sql import Row
 from pyspark.sql.types import (
     ArrayType,
@@ -65,8 +66,11 @@ class Codec:
         self._described = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema)
 
     def check(self, value: object) -> tuple[Any, ...]:
-        """``value`` (a tuple of the schema's arity, in its order) with the declared types."""
+        """``value`` (a tuple of the schema's arity, in its order; or an instance of the
+        pydantic model the state was declared with) with the declared types."""
         fields = self.schema.fields
+        if isinstance(value, BaseModel):
+            value = tuple(value.model_dump().values())
         if not isinstance(value, (tuple, list)) or len(value) != len(fields):
             got = f"a tuple of {len(value)}" if isinstance(value, (tuple, list)) else repr(value)
             raise StateValueInvalid(

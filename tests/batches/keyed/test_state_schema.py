@@ -19,6 +19,7 @@ from lowmark.batches.keyed.state_schema import (
     parse_ddl,
     refusal,
 )
+from lowmark.batches.keyed.state_values import Codec
 
 DDLS = [
     "start_ms long, last_ms long, events long",
@@ -87,3 +88,11 @@ def test_a_schema_change_is_accepted_when_the_values_held_still_read(
         assert problem is None
     else:
         assert problem is not None and refused in problem and "visits" in problem
+
+
+def test_a_state_declared_with_a_model_takes_its_instances_and_gives_tuples() -> None:
+    codec = Codec("visit", as_struct(_Visit, "visit"))
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    given = _Visit(at=at, amount=Decimal("1.5"), tags=["x"], note=None)
+    assert codec.check(given) == (at, Decimal("1.500000000000000000"), ["x"], None, 0)
+    assert codec.load(codec.dump(codec.check(given))) == codec.check(given)
