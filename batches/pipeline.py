@@ -787,11 +787,16 @@ class Pipeline(_Config):
     @model_validator(mode="after")
     def _ingestion_clock_of_the_source(self) -> Pipeline:
         watermark = self.event_time.watermark if self.event_time is not None else None
-        if watermark is not None and self.source.kind not in INGESTION_CLOCKS:
+        kinds = (
+            {part.kind for part in self.source.sources.values()}
+            if isinstance(self.source, UnionSource)
+            else {self.source.kind}
+        )
+        if watermark is not None and not kinds <= INGESTION_CLOCKS:
             raise ValueError(
-                f"an ingestion-time watermark needs a source that keeps an ingestion clock "
-                f"(kinds {', '.join(sorted(INGESTION_CLOCKS))}; a {self.source.kind} source "
-                "does not yet): remove `event_time.watermark`"
+                f"an ingestion-time watermark needs sources that keep an ingestion clock "
+                f"(kinds {', '.join(sorted(INGESTION_CLOCKS))}; a {min(kinds - INGESTION_CLOCKS)} "
+                "source does not yet): remove `event_time.watermark`"
             )
         return self
 

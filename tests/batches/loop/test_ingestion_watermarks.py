@@ -24,7 +24,7 @@ from pyspark.testing import assertDataFrameEqual
 from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.loop.faults import STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSource, FileSource, KafkaSource, Pipeline
+from lowmark.batches.pipeline import DeltaSource, FileSource, KafkaSource, Pipeline, UnionSource
 from lowmark.batches.windows import EventTime, IngestionWatermark, Tumbling
 from lowmark.orchestration.metadata import batch_metadata
 from lowmark.state.checkpoint import Checkpoint
@@ -244,6 +244,36 @@ def test_a_delta_backlog_read_long_after_it_was_written_gives_what_the_live_run_
     whole = delta_frame(spark, table).where(F.col("amount") != 2**7)  # the late one
     expected = reference_of(whole, WINDOW)
     assertDataFrameEqual(sink(spark, tmp_path / "later"), expected)
+
+
+def test_a_union_s_clock_is_the_earliest_of_its_sources_and_a_silent_one_holds_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Files beside a Delta table that was written once: after the files' second landing
+    every window before the clock is in the sink, though the table never spoke again."""
+    table, clock = tmp_path / "table", FakeClock()
+    start = time.time()
+    rows = [{"user": "t", "ts": datetime.fromtimestamp(start - 20, UTC), "amount": 1}]
+    schema = pa.schema(
+        [("user", pa.string()), ("ts", pa.timestamp("us", "UTC")), ("amount", pa.int64())]
+    )
+    write_deltalake(str(table), pa.Table.from_pylist(rows, schema))
+    base = _pipeline()
+    union = UnionSource(sources={"files": base.source, "table": DeltaSource(path=str(table))})
+    pipeline = base.model_copy(update={"source": union})
+    for n, after_s in enumerate((60, 120)):
+        clock.now = int((start + after_s) * 1000)
+        at = clock.now / 1000 - T0_MS / 1000
+        land(tmp_path / "in", f"{n}.json", [event("a", at - 25, 1), event("b", at - 5, 2)], n)
+        MicroBatchRunner(spark, pipeline, tmp_path, clock).run(max_batches=None)
+    closed_by = datetime.fromtimestamp(start + 90, UTC)
+    everything = delta_frame(spark, table).unionByName(
+        spark.read.schema("user STRING, ts TIMESTAMP, amount LONG").json(str(tmp_path / "in"))
+    )
+    expected = reference_of(everything, WINDOW).where(F.col("window_end") <= F.lit(closed_by))
+    assert expected.count() >= 3
+    written = sink(spark, tmp_path).where(F.col("window_end") <= F.lit(closed_by))
+    assertDataFrameEqual(written, expected)
 
 
 def test_the_strategy_is_checked_when_the_pipeline_is_defined() -> None:
