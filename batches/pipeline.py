@@ -663,11 +663,6 @@ class Maintenance(_Config):
     )
 
 
-INGESTION_CLOCKS = frozenset({"files", "delta", "kafka", "custom"})
-"""Source kinds that can drive an ingestion-time watermark (``Source.ingestion_times``; a
-custom source that does not is refused when it plans)."""
-
-
 class Pipeline(_Config):
     """One streaming pipeline: source → transform → sink, with its checkpoint.
 
@@ -782,22 +777,6 @@ class Pipeline(_Config):
                     "a pipeline has either `keyed` or `aggregation`: a keyed step's output "
                     "goes to the sink; remove one"
                 )
-        return self
-
-    @model_validator(mode="after")
-    def _ingestion_clock_of_the_source(self) -> Pipeline:
-        watermark = self.event_time.watermark if self.event_time is not None else None
-        kinds = (
-            {part.kind for part in self.source.sources.values()}
-            if isinstance(self.source, UnionSource)
-            else {self.source.kind}
-        )
-        if watermark is not None and not kinds <= INGESTION_CLOCKS:
-            raise ValueError(
-                f"an ingestion-time watermark needs sources that keep an ingestion clock "
-                f"(kinds {', '.join(sorted(INGESTION_CLOCKS))}; a {min(kinds - INGESTION_CLOCKS)} "
-                "source does not yet): remove `event_time.watermark`"
-            )
         return self
 
     @model_validator(mode="after")

@@ -22,12 +22,15 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.faults import STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSource, FileSource, KafkaSource, Pipeline, UnionSource
+from lowmark.batches.pipeline import DeltaSource, Pipeline, UnionSource
+from lowmark.batches.registry import get_pipeline
 from lowmark.batches.windows import EventTime, IngestionWatermark, Tumbling
 from lowmark.orchestration.metadata import batch_metadata
 from lowmark.state.checkpoint import Checkpoint
+from tests.examples.test_outbox_source import PIPELINES, insert
 from tests.helpers import (
     T0,
     FakeClock,
@@ -276,15 +279,15 @@ def test_a_union_s_clock_is_the_earliest_of_its_sources_and_a_silent_one_holds_n
     assertDataFrameEqual(written, expected)
 
 
-def test_the_strategy_is_checked_when_the_pipeline_is_defined() -> None:
+def test_the_strategy_is_checked_before_any_batch(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="remove `max_out_of_orderness` and `idle_timeout`"):
         EventTime(column="ts", idle_timeout="1 minute", watermark=LAG)
-    kafka = KafkaSource(
-        bootstrap_servers="localhost:9092", topics=("t",), schema_ddl="ts TIMESTAMP"
-    )
-    defined = _pipeline().model_copy(update={"source": kafka}).model_dump(mode="json")
-    with pytest.raises(ValidationError, match="a kafka source does not yet"):
-        Pipeline.model_validate(defined)
+    # A source of the user's that keeps no ingestion clock is refused before Spark work.
+    (tmp_path / "p.yaml").write_text(PIPELINES)
+    insert(tmp_path / "app.db", ['{"order_id": 1, "amount": 1}'])
+    outbox = get_pipeline("outbox_orders", str(tmp_path / "p.yaml"))
+    clocked = outbox.model_copy(update={"event_time": EventTime(column="ts", watermark=LAG)})
+    with pytest.raises(PipelineConfigInvalid, match="custom source keeps no ingestion clock"):
+        MicroBatchRunner(spark, clocked, tmp_path).run_batch()
     # Unset, the definition (and so the fingerprint) is the one pipelines had before.
     assert "watermark" not in windowed(WINDOW).definition()["event_time"]
-    assert isinstance(_pipeline().source, FileSource)
