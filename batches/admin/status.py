@@ -233,6 +233,9 @@ class BatchPlan:
     problem: str | None = None
     """Why a run would stop before Spark starts: the definition does not fit the batch's
     input or the sink (``lowmark.batches.loop.preflight``); None when nothing was found."""
+    ingestion_ms: dict[str, int] | None = None
+    """With an ingestion-time watermark: per source partition, the source's ingestion time
+    past the batch's end (where the next batch's clock starts); None otherwise."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data (``lowmark plan --json``)."""
@@ -287,6 +290,7 @@ def pipeline_plan(
         planned_at_ms=planned.planned_at_ms,
         blocked=nxt.blocked,
         problem=None if problem is None else str(problem),
+        ingestion_ms=planned.ingestion,
     )
 
 

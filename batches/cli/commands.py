@@ -690,6 +690,9 @@ def plan(
                 moment(watermark, now) if watermark is not None else "none yet (no event time)",
             )
         )
+    if plan.ingestion_ms is not None:
+        ingested = (f"{k} {moment(ms, now)}" for k, ms in sorted(plan.ingestion_ms.items()))
+        fields.append(("  ingested up to", "\n".join(ingested)))
     if p.keyed is not None:
         processor = p.keyed.processor
         fields.append(

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.admin.status import pipeline_plan, pipeline_status
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.faults import STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
@@ -88,6 +88,10 @@ def test_an_idle_stream_closes_its_last_windows_by_tail_reads_alone(
             assert isinstance(shown, JsonMetadataValue)
             assert shown.data == {"0": "2026-01-01 00:01:00 UTC"}
         _at(clock, 200)  # nothing lands any more
+        if watermark is not None:  # the plan: an emit-only batch, and where its clock stands
+            plan = pipeline_plan(spark, _pipeline(watermark), root, clock)
+            assert plan.emit_only and plan.watermark_ms == T0_MS + 170_000
+            assert plan.ingestion_ms == {"0": T0_MS + 200_000}
         runner.run(max_batches=None)
     ingestion, event_time = sink(spark, tmp_path / "ingestion"), sink(spark, tmp_path / "event")
     # The tail read at 3:20 moved the clock to 2:50: every window closed and was emitted.
