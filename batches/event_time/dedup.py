@@ -85,8 +85,8 @@ class Judged:
 
     def observed(self, metrics: dict[str, object]) -> DedupSeen:
         """The verdicts from the observation's ``metrics`` (``collect.observed``)."""
-        described = metrics[ID_FILES]
-        files = [WrittenFile.of(f) for d in described for f in json.loads(d)]  # type: ignore[attr-defined]
+        described: list[str] = metrics[ID_FILES]  # type: ignore[assignment]
+        files = [WrittenFile.of(f) for d in described for f in json.loads(d)]
         late = [r.asDict() for r in metrics[LATE_RECORDS]]  # type: ignore[attr-defined]
         return DedupSeen(
             int(metrics[DUPLICATES]),  # type: ignore[call-overload]
