@@ -39,7 +39,9 @@ def test_a_batchs_new_ids_reach_the_driver_as_a_few_file_descriptors_whatever_th
     assert kept == sorted(id_ for id_, _ in rows)
     assert seen.duplicates == len(twins)
     seen_ids.commit(seen.id_files, 0)
+    version = seen_ids.table.version()
     seen_ids.commit(seen.id_files, 0)  # a replay's commit of the same batch adds nothing
+    assert seen_ids.table.version() == version
 
     held = seen_ids.table.read()
     assert sorted(held.column("id").to_pylist()) == sorted(f'{{"id":"{i}"}}' for i, _ in rows)
