@@ -663,6 +663,11 @@ class Maintenance(_Config):
     )
 
 
+INGESTION_CLOCKS = frozenset({"files", "delta", "custom"})
+"""Source kinds that can drive an ingestion-time watermark (``Source.ingestion_times``; a
+custom source that does not is refused when it plans)."""
+
+
 class Pipeline(_Config):
     """One streaming pipeline: source → transform → sink, with its checkpoint.
 
@@ -777,6 +782,17 @@ class Pipeline(_Config):
                     "a pipeline has either `keyed` or `aggregation`: a keyed step's output "
                     "goes to the sink; remove one"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _ingestion_clock_of_the_source(self) -> Pipeline:
+        watermark = self.event_time.watermark if self.event_time is not None else None
+        if watermark is not None and self.source.kind not in INGESTION_CLOCKS:
+            raise ValueError(
+                f"an ingestion-time watermark needs a source that keeps an ingestion clock "
+                f"(kinds {', '.join(sorted(INGESTION_CLOCKS))}; a {self.source.kind} source "
+                "does not yet): remove `event_time.watermark`"
+            )
         return self
 
     @model_validator(mode="after")
@@ -913,12 +929,15 @@ class Pipeline(_Config):
 
 def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | None:
     """``event_time`` as fingerprinted: ``max_future`` only when set to other than its
-    default, so checkpoints written before it existed keep their fingerprint."""
+    default, ``watermark`` only when set, so checkpoints written before they existed keep
+    their fingerprint."""
     if event_time is None:
         return None
     dump = event_time.model_dump()
     if dump["max_future"] == MAX_FUTURE_MS:
         del dump["max_future"]
+    if dump["watermark"] is None:
+        del dump["watermark"]
     return dump
 
 

@@ -408,6 +408,7 @@ class DriverTable:
             target_alias="t",
             commit_properties=commit,
             post_commithook_properties=self.hooks,
+            merge_schema=True,  # a column added since the table was created is added to it
         )
 
     def files(self) -> int:

@@ -50,7 +50,12 @@ class PartitionStatus:
     partition: str
     max_event_time_ms: int
     watermark_ms: int
+    """Its watermark: max event time minus ``max_out_of_orderness``; with an ingestion-time
+    watermark, its ingestion time minus ``max_event_time_lag``."""
     last_seen_ms: int
+    ingestion_ms: int | None = None
+    """With an ingestion-time watermark, the source's ingestion time past the committed end
+    as the last commit's batch was planned (None otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,7 @@ def pipeline_status(
         end_offsets=end if done else None,
         watermark_ms=watermark,
         event_time_lag_ms=as_of - watermark if watermark is not None else None,
-        partitions=_partitions(planner, done),
+        partitions=_partitions(planner, done, committed),
         backlog=backlog,
         backlog_described=source.describe_backlog(backlog),
         totals=done.totals if done else dict.fromkeys(COUNTS, 0),
@@ -368,15 +373,27 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     return went | {"in_closed_windows": closed, "in_open_windows": windowed - closed}
 
 
-def _partitions(planner: Planner, done: CommitEntry | None) -> list[PartitionStatus]:
-    """Per source partition, its times as of the commit ``done`` (by partition)."""
+def _partitions(
+    planner: Planner, done: CommitEntry | None, committed: OffsetEntry | None
+) -> list[PartitionStatus]:
+    """Per source partition, its times as of the commit ``done`` (by partition), and with an
+    ingestion-time watermark its ingestion time as ``committed`` (``done``'s offsets)
+    recorded it."""
     event_time = planner.pipeline.event_time
     if done is None or event_time is None:
         return []
+    clock = event_time.watermark
+    ingestion = (committed.ingestion_ms if committed else None) or {}
     times = sorted(planner.partition_times(done).values(), key=lambda t: t.partition)
     return [
         PartitionStatus(
-            t.partition, t.max_event_time_ms, t.watermark_ms(event_time), t.last_seen_ms
+            t.partition,
+            t.max_event_time_ms,
+            t.watermark_ms(event_time)
+            if clock is None or t.partition not in ingestion
+            else ingestion[t.partition] - clock.max_event_time_lag,
+            t.last_seen_ms,
+            ingestion.get(t.partition) if clock is not None else None,
         )
         for t in times
     ]

@@ -288,6 +288,7 @@ class MicroBatchRunner:
             source_identity=planned.identity,
             input_skipped=planned.skipped.counts if planned.skipped else {},
             waiting_partitions=list(planned.waiting),
+            ingestion_ms=planned.ingestion,
         )
         if not planned.replay:
             # A custom sink's history is not lowmark's to read: the sink checks its own.
@@ -478,6 +479,7 @@ class MicroBatchRunner:
             committed_at_ms=self.clock.now_ms(),
             backlog=self._backlog(planned.end) if self.listeners.want_backlog else None,
             rows_duplicate=duplicates if parts.work.dedup is not None else None,
+            ingestion_ms=planned.ingestion,
         )
         self.listeners.batch_progress(result)
         return result

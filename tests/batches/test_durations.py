@@ -96,3 +96,13 @@ def test_the_fingerprints_of_the_demo_and_example_pipelines_are_unchanged() -> N
         "sessions": "fe6657bf9e010345",  # taken when it was added
         "device_status": "620c4c5a8ddc1ea4",  # taken when it was added
     }
+
+
+def test_a_pipeline_dumped_as_json_validates_back_to_the_same_pipeline() -> None:
+    """A bare number is read as seconds, so a dump that wrote durations as milliseconds
+    would come back a thousand times longer."""
+    for source in (None, str(REPO / "examples" / "pipelines.yaml")):
+        for name, pipeline in load_pipelines(source).items():
+            again = type(pipeline).model_validate(pipeline.model_dump(mode="json"))
+            assert again.definition() == pipeline.definition(), name
+            assert again.event_time == pipeline.event_time, name
