@@ -663,7 +663,7 @@ class Maintenance(_Config):
     )
 
 
-INGESTION_CLOCKS = frozenset({"files", "delta", "custom"})
+INGESTION_CLOCKS = frozenset({"files", "delta", "kafka", "custom"})
 """Source kinds that can drive an ingestion-time watermark (``Source.ingestion_times``; a
 custom source that does not is refused when it plans)."""
 
@@ -889,7 +889,9 @@ class Pipeline(_Config):
         set, so pipelines without it keep their fingerprint; ``dedup`` likewise. Of the
         expectations, only the ``drop`` ones count, and only when there are some
         (``lowmark.batches.expectations``): ``warn`` and ``fail`` ones and the ``quality``
-        thresholds change no committed row.
+        thresholds change no committed row. A keyed step counts with the schemas of the
+        states its processor declares (``Keyed.semantics``): a compatible change of them is
+        accepted on a running checkpoint (``Planner``), others are refused.
         """
         semantics: dict[str, Any] = {
             "source": self.source.semantics(),
@@ -905,7 +907,7 @@ class Pipeline(_Config):
         if self.dedup is not None:  # absent otherwise, as for post_aggregation
             semantics["dedup"] = self.dedup.model_dump()
         if self.keyed is not None:
-            semantics["keyed"] = self.keyed.model_dump()
+            semantics["keyed"] = self.keyed.semantics()
         drops = fingerprint_semantics(self.expectations)
         if drops is not None:  # absent otherwise: checkpoints from before keep theirs
             semantics["expectations"] = drops

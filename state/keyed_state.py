@@ -2,7 +2,8 @@
 
 ``keyed_state`` holds, per (key, state name), the state's value: ``key`` (the
 key columns as a JSON array), ``state``, ``value`` (JSON; null once the state
-was cleared), ``expires_ms`` (TTL, null: never), ``batch_id`` (the batch that
+was cleared), ``expires_ms`` (the processing time, in ms, from which a state with
+a TTL reads as absent; null: never), ``batch_id`` (the batch that
 wrote it), partitioned by ``_lowmark_bucket`` (a hash of the key modulo the
 table's bucket count, fixed when it is created). Timers are a state of their
 own per key (``TIMERS``: the key's pending timers, a JSON list), so a batch
@@ -223,16 +224,17 @@ class Held:
     next_timer_ms: int | None
 
 
-def held(state_path: str, timers_path: str) -> Held:
+def held(state_path: str, timers_path: str, now_ms: int | None = None) -> Held:
     """``Held`` of the tables at ``state_path`` and ``timers_path`` (one query each, over
-    every row: for ``lowmark status`` and Dagster, not for a batch)."""
+    every row: for ``lowmark status`` and Dagster, not for a batch); with ``now_ms``, a
+    key whose every state expired by then is not held."""
     state = DriverTable(state_path, STATE, "keyed state table")
     timers = DriverTable(timers_path, TIMER_INDEX, "keyed timer table")
     keys = (
         state.query(
-            "SELECT count(DISTINCT key) AS n FROM (SELECT key, value, row_number() OVER "
-            "(PARTITION BY key, state ORDER BY batch_id DESC) AS rn FROM t) "
-            "WHERE rn = 1 AND value IS NOT NULL"
+            "SELECT count(DISTINCT key) AS n FROM (SELECT key, value, expires_ms, "
+            "row_number() OVER (PARTITION BY key, state ORDER BY batch_id DESC) AS rn FROM t) "
+            f"WHERE rn = 1 AND value IS NOT NULL{_unexpired(now_ms)}"
         )
         if state.exists()
         else None
@@ -266,10 +268,12 @@ def latest(rows: pa.Table, identity: tuple[str, ...]) -> pa.Table:
     return rows.filter(pa.concat_arrays([pa.array([True]), changed]))
 
 
-def compact_latest(state: DriverTable) -> None:
+def compact_latest(state: DriverTable, expired_by_ms: int | None = None) -> None:
     """Rewrite the ``keyed_state`` table ``state`` with only the newest row of each (key,
-    state), cleared ones left out, when those are fewer than half its rows: the reads of
-    a batch then open what is held, not its history.
+    state), cleared ones and (with ``expired_by_ms``: the processing time of the last
+    committed batch; later batches run no earlier) those expired by then left out, when
+    those are fewer than half its rows: the reads of a batch then open what is held, not
+    its history.
 
     The rewrite removes only the files of the version it read: rows a batch appends
     meanwhile stay, and being newer they win (``latest``). Not a batch's write: repeating
@@ -278,7 +282,13 @@ def compact_latest(state: DriverTable) -> None:
     table = state.open()
     rows = state.read(None, table.version())
     held = latest(rows, ("key", "state"))
-    held = held.filter(pc.is_valid(held.column("value")))
+    kept = pc.is_valid(held.column("value"))
+    if expired_by_ms is not None:
+        expires = held.column("expires_ms")
+        kept = pc.and_kleene(
+            kept, pc.or_kleene(pc.is_null(expires), pc.greater(expires, expired_by_ms))
+        )
+    held = held.filter(kept)
     if held.num_rows * 2 > rows.num_rows:
         return
     write_deltalake(
@@ -293,6 +303,11 @@ def compact_latest(state: DriverTable) -> None:
 def key_json(values: Iterable[object]) -> str:
     """A key's values as the ``key`` column holds them."""
     return json.dumps(list(values), default=str, separators=(",", ":"))
+
+
+def _unexpired(now_ms: int | None) -> str:
+    """The SQL condition that a row has not expired by ``now_ms`` (none: every row)."""
+    return "" if now_ms is None else f" AND (expires_ms IS NULL OR expires_ms > {int(now_ms)})"
 
 
 def _ints(values: Iterable[int]) -> str:

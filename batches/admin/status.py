@@ -182,7 +182,11 @@ def pipeline_status(
         blocked=nxt.blocked,
         last_failure=_last_failure(planner, nxt),
         keyed=(
-            held(f"{checkpoint.location}/keyed_state", f"{checkpoint.location}/keyed_timers")
+            held(
+                f"{checkpoint.location}/keyed_state",
+                f"{checkpoint.location}/keyed_timers",
+                as_of,
+            )
             if pipeline.keyed is not None and checkpoint is not None
             else None
         ),

@@ -44,7 +44,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import UNTIMED, late_struct
 from lowmark.batches.keyed.definition import Keyed
-from lowmark.batches.keyed.runtime import DELETED, Key, KeyedRun, TimeMode
+from lowmark.batches.keyed.runtime import Key, KeyedRun, TimeMode
+from lowmark.batches.keyed.state_values import held_values
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from lowmark.state.keyed_state import (
     BUCKET,
@@ -225,21 +226,22 @@ def _process(
     bucket_of.update(due_keys)
     keys_of = {key_json(k): k for k in by_key} | {k: tuple(json.loads(k)) for k in due_keys}
     held = pinned.states(buckets, keys_of)
-    states: dict[Key, dict[str, Any]] = {}
+    run = KeyedRun(factory, time_mode, watermark_ms, processing_ms)
+    rows_of: dict[Key, list[tuple[str, str | None, int | None]]] = {}
     timers: dict[Key, set[int]] = {}
-    for k, name, value in zip(
+    for k, name, value, expires_ms in zip(
         held.column("key").to_pylist(),
         held.column("state").to_pylist(),
         held.column("value").to_pylist(),
+        held.column("expires_ms").to_pylist(),
         strict=True,
     ):
-        if value is None:
-            continue
         if name == TIMERS:
-            timers[keys_of[k]] = set(json.loads(value))
+            if value is not None:
+                timers[keys_of[k]] = set(json.loads(value))
         else:
-            states.setdefault(keys_of[k], {})[name] = _loaded(json.loads(value))
-    run = KeyedRun(factory, time_mode, watermark_ms, processing_ms)
+            rows_of.setdefault(keys_of[k], []).append((name, value, expires_ms))
+    states = {key: held_values(rows, run.codecs, processing_ms) for key, rows in rows_of.items()}
     outcome = run.run(by_key, states, {keys_of[k]: timers.get(keys_of[k], set()) for k in keys_of})
     if outcome.output:
         out = pd.concat(outcome.output, ignore_index=True)
@@ -250,15 +252,14 @@ def _process(
     changes = []
     for key, change in outcome.changes.items():
         k = key_json(key)
-        for name, value in change.states.items():
-            stored = None if value is DELETED else json.dumps(_stored(value), default=str)
+        for name, stored, expires_ms in run.stored(change):
             changes.append(
                 {
                     "kind": "state",
                     "key": k,
                     "state": name,
                     "value": stored,
-                    "expires_ms": None,
+                    "expires_ms": expires_ms,
                     "_lowmark_bucket": bucket_of[k],
                 }
             )
@@ -316,21 +317,3 @@ def _process(
             {**blank, CHANGE: pa.array(described, pa.string())},
             schema=schema,
         ).to_batches()[0]
-
-
-def _stored(value: Any) -> Any:
-    """A state's value as JSON holds it (a map state's dict as a list of pairs)."""
-    if isinstance(value, dict):
-        return {"map": [[list(k), list(v)] for k, v in value.items()]}
-    if isinstance(value, list):
-        return {"list": [list(v) for v in value]}
-    return {"value": list(value)}
-
-
-def _loaded(stored: dict[str, Any]) -> Any:
-    """``_stored``'s inverse."""
-    if "map" in stored:
-        return {tuple(k): tuple(v) for k, v in stored["map"]}
-    if "list" in stored:
-        return [tuple(v) for v in stored["list"]]
-    return tuple(stored["value"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from lowmark.batches.clock import Clock
 from lowmark.batches.errors import PipelineConfigInvalid
@@ -29,6 +29,7 @@ from lowmark.batches.event_time.watermarks import (
     observe,
     pipeline_watermark,
 )
+from lowmark.batches.keyed.state_schema import refusal
 from lowmark.batches.loop.poison import blocked
 from lowmark.batches.pipeline import Pipeline, definition_changes
 from lowmark.batches.sources.base import Range, Skipped, Source, check_identity
@@ -194,7 +195,7 @@ class Planner:
         # (``lowmark.batches.loop.start_over``): a dry run answers with the batch 0 it replaces.
         first = done is None and latest.batch_id == 0 and latest.pipeline_definition is not None
         if latest.pipeline_fingerprint != self.fingerprint and not (dry_run and first):
-            raise self._changed(latest)
+            self._check_states_evolved(latest)
         if done is not None and done.batch_id == latest.batch_id:
             return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
@@ -219,6 +220,25 @@ class Planner:
             f"{latest.batch_id} or {latest.batch_id - 1}. Restore both logs from one backup, "
             "or start over with `lowmark reset`"
         )
+
+    def _check_states_evolved(self, latest: OffsetEntry) -> None:
+        """Accept a definition that differs from the one ``latest`` was planned with only in
+        its keyed step's state schemas, where the values held read under the new ones
+        (``state_schema.refusal``; a checkpoint from before state schemas were recorded
+        reads under any); raise ``FingerprintMismatch`` otherwise, naming the state and
+        field when only state schemas changed."""
+        recorded = latest.pipeline_definition
+        if recorded is None or _without_states(recorded) != _without_states(self.definition):
+            raise self._changed(latest)
+        problem = refusal(recorded["keyed"].get("states"), self.definition["keyed"]["states"])
+        if problem is not None:
+            name = self.pipeline.name
+            raise FingerprintMismatch(
+                f"pipeline {name}: {problem} since its checkpoint {self.location} was written, "
+                f"so the values held no longer read: restore the old schema (add a new "
+                f"nullable field instead), or start over with `lowmark reset {name} "
+                "--truncate-sink`"
+            )
 
     def _changed(self, latest: OffsetEntry) -> FingerprintMismatch:
         """The error for a definition that differs from the one ``latest`` was planned with,
@@ -425,3 +445,11 @@ def _ms(moment: datetime) -> int:
     """Epoch milliseconds of ``moment``, exactly (no float rounding: a replay must plan
     with the very processing time the batch was planned with)."""
     return (moment - EPOCH) // timedelta(milliseconds=1)
+
+
+def _without_states(definition: dict[str, Any]) -> dict[str, Any]:
+    """``definition`` (``Pipeline.definition``) without its keyed step's state schemas."""
+    keyed = definition.get("keyed")
+    if not isinstance(keyed, dict):
+        return definition
+    return definition | {"keyed": {k: v for k, v in keyed.items() if k != "states"}}

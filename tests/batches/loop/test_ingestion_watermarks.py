@@ -33,8 +33,8 @@ from tests.helpers import (
     FakeClock,
     delta_frame,
     event,
-    per_window,
     reference,
+    reference_of,
     sink,
     windowed,
 )
@@ -242,16 +242,7 @@ def test_a_delta_backlog_read_long_after_it_was_written_gives_what_the_live_run_
     assert _late(spark, tmp_path / "later", _delta_pipeline(table)) == late
     # Every record within the lag is in a window, as a plain batch over the table puts it.
     whole = delta_frame(spark, table).where(F.col("amount") != 2**7)  # the late one
-    expected = per_window(
-        whole,
-        "user",
-        F.window("ts", "10 seconds"),
-        F.count(F.lit(1)).alias("count"),
-        F.sum("amount").alias("sum_amount"),
-        F.min("amount").alias("min_amount"),
-        F.max("amount").alias("max_amount"),
-        F.avg("amount").alias("avg_amount"),
-    )
+    expected = reference_of(whole, WINDOW)
     assertDataFrameEqual(sink(spark, tmp_path / "later"), expected)
 
 
