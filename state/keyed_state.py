@@ -19,16 +19,18 @@ at (every due timer fired in it), so whole slots below that time are deleted
 Both tables are append-only: the newest row of a (key, state) or (key,
 timer) wins (``latest``). A batch reads them as of the version the driver
 pinned (the newest for a new batch, the one commit N-1 recorded for a replay
-whose own append landed), so a replay sees what the first attempt saw, and
-each batch's changes are ONE idempotent append per table (``<pipeline
-id>:keyed_state`` / ``:keyed_timers``, batch id). Cost follows the keys a
-batch touches and the timers due: reads filter by bucket and key, or by slot.
+whose own append landed), so a replay sees what the first attempt saw. The
+tasks write each batch's changes as data files of the two tables
+(``Pinned.written``, ``lowmark.state.task_appends``), and the driver adds them
+with ONE idempotent commit per table (``<pipeline id>:keyed_state`` /
+``:keyed_timers``, batch id). Cost follows the keys a batch touches and the
+timers due: reads filter by bucket and key, or by slot.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -36,6 +38,7 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from lowmark.state.table import HOOKS, DriverTable
+from lowmark.state.task_appends import WrittenFile, write_files
 
 BUCKET = "_lowmark_bucket"
 SLOT = "_lowmark_slot"
@@ -44,6 +47,9 @@ TIMERS = "_lowmark_timers"
 BUCKETS = 16
 """Buckets of a new state table: a task reads the buckets of the keys it holds."""
 SLOT_MIN_MS = 60_000
+STATE_TABLE, TIMER_TABLE = "keyed_state", "keyed_timers"
+"""The tables' names in the checkpoint, and their roles in application transaction ids."""
+STATE_PARTITIONS, TIMER_PARTITIONS = (BUCKET,), (SLOT,)
 
 STATE = pa.schema(
     [
@@ -65,6 +71,8 @@ TIMER_INDEX = pa.schema(
         pa.field(SLOT, pa.int64(), nullable=False),
     ]
 )
+TIMER_CHANGE = TIMER_INDEX.remove(TIMER_INDEX.get_field_index(SLOT))
+"""A timer's row as a batch's task gives it (``Pinned.written`` adds the slot)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,25 @@ class Pinned:
         rows = latest(rows, ("key", "timer_ms"))
         return rows.filter(rows.column("pending"))
 
+    def written(
+        self, states: pa.Table, timers: pa.Table, batch_id: int
+    ) -> dict[str, list[WrittenFile]]:
+        """A task's changes of batch ``batch_id`` (``STATE`` rows, ``TIMER_CHANGE`` rows)
+        written as new data files of the two tables, by table name
+        (``lowmark.state.task_appends``); nothing is committed (``KeyedTables.write``)."""
+        slots = pc.divide(timers.column("timer_ms"), self.slot_ms)
+        return {
+            STATE_TABLE: write_files(
+                self.state_path, states.cast(STATE), STATE_PARTITIONS, batch_id
+            ),
+            TIMER_TABLE: write_files(
+                self.timers_path,
+                timers.append_column(SLOT, slots).cast(TIMER_INDEX),
+                TIMER_PARTITIONS,
+                batch_id,
+            ),
+        }
+
 
 class KeyedTables:
     """The ``keyed_state`` and ``keyed_timers`` tables of a checkpoint (see above)."""
@@ -112,9 +139,11 @@ class KeyedTables:
     def __init__(self, state_path: str, timers_path: str, pipeline_id: str, slot_ms: int) -> None:
         """Writes carry the application transactions ``<pipeline_id>:keyed_state`` and
         ``<pipeline_id>:keyed_timers`` (as ``Checkpoint.txn_app_id`` names them)."""
-        self.state = DriverTable(state_path, STATE, "keyed state table", partition_by=(BUCKET,))
+        self.state = DriverTable(
+            state_path, STATE, "keyed state table", partition_by=STATE_PARTITIONS
+        )
         self.timers = DriverTable(
-            timers_path, TIMER_INDEX, "keyed timer table", partition_by=(SLOT,)
+            timers_path, TIMER_INDEX, "keyed timer table", partition_by=TIMER_PARTITIONS
         )
         self.app_id = pipeline_id
         self.slot_ms = max(slot_ms, SLOT_MIN_MS)
@@ -139,22 +168,21 @@ class KeyedTables:
 
         return Pinned(
             self.state.path,
-            version(self.state, "keyed_state"),
+            version(self.state, STATE_TABLE),
             self.timers.path,
-            version(self.timers, "keyed_timers"),
+            version(self.timers, TIMER_TABLE),
             self.slot_ms,
         )
 
-    def write(self, states: pa.Table, timers: pa.Table, batch_id: int, now_ms: int | None) -> None:
-        """Append batch ``batch_id``'s changes once, then delete the timer slots below
-        ``now_ms`` (none of their timers is pending any more; None: no time yet)."""
-        if states.num_rows:
-            self.state.append_once(states, f"{self.app_id}:keyed_state", batch_id)
-        if timers.num_rows:
-            slots = pc.divide(timers.column("timer_ms"), self.slot_ms)
-            self.timers.append_once(
-                timers.append_column(SLOT, slots), f"{self.app_id}:keyed_timers", batch_id
-            )
+    def write(
+        self, files: Mapping[str, Sequence[WrittenFile]], batch_id: int, now_ms: int | None
+    ) -> None:
+        """Commit the data files batch ``batch_id``'s tasks wrote (``Pinned.written``, by
+        table name) once per table, then delete the timer slots below ``now_ms`` (none of
+        their timers is pending any more; None: no time yet)."""
+        for name, table in ((STATE_TABLE, self.state), (TIMER_TABLE, self.timers)):
+            if files.get(name):
+                table.commit_files(files[name], f"{self.app_id}:{name}", batch_id)
         if now_ms is None:
             return
         below = now_ms // self.slot_ms
@@ -184,7 +212,7 @@ class KeyedTables:
 
     def versions(self) -> dict[str, int]:
         """The tables' versions now: what the commit records."""
-        return {"keyed_state": self.state.version(), "keyed_timers": self.timers.version()}
+        return {STATE_TABLE: self.state.version(), TIMER_TABLE: self.timers.version()}
 
 
 @dataclass(frozen=True)
@@ -267,7 +295,7 @@ def compact_latest(state: DriverTable, expired_by_ms: int | None = None) -> None
         table,
         held,
         mode="overwrite",
-        partition_by=[BUCKET],
+        partition_by=list(STATE_PARTITIONS),
         post_commithook_properties=HOOKS,
     )
 

@@ -11,14 +11,18 @@ Per batch (``KeyedStep.processed``):
    executors) reads, with delta-rs as of the versions the driver pinned
    (``lowmark.state.keyed_state.Pinned``), the timers of its buckets that are
    due and the states of the keys its records or due timers name, runs the
-   processor (``lowmark.batches.keyed.runtime``), and yields the processor's
-   output rows and one change row per state or timer the batch changed.
-3. The job that reads the batch observes the change rows and the late records
-   as it runs; the output rows go on to the sink. The driver appends the
-   changes in the batch's state step, once per table.
+   processor (``lowmark.batches.keyed.runtime``), writes one change row per
+   state or timer the batch changed as data files of the state and timer
+   tables (``Pinned.written``: nothing committed), and yields the processor's
+   output rows and one descriptor row per file it wrote.
+3. The job that reads the batch observes the file descriptors and the late
+   records as it runs; the output rows go on to the sink. The driver commits
+   the files in the batch's state step, once per table
+   (``KeyedTables.write``).
 
-The change rows of the keys a batch touched reach the driver (as a windowed
-batch's window changes do); the per-key work runs on the executors.
+Neither the keys a batch touched nor their changes reach the driver: only
+the files' descriptors do, a few per task, so a batch scales with the
+cluster.
 """
 
 from __future__ import annotations
@@ -46,14 +50,16 @@ from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from lowmark.state.keyed_state import (
     BUCKET,
     BUCKETS,
-    SLOT,
     STATE,
-    TIMER_INDEX,
+    STATE_TABLE,
+    TIMER_CHANGE,
+    TIMER_TABLE,
     TIMERS,
     KeyedTables,
     Pinned,
     key_json,
 )
+from lowmark.state.task_appends import WrittenFile
 
 MARKER = "_lowmark_marker"
 EVENT_MS = "_lowmark_event_ms"
@@ -69,10 +75,9 @@ class KeyedSeen:
 
     records: int
     """Records the processor was given."""
-    states: pa.Table
-    """Rows of ``keyed_state`` the batch writes (``STATE``)."""
-    timers: pa.Table
-    """Rows of ``keyed_timers`` the batch writes (``TIMER_INDEX`` without the slot)."""
+    files: dict[str, list[WrittenFile]]
+    """The data files of the batch's changes the tasks wrote, by table name
+    (``Pinned.written``): what ``KeyedTables.write`` commits."""
     late: pa.Table
     """``event_us``, ``reason``, ``record`` of each record sent to the late table."""
 
@@ -80,7 +85,8 @@ class KeyedSeen:
 @dataclass(frozen=True)
 class Processed:
     """A batch's keyed step, lazily: the processor's output rows, and the observations of
-    the records it was given (``seen``) and of the changes it made (``changes``)."""
+    the records it was given (``seen``) and of the files its changes were written to
+    (``changes``)."""
 
     output: DataFrame
     seen: Observation
@@ -88,23 +94,13 @@ class Processed:
     batch_id: int
 
     def observed(self, seen: dict[str, Any], changes: dict[str, Any]) -> KeyedSeen:
-        """The step's counts and changes from the observations' metrics
+        """The step's counts and written files from the observations' metrics
         (``collect.observed``)."""
-        states, timers = [], []
-        for change in (json.loads(c) for c in changes[CHANGES]):
-            if change.pop("kind") == "state":
-                states.append(change | {"batch_id": self.batch_id})
-            else:
-                timers.append(change | {"batch_id": self.batch_id})
+        files: dict[str, list[WrittenFile]] = {STATE_TABLE: [], TIMER_TABLE: []}
+        for written in (json.loads(c) for c in changes[CHANGES]):
+            files[written["table"]].append(WrittenFile.of(written["file"]))
         late = [r.asDict() for r in seen[LATE]]
-        return KeyedSeen(
-            int(seen[INTO]),
-            pa.Table.from_pylist(states, schema=STATE),
-            pa.Table.from_pylist(
-                timers, schema=TIMER_INDEX.remove(TIMER_INDEX.get_field_index(SLOT))
-            ),
-            pa.Table.from_pylist(late, schema=_LATE),
-        )
+        return KeyedSeen(int(seen[INTO]), files, pa.Table.from_pylist(late, schema=_LATE))
 
 
 _LATE = pa.schema([("event_us", pa.int64()), ("reason", pa.string()), ("record", pa.string())])
@@ -176,6 +172,7 @@ class KeyedStep:
             processing_ms,
             keyed.keys,
             payload,
+            batch_id,
             to_arrow_schema(output, timezone="UTC"),
         )
         changes = Observation()
@@ -201,10 +198,12 @@ def _process(
     processing_ms: int,
     key_columns: tuple[str, ...],
     payload: list[str],
+    batch_id: int,
     schema: pa.Schema,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """One task of step 2: its buckets' records through the processor; output and change rows."""
+    """One task of step 2: its buckets' records through the processor; its changes written
+    as data files; output rows and one descriptor row per file."""
     parts = [b for b in batches if b.num_rows]
     if not parts:
         return
@@ -297,12 +296,24 @@ def _process(
                 }
             )
     if changes:
+        state_rows = [c | {"batch_id": batch_id} for c in changes if c["kind"] == "state"]
+        timer_rows = [c | {"batch_id": batch_id} for c in changes if c["kind"] == "timer"]
+        written = pinned.written(
+            pa.Table.from_pylist(state_rows, schema=STATE),
+            pa.Table.from_pylist(timer_rows, schema=TIMER_CHANGE),
+            batch_id,
+        )
+        described = [
+            json.dumps({"table": table, "file": f.as_dict()})
+            for table, files in written.items()
+            for f in files
+        ]
         blank = {
-            name: pa.nulls(len(changes), schema.field(name).type)
+            name: pa.nulls(len(described), schema.field(name).type)
             for name in schema.names
             if name != CHANGE
         }
         yield pa.table(
-            {**blank, CHANGE: pa.array([json.dumps(c) for c in changes], pa.string())},
+            {**blank, CHANGE: pa.array(described, pa.string())},
             schema=schema,
         ).to_batches()[0]

@@ -364,8 +364,8 @@ class MicroBatchRunner:
                 versions["state"] = state_version
         dedup = parts.work.dedup
         if dedup is not None and seen.judged is not None:
-            if seen.judged.new_ids.num_rows:
-                dedup.seen_ids.add(seen.judged.new_ids, batch_id)
+            if seen.judged.id_files:
+                dedup.seen_ids.commit(seen.judged.id_files, batch_id)
             dedup.seen_ids.purge(planned.watermark_ms, batch_id)
             ids_version = dedup.seen_ids.after()
             if ids_version is not None:
@@ -373,7 +373,7 @@ class MicroBatchRunner:
         keyed, next_timer_ms = parts.work.keyed, None
         if keyed is not None and seen.keyed is not None:
             ran_at = keyed.ran_at(planned.watermark_ms, planned.planned_at_ms)
-            keyed.tables.write(seen.keyed.states, seen.keyed.timers, batch_id, ran_at)
+            keyed.tables.write(seen.keyed.files, batch_id, ran_at)
             versions.update(keyed.tables.versions())
             next_timer_ms = keyed.tables.next_pending(ran_at)
         timer.lap("state")
