@@ -104,7 +104,8 @@ soak: test-setup
 # latency through dagster dev (bench/dagster_latency.py), a windowed pipeline over Kafka
 # next to Structured Streaming's Kafka source (bench/kafka.py), deduplication by record id
 # next to Structured Streaming's dropDuplicatesWithinWatermark (bench/dedup.py), and a keyed
-# step with timers next to Structured Streaming's transformWithStateInPandas (bench/keyed_state.py).
+# step with timers next to Structured Streaming's transformWithStateInPandas (bench/keyed_state.py),
+# and the two watermark strategies on the same out-of-order data (bench/watermark_strategies.py).
 # BENCH_ARGS=--quick for a smoke run of bench/state_scaling.py, bench/streaming.py (no
 # RESULTS.md), bench/dedup.py and bench/keyed_state.py.
 # Never part of `make test`.
@@ -119,6 +120,7 @@ bench: test-setup
 	bash -o pipefail -c '$(BIN)/python -m bench.kafka | tee $(BENCH_OUT)/kafka.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.dedup $(BENCH_ARGS) | tee $(BENCH_OUT)/dedup.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.keyed_state $(BENCH_ARGS) | tee $(BENCH_OUT)/keyed_state.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.watermark_strategies | tee $(BENCH_OUT)/watermark_strategies.txt'
 
 # The docs site (mkdocs.yml, docs/) into site/: first the configuration reference is generated
 # again from the pipeline models (scripts/config_reference.py), then `mkdocs build --strict`

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Annotated
 
 import pytimeparse2
-from pydantic import BeforeValidator, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, PlainSerializer, TypeAdapter, ValidationError
 
 FORMS = "e.g. '500 ms', '90s', '10 mins', '1.5h', '2 days', '1h30m' or ISO 8601 'PT10M'"
 """The forms a duration may take, for error messages."""
@@ -52,5 +52,18 @@ def _seconds(text: str) -> float | None:
     return None if seconds is None else float(seconds)
 
 
-DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
-"""A non-negative duration in milliseconds, parsed from a string or seconds."""
+def duration_text(ms: int) -> str:
+    """``ms`` as a duration ``parse_duration_ms`` reads back exactly (``"1500 ms"``)."""
+    return f"{ms} ms"
+
+
+DurationMs = Annotated[
+    int,
+    BeforeValidator(parse_duration_ms),
+    PlainSerializer(duration_text, return_type=str, when_used="json"),
+]
+"""A non-negative duration in milliseconds, parsed from a string or seconds.
+
+``model_dump(mode="json")`` writes it as ``"<n> ms"``, so a dumped pipeline validates
+back to the same one (a bare number would be read as seconds); ``model_dump()`` keeps
+the integer, which is what a pipeline's fingerprint holds."""

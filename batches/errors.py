@@ -102,3 +102,9 @@ class TableNotFound(LowmarkError):
 class QueryFailed(LowmarkError):
     """A query over a pipeline's tables (``lowmark sql``, ``show --where``) is not valid SQL
     for them (a syntax error, a column no table has)."""
+
+
+class StateValueInvalid(LowmarkError):
+    """A keyed step's processor gave a state a value its declared schema does not hold (a
+    tuple of another arity, a value not of the field's type): the batch fails, nothing
+    written."""

@@ -873,7 +873,9 @@ class Pipeline(_Config):
         set, so pipelines without it keep their fingerprint; ``dedup`` likewise. Of the
         expectations, only the ``drop`` ones count, and only when there are some
         (``lowmark.batches.expectations``): ``warn`` and ``fail`` ones and the ``quality``
-        thresholds change no committed row.
+        thresholds change no committed row. A keyed step counts with the schemas of the
+        states its processor declares (``Keyed.semantics``): a compatible change of them is
+        accepted on a running checkpoint (``Planner``), others are refused.
         """
         semantics: dict[str, Any] = {
             "source": self.source.semantics(),
@@ -889,7 +891,7 @@ class Pipeline(_Config):
         if self.dedup is not None:  # absent otherwise, as for post_aggregation
             semantics["dedup"] = self.dedup.model_dump()
         if self.keyed is not None:
-            semantics["keyed"] = self.keyed.model_dump()
+            semantics["keyed"] = self.keyed.semantics()
         drops = fingerprint_semantics(self.expectations)
         if drops is not None:  # absent otherwise: checkpoints from before keep theirs
             semantics["expectations"] = drops
@@ -913,12 +915,15 @@ class Pipeline(_Config):
 
 def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | None:
     """``event_time`` as fingerprinted: ``max_future`` only when set to other than its
-    default, so checkpoints written before it existed keep their fingerprint."""
+    default, ``watermark`` only when set, so checkpoints written before they existed keep
+    their fingerprint."""
     if event_time is None:
         return None
     dump = event_time.model_dump()
     if dump["max_future"] == MAX_FUTURE_MS:
         del dump["max_future"]
+    if dump["watermark"] is None:
+        del dump["watermark"]
     return dump
 
 

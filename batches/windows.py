@@ -36,6 +36,26 @@ MAX_FUTURE_MS = 86_400_000
 """Default ``max_future``: a day (clock skew and time-zone slips pass, a year ahead does not)."""
 
 
+class IngestionWatermark(_Config):
+    """An event-time clock the source drives: how far it has been written, minus a lag.
+
+    The source says, per partition, the exclusive minimum ingestion time of
+    anything still to come (a file's first listing; see docs/sources.md for
+    each source); the clock is the minimum over partitions minus
+    ``max_event_time_lag``, and a planning that finds nothing new still
+    advances it. ``lowmark.batches.event_time.ingestion`` holds the rule.
+    """
+
+    strategy: Literal["ingestion_time"] = Field(
+        description="`ingestion_time`: the source's clock of when records were written."
+    )
+    max_event_time_lag: DurationMs = Field(
+        ge=0,
+        description="How long after its event time a record may be written to the source "
+        "at most: the clock is the source's ingestion watermark minus this.",
+    )
+
+
 class EventTime(_Config):
     """Where event time is and how far it may lag: per-partition watermarks, idleness, lateness.
 
@@ -64,6 +84,22 @@ class EventTime(_Config):
         description="Records stamped further ahead of processing time go to the late table "
         "with their reason and never move the watermark.",
     )
+    watermark: IngestionWatermark | None = Field(
+        default=None,
+        description="Unset: the watermark follows the event times seen (max minus "
+        "`max_out_of_orderness`, per partition). `{strategy: ingestion_time, "
+        "max_event_time_lag: ...}`: it follows the source's ingestion clock instead.",
+    )
+
+    @model_validator(mode="after")
+    def _one_strategy(self) -> EventTime:
+        if self.watermark is not None and (self.max_out_of_orderness or self.idle_timeout):
+            raise ValueError(
+                "an ingestion-time watermark follows the source's clock, not the event times "
+                "seen: remove `max_out_of_orderness` and `idle_timeout` (the clock's "
+                "`max_event_time_lag` bounds lateness, and idle partitions hold nothing back)"
+            )
+        return self
 
 
 class Tumbling(_Config):

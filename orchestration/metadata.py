@@ -63,6 +63,10 @@ def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawM
         metadata["watermark"] = dg.MetadataValue.timestamp(r.watermark_ms / 1000)
     if r.lag_ms is not None:
         metadata["lag_seconds"] = round(r.lag_ms / 1000, 1)
+    if r.ingestion_ms is not None:  # the ingestion clock of each source partition
+        metadata["ingested_up_to"] = dg.MetadataValue.json(
+            {p: _iso(ms) for p, ms in sorted(r.ingestion_ms.items())}
+        )
     for unit, count in list(backlog.items())[:1]:
         metadata[f"backlog_{unit}"] = count
     return metadata

@@ -60,7 +60,7 @@ class BatchReports:
 
     def of(self, r: BatchResult) -> list[dg.AssetMaterialization]:
         """Batch ``r``'s materializations: call once per committed batch, in order."""
-        tables = self._read()
+        tables = self._read(r.committed_at_ms)
         partitions = self.partitions()
         if isinstance(partitions, dg.TimeWindowPartitionsDefinition):
             sink = self._path("sink")
@@ -72,7 +72,8 @@ class BatchReports:
         self.ran_with_ms = r.watermark_ms
         return batch_materializations(self.pipeline, r, self.source.backlog(r.end), tables)
 
-    def _read(self) -> TablesRead:
+    def _read(self, now_ms: int | None) -> TablesRead:
+        """The tables' metadata as of processing time ``now_ms`` (what has expired)."""
         pipeline = self.pipeline
         sink: dict[str, dg.RawMetadataValue] = {}
         if isinstance(pipeline.sink, DeltaSink):
@@ -80,7 +81,7 @@ class BatchReports:
         if pipeline.aggregation is not None:
             sink |= open_windows(pipeline, self._path("state"))
         if pipeline.keyed is not None:
-            sink |= keyed_held(self._path("keyed_state"), self._path("keyed_timers"))
+            sink |= keyed_held(self._path("keyed_state"), self._path("keyed_timers"), now_ms)
         late = table_metadata(self._path("late")) if pipeline.event_time is not None else {}
         return TablesRead(sink=sink, late=late, bad=table_metadata(self._path("bad")))
 

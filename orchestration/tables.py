@@ -102,10 +102,12 @@ def open_windows(pipeline: Pipeline, state_path: str) -> dict[str, dg.RawMetadat
     return metadata
 
 
-def keyed_held(state_path: str, timers_path: str) -> dict[str, dg.RawMetadataValue]:
-    """What a keyed step holds (``lowmark.state.keyed_state.held``): ``keys_held``,
-    ``timers_pending`` and, if any, ``next_timer_at``."""
-    now = held(state_path, timers_path)
+def keyed_held(
+    state_path: str, timers_path: str, now_ms: int | None = None
+) -> dict[str, dg.RawMetadataValue]:
+    """What a keyed step holds (``lowmark.state.keyed_state.held``) as of processing time
+    ``now_ms``: ``keys_held``, ``timers_pending`` and, if any, ``next_timer_at``."""
+    now = held(state_path, timers_path, now_ms)
     metadata: dict[str, dg.RawMetadataValue] = {
         "keys_held": now.keys,
         "timers_pending": now.timers,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message (its type when it has none); for a JVM error,
-    of its root cause's (the error a task hit, not the call that surfaced it)."""
+    of its root cause's (the error a task hit, not the call that surfaced it); for a
+    Python error on an executor, the traceback's last line (the error raised)."""
     java = getattr(exc, "java_exception", None)
     if java is not None:
         while java.getCause() is not None and not java.getCause().equals(java):
@@ -16,7 +17,19 @@ def first_line(exc: BaseException) -> str:
         text = str(java.toString()).strip()
     else:
         text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    lines = text.splitlines()
+    traceback = next((i for i, line in enumerate(lines[:2]) if _TRACEBACK in line), None)
+    if traceback is not None:
+        # Python code on an executor raised: its error is the traceback's last line (a
+        # lowmark error's message, say), not the lines that announce the traceback.
+        after = lines[traceback + 1 :]
+        raised = [line for line in after if line.strip() and not line[0].isspace()]
+        if raised:
+            return raised[-1]
+    return lines[0] if lines else type(exc).__name__
+
+
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 def jvm_causes(exc: BaseException) -> list[str]:

@@ -2,7 +2,8 @@
 
 ``keyed_state`` holds, per (key, state name), the state's value: ``key`` (the
 key columns as a JSON array), ``state``, ``value`` (JSON; null once the state
-was cleared), ``expires_ms`` (TTL, null: never), ``batch_id`` (the batch that
+was cleared), ``expires_ms`` (the processing time, in ms, from which a state with
+a TTL reads as absent; null: never), ``batch_id`` (the batch that
 wrote it), partitioned by ``_lowmark_bucket`` (a hash of the key modulo the
 table's bucket count, fixed when it is created). Timers are a state of their
 own per key (``TIMERS``: the key's pending timers, a JSON list), so a batch
@@ -18,16 +19,18 @@ at (every due timer fired in it), so whole slots below that time are deleted
 Both tables are append-only: the newest row of a (key, state) or (key,
 timer) wins (``latest``). A batch reads them as of the version the driver
 pinned (the newest for a new batch, the one commit N-1 recorded for a replay
-whose own append landed), so a replay sees what the first attempt saw, and
-each batch's changes are ONE idempotent append per table (``<pipeline
-id>:keyed_state`` / ``:keyed_timers``, batch id). Cost follows the keys a
-batch touches and the timers due: reads filter by bucket and key, or by slot.
+whose own append landed), so a replay sees what the first attempt saw. The
+tasks write each batch's changes as data files of the two tables
+(``Pinned.written``, ``lowmark.state.task_appends``), and the driver adds them
+with ONE idempotent commit per table (``<pipeline id>:keyed_state`` /
+``:keyed_timers``, batch id). Cost follows the keys a batch touches and the
+timers due: reads filter by bucket and key, or by slot.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -35,6 +38,7 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from lowmark.state.table import HOOKS, DriverTable
+from lowmark.state.task_appends import WrittenFile, write_files
 
 BUCKET = "_lowmark_bucket"
 SLOT = "_lowmark_slot"
@@ -43,6 +47,9 @@ TIMERS = "_lowmark_timers"
 BUCKETS = 16
 """Buckets of a new state table: a task reads the buckets of the keys it holds."""
 SLOT_MIN_MS = 60_000
+STATE_TABLE, TIMER_TABLE = "keyed_state", "keyed_timers"
+"""The tables' names in the checkpoint, and their roles in application transaction ids."""
+STATE_PARTITIONS, TIMER_PARTITIONS = (BUCKET,), (SLOT,)
 
 STATE = pa.schema(
     [
@@ -64,6 +71,8 @@ TIMER_INDEX = pa.schema(
         pa.field(SLOT, pa.int64(), nullable=False),
     ]
 )
+TIMER_CHANGE = TIMER_INDEX.remove(TIMER_INDEX.get_field_index(SLOT))
+"""A timer's row as a batch's task gives it (``Pinned.written`` adds the slot)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,25 @@ class Pinned:
         rows = latest(rows, ("key", "timer_ms"))
         return rows.filter(rows.column("pending"))
 
+    def written(
+        self, states: pa.Table, timers: pa.Table, batch_id: int
+    ) -> dict[str, list[WrittenFile]]:
+        """A task's changes of batch ``batch_id`` (``STATE`` rows, ``TIMER_CHANGE`` rows)
+        written as new data files of the two tables, by table name
+        (``lowmark.state.task_appends``); nothing is committed (``KeyedTables.write``)."""
+        slots = pc.divide(timers.column("timer_ms"), self.slot_ms)
+        return {
+            STATE_TABLE: write_files(
+                self.state_path, states.cast(STATE), STATE_PARTITIONS, batch_id
+            ),
+            TIMER_TABLE: write_files(
+                self.timers_path,
+                timers.append_column(SLOT, slots).cast(TIMER_INDEX),
+                TIMER_PARTITIONS,
+                batch_id,
+            ),
+        }
+
 
 class KeyedTables:
     """The ``keyed_state`` and ``keyed_timers`` tables of a checkpoint (see above)."""
@@ -111,9 +139,11 @@ class KeyedTables:
     def __init__(self, state_path: str, timers_path: str, pipeline_id: str, slot_ms: int) -> None:
         """Writes carry the application transactions ``<pipeline_id>:keyed_state`` and
         ``<pipeline_id>:keyed_timers`` (as ``Checkpoint.txn_app_id`` names them)."""
-        self.state = DriverTable(state_path, STATE, "keyed state table", partition_by=(BUCKET,))
+        self.state = DriverTable(
+            state_path, STATE, "keyed state table", partition_by=STATE_PARTITIONS
+        )
         self.timers = DriverTable(
-            timers_path, TIMER_INDEX, "keyed timer table", partition_by=(SLOT,)
+            timers_path, TIMER_INDEX, "keyed timer table", partition_by=TIMER_PARTITIONS
         )
         self.app_id = pipeline_id
         self.slot_ms = max(slot_ms, SLOT_MIN_MS)
@@ -138,22 +168,21 @@ class KeyedTables:
 
         return Pinned(
             self.state.path,
-            version(self.state, "keyed_state"),
+            version(self.state, STATE_TABLE),
             self.timers.path,
-            version(self.timers, "keyed_timers"),
+            version(self.timers, TIMER_TABLE),
             self.slot_ms,
         )
 
-    def write(self, states: pa.Table, timers: pa.Table, batch_id: int, now_ms: int | None) -> None:
-        """Append batch ``batch_id``'s changes once, then delete the timer slots below
-        ``now_ms`` (none of their timers is pending any more; None: no time yet)."""
-        if states.num_rows:
-            self.state.append_once(states, f"{self.app_id}:keyed_state", batch_id)
-        if timers.num_rows:
-            slots = pc.divide(timers.column("timer_ms"), self.slot_ms)
-            self.timers.append_once(
-                timers.append_column(SLOT, slots), f"{self.app_id}:keyed_timers", batch_id
-            )
+    def write(
+        self, files: Mapping[str, Sequence[WrittenFile]], batch_id: int, now_ms: int | None
+    ) -> None:
+        """Commit the data files batch ``batch_id``'s tasks wrote (``Pinned.written``, by
+        table name) once per table, then delete the timer slots below ``now_ms`` (none of
+        their timers is pending any more; None: no time yet)."""
+        for name, table in ((STATE_TABLE, self.state), (TIMER_TABLE, self.timers)):
+            if files.get(name):
+                table.commit_files(files[name], f"{self.app_id}:{name}", batch_id)
         if now_ms is None:
             return
         below = now_ms // self.slot_ms
@@ -183,7 +212,7 @@ class KeyedTables:
 
     def versions(self) -> dict[str, int]:
         """The tables' versions now: what the commit records."""
-        return {"keyed_state": self.state.version(), "keyed_timers": self.timers.version()}
+        return {STATE_TABLE: self.state.version(), TIMER_TABLE: self.timers.version()}
 
 
 @dataclass(frozen=True)
@@ -195,16 +224,17 @@ class Held:
     next_timer_ms: int | None
 
 
-def held(state_path: str, timers_path: str) -> Held:
+def held(state_path: str, timers_path: str, now_ms: int | None = None) -> Held:
     """``Held`` of the tables at ``state_path`` and ``timers_path`` (one query each, over
-    every row: for ``lowmark status`` and Dagster, not for a batch)."""
+    every row: for ``lowmark status`` and Dagster, not for a batch); with ``now_ms``, a
+    key whose every state expired by then is not held."""
     state = DriverTable(state_path, STATE, "keyed state table")
     timers = DriverTable(timers_path, TIMER_INDEX, "keyed timer table")
     keys = (
         state.query(
-            "SELECT count(DISTINCT key) AS n FROM (SELECT key, value, row_number() OVER "
-            "(PARTITION BY key, state ORDER BY batch_id DESC) AS rn FROM t) "
-            "WHERE rn = 1 AND value IS NOT NULL"
+            "SELECT count(DISTINCT key) AS n FROM (SELECT key, value, expires_ms, "
+            "row_number() OVER (PARTITION BY key, state ORDER BY batch_id DESC) AS rn FROM t) "
+            f"WHERE rn = 1 AND value IS NOT NULL{_unexpired(now_ms)}"
         )
         if state.exists()
         else None
@@ -238,10 +268,12 @@ def latest(rows: pa.Table, identity: tuple[str, ...]) -> pa.Table:
     return rows.filter(pa.concat_arrays([pa.array([True]), changed]))
 
 
-def compact_latest(state: DriverTable) -> None:
+def compact_latest(state: DriverTable, expired_by_ms: int | None = None) -> None:
     """Rewrite the ``keyed_state`` table ``state`` with only the newest row of each (key,
-    state), cleared ones left out, when those are fewer than half its rows: the reads of
-    a batch then open what is held, not its history.
+    state), cleared ones and (with ``expired_by_ms``: the processing time of the last
+    committed batch; later batches run no earlier) those expired by then left out, when
+    those are fewer than half its rows: the reads of a batch then open what is held, not
+    its history.
 
     The rewrite removes only the files of the version it read: rows a batch appends
     meanwhile stay, and being newer they win (``latest``). Not a batch's write: repeating
@@ -250,14 +282,20 @@ def compact_latest(state: DriverTable) -> None:
     table = state.open()
     rows = state.read(None, table.version())
     held = latest(rows, ("key", "state"))
-    held = held.filter(pc.is_valid(held.column("value")))
+    kept = pc.is_valid(held.column("value"))
+    if expired_by_ms is not None:
+        expires = held.column("expires_ms")
+        kept = pc.and_kleene(
+            kept, pc.or_kleene(pc.is_null(expires), pc.greater(expires, expired_by_ms))
+        )
+    held = held.filter(kept)
     if held.num_rows * 2 > rows.num_rows:
         return
     write_deltalake(
         table,
         held,
         mode="overwrite",
-        partition_by=[BUCKET],
+        partition_by=list(STATE_PARTITIONS),
         post_commithook_properties=HOOKS,
     )
 
@@ -265,6 +303,11 @@ def compact_latest(state: DriverTable) -> None:
 def key_json(values: Iterable[object]) -> str:
     """A key's values as the ``key`` column holds them."""
     return json.dumps(list(values), default=str, separators=(",", ":"))
+
+
+def _unexpired(now_ms: int | None) -> str:
+    """The SQL condition that a row has not expired by ``now_ms`` (none: every row)."""
+    return "" if now_ms is None else f" AND (expires_ms IS NULL OR expires_ms > {int(now_ms)})"
 
 
 def _ints(values: Iterable[int]) -> str:

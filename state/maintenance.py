@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
@@ -47,6 +48,7 @@ from lowmark.state.table import DriverTable
 
 log = logging.getLogger(__name__)
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 KEEP_HOURS = 1
 """Data files removed this long ago are deleted (readers of older versions are done by then)."""
 
@@ -97,10 +99,14 @@ def maintain(
         if table.exists():
             plan.append((table, None, recorded.get(name)))
     maintained = 0
+    planned = checkpoint.offsets.get(batch_id)
+    # The committed batch's processing time: what its TTLs expired by (a replay reads the
+    # versions its commit recorded, which the rewrite leaves as they are).
+    expired_by = (planned.created_at - EPOCH) // timedelta(milliseconds=1) if planned else None
     for table, drop_where, keep_version in plan:
         try:
             if table.path == checkpoint.table("keyed_state"):
-                compact_latest(table)
+                compact_latest(table, expired_by)
             table.maintain(drop_where, KEEP_HOURS, keep_version)
             maintained += 1
         except (CommitFailedError, DeltaError) as exc:

@@ -31,6 +31,8 @@ SCHEMA = pa.schema(
         pa.field("size", pa.int64(), nullable=False),
         pa.field("modified_ms", pa.int64(), nullable=False),
         pa.field("discovered_for_batch", pa.int64(), nullable=False),
+        # Added later: null in rows recorded before.
+        pa.field("discovered_ms", pa.int64()),
     ]
 )
 
@@ -45,6 +47,9 @@ class ManifestFile:
     retired: bool = False
     """Read from the history: the file left the folder (a file there by its name now is
     another one, recorded again under a new ``seq``)."""
+    discovered_ms: int | None = None
+    """When the planning that recorded it listed it: the file's ingestion time (None: not
+    recorded yet, or recorded before lowmark kept it)."""
 
 
 class FileManifest:
@@ -94,9 +99,9 @@ class FileManifest:
         self.history.append(rows)
         self.table.delete(where, batch_id)
 
-    def record(self, found: list[ManifestFile], batch_id: int) -> bool:
+    def record(self, found: list[ManifestFile], batch_id: int, listed_ms: int) -> bool:
         """Record the files of ``found`` the manifest lacks, numbered after the files it
-        holds, while planning ``batch_id``.
+        holds, while planning ``batch_id``, as listed at ``listed_ms``.
 
         Numbered and checked against the table's newest version as it is
         written (``DriverTable.insert_new_once``), never against a runner's
@@ -126,6 +131,7 @@ class FileManifest:
                     "size": f.size,
                     "modified_ms": f.modified_ms,
                     "discovered_for_batch": batch_id,
+                    "discovered_ms": listed_ms,
                 }
                 for f in new
             ]
@@ -145,7 +151,13 @@ class FileManifest:
 
 def _file(row: dict[str, Any], retired: bool) -> ManifestFile:
     return ManifestFile(
-        row["partition"], row["seq"], row["path"], row["size"], row["modified_ms"], retired
+        row["partition"],
+        row["seq"],
+        row["path"],
+        row["size"],
+        row["modified_ms"],
+        retired,
+        row.get("discovered_ms"),
     )
 
 

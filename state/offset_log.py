@@ -35,9 +35,17 @@ class OffsetEntry(LogEntry):
         # Added later: null in entries written before.
         pa.field("waiting_partitions", pa.list_(pa.string())),
         pa.field("pipeline_definition", pa.string()),
+        pa.field("ingestion_ms", pa.string()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {"start_offsets", "end_offsets", "source_identity", "input_skipped", "pipeline_definition"}
+        {
+            "start_offsets",
+            "end_offsets",
+            "source_identity",
+            "input_skipped",
+            "pipeline_definition",
+            "ingestion_ms",
+        }
     )
 
     start_offsets: Offsets
@@ -56,6 +64,11 @@ class OffsetEntry(LogEntry):
     pipeline_definition: dict[str, Any] | None = None
     """What ``pipeline_fingerprint`` hashes, as JSON (None in entries written before lowmark
     recorded it): a changed definition is then named field by field."""
+    ingestion_ms: dict[str, int] | None = None
+    """With an ingestion-time watermark: per source partition, the ingestion time of the
+    first record past ``end_offsets`` when the batch was planned (``Source.ingestion_times``):
+    the clock the next batch starts from, recorded so a replay commits the same one. None
+    otherwise."""
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

@@ -4,9 +4,11 @@ The ``dedup_ids`` table of a checkpoint holds one row per id first seen
 within the horizon: ``id`` (the record's id columns as a JSON object, the
 form two records are compared in), ``event_time`` (of the record that was
 let through), ``batch_id`` (the batch that let it through), partitioned by
-``_lowmark_slot``, the event time in steps of ``slot_us``. A batch appends
-the ids it lets through with ONE idempotent append (``<pipeline_id>:dedup``,
-batch id); no id is ever rewritten, as a duplicate is never let through.
+``_lowmark_slot``, the event time in steps of ``slot_us``. The batch's
+tasks write the ids they let through as data files of the table
+(``write_ids``, ``lowmark.state.task_appends``), and the driver adds them with
+ONE idempotent commit (``<pipeline_id>:dedup``, batch id); no id is ever
+rewritten, as a duplicate is never let through.
 
 An id is live while ``event_time >= watermark - within`` (``live_from_us``).
 The batch's Spark tasks read the live ids on the executors, with delta-rs, as
@@ -19,12 +21,16 @@ watermark moves (``purge``), a delete of partitions only, no file rewritten.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
 from lowmark.state.table import UTC_MICROS, DriverTable, floor_div, micros_literal
+from lowmark.state.task_appends import WrittenFile, write_files
 
 SLOT = "_lowmark_slot"
 """Partition column: ``event_time`` (epoch µs) // ``slot_us``."""
+PARTITIONS = (SLOT,)
 SLOT_MIN_US = 60_000_000
 """The narrowest slot: a minute."""
 SCHEMA = pa.schema(
@@ -41,7 +47,7 @@ class SeenIds:
     """The ``dedup_ids`` table at ``path``; ids live for ``within_us`` of event time."""
 
     def __init__(self, path: str, txn_app_id: str, within_us: int) -> None:
-        self.table = DriverTable(path, SCHEMA, "deduplication table", partition_by=(SLOT,))
+        self.table = DriverTable(path, SCHEMA, "deduplication table", partition_by=PARTITIONS)
         self.path = self.table.path
         self.txn_app_id = txn_app_id
         self.within_us = within_us
@@ -67,18 +73,10 @@ class SeenIds:
             return recorded if recorded is not None else 0
         return self.table.version()
 
-    def add(self, ids: pa.Table, batch_id: int) -> None:
-        """Append ``ids`` (``id``, ``event_us``) let through by batch ``batch_id``, once."""
-        event_us = ids.column("event_us").cast(pa.int64())
-        rows = pa.table(
-            {
-                "id": ids.column("id"),
-                "event_time": event_us.cast(UTC_MICROS),
-                "batch_id": pa.array([batch_id] * ids.num_rows, pa.int64()),
-                SLOT: floor_div(event_us, self.slot_us),
-            }
-        )
-        self.table.append_once(rows, self.txn_app_id, batch_id)
+    def commit(self, files: Sequence[WrittenFile], batch_id: int) -> None:
+        """Add the data files of the ids batch ``batch_id`` let through (``write_ids``),
+        once."""
+        self.table.commit_files(files, self.txn_app_id, batch_id)
 
     def purge(self, watermark_ms: int | None, batch_id: int) -> None:
         """Delete the slots wholly below the horizon under ``watermark_ms`` (a repeat is
@@ -95,6 +93,24 @@ class SeenIds:
     def after(self) -> int | None:
         """The table's version now (None: it does not exist): what the commit records."""
         return self.table.version() if self.table.exists() else None
+
+
+def write_ids(
+    path: str, slot_us: int, ids: pa.Array, event_us: pa.Array, batch_id: int
+) -> list[WrittenFile]:
+    """The ``ids`` batch ``batch_id`` let through (their records' event times ``event_us``,
+    epoch µs) as new data files of the table at ``path`` (nothing committed:
+    ``SeenIds.commit``); what a Spark task writes, on an executor."""
+    event_us = event_us.cast(pa.int64())
+    rows = pa.table(
+        {
+            "id": ids,
+            "event_time": event_us.cast(UTC_MICROS),
+            "batch_id": pa.array([batch_id] * len(ids), pa.int64()),
+            SLOT: floor_div(event_us, slot_us),
+        }
+    )
+    return write_files(path, rows.cast(SCHEMA), PARTITIONS, batch_id)
 
 
 def live_ids(path: str, slot_us: int, version: int | None, from_us: int | None) -> pa.Array:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -44,6 +44,7 @@ from deltalake.table import TableMerger
 
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict, first_line
 from lowmark.state.ownership import writer_metadata
+from lowmark.state.task_appends import WrittenFile
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,34 @@ class DriverTable:
         """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote."""
         data = rows if self.schema is None else rows.select(self.schema.names).cast(self.schema)
         return self.write_once(self._writer(data, "append"), app_id, version)
+
+    def commit_files(self, files: Sequence[WrittenFile], app_id: str, version: int) -> bool:
+        """Add ``files`` (data files tasks wrote into this table's folder,
+        ``lowmark.state.task_appends``) in one commit, unless (``app_id``, ``version``)
+        landed; True if this call committed. The table must exist (it is never created
+        from files) and its partition columns must be the files' partition values."""
+
+        def add(table: DeltaTable | None, commit: CommitProperties) -> None:
+            if table is None:
+                raise self.missing()
+            columns = list(table.metadata().partition_columns)
+            strays = [f.path for f in files if sorted(f.partition_values) != sorted(columns)]
+            if strays:
+                raise CheckpointCorrupt(
+                    f"{self.what} {self.path} is partitioned by {columns}, not as its new "
+                    f"files {strays[:3]}: restore it from backup, or start over with "
+                    "`lowmark reset`"
+                )
+            table.create_write_transaction(
+                [f.action() for f in files],
+                mode="append",
+                schema=table.schema(),
+                partition_by=columns,
+                commit_properties=commit,
+                post_commithook_properties=self.hooks,
+            )
+
+        return self.write_once(add, app_id, version)
 
     def replace_once(self, rows: pa.Table, where: str, app_id: str, version: int) -> bool:
         """Replace the rows matching the SQL predicate ``where`` with ``rows``, atomically and
@@ -379,6 +408,7 @@ class DriverTable:
             target_alias="t",
             commit_properties=commit,
             post_commithook_properties=self.hooks,
+            merge_schema=True,  # a column added since the table was created is added to it
         )
 
     def files(self) -> int:

@@ -441,7 +441,11 @@ def spark_window(window: Tumbling | Sliding | Session) -> Column:
 
 def reference(spark: SparkSession, root: Path, window: Tumbling | Sliding | Session) -> DataFrame:
     """The same aggregation as one plain Spark batch over every file."""
-    df = spark.read.schema(SCHEMA).json(str(root / "in"))
+    return reference_of(spark.read.schema(SCHEMA).json(str(root / "in")), window)
+
+
+def reference_of(df: DataFrame, window: Tumbling | Sliding | Session) -> DataFrame:
+    """``windowed``'s aggregation of the records ``df``, as one plain Spark batch."""
     return per_window(
         df,
         "user",

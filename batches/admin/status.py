@@ -50,7 +50,12 @@ class PartitionStatus:
     partition: str
     max_event_time_ms: int
     watermark_ms: int
+    """Its watermark: max event time minus ``max_out_of_orderness``; with an ingestion-time
+    watermark, its ingestion time minus ``max_event_time_lag``."""
     last_seen_ms: int
+    ingestion_ms: int | None = None
+    """With an ingestion-time watermark, the source's ingestion time past the committed end
+    as the last commit's batch was planned (None otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,7 @@ def pipeline_status(
         end_offsets=end if done else None,
         watermark_ms=watermark,
         event_time_lag_ms=as_of - watermark if watermark is not None else None,
-        partitions=_partitions(planner, done),
+        partitions=_partitions(planner, done, committed),
         backlog=backlog,
         backlog_described=source.describe_backlog(backlog),
         totals=done.totals if done else dict.fromkeys(COUNTS, 0),
@@ -177,7 +182,11 @@ def pipeline_status(
         blocked=nxt.blocked,
         last_failure=_last_failure(planner, nxt),
         keyed=(
-            held(f"{checkpoint.location}/keyed_state", f"{checkpoint.location}/keyed_timers")
+            held(
+                f"{checkpoint.location}/keyed_state",
+                f"{checkpoint.location}/keyed_timers",
+                as_of,
+            )
             if pipeline.keyed is not None and checkpoint is not None
             else None
         ),
@@ -224,6 +233,9 @@ class BatchPlan:
     problem: str | None = None
     """Why a run would stop before Spark starts: the definition does not fit the batch's
     input or the sink (``lowmark.batches.loop.preflight``); None when nothing was found."""
+    ingestion_ms: dict[str, int] | None = None
+    """With an ingestion-time watermark: per source partition, the source's ingestion time
+    past the batch's end (where the next batch's clock starts); None otherwise."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data (``lowmark plan --json``)."""
@@ -278,6 +290,7 @@ def pipeline_plan(
         planned_at_ms=planned.planned_at_ms,
         blocked=nxt.blocked,
         problem=None if problem is None else str(problem),
+        ingestion_ms=planned.ingestion,
     )
 
 
@@ -368,15 +381,27 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     return went | {"in_closed_windows": closed, "in_open_windows": windowed - closed}
 
 
-def _partitions(planner: Planner, done: CommitEntry | None) -> list[PartitionStatus]:
-    """Per source partition, its times as of the commit ``done`` (by partition)."""
+def _partitions(
+    planner: Planner, done: CommitEntry | None, committed: OffsetEntry | None
+) -> list[PartitionStatus]:
+    """Per source partition, its times as of the commit ``done`` (by partition), and with an
+    ingestion-time watermark its ingestion time as ``committed`` (``done``'s offsets)
+    recorded it."""
     event_time = planner.pipeline.event_time
     if done is None or event_time is None:
         return []
+    clock = event_time.watermark
+    ingestion = (committed.ingestion_ms if committed else None) or {}
     times = sorted(planner.partition_times(done).values(), key=lambda t: t.partition)
     return [
         PartitionStatus(
-            t.partition, t.max_event_time_ms, t.watermark_ms(event_time), t.last_seen_ms
+            t.partition,
+            t.max_event_time_ms,
+            t.watermark_ms(event_time)
+            if clock is None or t.partition not in ingestion
+            else ingestion[t.partition] - clock.max_event_time_lag,
+            t.last_seen_ms,
+            ingestion.get(t.partition) if clock is not None else None,
         )
         for t in times
     ]

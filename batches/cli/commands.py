@@ -583,10 +583,15 @@ def _watermark_fields(s: PipelineStatus) -> list[tuple[str, str]]:
     if s.event_time_lag_ms is not None:
         fields.append(("event-time lag", duration(s.event_time_lag_ms)))
     for part in s.partitions:
+        ingested = (
+            f"ingested up to {moment(part.ingestion_ms, now)}; "
+            if part.ingestion_ms is not None
+            else ""
+        )
         fields.append(
             (
                 f"partition {part.partition}",
-                f"max event time {moment(part.max_event_time_ms, now)}; watermark "
+                f"max event time {moment(part.max_event_time_ms, now)}; {ingested}watermark "
                 f"{iso_utc(part.watermark_ms)}; last data {moment(part.last_seen_ms, now)}",
             )
         )
@@ -685,6 +690,9 @@ def plan(
                 moment(watermark, now) if watermark is not None else "none yet (no event time)",
             )
         )
+    if plan.ingestion_ms is not None:
+        ingested = (f"{k} {moment(ms, now)}" for k, ms in sorted(plan.ingestion_ms.items()))
+        fields.append(("  ingested up to", "\n".join(ingested)))
     if p.keyed is not None:
         processor = p.keyed.processor
         fields.append(

@@ -14,20 +14,25 @@ A pipeline's ``dedup`` (``lowmark.batches.dedup``) in a batch's Spark work
    delta-rs as of the version the driver pinned) is a duplicate too. Of the
    rest, one older than the horizon (event time below ``watermark - within``:
    its id may have been purged) or without event time goes to the late
-   table; every other record is let through, and its id is new.
-3. The job that reads the batch observes the duplicates' count, the new ids
-   and the late records as it runs (``DedupSeen``); the driver appends the
-   new ids in the batch's state step, once, and purges slots below the
-   horizon.
+   table; every other record is let through, and its id is new. The task
+   writes its new ids as data files of the seen-ids table (``write_ids``:
+   nothing committed) and hands back their descriptors on its first record
+   let through.
+3. The job that reads the batch observes the duplicates' count, the files'
+   descriptors and the late records as it runs (``DedupSeen``); the driver
+   commits the files in the batch's state step, once, and purges slots below
+   the horizon.
 
 The order in step 2 depends only on the records, so a replay keeps the same
 record of a group of twins, and a duplicate is dropped exactly once whatever
-the kill point. Nothing is collected on the driver but the new ids.
+the kill point. No id reaches the driver: only the descriptors of the files
+that hold them, a few per task.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -36,22 +41,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import ByteType, StructField, StructType
+from pyspark.sql.types import ByteType, StringType, StructField, StructType
 
 from lowmark.batches.dedup import Dedup
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import UNTIMED as NO_EVENT_TIME
 from lowmark.batches.event_time.stage import late_struct
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
-from lowmark.state.seen_ids import SeenIds, live_ids
+from lowmark.state.seen_ids import SeenIds, live_ids, write_ids
+from lowmark.state.task_appends import WrittenFile
 
 KEY = "_lowmark_id"
 EVENT_US = "_lowmark_id_event_us"
 ORDER = "_lowmark_id_order"
 VERDICT = "_lowmark_verdict"
+WRITTEN = "_lowmark_written_ids"
+"""On a task's first record let through: the descriptors of the files its new ids went to
+(JSON); null on every other record."""
 NEW, DUPLICATE, UNTIMED, OLD = 0, 1, 2, 3
 """Verdicts: let through; a duplicate; late: no event time; late: older than the horizon."""
-NEW_IDS, DUPLICATES, LATE_RECORDS = "_lowmark_new_ids", "_lowmark_duplicates", "_lowmark_id_late"
+ID_FILES, DUPLICATES, LATE_RECORDS = "_lowmark_id_files", "_lowmark_duplicates", "_lowmark_id_late"
 BEFORE_HORIZON = "event time before the deduplication horizon: watermark - dedup.within"
 
 
@@ -60,8 +69,9 @@ class DedupSeen:
     """What the job that read a batch observed of its deduplication."""
 
     duplicates: int
-    new_ids: pa.Table
-    """``id`` and ``event_us`` of each record let through."""
+    id_files: list[WrittenFile]
+    """The data files the tasks wrote the ids of the records let through to
+    (``SeenIds.commit`` adds them)."""
     late: pa.Table
     """``event_us``, ``reason`` and ``record`` (JSON) of each record sent to the late table."""
 
@@ -75,16 +85,16 @@ class Judged:
 
     def observed(self, metrics: dict[str, object]) -> DedupSeen:
         """The verdicts from the observation's ``metrics`` (``collect.observed``)."""
-        new_ids = [r.asDict() for r in metrics[NEW_IDS]]  # type: ignore[attr-defined]
+        described: list[str] = metrics[ID_FILES]  # type: ignore[assignment]
+        files = [WrittenFile.of(f) for d in described for f in json.loads(d)]
         late = [r.asDict() for r in metrics[LATE_RECORDS]]  # type: ignore[attr-defined]
         return DedupSeen(
             int(metrics[DUPLICATES]),  # type: ignore[call-overload]
-            pa.Table.from_pylist(new_ids, schema=_NEW_ID),
+            files,
             pa.Table.from_pylist(late, schema=_LATE),
         )
 
 
-_NEW_ID = pa.schema([("id", pa.string()), ("event_us", pa.int64())])
 _LATE = pa.schema([("event_us", pa.int64()), ("reason", pa.string()), ("record", pa.string())])
 
 
@@ -96,9 +106,12 @@ class DedupStep:
         self.column = event_time_column
         self.seen_ids = seen_ids
 
-    def judged(self, records: DataFrame, watermark_ms: int | None, version: int | None) -> Judged:
-        """``records`` without duplicates and late ones, judged against the ids held as of
-        ``version``, under ``watermark_ms``; lazy, observed as the first job reads it."""
+    def judged(
+        self, records: DataFrame, watermark_ms: int | None, version: int | None, batch_id: int
+    ) -> Judged:
+        """``records`` of batch ``batch_id`` without duplicates and late ones, judged against
+        the ids held as of ``version``, under ``watermark_ms``; lazy, observed as the first
+        job reads it."""
         missing = {*self.dedup.columns, self.column} - set(records.columns)
         if missing:
             raise PipelineConfigInvalid(
@@ -112,10 +125,16 @@ class DedupStep:
             # A hash of the whole record (maps have no hash of their own: JSON has one).
             .withColumn(ORDER, F.xxhash64(F.to_json(F.struct(*payload))))
         )
-        schema = StructType([*keyed.schema.fields, StructField(VERDICT, ByteType(), False)])
+        schema = StructType(
+            [
+                *keyed.schema.fields,
+                StructField(VERDICT, ByteType(), False),
+                StructField(WRITTEN, StringType()),
+            ]
+        )
         ids = self.seen_ids
         judge = functools.partial(
-            _judge, ids.path, ids.slot_us, version, ids.live_from_us(watermark_ms)
+            _judge, ids.path, ids.slot_us, version, ids.live_from_us(watermark_ms), batch_id
         )
         verdicts = keyed.repartition(KEY).mapInArrow(judge, schema)
         verdict = F.col(VERDICT)
@@ -123,17 +142,12 @@ class DedupStep:
         observed = verdicts.observe(
             seen,
             F.count(F.when(verdict == DUPLICATE, 1)).alias(DUPLICATES),
-            F.collect_list(
-                F.when(
-                    verdict == NEW,
-                    F.struct(F.col(KEY).alias("id"), F.col(EVENT_US).alias("event_us")),
-                )
-            ).alias(NEW_IDS),
+            F.collect_list(F.col(WRITTEN)).alias(ID_FILES),
             F.collect_list(F.when(verdict >= UNTIMED, self._late_record(payload))).alias(
                 LATE_RECORDS
             ),
         )
-        kept = observed.where(verdict == NEW).drop(KEY, EVENT_US, ORDER, VERDICT)
+        kept = observed.where(verdict == NEW).drop(KEY, EVENT_US, ORDER, VERDICT, WRITTEN)
         return Judged(kept, seen)
 
     @staticmethod
@@ -162,10 +176,12 @@ def _judge(
     slot_us: int,
     version: int | None,
     live_from_us: int | None,
+    batch_id: int,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """One task's verdicts (see the module's step 2): its records, each with ``VERDICT``,
-    judged against the ids the seen-ids table at ``path`` held as of ``version``."""
+    judged against the ids the seen-ids table at ``path`` held as of ``version``; the ids
+    of those let through written as data files of that table, described in ``WRITTEN``."""
     parts = [b for b in batches if b.num_rows]
     if not parts:
         return
@@ -184,4 +200,11 @@ def _judge(
     verdicts = np.select(
         [~timed, ~first | held.to_numpy(False), old], [UNTIMED, DUPLICATE, OLD], NEW
     ).astype(np.int8)
-    yield from records.append_column(VERDICT, pa.array(verdicts)).to_batches()
+    let_through = np.flatnonzero(verdicts == NEW)
+    written: list[str | None] = [None] * len(verdicts)
+    if len(let_through):
+        chosen = pa.array(let_through)
+        files = write_ids(path, slot_us, ids.take(chosen), event_us.take(chosen), batch_id)
+        written[let_through[0]] = json.dumps([f.as_dict() for f in files])
+    records = records.append_column(VERDICT, pa.array(verdicts))
+    yield from records.append_column(WRITTEN, pa.array(written, pa.string())).to_batches()

@@ -1,5 +1,7 @@
 """Watermark arithmetic: per-partition watermarks, the pipeline watermark as their
-minimum (a low watermark over its inputs), idle partitions left out.
+minimum (a low watermark over its inputs), idle partitions left out; or, with an
+ingestion-time watermark, the source's ingestion clock minus the maximum event-time
+lag.
 
 Pure functions over plain values, so a replay that feeds the same inputs
 (the batch's recorded offsets and planning time) gets the same watermark.
@@ -68,4 +70,16 @@ def pipeline_watermark(
         or now_ms - t.last_seen_ms < config.idle_timeout
     ]
     candidate = min(active) if active else max(marks.values())
+    return candidate if previous is None else max(previous, candidate)
+
+
+def ingestion_watermark(times: dict[str, int], lag_ms: int, previous: int | None) -> int | None:
+    """The event-time clock of an ingestion-time watermark: the minimum over the source's
+    partitions of their ingestion times (``Source.ingestion_times``: nothing ingested
+    before it is still to come) minus ``lag_ms`` (how long after its event time a record
+    may be written at most). Never below ``previous``; ``previous`` when no partition is
+    known yet."""
+    if not times:
+        return previous
+    candidate = min(times.values()) - lag_ms
     return candidate if previous is None else max(previous, candidate)

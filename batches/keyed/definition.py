@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ImportString
 
 from lowmark.batches.config import UserConfig
+from lowmark.batches.keyed.runtime import declared_states
 
 
 class Keyed(UserConfig):
@@ -44,3 +45,12 @@ class Keyed(UserConfig):
         description="What timers follow: the watermark (event_time) or the batch's "
         "processing time.",
     )
+
+    def semantics(self) -> dict[str, Any]:
+        """What the pipeline's fingerprint holds of this step: its fields and, under
+        ``states``, each state its processor's ``init`` declares (``StateSchema.semantics``;
+        run here, on the driver, without Spark)."""
+        states = declared_states(self.processor)
+        return self.model_dump() | {
+            "states": {name: state.semantics() for name, state in sorted(states.items())}
+        }

@@ -38,6 +38,10 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.keyed.state_schema import StateKind, StateSchema, as_struct
+from lowmark.batches.keyed.state_values import StateCodec
+
 TimeMode = Literal["event_time", "processing_time"]
 Key = tuple[Any, ...]
 StateValues = dict[str, Any]
@@ -48,9 +52,10 @@ state's dict of tuple → tuple (``Handle``)."""
 @dataclass
 class KeyChanges:
     """What a batch changed of one key: the states it wrote (a name → its new value, or
-    ``DELETED``) and its timers."""
+    ``DELETED``), when each expires (processing time in ms; None: never), and its timers."""
 
     states: dict[str, Any] = field(default_factory=dict)
+    expires: dict[str, int | None] = field(default_factory=dict)
     timers_set: set[int] = field(default_factory=set)
     timers_deleted: set[int] = field(default_factory=set)
 
@@ -73,15 +78,24 @@ class Outcome:
 
 
 class Handle:
-    """lowmark's ``StatefulProcessorHandle``: the states and timers of the current key."""
+    """lowmark's ``StatefulProcessorHandle``: the states and timers of the current key.
 
-    def __init__(self) -> None:
+    A state's values are checked against the schema ``init`` declared for it, and kept
+    with its declared Python types (``lowmark.batches.keyed.state_values``); a state
+    with a TTL expires ``ttlDurationMs`` after the processing time of the batch that last
+    wrote it (``processing_ms``), the whole state at once (a list's elements and a map's
+    entries with it)."""
+
+    def __init__(self, processing_ms: int = 0) -> None:
         self.key: Key = ()
         self.states: dict[Key, StateValues] = {}
         self.timers: dict[Key, set[int]] = {}
         self.changes: dict[Key, KeyChanges] = {}
-        self.declared: dict[str, str] = {}
-        """State names as ``init`` declared them: ``value``, ``list`` or ``map``."""
+        self.processing_ms = processing_ms
+        self.declared: dict[str, StateSchema] = {}
+        """The states ``init`` declared, by name."""
+        self.codecs: dict[str, StateCodec] = {}
+        """Their values' codecs, by name."""
 
     def _state(self, name: str) -> Any:
         value = self.states.get(self.key, {}).get(name, DELETED)
@@ -89,13 +103,38 @@ class Handle:
 
     def _write(self, name: str, value: Any) -> None:
         self.states.setdefault(self.key, {})[name] = value
-        self.changes.setdefault(self.key, KeyChanges()).states[name] = value
+        changes = self.changes.setdefault(self.key, KeyChanges())
+        changes.states[name] = value
+        declared = self.declared.get(name)
+        ttl = declared.ttl_ms if declared is not None else None
+        changes.expires[name] = (
+            None if value is DELETED or ttl is None else self.processing_ms + ttl
+        )
 
-    def _declare(self, name: str, kind: str) -> None:
-        if self.declared.setdefault(name, kind) != kind:
-            raise ValueError(
-                f"state {name!r} is declared as {self.declared[name]} state and as {kind}"
+    def _declare(
+        self,
+        name: str,
+        kind: StateKind,
+        schema: object,
+        ttl_ms: int | None,
+        key_schema: object = None,
+    ) -> StateCodec:
+        held = self.declared.get(name)
+        if held is not None and held.kind != kind:
+            raise PipelineConfigInvalid(
+                f"state {name!r} is declared as {held.kind} state and as {kind} state: "
+                "give each state one name"
             )
+        if ttl_ms is not None and ttl_ms < 0:
+            raise PipelineConfigInvalid(
+                f"state {name!r}: ttlDurationMs {ttl_ms} is negative: give a positive TTL, "
+                "or None for values that never expire"
+            )
+        key = as_struct(key_schema, name) if key_schema is not None else None
+        state = StateSchema(name, kind, as_struct(schema, name), key, ttl_ms or None)
+        self.declared[name] = state
+        self.codecs[name] = StateCodec(state)
+        return self.codecs[name]
 
     # The handle's API, named as Spark names it.
 
@@ -105,8 +144,8 @@ class Handle:
         schema: object,
         ttlDurationMs: int | None = None,
     ) -> ValueState:
-        self._declare(stateName, "value")
-        return ValueState(self, stateName)
+        codec = self._declare(stateName, "value", schema, ttlDurationMs)
+        return ValueState(self, stateName, codec)
 
     def getListState(
         self,
@@ -114,8 +153,8 @@ class Handle:
         schema: object,
         ttlDurationMs: int | None = None,
     ) -> ListState:
-        self._declare(stateName, "list")
-        return ListState(self, stateName)
+        codec = self._declare(stateName, "list", schema, ttlDurationMs)
+        return ListState(self, stateName, codec)
 
     def getMapState(
         self,
@@ -124,8 +163,8 @@ class Handle:
         valueSchema: object,
         ttlDurationMs: int | None = None,
     ) -> MapState:
-        self._declare(stateName, "map")
-        return MapState(self, stateName)
+        codec = self._declare(stateName, "map", valueSchema, ttlDurationMs, userKeySchema)
+        return MapState(self, stateName, codec)
 
     def deleteIfExists(self, stateName: str) -> None:
         self._write(stateName, DELETED)
@@ -150,11 +189,18 @@ class Handle:
         return iter(sorted(self.timers.get(self.key, set())))
 
 
-class ValueState:
-    """One value (a tuple) per key."""
+class _State:
+    """A declared state of the handle's current key."""
 
-    def __init__(self, handle: Handle, name: str) -> None:
-        self._handle, self._name = handle, name
+    def __init__(self, handle: Handle, name: str, codec: StateCodec) -> None:
+        self._handle, self._name, self._codec = handle, name, codec
+
+    def clear(self) -> None:
+        self._handle._write(self._name, DELETED)
+
+
+class ValueState(_State):
+    """One value (a tuple) per key."""
 
     def exists(self) -> bool:
         return self._handle._state(self._name) is not None
@@ -164,59 +210,51 @@ class ValueState:
         return tuple(value) if value is not None else None
 
     def update(self, newValue: tuple[Any, ...]) -> None:
-        self._handle._write(self._name, tuple(newValue))
-
-    def clear(self) -> None:
-        self._handle._write(self._name, DELETED)
+        self._handle._write(self._name, self._codec.value.check(newValue))
 
 
-class ListState:
+class ListState(_State):
     """A list of tuples per key."""
-
-    def __init__(self, handle: Handle, name: str) -> None:
-        self._handle, self._name = handle, name
 
     def exists(self) -> bool:
         return bool(self._handle._state(self._name))
 
     def get(self) -> Iterator[tuple[Any, ...]]:
-        return iter([tuple(v) for v in self._handle._state(self._name) or []])
+        return iter(list(self._handle._state(self._name) or []))
 
     def put(self, newState: list[tuple[Any, ...]]) -> None:
-        self._handle._write(self._name, [tuple(v) for v in newState])
+        self._handle._write(self._name, [self._codec.value.check(v) for v in newState])
 
     def appendValue(self, newState: tuple[Any, ...]) -> None:
         self.appendList([newState])
 
     def appendList(self, newState: list[tuple[Any, ...]]) -> None:
         held = list(self._handle._state(self._name) or [])
-        self._handle._write(self._name, held + [tuple(v) for v in newState])
-
-    def clear(self) -> None:
-        self._handle._write(self._name, DELETED)
+        self._handle._write(self._name, held + [self._codec.value.check(v) for v in newState])
 
 
-class MapState:
+class MapState(_State):
     """A map of tuple → tuple per key."""
-
-    def __init__(self, handle: Handle, name: str) -> None:
-        self._handle, self._name = handle, name
 
     def _held(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         return dict(self._handle._state(self._name) or {})
+
+    def _key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
+        assert self._codec.key is not None
+        return self._codec.key.check(key)
 
     def exists(self) -> bool:
         return bool(self._held())
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        return self._held().get(tuple(key))
+        return self._held().get(self._key(key))
 
     def containsKey(self, key: tuple[Any, ...]) -> bool:
-        return tuple(key) in self._held()
+        return self._key(key) in self._held()
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
         held = self._held()
-        held[tuple(key)] = tuple(value)
+        held[self._key(key)] = self._codec.value.check(value)
         self._handle._write(self._name, held)
 
     def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
@@ -230,11 +268,8 @@ class MapState:
 
     def removeKey(self, key: tuple[Any, ...]) -> None:
         held = self._held()
-        if held.pop(tuple(key), None) is not None:
+        if held.pop(self._key(key), None) is not None:
             self._handle._write(self._name, held if held else DELETED)
-
-    def clear(self) -> None:
-        self._handle._write(self._name, DELETED)
 
 
 class KeyedRun:
@@ -247,10 +282,15 @@ class KeyedRun:
         watermark_ms: int | None,
         processing_ms: int,
     ) -> None:
-        self.factory = factory
         self.time_mode = time_mode
         self.watermark_ms = watermark_ms
         self.processing_ms = processing_ms
+        self.handle = Handle(processing_ms)
+        self.processor = factory()
+        self.processor.init(self.handle)  # type: ignore[arg-type]
+        self.codecs = self.handle.codecs
+        """The declared states' codecs, by name: how the states read and written are
+        stored (``lowmark.batches.keyed.state_values``)."""
 
     def run(
         self,
@@ -259,13 +299,12 @@ class KeyedRun:
         timers: dict[Key, set[int]],
     ) -> Outcome:
         """Steps 1-2 of the module's docstring over ``records`` (each key's new records, in
-        event-time order), starting from ``states`` and ``timers`` (every pending timer of the
-        keys that have records, and of those with a timer due)."""
-        handle = Handle()
+        event-time order), starting from ``states`` (each key's states held and not
+        expired, as ``state_values.held_values`` reads them) and ``timers`` (every pending
+        timer of the keys that have records, and of those with a timer due). Once per run."""
+        handle, processor = self.handle, self.processor
         handle.states = {k: dict(v) for k, v in states.items()}
         handle.timers = {k: set(v) for k, v in timers.items()}
-        processor = self.factory()
-        processor.init(handle)  # type: ignore[arg-type]
         values = TimerValues(
             self.processing_ms, self.watermark_ms if self.watermark_ms is not None else -1
         )
@@ -284,6 +323,18 @@ class KeyedRun:
         processor.close()
         return Outcome(output, handle.changes, fired, handle.timers)
 
+    def stored(self, changes: KeyChanges) -> list[tuple[str, str | None, int | None]]:
+        """A key's changed states as ``keyed_state`` rows hold them: (``state``, ``value``,
+        ``expires_ms``), ``value`` None for a cleared one."""
+        return [
+            (
+                name,
+                None if value is DELETED else self.codecs[name].encode(value),
+                changes.expires[name],
+            )
+            for name, value in changes.states.items()
+        ]
+
     def _next_due(self, timers: set[int]) -> int | None:
         """The earliest of ``timers`` that is due now (None: none is)."""
         now = self.watermark_ms if self.time_mode == "event_time" else self.processing_ms
@@ -301,3 +352,22 @@ def _frames(rows: Iterable[Any] | None) -> list[pd.DataFrame]:
 def _order(key: Key) -> str:
     """Keys in one order whatever their types (a replay visits them the same way)."""
     return json.dumps(key, default=str)
+
+
+def declared_states(factory: Callable[[], Any]) -> dict[str, StateSchema]:
+    """The states the processor ``factory`` makes declares in its ``init`` (by name).
+
+    A processor whose ``init`` fails, or declares a schema that does not read, raises
+    ``PipelineConfigInvalid`` naming it."""
+    handle = Handle()
+    name = getattr(factory, "__qualname__", repr(factory))
+    try:
+        factory().init(handle)
+    except PipelineConfigInvalid:
+        raise
+    except Exception as exc:
+        raise PipelineConfigInvalid(
+            f"keyed processor {name}: its init failed ({type(exc).__name__}: {exc}): "
+            "init must only declare states (run it without Spark)"
+        ) from exc
+    return dict(handle.declared)

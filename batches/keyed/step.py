@@ -11,14 +11,18 @@ Per batch (``KeyedStep.processed``):
    executors) reads, with delta-rs as of the versions the driver pinned
    (``lowmark.state.keyed_state.Pinned``), the timers of its buckets that are
    due and the states of the keys its records or due timers name, runs the
-   processor (``lowmark.batches.keyed.runtime``), and yields the processor's
-   output rows and one change row per state or timer the batch changed.
-3. The job that reads the batch observes the change rows and the late records
-   as it runs; the output rows go on to the sink. The driver appends the
-   changes in the batch's state step, once per table.
+   processor (``lowmark.batches.keyed.runtime``), writes one change row per
+   state or timer the batch changed as data files of the state and timer
+   tables (``Pinned.written``: nothing committed), and yields the processor's
+   output rows and one descriptor row per file it wrote.
+3. The job that reads the batch observes the file descriptors and the late
+   records as it runs; the output rows go on to the sink. The driver commits
+   the files in the batch's state step, once per table
+   (``KeyedTables.write``).
 
-The change rows of the keys a batch touched reach the driver (as a windowed
-batch's window changes do); the per-key work runs on the executors.
+Neither the keys a batch touched nor their changes reach the driver: only
+the files' descriptors do, a few per task, so a batch scales with the
+cluster.
 """
 
 from __future__ import annotations
@@ -40,19 +44,22 @@ from pyspark.sql.types import StringType, StructField, StructType
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import UNTIMED, late_struct
 from lowmark.batches.keyed.definition import Keyed
-from lowmark.batches.keyed.runtime import DELETED, Key, KeyedRun, TimeMode
+from lowmark.batches.keyed.runtime import Key, KeyedRun, TimeMode
+from lowmark.batches.keyed.state_values import held_values
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from lowmark.state.keyed_state import (
     BUCKET,
     BUCKETS,
-    SLOT,
     STATE,
-    TIMER_INDEX,
+    STATE_TABLE,
+    TIMER_CHANGE,
+    TIMER_TABLE,
     TIMERS,
     KeyedTables,
     Pinned,
     key_json,
 )
+from lowmark.state.task_appends import WrittenFile
 
 MARKER = "_lowmark_marker"
 EVENT_MS = "_lowmark_event_ms"
@@ -68,10 +75,9 @@ class KeyedSeen:
 
     records: int
     """Records the processor was given."""
-    states: pa.Table
-    """Rows of ``keyed_state`` the batch writes (``STATE``)."""
-    timers: pa.Table
-    """Rows of ``keyed_timers`` the batch writes (``TIMER_INDEX`` without the slot)."""
+    files: dict[str, list[WrittenFile]]
+    """The data files of the batch's changes the tasks wrote, by table name
+    (``Pinned.written``): what ``KeyedTables.write`` commits."""
     late: pa.Table
     """``event_us``, ``reason``, ``record`` of each record sent to the late table."""
 
@@ -79,7 +85,8 @@ class KeyedSeen:
 @dataclass(frozen=True)
 class Processed:
     """A batch's keyed step, lazily: the processor's output rows, and the observations of
-    the records it was given (``seen``) and of the changes it made (``changes``)."""
+    the records it was given (``seen``) and of the files its changes were written to
+    (``changes``)."""
 
     output: DataFrame
     seen: Observation
@@ -87,23 +94,13 @@ class Processed:
     batch_id: int
 
     def observed(self, seen: dict[str, Any], changes: dict[str, Any]) -> KeyedSeen:
-        """The step's counts and changes from the observations' metrics
+        """The step's counts and written files from the observations' metrics
         (``collect.observed``)."""
-        states, timers = [], []
-        for change in (json.loads(c) for c in changes[CHANGES]):
-            if change.pop("kind") == "state":
-                states.append(change | {"batch_id": self.batch_id})
-            else:
-                timers.append(change | {"batch_id": self.batch_id})
+        files: dict[str, list[WrittenFile]] = {STATE_TABLE: [], TIMER_TABLE: []}
+        for written in (json.loads(c) for c in changes[CHANGES]):
+            files[written["table"]].append(WrittenFile.of(written["file"]))
         late = [r.asDict() for r in seen[LATE]]
-        return KeyedSeen(
-            int(seen[INTO]),
-            pa.Table.from_pylist(states, schema=STATE),
-            pa.Table.from_pylist(
-                timers, schema=TIMER_INDEX.remove(TIMER_INDEX.get_field_index(SLOT))
-            ),
-            pa.Table.from_pylist(late, schema=_LATE),
-        )
+        return KeyedSeen(int(seen[INTO]), files, pa.Table.from_pylist(late, schema=_LATE))
 
 
 _LATE = pa.schema([("event_us", pa.int64()), ("reason", pa.string()), ("record", pa.string())])
@@ -175,6 +172,7 @@ class KeyedStep:
             processing_ms,
             keyed.keys,
             payload,
+            batch_id,
             to_arrow_schema(output, timezone="UTC"),
         )
         changes = Observation()
@@ -200,10 +198,12 @@ def _process(
     processing_ms: int,
     key_columns: tuple[str, ...],
     payload: list[str],
+    batch_id: int,
     schema: pa.Schema,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """One task of step 2: its buckets' records through the processor; output and change rows."""
+    """One task of step 2: its buckets' records through the processor; its changes written
+    as data files; output rows and one descriptor row per file."""
     parts = [b for b in batches if b.num_rows]
     if not parts:
         return
@@ -226,21 +226,22 @@ def _process(
     bucket_of.update(due_keys)
     keys_of = {key_json(k): k for k in by_key} | {k: tuple(json.loads(k)) for k in due_keys}
     held = pinned.states(buckets, keys_of)
-    states: dict[Key, dict[str, Any]] = {}
+    run = KeyedRun(factory, time_mode, watermark_ms, processing_ms)
+    rows_of: dict[Key, list[tuple[str, str | None, int | None]]] = {}
     timers: dict[Key, set[int]] = {}
-    for k, name, value in zip(
+    for k, name, value, expires_ms in zip(
         held.column("key").to_pylist(),
         held.column("state").to_pylist(),
         held.column("value").to_pylist(),
+        held.column("expires_ms").to_pylist(),
         strict=True,
     ):
-        if value is None:
-            continue
         if name == TIMERS:
-            timers[keys_of[k]] = set(json.loads(value))
+            if value is not None:
+                timers[keys_of[k]] = set(json.loads(value))
         else:
-            states.setdefault(keys_of[k], {})[name] = _loaded(json.loads(value))
-    run = KeyedRun(factory, time_mode, watermark_ms, processing_ms)
+            rows_of.setdefault(keys_of[k], []).append((name, value, expires_ms))
+    states = {key: held_values(rows, run.codecs, processing_ms) for key, rows in rows_of.items()}
     outcome = run.run(by_key, states, {keys_of[k]: timers.get(keys_of[k], set()) for k in keys_of})
     if outcome.output:
         out = pd.concat(outcome.output, ignore_index=True)
@@ -251,15 +252,14 @@ def _process(
     changes = []
     for key, change in outcome.changes.items():
         k = key_json(key)
-        for name, value in change.states.items():
-            stored = None if value is DELETED else json.dumps(_stored(value), default=str)
+        for name, stored, expires_ms in run.stored(change):
             changes.append(
                 {
                     "kind": "state",
                     "key": k,
                     "state": name,
                     "value": stored,
-                    "expires_ms": None,
+                    "expires_ms": expires_ms,
                     "_lowmark_bucket": bucket_of[k],
                 }
             )
@@ -296,30 +296,24 @@ def _process(
                 }
             )
     if changes:
+        state_rows = [c | {"batch_id": batch_id} for c in changes if c["kind"] == "state"]
+        timer_rows = [c | {"batch_id": batch_id} for c in changes if c["kind"] == "timer"]
+        written = pinned.written(
+            pa.Table.from_pylist(state_rows, schema=STATE),
+            pa.Table.from_pylist(timer_rows, schema=TIMER_CHANGE),
+            batch_id,
+        )
+        described = [
+            json.dumps({"table": table, "file": f.as_dict()})
+            for table, files in written.items()
+            for f in files
+        ]
         blank = {
-            name: pa.nulls(len(changes), schema.field(name).type)
+            name: pa.nulls(len(described), schema.field(name).type)
             for name in schema.names
             if name != CHANGE
         }
         yield pa.table(
-            {**blank, CHANGE: pa.array([json.dumps(c) for c in changes], pa.string())},
+            {**blank, CHANGE: pa.array(described, pa.string())},
             schema=schema,
         ).to_batches()[0]
-
-
-def _stored(value: Any) -> Any:
-    """A state's value as JSON holds it (a map state's dict as a list of pairs)."""
-    if isinstance(value, dict):
-        return {"map": [[list(k), list(v)] for k, v in value.items()]}
-    if isinstance(value, list):
-        return {"list": [list(v) for v in value]}
-    return {"value": list(value)}
-
-
-def _loaded(stored: dict[str, Any]) -> Any:
-    """``_stored``'s inverse."""
-    if "map" in stored:
-        return {tuple(k): tuple(v) for k, v in stored["map"]}
-    if "list" in stored:
-        return [tuple(v) for v in stored["list"]]
-    return tuple(stored["value"])

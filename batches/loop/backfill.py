@@ -47,6 +47,7 @@ from pyspark.sql import functions as F
 from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
 from lowmark.batches.event_time.dedup import first_of_each_id
 from lowmark.batches.event_time.stage import WindowedStage, window_state
+from lowmark.batches.expectations import Checks
 from lowmark.batches.pipeline import Pipeline, resolve
 from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Range
@@ -93,7 +94,8 @@ def backfill_partition(
     Step 2. Refuse a partition the watermark has not closed (unless ``force``), or
             whose windows are still in state.
     Step 3. Read the committed history from the source (refused, the sink unchanged, when
-            the source no longer holds all of it) and transform it.
+            the source no longer holds all of it), transform it and leave out what the
+            ``drop`` expectations drop (and, deduplicating, each id's repeats).
     Step 4. Aggregate it as one batch; keep the windows that start in the partition.
     Step 5. Replace the slice of the sink, idempotently.
     """
@@ -153,6 +155,9 @@ def backfill_partition(
         )
     read = source.read(history.start, history.end, done.batch_id, strict=True)
     records = pipeline.transformed(read.records)
+    checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
+    if checks.drops:  # what the stream's batches dropped never counted in a window
+        records = records.where(~checks.dropped())
     if pipeline.dedup is not None:  # each id once in the whole history, as the stream keeps it
         records = first_of_each_id(records, pipeline.dedup, event_time.column)
 

@@ -72,6 +72,10 @@ class BatchResult(_Json):
     (``PipelineListener.wants_backlog``), else None."""
     rows_duplicate: int | None = None
     """Records deduplication dropped as duplicates (None: the pipeline has no ``dedup``)."""
+    ingestion_ms: dict[str, int] | None = None
+    """With an ingestion-time watermark, per source partition, the source's ingestion time
+    past the batch's end when it was planned (``watermark_ms`` is the minimum minus the
+    maximum event-time lag); None otherwise."""
 
 
 FailedKind = Literal["data", "operational", "transient"]

@@ -291,6 +291,7 @@ class MicroBatchRunner:
             source_identity=planned.identity,
             input_skipped=planned.skipped.counts if planned.skipped else {},
             waiting_partitions=list(planned.waiting),
+            ingestion_ms=planned.ingestion,
         )
         if not planned.replay:
             # A custom sink's history is not lowmark's to read: the sink checks its own.
@@ -384,8 +385,8 @@ class MicroBatchRunner:
                 versions["state"] = state_version
         dedup = parts.work.dedup
         if dedup is not None and seen.judged is not None:
-            if seen.judged.new_ids.num_rows:
-                dedup.seen_ids.add(seen.judged.new_ids, batch_id)
+            if seen.judged.id_files:
+                dedup.seen_ids.commit(seen.judged.id_files, batch_id)
             dedup.seen_ids.purge(planned.watermark_ms, batch_id)
             ids_version = dedup.seen_ids.after()
             if ids_version is not None:
@@ -393,7 +394,7 @@ class MicroBatchRunner:
         keyed, next_timer_ms = parts.work.keyed, None
         if keyed is not None and seen.keyed is not None:
             ran_at = keyed.ran_at(planned.watermark_ms, planned.planned_at_ms)
-            keyed.tables.write(seen.keyed.states, seen.keyed.timers, batch_id, ran_at)
+            keyed.tables.write(seen.keyed.files, batch_id, ran_at)
             versions.update(keyed.tables.versions())
             next_timer_ms = keyed.tables.next_pending(ran_at)
         timer.lap("state")
@@ -501,6 +502,7 @@ class MicroBatchRunner:
             committed_at_ms=self.clock.now_ms(),
             backlog=self._backlog(planned.end) if self.listeners.want_backlog else None,
             rows_duplicate=duplicates if parts.work.dedup is not None else None,
+            ingestion_ms=planned.ingestion,
         )
         self.listeners.batch_progress(result)
         return result

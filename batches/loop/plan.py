@@ -18,11 +18,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from lowmark.batches.clock import Clock
+from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import WindowedStage
-from lowmark.batches.event_time.watermarks import PartitionTime, observe, pipeline_watermark
+from lowmark.batches.event_time.watermarks import (
+    PartitionTime,
+    ingestion_watermark,
+    observe,
+    pipeline_watermark,
+)
+from lowmark.batches.keyed.state_schema import refusal
 from lowmark.batches.loop.poison import blocked
 from lowmark.batches.pipeline import Pipeline, definition_changes
 from lowmark.batches.sources.base import Range, Skipped, Source, check_identity
@@ -55,6 +62,9 @@ class PlannedBatch:
     it) passes over (``on_data_loss: skip``)."""
     waiting: tuple[str, ...] = ()
     """Source partitions with records past ``end`` when planned (recorded in the offset log)."""
+    ingestion: dict[str, int] | None = None
+    """With an ingestion-time watermark, each partition's ingestion time past ``end`` when
+    planned (recorded in the offset log): where the next batch's clock starts."""
 
     @property
     def range(self) -> Range:
@@ -185,7 +195,7 @@ class Planner:
         # (``lowmark.batches.loop.start_over``): a dry run answers with the batch 0 it replaces.
         first = done is None and latest.batch_id == 0 and latest.pipeline_definition is not None
         if latest.pipeline_fingerprint != self.fingerprint and not (dry_run and first):
-            raise self._changed(latest)
+            self._check_states_evolved(latest)
         if done is not None and done.batch_id == latest.batch_id:
             return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
@@ -202,6 +212,7 @@ class Planner:
                 identity=latest.source_identity,
                 skipped=_recorded_skip(latest),
                 waiting=tuple(latest.waiting_partitions),
+                ingestion=latest.ingestion_ms,
             )
         raise CheckpointCorrupt(
             f"checkpoint {self.location} is inconsistent: latest offsets batch "
@@ -209,6 +220,25 @@ class Planner:
             f"{latest.batch_id} or {latest.batch_id - 1}. Restore both logs from one backup, "
             "or start over with `lowmark reset`"
         )
+
+    def _check_states_evolved(self, latest: OffsetEntry) -> None:
+        """Accept a definition that differs from the one ``latest`` was planned with only in
+        its keyed step's state schemas, where the values held read under the new ones
+        (``state_schema.refusal``; a checkpoint from before state schemas were recorded
+        reads under any); raise ``FingerprintMismatch`` otherwise, naming the state and
+        field when only state schemas changed."""
+        recorded = latest.pipeline_definition
+        if recorded is None or _without_states(recorded) != _without_states(self.definition):
+            raise self._changed(latest)
+        problem = refusal(recorded["keyed"].get("states"), self.definition["keyed"]["states"])
+        if problem is not None:
+            name = self.pipeline.name
+            raise FingerprintMismatch(
+                f"pipeline {name}: {problem} since its checkpoint {self.location} was written, "
+                f"so the values held no longer read: restore the old schema (add a new "
+                f"nullable field instead), or start over with `lowmark reset {name} "
+                "--truncate-sink`"
+            )
 
     def _changed(self, latest: OffsetEntry) -> FingerprintMismatch:
         """The error for a definition that differs from the one ``latest`` was planned with,
@@ -252,10 +282,17 @@ class Planner:
         end = self.source.plan(start, batch_id, record=not dry_run)
         waiting = self.source.waiting_partitions(end)
         watermark = done.next_watermark_ms if done else None
-        if self.pipeline.event_time is not None and done is not None:
+        event_time, ingestion = self.pipeline.event_time, None
+        if event_time is not None and event_time.watermark is not None:
+            # The batch's records were all ingested at or after the clock at its start;
+            # the clock at its end is where the next batch starts.
+            lag = event_time.watermark.max_event_time_lag
+            watermark = ingestion_watermark(self._ingestion_times(start, now), lag, watermark)
+            ingestion = self._ingestion_times(end, now)
+        elif event_time is not None and done is not None:
             parts = self.partition_times(done)
             active = self.with_records(Range(batch_id, start, end), waiting)
-            watermark = pipeline_watermark(parts, self.pipeline.event_time, now, watermark, active)
+            watermark = pipeline_watermark(parts, event_time, now, watermark, active)
         if end == start and skipped is None and not self._timer_due(done, watermark, now):
             previous_watermark = latest.batch_watermark_ms if latest else None
             if watermark is None or watermark == previous_watermark or self.stage is None:
@@ -264,8 +301,19 @@ class Planner:
             if not self.stage.would_emit(state_version, watermark):
                 return None
         return PlannedBatch(
-            batch_id, start, end, watermark, False, now, done, identity, skipped, waiting
+            batch_id, start, end, watermark, False, now, done, identity, skipped, waiting, ingestion
         )
+
+    def _ingestion_times(self, position: Offsets, now: int) -> dict[str, int]:
+        """The source's ingestion times at ``position`` (``Source.ingestion_times``)."""
+        times = self.source.ingestion_times(position, now)
+        if times is None:
+            raise PipelineConfigInvalid(
+                f"pipeline {self.pipeline.name}: its {self.pipeline.source.kind} source keeps "
+                "no ingestion clock: remove `event_time.watermark` (the watermark then "
+                "follows the event times seen)"
+            )
+        return times
 
     def _timer_due(self, done: CommitEntry | None, watermark: int | None, now: int) -> bool:
         """Whether a keyed step's earliest pending timer is due: a batch then runs with no
@@ -350,6 +398,11 @@ class Planner:
             return {}, planned.watermark_ms
         known = self.partition_times(planned.previous) if planned.previous else {}
         partitions = observe(known, max_event_ms, planned.planned_at_ms)
+        if event_time.watermark is not None:
+            lag = event_time.watermark.max_event_time_lag
+            return partitions, ingestion_watermark(
+                planned.ingestion or {}, lag, planned.watermark_ms
+            )
         watermark = pipeline_watermark(
             partitions,
             event_time,
@@ -392,3 +445,11 @@ def _ms(moment: datetime) -> int:
     """Epoch milliseconds of ``moment``, exactly (no float rounding: a replay must plan
     with the very processing time the batch was planned with)."""
     return (moment - EPOCH) // timedelta(milliseconds=1)
+
+
+def _without_states(definition: dict[str, Any]) -> dict[str, Any]:
+    """``definition`` (``Pipeline.definition``) without its keyed step's state schemas."""
+    keyed = definition.get("keyed")
+    if not isinstance(keyed, dict):
+        return definition
+    return definition | {"keyed": {k: v for k, v in keyed.items() if k != "states"}}

@@ -247,6 +247,15 @@ class Source(ABC):
         that has some waiting."""
         return ()
 
+    def ingestion_times(self, position: Offsets, observed_ms: int) -> dict[str, int] | None:
+        """Per source partition, the exclusive minimum ingestion time of the records at or
+        past ``position`` (an offset ``plan`` returned, or the start it was given), as the
+        source stood when ``plan`` looked at ``observed_ms``: the ingestion time of the
+        first record there, or ``observed_ms`` when nothing is there (whatever comes is
+        written after). Recorded ingestion times only, so a replay gets the same answer.
+        None (the default): this source has no ingestion clock."""
+        return None
+
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """What the range ``[start, end)`` holds, one item a line, as an operator would name
         it (a file; by default, the offsets): of any range ``plan`` returned, a dry run's

@@ -72,6 +72,9 @@ class Commit:
     """What the change feed reads of the version: its change-data files if it wrote any,
     else the files it added and removed with ``dataChange``."""
     metadata: Metadata | None
+    timestamp_ms: int | None = None
+    """When it was committed: its in-commit timestamp where the table has them, else the
+    writer's ``commitInfo.timestamp`` (None: the commit records neither)."""
 
 
 def _data_file(action: dict[str, Any]) -> DataFile:
@@ -94,6 +97,7 @@ def parse_commit(version: int, lines: list[str]) -> Commit:
     added, removed, cdc = [], [], []
     metadata = None
     operation = "?"
+    timestamp = None
     rewrites = False
     for action in actions:
         if "add" in action and action["add"].get("dataChange", True):
@@ -106,7 +110,9 @@ def parse_commit(version: int, lines: list[str]) -> Commit:
         elif "metaData" in action:
             metadata = _metadata(action["metaData"])
         elif "commitInfo" in action:
-            operation = str(action["commitInfo"].get("operation", "?"))
+            info = action["commitInfo"]
+            operation = str(info.get("operation", "?"))
+            timestamp = info.get("inCommitTimestamp", info.get("timestamp"))
     added.sort(key=lambda f: f.path)
     return Commit(
         version,
@@ -115,6 +121,7 @@ def parse_commit(version: int, lines: list[str]) -> Commit:
         bool(removed) or rewrites,
         tuple(cdc) if cdc else tuple(added + removed),
         metadata,
+        int(timestamp) if timestamp is not None else None,
     )
 
 

@@ -405,6 +405,19 @@ class DeltaStreamSource(Source):
             "delta.deletedFileRetentionDuration, or VACUUM's RETAIN"
         )
 
+    def ingestion_times(self, position: Offsets, observed_ms: int) -> dict[str, int]:
+        """A version's ingestion time is its commit timestamp (``Commit.timestamp_ms``): the
+        earliest of the versions from ``position`` on (writers' clocks may disagree), else
+        ``observed_ms`` (a version not committed yet is committed later). A version that
+        records no timestamp counts as committed at time 0."""
+        self._check_exists()
+        version = position["version"]
+        earliest = observed_ms
+        while (commit := self.log.commit(version)) is not None:
+            at = commit.timestamp_ms if commit.timestamp_ms is not None else 0
+            earliest, version = min(earliest, at), version + 1
+        return {PARTITION: earliest}
+
     def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
         """The table is one partition: a range that moved reads it."""
         return (PARTITION,) if start != end else ()

@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
 
+from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import (
     SourceFileChanged,
     SourceFileMissing,
@@ -74,8 +75,12 @@ class FileStreamSource(Source):
         manifest: FileManifest,
         schema_store: SourceSchema,
         archive: str | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock``: what a discovered file's listing time (its ingestion time) is read
+        from; the system clock by default."""
         self._spark = provider(spark)
+        self.clock = clock or SystemClock()
         self.config = config
         self.storage = SourceFolder(
             self._spark, folder, archive, None if config.partition_by_folder else PARTITION
@@ -101,7 +106,7 @@ class FileStreamSource(Source):
             schema = SourceSchema(f"{checkpoint}/schema", ":schema")
         archive = resolve(config.archive_dir, data_root) if config.archive_dir else None
         folder = resolve(config.path, data_root)
-        return cls(context.spark, config, folder, manifest, schema, archive)
+        return cls(context.spark, config, folder, manifest, schema, archive, context.clock)
 
     @property
     def spark(self) -> SparkSession:
@@ -134,7 +139,7 @@ class FileStreamSource(Source):
             # Recorded against the table's newest version (this runner's copy may be
             # stale: another runner may have recorded some of them), then the table's
             # files are taken, never this list: offsets cover recorded files only.
-            self.manifest.record(found, batch_id)
+            self.manifest.record(found, batch_id, self.clock.now_ms())
             known = self._manifest(refresh=True)
         pending = [f for f in known if f.seq >= start.get(f.partition, 0)]
         end = dict(start)
@@ -378,6 +383,24 @@ class FileStreamSource(Source):
 
     def input_bytes(self, start: Offsets, end: Offsets) -> int:
         return sum(f.size for f in self._in_range(start, end))
+
+    def ingestion_times(self, position: Offsets, observed_ms: int) -> dict[str, int]:
+        """A file's ingestion time is when the planning that recorded it listed it (the
+        manifest's ``discovered_ms``): per partition, that of its first file at or past
+        ``position``, else ``observed_ms`` (a file not listed yet is listed later). A file
+        recorded before lowmark kept the time counts as written at time 0: it holds its
+        partition's clock back until a batch takes it. A dry run's unrecorded files count
+        as listed at ``observed_ms``."""
+        times = {p: observed_ms for p in self.initial_offsets()}
+        known = self._manifest()
+        for f in known:
+            times.setdefault(f.partition, observed_ms)
+            if f.seq >= position.get(f.partition, 0):
+                listed = f.discovered_ms if f.discovered_ms is not None else 0
+                times[f.partition] = min(times.get(f.partition, observed_ms), listed)
+        for f in self._planned(refresh=False)[len(known) :]:  # a dry run's unrecorded files
+            times.setdefault(f.partition, observed_ms)
+        return times
 
     def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
         """The partitions with files past ``end`` that the last ``plan`` found."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +48,7 @@ from confluent_kafka import (
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -126,6 +127,8 @@ class KafkaStreamSource(Source):
         )
         self._planned_latest: Offsets = {}
         """Each partition's latest offset as the last ``plan`` asked the brokers."""
+        self._stamped: dict[str, bool] = {}
+        """Per topic asked, whether it is stamped with the broker's append time."""
 
     @classmethod
     def from_config(cls, config: KafkaSource, context: SourceContext) -> KafkaStreamSource:
@@ -407,6 +410,60 @@ class KafkaStreamSource(Source):
             f"Kafka deleted records the batches read ({', '.join(lost)}; retention): keep them "
             "longer with the topic's retention.ms"
         )
+
+    def ingestion_times(self, position: Offsets, observed_ms: int) -> dict[str, int]:
+        """Per partition, against the latest offsets the last ``plan`` saw (at
+        ``observed_ms``): a partition read to that end gets ``observed_ms`` (every record past
+        it was appended after the look). One with records waiting gets, in a topic whose
+        ``message.timestamp.type`` is ``LogAppendTime``, the broker's append time of its
+        first record at or past ``position``; in a ``CreateTime`` topic 0: when those were
+        appended is unknown, so the clock waits (at the time the batch before last looked)
+        until they are read."""
+        latest = self._planned_latest
+        waiting = {k: position.get(k, 0) for k, n in latest.items() if position.get(k, 0) < n}
+        appended = self._log_append_time(sorted({split_key(k)[0] for k in waiting}))
+        stamps = self._first_stamps({k: p for k, p in waiting.items() if appended[split_key(k)[0]]})
+        times = dict.fromkeys({*latest, *position}, observed_ms)
+        for key in waiting:
+            times[key] = min(observed_ms, stamps.get(key, 0))
+        return times
+
+    def _log_append_time(self, topics: list[str]) -> dict[str, bool]:
+        """Whether each of ``topics`` stamps records with the broker's append time."""
+        asked = [ConfigResource(ResourceType.TOPIC, t) for t in topics if t not in self._stamped]
+        if asked:
+            futures = self.admin().describe_configs(asked, request_timeout=TIMEOUT_S)
+            for resource, future in futures.items():
+                kind = future.result().get("message.timestamp.type")
+                self._stamped[resource.name] = kind is not None and kind.value == "LogAppendTime"
+        return {t: self._stamped[t] for t in topics}
+
+    def _first_stamps(self, positions: Offsets) -> dict[str, int]:
+        """The timestamp of the first record at or past each partition's position (one
+        consumer assigned to all of them; a partition that answers nothing in time is left
+        out)."""
+        if not positions:
+            return {}
+        consumer = Consumer(
+            {
+                **self._client,
+                "group.id": self.group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",  # a position retention deleted: the next one
+            }
+        )
+        try:
+            consumer.assign([TopicPartition(*split_key(k), p) for k, p in positions.items()])
+            found: dict[str, int] = {}
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(found) < len(positions) and time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=len(positions), timeout=1.0):
+                    topic, partition = message.topic(), message.partition()
+                    if message.error() is None and topic is not None and partition is not None:
+                        found.setdefault(partition_key(topic, partition), message.timestamp()[1])
+            return found
+        finally:
+            consumer.close()
 
     def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
         """The partitions whose latest offset, when the last ``plan`` asked, was past ``end``

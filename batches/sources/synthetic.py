@@ -15,6 +15,7 @@ bad record with its raw text) or the plain records.
 
 from __future__ import annotations
 
+import math
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Observation
@@ -144,6 +145,23 @@ class SyntheticStreamSource(Source):
             p.cast("string").alias(PARTITION_COLUMN),
             kind.alias("_kind"),
         ]
+
+    def ingestion_times(self, position: Offsets, observed_ms: int) -> dict[str, int]:
+        """Paced, record ``i`` is produced once its partition's count passes it, at ``start +
+        (i + 1) / rows_per_second``: per partition that time for the first record at or past
+        ``position`` if it is produced by ``observed_ms``, else ``observed_ms``. Unpaced,
+        every record exists from ``start``."""
+        rate = self.config.rows_per_second
+        times = {}
+        for p, produced in self._available().items():
+            at = position.get(p, 0)
+            if at >= produced:
+                times[p] = observed_ms
+            elif rate is None:
+                times[p] = min(self.start_ms, observed_ms)
+            else:
+                times[p] = min(self.start_ms + math.ceil((at + 1) * 1000 / rate), observed_ms)
+        return times
 
     def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
         """The partitions that have produced records past ``end`` by now."""

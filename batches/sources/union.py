@@ -116,6 +116,18 @@ class UnionStreamSource(Source):
         prefix = F.lit(name + SEPARATOR)
         return records.withColumn(PARTITION_COLUMN, F.concat(prefix, F.col(PARTITION_COLUMN)))
 
+    def ingestion_times(self, position: Offsets, observed_ms: int) -> dict[str, int] | None:
+        """Each source's ingestion times, named as the union names its partitions: the clock
+        is the minimum over every partition of every source. None when a source keeps no
+        ingestion clock."""
+        times: dict[str, int] = {}
+        for name, part in self.parts.items():
+            found = part.ingestion_times(own(position, name), observed_ms)
+            if found is None:
+                return None
+            times |= named(found, name)
+        return times
+
     def partitions(self, start: Offsets, end: Offsets) -> tuple[str, ...]:
         return tuple(
             sorted(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lowmark.state.keyed_state import BUCKET, STATE, compact_latest, latest
+from lowmark.state.keyed_state import BUCKET, STATE, compact_latest, held, latest
 from lowmark.state.table import DriverTable
 
 
@@ -63,3 +63,40 @@ def test_compaction_keeps_the_newest_values_and_drops_cleared_ones(tmp_path: Pat
     assert len(after) == len(held)
     # The version a pending replay reads is still there, unchanged.
     assert table.read(None, before).num_rows == len(rows)
+
+
+def test_compaction_drops_values_expired_by_the_last_batch_and_keeps_those_without_ttl(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(5)
+    rows = _rows(rng, 12)
+    for row in rows:  # half the values with a TTL, expiring 15 ms after their batch's 10 ms
+        row["expires_ms"] = None if rng.random() < 0.5 else int(str(row["batch_id"])) * 10 + 15
+    table = DriverTable(str(tmp_path / "keyed_state"), STATE, partition_by=(BUCKET,))
+    table.append_once(pa.Table.from_pylist(rows, schema=STATE), "app", 0)
+    compact_latest(table, expired_by_ms=80)
+
+    newest: dict[tuple[object, object], dict[str, object]] = {}
+    for row in sorted(rows, key=lambda r: int(str(r["batch_id"]))):
+        newest[(row["key"], row["state"])] = row
+    held = {
+        k: r["value"]
+        for k, r in newest.items()
+        if r["value"] is not None and (r["expires_ms"] is None or int(str(r["expires_ms"])) > 80)
+    }
+    after = table.read().to_pylist()
+    assert {(r["key"], r["state"]): r["value"] for r in after} == held
+    assert {r["expires_ms"] is None for r in after} == {True, False}
+
+
+def test_a_key_whose_every_state_expired_is_not_held(tmp_path: Path) -> None:
+    def row(key: str, state: str, expires_ms: int | None) -> dict[str, object]:
+        return {"key": key, "state": state, "value": "{}", "expires_ms": expires_ms,
+                "batch_id": 0, BUCKET: 0}  # fmt: skip
+
+    rows = [row("[1]", "a", 100), row("[1]", "b", None), row("[2]", "a", 100), row("[3]", "a", 101)]
+    table = DriverTable(str(tmp_path / "keyed_state"), STATE, partition_by=(BUCKET,))
+    table.append_once(pa.Table.from_pylist(rows, schema=STATE), "app", 0)
+    timers = str(tmp_path / "keyed_timers")
+    assert held(table.path, timers).keys == 3
+    assert held(table.path, timers, now_ms=100).keys == 2  # key 2's only state expired

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, SourceFileMissing
+from lowmark.batches.expectations import Expectation
 from lowmark.batches.loop.backfill import backfill_partition
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.maintenance import maintain_checkpoint
@@ -340,4 +341,21 @@ def test_a_backfill_after_maintenance_twice_on_an_idle_pipeline_reads_the_last_c
     assert maintain_checkpoint(spark, PIPELINE, tmp_path) is not None
     assert backfill_partition(spark, PIPELINE, tmp_path, *hour(0)).windows == 3
     expected = in_hour(reference(spark, tmp_path, WINDOW), 0)
+    assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)
+
+
+def test_a_backfill_drops_what_the_drop_expectations_drop_as_the_stream_did(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    valid = Expectation(name="valid_amount", condition="amount >= 0", on_violation="drop")
+    pipeline = PIPELINE.model_copy(update={"expectations": (valid,)})
+    negative = [[event("b", 7, -100), event("a", 9, -1)], [], [event("b", 4, -7)], []]
+    drop_batches(tmp_path, [b + n for b, n in zip(STREAMED, negative, strict=True)])
+    results = MicroBatchRunner(spark, pipeline, tmp_path).run(max_batches=None)
+    assert sum(r.violations["valid_amount"] for r in results) == 3
+    backfill_partition(spark, pipeline, tmp_path, *hour(0))
+    # Hour 0 equals a plain batch over every record the expectation keeps, late ones included.
+    kept = tmp_path / "kept"
+    drop_batches(kept, STREAMED)
+    expected = in_hour(reference(spark, kept, WINDOW), 0)
     assertDataFrameEqual(in_hour(sink(spark, tmp_path), 0), expected)

@@ -30,7 +30,13 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, EventTimePartitions, KafkaSource, Pipeline
 from lowmark.batches.sources.base import PARTITION_COLUMN
 from lowmark.batches.sources.kafka import KafkaStreamSource
-from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
+from lowmark.batches.windows import (
+    Aggregate,
+    EventTime,
+    IngestionWatermark,
+    Tumbling,
+    WindowedAggregation,
+)
 from lowmark.orchestration.assets import pipeline_assets
 from lowmark.orchestration.jobs import microbatch_job
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
@@ -525,3 +531,45 @@ def test_a_batch_slower_than_the_idle_timeout_makes_no_waiting_record_late(
         delta_frame(spark, str(data_root / "timeout/out")),
         delta_frame(spark, str(data_root / "none/out")),
     )
+
+
+def test_with_log_append_time_a_backlog_read_later_gives_the_live_runs_clock_and_windows(
+    spark: SparkSession, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """A topic stamped by the broker's append time drives an ingestion-time watermark: read
+    as it is written (a batch per produce) and read an hour later (a batch per produce's
+    worth of records), the clocks, windows and late records are the same."""
+    topic = f"t_{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1, {"message.timestamp.type": "LogAppendTime"})
+    lag = IngestionWatermark(strategy="ingestion_time", max_event_time_lag="30 seconds")
+    pipeline = Pipeline(
+        name="clock",
+        source=config(kafka, topic, max_offsets_per_batch=3),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts", watermark=lag),
+        aggregation=WindowedAggregation(
+            keys=("user",),
+            window=Tumbling(size="10 seconds"),
+            aggregates=(Aggregate(fn="count"), Aggregate(fn="sum", column="amount")),
+        ),
+    )
+    live = FakeClock()
+    for seconds_ago in [(28, 3, 14), (25, 12, 2), (6, 75, 1), (20, 1, 9)]:  # 75: beyond the lag
+        now = time.time()
+        kafka.produce(topic, [_now_event(now - ago, n) for n, ago in enumerate(seconds_ago)], 0)
+        live.now = int(time.time() * 1000)
+        MicroBatchRunner(spark, pipeline, tmp_path / "live", live).run(max_batches=None)
+    live.advance(3_600_000)
+    MicroBatchRunner(spark, pipeline, tmp_path / "live", live).run(max_batches=None)
+    later = FakeClock(live.now + 3_600_000)
+    results = MicroBatchRunner(spark, pipeline, tmp_path / "later", later).run(max_batches=None)
+    assert sum(r.rows_late for r in results) == 1
+    assertDataFrameEqual(
+        delta_frame(spark, tmp_path / "later" / "out"),
+        delta_frame(spark, tmp_path / "live" / "out"),
+    )
+
+
+def _now_event(at_s: float, n: int) -> str:
+    ts = datetime.fromtimestamp(at_s, UTC).isoformat()
+    return json.dumps({"user": "ab"[n % 2], "ts": ts, "amount": n})

@@ -62,6 +62,22 @@ def test_a_paced_source_offers_what_its_rate_produced_split_fairly(
     assert source.plan({"0": 100, "1": 100, "2": 100}, 1) == {"0": 110, "1": 110, "2": 110}
 
 
+def test_a_paced_record_is_ingested_when_its_partition_produces_it(spark: SparkSession) -> None:
+    clock = FakeClock(now_ms=START_MS + 10_000)  # 100 records a partition produced
+    config = SyntheticSource(partitions=2, rows_per_second=10, starting_offsets="earliest")
+    source = SyntheticStreamSource(spark, config, clock)
+    # Record 40 became available when the count passed it, at 4.1 s; partition 1 is read
+    # to its end: whatever it produces next comes after now.
+    assert source.ingestion_times({"0": 40, "1": 100}, clock.now) == {
+        "0": START_MS + 4_100,
+        "1": START_MS + 10_000,
+    }
+    unpaced = SyntheticStreamSource(
+        spark, config.model_copy(update={"rows_per_second": None, "total_rows": 5})
+    )
+    assert unpaced.ingestion_times({"0": 0, "1": 5}, clock.now) == {"0": START_MS, "1": clock.now}
+
+
 def test_event_times_follow_the_slots_with_skew_and_disorder(spark: SparkSession) -> None:
     config = SyntheticSource(
         partitions=2,
