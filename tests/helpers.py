@@ -395,6 +395,19 @@ def drop_batches(root: Path, batches: list[list[dict[str, Any]]]) -> None:
         write_json_lines(root / "in", f"b{i:03d}.json", rows, 1_700_000_000 + i)
 
 
+def timed(**fields: Any) -> Pipeline:
+    """A stateless pipeline over ``drop_batches``' files (one a batch) with event time ``ts``,
+    into a Delta sink, with ``fields`` (``dedup``, ``keyed``, ``expectations``...)."""
+    source = FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1)
+    defined: dict[str, Any] = {
+        "name": "timed",
+        "source": source,
+        "sink": DeltaSink(path="out"),
+        "event_time": EventTime(column="ts"),
+    }
+    return Pipeline(**{**defined, **fields})
+
+
 def windowed(
     window: Tumbling | Sliding | Session,
     mode: str = "append",

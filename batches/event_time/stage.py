@@ -236,17 +236,69 @@ def split_stats(groups: pa.Table, partitions: tuple[str, ...]) -> tuple[pa.Table
 def partition_max_event_ms(records: DataFrame, event_time: EventTime, now_ms: int) -> DataFrame:
     """Per source partition: rows and max event time (epoch ms) of the records that may
     move the watermark (none from beyond ``max_future``), as a lazy frame."""
+    event_ms = _event_ms_of(records, event_time)
+    return records.groupBy(PARTITION_COLUMN).agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.max(F.when(event_ms <= F.lit(now_ms + event_time.max_future), event_ms)).alias("max_ms"),
+    )
+
+
+@dataclass(frozen=True)
+class ObservedRecords:
+    """``records`` observed as the first job over them reads them (``observe_records``)."""
+
+    records: DataFrame
+    seen: Observation
+    partitions: tuple[str, ...]
+
+    def counts(self) -> tuple[int, dict[str, int]] | None:
+        """The records' count and, per source partition with a timed record, their max event
+        time (as ``partition_max_event_ms`` gives them); None when Spark observed nothing
+        (see ``collect.observed``)."""
+        metrics = observed(self.seen)
+        if metrics is None:
+            return None
+        max_ms = {p: metrics.get(f"max_ms_{i}") for i, p in enumerate(self.partitions)}
+        return int(metrics["rows"]), {p: m for p, m in max_ms.items() if m is not None}
+
+
+def observe_records(
+    records: DataFrame, event_time: EventTime | None, partitions: tuple[str, ...], now_ms: int
+) -> ObservedRecords:
+    """``records`` with an observation of their count and (with ``event_time``) each of
+    ``partitions``' max event time, of the records that may move the watermark: what
+    ``partition_max_event_ms`` computes, taken by whichever job reads them."""
+    seen = Observation()
+    metrics = [F.count(F.lit(1)).alias("rows")]
+    if event_time is not None:
+        event_ms = _event_ms_of(records, event_time)
+        future = event_ms > F.lit(now_ms + event_time.max_future)
+        metrics += _max_per_partition(partitions, event_ms, future)
+    return ObservedRecords(records.observe(seen, *metrics), seen, partitions)
+
+
+def _event_ms_of(records: DataFrame, event_time: EventTime) -> Column:
+    """The event time of ``records`` in epoch ms; refused when the transform dropped the
+    event-time column or the source partition."""
     column = event_time.column
     if PARTITION_COLUMN not in records.columns or column not in records.columns:
         raise PipelineConfigInvalid(
             f"the records lack {column!r} or {PARTITION_COLUMN}: the transform must keep "
             "the event-time column and the source partition column"
         )
-    event_ms = F.unix_millis(F.col(column))
-    return records.groupBy(PARTITION_COLUMN).agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.max(F.when(event_ms <= F.lit(now_ms + event_time.max_future), event_ms)).alias("max_ms"),
-    )
+    return F.unix_millis(F.col(column))
+
+
+def _max_per_partition(
+    partitions: tuple[str, ...], event_ms: Column, future: Column
+) -> list[Column]:
+    """Aggregates ``max_ms_<i>``: the max ``event_ms`` of partition ``partitions[i]``'s
+    records, leaving out those from the ``future``."""
+    partition = F.col(PARTITION_COLUMN)
+    return [
+        F.max(F.when((partition == F.lit(p)) & ~future, event_ms)).alias(f"max_ms_{i}")
+        for i, p in enumerate(partitions)
+    ]
 
 
 class WindowedStage:
@@ -314,17 +366,13 @@ class WindowedStage:
         rejected = ~timed | future | closed
         reason = F.when(~timed, F.lit(UNTIMED)).when(future, F.lit(FUTURE)).otherwise(F.lit(CLOSED))
         late_record = late_struct(F.unix_micros(F.col(column)), reason, payload)
-        partition = F.col(PARTITION_COLUMN)
         metrics = [
             F.count(F.lit(1)).alias("rows"),
             F.count(F.when(rejected, 1)).alias("late"),
             # The late records themselves ride along: the job that reads the batch
             # collects them, so late rows cost no second read of the input.
             F.collect_list(F.when(rejected, late_record)).alias(LATE_RECORDS),
-            *[
-                F.max(F.when((partition == F.lit(p)) & ~future, F.col(_ET_MS))).alias(f"max_ms_{i}")
-                for i, p in enumerate(partitions)
-            ],
+            *_max_per_partition(partitions, F.col(_ET_MS), future),
         ]
         timed_ms = records.withColumn(_ET_MS, F.unix_millis(F.col(column)))
         seen = Observation() if observe else None

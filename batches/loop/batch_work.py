@@ -25,13 +25,16 @@ from lowmark.batches.event_time.dedup import DedupSeen, DedupStep, Judged
 from lowmark.batches.event_time.driver_merge import WindowChanges
 from lowmark.batches.event_time.stage import (
     BatchFrames,
+    ObservedRecords,
     WindowedStage,
     late_table,
+    observe_records,
     partition_max_event_ms,
 )
 from lowmark.batches.expectations import DROPPED, Checks
 from lowmark.batches.keyed.step import KeyedSeen, KeyedStep, Processed
 from lowmark.batches.loop.catch_up import Seen, row_by_row
+from lowmark.batches.loop.one_job import guarded, in_one_job, stopped_by_guard
 from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.loop.post_aggregation import post_aggregated
 from lowmark.batches.pipeline import Pipeline
@@ -67,6 +70,12 @@ class Taken:
     timed: DataFrame | None = None
     """With ``keyed``: the records given to the keyed step (their event times move the
     watermark; ``out`` holds the processor's rows)."""
+    watched: ObservedRecords | None = None
+    """Taken for one job (``lowmark.batches.loop.one_job``): the records that move the
+    watermark, observed as the sink's write reads them (``expected`` then observes the
+    expectations)."""
+    emitted: ObservedRecords | None = None
+    """Taken for one job, with ``keyed``: the processor's rows, observed likewise."""
 
 
 class BatchWork:
@@ -93,13 +102,21 @@ class BatchWork:
         self.keyed = keyed
         self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
 
-    def take(self, planned: PlannedBatch) -> Taken:
+    def in_one_job(self, planned: PlannedBatch) -> bool:
+        """Whether ``planned`` runs one Spark job: its sink's write, which looks at the batch
+        as it writes (``lowmark.batches.loop.one_job``)."""
+        return in_one_job(planned, self.stage is not None, self.sink, self.checks)
+
+    def take(self, planned: PlannedBatch, one_job: bool = False, landed: bool = False) -> Taken:
         """Step 3 for ``planned``: its read, transformed records and (windowed) stage frames,
         all lazy. A stateless batch reads its input twice (counts, then the sink write):
-        its parse is cached (with ``dedup`` or ``keyed``, what the sink gets too). A replay of
-        a batch that already wrote something reads strictly what it read then
+        its parse is cached (with ``dedup`` or ``keyed``, what the sink gets too) — or, with
+        ``one_job`` (``in_one_job``), once, observed as the sink's write reads it
+        (``write_looking``; the parse is cached for the rows that do not parse, which that
+        job reads beside the records). A replay of a batch that already wrote something,
+        and a batch whose write ``landed``, reads strictly what it read then
         (``Source.read``)."""
-        strict = planned.replay and self.wrote_any(planned.batch_id)
+        strict = landed or (planned.replay and self.wrote_any(planned.batch_id))
         return self._take(
             planned.range,
             planned.watermark_ms,
@@ -108,6 +125,7 @@ class BatchWork:
             strict=strict,
             seen_ids=self._seen_ids_as_of(planned),
             keyed=self._keyed_as_of(planned),
+            one_job=one_job,
         )
 
     def _take(
@@ -121,15 +139,17 @@ class BatchWork:
         expect: bool = True,
         seen_ids: int | None = None,
         keyed: Pinned | None = None,
+        one_job: bool = False,
     ) -> Taken:
         """Step 3 for ``batch`` (``observe``: see ``WindowedStage.batch_frames``; ``expect``
         False: the expectations drop nothing, as the read-ahead looks; ``seen_ids``: the
-        version of the seen-ids table a deduplicating pipeline judges against)."""
+        version of the seen-ids table a deduplicating pipeline judges against; ``one_job``:
+        see ``take``)."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
         checked = self._transformed(read, batch)
         out, expected = checked, None
         if expect and self.checks:
-            if observe and self.stage is not None:
+            if observe and (self.stage is not None or one_job):
                 expected = Observation()
                 checked = checked.observe(expected, *self._observed_checks(checked))
             out = checked.where(~self.checks.dropped()) if self.checks.drops else checked
@@ -137,7 +157,12 @@ class BatchWork:
         if self.dedup is not None:
             judged = self.dedup.judged(out, watermark_ms, seen_ids, batch.batch_id)
             out = judged.kept
-        processed, timed = None, None
+        watched = None
+        if one_job:
+            event_time = self.pipeline.event_time
+            watched = observe_records(out, event_time, self._partitions_of(batch), now_ms)
+            out = watched.records
+        processed, timed, emitted = None, None, None
         if self.keyed is not None:
             assert keyed is not None
             timed = out
@@ -145,7 +170,10 @@ class BatchWork:
                 self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id
             )
             out = processed.output
-        if cache and (judged is not None or processed is not None):
+            if one_job:
+                emitted = observe_records(out, None, (), now_ms)
+                out = emitted.records
+        if cache and not one_job and (judged is not None or processed is not None):
             # The sink write reads them again: verdicts (and a processor's rows) are worked
             # out once.
             out = out.persist()
@@ -157,7 +185,9 @@ class BatchWork:
             if self.stage is not None
             else None
         )
-        return Taken(read, out, frames, checked, expected, judged, processed, timed)
+        return Taken(
+            read, out, frames, checked, expected, judged, processed, timed, watched, emitted
+        )
 
     def _observed_checks(self, checked: DataFrame) -> list[Column]:
         """What a windowed batch's job observes of its transformed records: each
@@ -288,6 +318,71 @@ class BatchWork:
                 "(no rand(), no current time, no reads of changing tables)"
             )
         return dataclasses.replace(seen, partials=partials["partials"])
+
+    def write_looking(
+        self, taken: Taken, planned: PlannedBatch, write: Callable[[DataFrame], int | None]
+    ) -> tuple[Taken, Seen, int | None] | None:
+        """Step 4 and the sink's write in one Spark job: ``write`` (the sink's) of ``taken``
+        (``take(..., one_job=True)``), which observes what the look would have collected.
+        Returns what was taken (another take when the look ran after all), what the job saw,
+        and the sink's version; None when a row that did not parse stopped the write before
+        it landed (the batch then looks, then writes: ``one_job``).
+        """
+        assert taken.watched is not None
+        read = taken.read
+        rows = guarded(taken.out.drop(PARTITION_COLUMN), read.bad)
+        try:
+            # Shuffles (deduplication's, a keyed step's) sized to the input, as the look's.
+            with shuffle_partitions(self._spark(), read.size_bytes):
+                version = explained(read, lambda: write(rows))
+        except Exception as exc:
+            if not stopped_by_guard(exc):
+                raise
+            taken.read.unpersist()
+            return None
+        seen = self._seen_written(taken, planned)
+        if seen is None:  # Spark observed nothing: count as a replay would (its write landed)
+            taken.read.unpersist()
+            taken = self.take(planned, landed=True)
+            seen = self.look(taken, planned)
+        return taken, seen, version
+
+    def _seen_written(self, taken: Taken, planned: PlannedBatch) -> Seen | None:
+        """What the sink's write of ``taken`` observed, as ``_counted`` would have seen it;
+        None when Spark observed nothing, or bad rows (the guard lets none be written)."""
+        assert taken.watched is not None
+        counts, watched = observed(taken.read.counts), taken.watched.counts()
+        expected = observed(taken.expected) if taken.expected is not None else {}
+        judged = _judged(taken)
+        emitted = taken.emitted.counts() if taken.emitted is not None else None
+        processed = taken.processed
+        if (
+            counts is None
+            or counts.get("bad")
+            or watched is None
+            or expected is None
+            or judged is False
+            or (processed is not None and emitted is None)
+            or (processed is not None and observed(processed.seen) is None)
+            or (processed is not None and observed(processed.changes) is None)
+        ):
+            return None
+        rows_out, max_ms = watched
+        keyed = _keyed(taken, planned)
+        late = _with_late(None, judged.late if judged else None, planned)
+        return Seen(
+            counts["rows"],
+            None,
+            _with_late(late, keyed.late if keyed else None, planned),
+            max_ms,
+            rows_out,
+            None,
+            self.checks.violations(expected),
+            None,
+            judged,
+            keyed,
+            emitted[0] if emitted is not None else None,
+        )
 
     def _counted(self, taken: Taken, late: DataFrame | None, planned: PlannedBatch) -> Seen:
         """One job over ``taken``'s read (cached): counts, max event times, bad rows,

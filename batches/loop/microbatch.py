@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import ExpectationsFailed, Interrupted, PoisonBatch
@@ -27,6 +27,7 @@ from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.expectations import PARSABLE, bad_rows
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.batch_work import Taken, explained, total
+from lowmark.batches.loop.catch_up import Seen
 from lowmark.batches.loop.commit import commit_batch
 from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
 from lowmark.batches.loop.listeners import Listeners, PipelineListener, configured_listeners
@@ -228,7 +229,9 @@ class MicroBatchRunner:
         Step 4. Look at the batch in ONE Spark job: counts and max event time per
                 partition, bad rows, each expectation's violations and dropped records
                 and, for windows, late rows and partials; a batch that breaks its
-                expectations fails here, before anything is written.
+                expectations fails here, before anything is written. A stateless batch
+                that nothing found here could stop writes its sink in that job: the
+                write observes it all (``lowmark.batches.loop.one_job``).
         Step 5. Event-time stage: the partials merged with the state rows they touch,
                 read as of commit N-1 on the driver (one Spark job over local data).
         Step 6. Writes, each idempotent per batch: bad records (rows that did not parse,
@@ -321,11 +324,29 @@ class MicroBatchRunner:
             else None
         )
         taken: Taken | None = None
+        written: tuple[Taken, Seen, int | None] | None = None
         if seen is None:
-            taken = parts.work.take(planned)
             # Step 4. The batch's one job over its records, then its input is confirmed
-            # unchanged by the read (nothing is written yet).
-            seen = parts.work.look(taken, planned)
+            # unchanged by the read. A stateless batch that nothing it finds can stop
+            # has its sink written by that job (lowmark.batches.loop.one_job); otherwise
+            # nothing is written yet.
+            one_job = parts.work.in_one_job(planned)
+            taken = parts.work.take(planned, one_job)
+            if one_job:
+                ckpt.fence()  # as before any write
+                stateless = parts.sink
+                assert isinstance(stateless, Sink)
+
+                def write(rows: DataFrame) -> int | None:
+                    return stateless.write(rows, batch_id)
+
+                written = parts.work.write_looking(taken, planned, write)
+            if written is not None:
+                taken, seen, _ = written
+            else:
+                if one_job:  # a row that did not parse stopped it before its write landed
+                    taken = parts.work.take(planned)
+                seen = parts.work.look(taken, planned)
             parts.source.confirm(batch)
         # Then the expectations' verdict: a batch that breaks them fails here, before
         # anything is written (lowmark.batches.expectations).
@@ -385,6 +406,8 @@ class MicroBatchRunner:
             update = self.pipeline.aggregation.output_mode == "update"
             retract = changes.retract if update else None
             sink_version = sink.write(changes.output, batch_id, retract)
+        elif written is not None:  # in step 4
+            sink_version = written[2]
         else:
             assert taken is not None  # a stateless batch always reads its input itself
             sink_rows, read = taken.out.drop(PARTITION_COLUMN), taken.read

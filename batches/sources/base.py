@@ -171,9 +171,11 @@ class Source(ABC):
       holds (a backfill reads the whole committed history again): None by
       default, for input that cannot be lost or whose ``read`` refuses what is
       gone before any job runs.
-    - ``confirm(batch)``, called after a read's jobs and before anything is
-      written from them, raises when the input changed while it was read.
-      Optional; a no-op by default (input that cannot change).
+    - ``confirm(batch)``, called after a read's jobs, raises when the input
+      changed while it was read. Nothing is written from the read before it,
+      but a stateless batch whose sink write is its one job
+      (``lowmark.batches.loop.one_job``): that write comes first. Optional; a
+      no-op by default (input that cannot change).
     - ``commit(end)`` tells upstream everything before ``end`` is durably
       processed and may be discarded: the resumption frontier. Optional; a no-op by default.
     - ``retire(committed_end, batch_id)``, run by checkpoint maintenance,

@@ -215,9 +215,10 @@ class FileStreamSource(Source):
             if _differs(f, now):
                 raise SourceFileChanged(
                     f"{f.path} (taken by batch {batch.batch_id}) changed while the batch read "
-                    f"it ({_change(f, now)}): nothing was written from that read; run again, "
-                    "and have the producer write under a hidden name and rename, or set "
-                    "source.min_file_age"
+                    f"it ({_change(f, now)}): the batch stopped before its commit; run again "
+                    "(if its sink write landed, the replay refuses the file: put the original "
+                    "back, or start over with `lowmark reset`), and have the producer write "
+                    "under a hidden name and rename, or set source.min_file_age"
                 )
 
     def _taken(self, batch: Range) -> list[ManifestFile]:

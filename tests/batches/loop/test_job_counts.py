@@ -1,8 +1,9 @@
 """Spark jobs per batch: a count, not a time, so it can be asserted on any machine.
 
 Bookkeeping runs on the driver; the Spark jobs of a batch are its data work
-only. The bounds are the performance budget's (stateless <= 4, windowed <=
-8); the per-step counts are printed for the README's table.
+only. The bounds are the performance budget's (windowed <= 8; stateless <= 2
+when the sink's write is the batch's one look at it, else <= 4); the per-step
+counts are printed for the README's table.
 """
 
 from __future__ import annotations
@@ -12,32 +13,101 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from examples.keyed import ALERTS, SilenceAlert
+from lowmark.batches.dedup import Dedup
+from lowmark.batches.expectations import Expectation
+from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Maintenance, Pipeline
 from lowmark.batches.windows import Session, Tumbling
-from tests.helpers import counted_batch, drop_batches, drop_file, event, pipeline, windowed
+from tests.helpers import (
+    T0,
+    FakeClock,
+    counted_batch,
+    delta_frame,
+    drop_batches,
+    drop_file,
+    event,
+    pipeline,
+    timed,
+    windowed,
+)
 
+ONE_JOB_LIMIT = 2
+"""A stateless batch whose sink write looks at it (``lowmark.batches.loop.one_job``): Delta's
+check of the sink's application transaction (delta-spark's idempotent append reads it from
+the table's state, which it builds in a job), then the write, which reads and transforms the
+batch (deduplicates it, runs its keyed step) and observes its counts as it writes."""
 STATELESS_LIMIT = 4
+"""A stateless batch that looks at its records before it writes (an expectation can fail
+it): its look, then the sink's two."""
 WINDOWED_LIMIT = 8
 LONG_RUN = 22
 SINK_CHECKPOINT_JOBS = 3
 """A Spark-written sink checkpoints its Delta log every 10 commits, in the batch that commits."""
 
 
-def test_a_stateless_batch_runs_at_most_four_spark_jobs(
+STATELESS = {
+    "plain": timed(),
+    "dedup": timed(dedup=Dedup(columns=("user", "ts"), within="1 hour")),
+    "keyed": timed(keyed=Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS)),
+}
+
+
+@pytest.mark.parametrize("kind", list(STATELESS))
+def test_a_stateless_batch_is_its_sink_write_in_at_most_two_spark_jobs(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A plain, a deduplicating and a keyed batch: ``ONE_JOB_LIMIT`` jobs, the commit's
+    counts as the batch's look would give them (each file: 3 records, one a duplicate,
+    one a new user; the keyed step's silences fire as event time moves on)."""
+    drop_batches(
+        data_root,
+        [
+            [
+                event("a", 10 * i, 1),
+                event("b", 10 * i + 2, 2),
+                event("b", 10 * i + 2, 2),
+                event(f"u{i}", 10 * i + 5, 3),
+            ]
+            for i in range(2)
+        ],
+    )
+    runner = MicroBatchRunner(spark, STATELESS[kind], data_root, FakeClock())
+    runner.run_batch()  # the first batch creates the sink
+    _, counter = counted_batch(spark, runner, monkeypatch)
+    assert counter.jobs() <= ONE_JOB_LIMIT, counter.per_step
+    # Planning, the logs and the commit run on the driver: no job at all.
+    assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
+    commit = runner.checkpoint.commits.get(1)
+    assert commit is not None
+    assert (commit.rows_in, commit.rows_bad, commit.rows_late) == (4, 0, 0)
+    assert commit.rows_duplicate == (1 if kind == "dedup" else 0)
+    assert commit.rows_keyed == (4 if kind == "keyed" else 0)
+    if kind != "keyed":  # whose rows out are the alerts its timers gave
+        assert commit.rows_out == {"plain": 4, "dedup": 3}[kind]
+    first = runner.checkpoint.commits.get(0)
+    assert first is not None
+    assert first.rows_out + commit.rows_out == delta_frame(spark, data_root / "out").count()
+    assert commit.next_watermark_ms == int(T0.timestamp() * 1000) + 15_000
+
+
+def test_a_stateless_batch_an_expectation_can_fail_looks_first_in_at_most_four_spark_jobs(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for i in range(3):
+    for i in range(2):
         drop_file(data_root, i)
-    p = pipeline(source=pipeline().source.model_copy(update={"max_files_per_batch": 1}))
+    must = Expectation(name="has_amount", condition="amount IS NOT NULL", on_violation="fail")
+    p = pipeline(
+        source=pipeline().source.model_copy(update={"max_files_per_batch": 1}),
+        expectations=(must,),
+    )
     runner = MicroBatchRunner(spark, p, data_root)
     runner.run_batch()  # the first batch creates the sink
-    for _ in range(2):
-        result, counter = counted_batch(spark, runner, monkeypatch)
-        assert result.rows_out == 3
-        assert counter.jobs() <= STATELESS_LIMIT, counter.per_step
-        # Planning, the logs and the commit run on the driver: no job at all.
-        assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
+    result, counter = counted_batch(spark, runner, monkeypatch)
+    assert result.rows_out == 3
+    assert ONE_JOB_LIMIT < counter.jobs() <= STATELESS_LIMIT, counter.per_step
+    assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
 
 
 @pytest.mark.parametrize(
@@ -74,7 +144,7 @@ def sink_checkpoints(root: Path) -> int:
 
 
 @pytest.mark.integration
-def test_every_batch_of_a_long_stateless_run_stays_within_four_jobs_plus_three_per_sink_checkpoint(
+def test_every_batch_of_a_long_stateless_run_stays_within_two_jobs_plus_three_per_sink_checkpoint(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Long enough for the sink's Delta checkpoints (commits 10 and 20) and maintenance.
@@ -92,10 +162,10 @@ def test_every_batch_of_a_long_stateless_run_stays_within_four_jobs_plus_three_p
         result, counter = counted_batch(spark, runner, monkeypatch)
         made = sink_checkpoints(data_root) - before
         checkpointed += made
-        if counter.jobs() > STATELESS_LIMIT + made * SINK_CHECKPOINT_JOBS:
+        if counter.jobs() > ONE_JOB_LIMIT + made * SINK_CHECKPOINT_JOBS:
             over[result.batch_id] = counter.per_step
-        if made:  # Delta's checkpoint of the sink runs in the sink's step, nowhere else
-            assert counter.per_step["after_sink"] <= 2 + SINK_CHECKPOINT_JOBS, counter.per_step
+        if made:  # Delta's checkpoint of the sink runs in the sink's write (step 4), nowhere else
+            assert counter.per_step["after_read"] <= 2 + SINK_CHECKPOINT_JOBS, counter.per_step
     assert checkpointed >= 2
     assert over == {}
 
