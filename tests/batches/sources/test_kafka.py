@@ -573,3 +573,22 @@ def test_with_log_append_time_a_backlog_read_later_gives_the_live_runs_clock_and
 def _now_event(at_s: float, n: int) -> str:
     ts = datetime.fromtimestamp(at_s, UTC).isoformat()
     return json.dumps({"user": "ab"[n % 2], "ts": ts, "amount": n})
+
+
+def test_in_a_create_time_topic_records_waiting_hold_the_clock_until_they_are_read(
+    spark: SparkSession, kafka: KafkaBroker
+) -> None:
+    """Producers stamp CreateTime records themselves, so a record's stamp says nothing of
+    when it was appended: only a partition read to the end the plan saw counts with the
+    plan's time (whatever comes was appended after that look); one with records waiting
+    counts as 0, and the pipeline's clock stays where the last look left it."""
+    topic = new_topic(kafka, 2)
+    kafka.produce(topic, [event("u", i) for i in range(4)], partition=0, timestamp_ms=10**12)
+    source = KafkaStreamSource(spark, config(kafka, topic, max_offsets_per_batch=2), "g")
+    start = source.initial_offsets()
+    end = source.plan(start, 0)
+    assert end == {f"{topic}:0": 2, f"{topic}:1": 0}
+    observed = 1_767_225_600_000
+    assert source.ingestion_times(end, observed) == {f"{topic}:0": 0, f"{topic}:1": observed}
+    caught_up = source.plan(end, 1)
+    assert source.ingestion_times(caught_up, observed) == dict.fromkeys(caught_up, observed)
