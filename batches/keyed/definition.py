@@ -20,7 +20,6 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ImportString
 
 from lowmark.batches.config import UserConfig
-from lowmark.batches.keyed.runtime import declared_states
 
 
 class Keyed(UserConfig):
@@ -50,6 +49,10 @@ class Keyed(UserConfig):
         """What the pipeline's fingerprint holds of this step: its fields and, under
         ``states``, each state its processor's ``init`` declares (``StateSchema.semantics``;
         run here, on the driver, without Spark)."""
+        # Imported here: the runtime needs pandas and PySpark, which reading a definition
+        # that has no keyed step (`lowmark list`, `show`) must not import.
+        from lowmark.batches.keyed.runtime import declared_states
+
         states = declared_states(self.processor)
         return self.model_dump() | {
             "states": {name: state.semantics() for name, state in sorted(states.items())}

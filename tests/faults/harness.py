@@ -3,7 +3,7 @@
 A crash run is compared with a fault-free run of the same pipeline and
 input, table by table, as multisets of rows: ``differences`` names every
 row a crash run lost or has in excess. Only what a run may legitimately
-change is left out: runner ids, wall-clock times (``created_at``), the
+change is left out: runner ids, wall-clock times (``created_at``, ``discovered_ms``), the
 random ``pipeline_id`` and the progress table (descriptive; a kill right
 after the commit loses its row). A partition's ``last_seen_ms`` is a
 planning time, so it is compared as the batch it names: the batch whose
@@ -60,6 +60,7 @@ Crash = Callable[[Path, KillPoint], bool]
 _UNSTABLE = {
     "commits": ("runner_id", "created_at"),
     "offsets": ("runner_id", "created_at"),
+    "files": ("discovered_ms",),  # when a planning listed the file: wall-clock time
 }
 _CHECKPOINT_TABLES = (
     "offsets",
