@@ -77,11 +77,13 @@ only (their sources' replays are tested on their own in ``tests/batches/sources`
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": STEPS,
     "plain_append": ("after_sink",),
-    "dedup_tumbling": ("after_state", "before_commit"),
-    "keyed_alerts": ("after_state", "after_sink"),
+    "dedup_tumbling": ("before_commit",),
+    "keyed_alerts": ("after_state",),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
-at every step, and the stateless pipeline after Spark's sink write landed uncommitted.
+at every step, the stateless pipeline after Spark's sink write landed uncommitted, and one
+step each of deduplication (every write done, the commit not) and of a keyed step (its
+state written, nothing else).
 (Sessions killed after their state write are replayed in ``make test`` too, with
 maintenance between: ``test_kill_then_compact``.)"""
 NO_BAD_ROWS = ("delta_update",)

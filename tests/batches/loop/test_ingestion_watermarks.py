@@ -185,7 +185,7 @@ def _marks(root: Path) -> list[tuple[int, int | None]]:
     return [(c.batch_id, c.next_watermark_ms) for c in commits]
 
 
-IN_MAKE_TEST = ("after_state", "after_late")
+IN_MAKE_TEST = ("after_state",)
 """Steps whose crash runs in `make test`; the others run in `make test-integration`."""
 
 
