@@ -60,7 +60,7 @@ class BatchReports:
 
     def of(self, r: BatchResult) -> list[dg.AssetMaterialization]:
         """Batch ``r``'s materializations: call once per committed batch, in order."""
-        tables = self._read(r.committed_at_ms)
+        tables = self._read(r)
         partitions = self.partitions()
         if isinstance(partitions, dg.TimeWindowPartitionsDefinition):
             sink = self._path("sink")
@@ -72,8 +72,9 @@ class BatchReports:
         self.ran_with_ms = r.watermark_ms
         return batch_materializations(self.pipeline, r, self.source.backlog(r.end), tables)
 
-    def _read(self, now_ms: int | None) -> TablesRead:
-        """The tables' metadata as of processing time ``now_ms`` (what has expired)."""
+    def _read(self, r: BatchResult) -> TablesRead:
+        """The tables' metadata after batch ``r`` (what has expired by its commit's
+        processing time and the watermark it leaves)."""
         pipeline = self.pipeline
         sink: dict[str, dg.RawMetadataValue] = {}
         if isinstance(pipeline.sink, DeltaSink):
@@ -81,7 +82,12 @@ class BatchReports:
         if pipeline.aggregation is not None:
             sink |= open_windows(pipeline, self._path("state"))
         if pipeline.keyed is not None:
-            sink |= keyed_held(self._path("keyed_state"), self._path("keyed_timers"), now_ms)
+            expiry = (
+                pipeline.keyed.expiry(r.committed_at_ms, r.watermark_ms)
+                if r.committed_at_ms is not None
+                else None
+            )
+            sink |= keyed_held(self._path("keyed_state"), self._path("keyed_timers"), expiry)
         late = table_metadata(self._path("late")) if pipeline.event_time is not None else {}
         return TablesRead(sink=sink, late=late, bad=table_metadata(self._path("bad")))
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 
 from lowmark.batches.pipeline import Pipeline
-from lowmark.state.keyed_state import held
+from lowmark.state.keyed_state import Expiry, held
 from lowmark.state.table import query_rows
 
 ROW_COUNT = "dagster/row_count"
@@ -103,11 +103,11 @@ def open_windows(pipeline: Pipeline, state_path: str) -> dict[str, dg.RawMetadat
 
 
 def keyed_held(
-    state_path: str, timers_path: str, now_ms: int | None = None
+    state_path: str, timers_path: str, expiry: Expiry | None = None
 ) -> dict[str, dg.RawMetadataValue]:
-    """What a keyed step holds (``lowmark.state.keyed_state.held``) as of processing time
-    ``now_ms``: ``keys_held``, ``timers_pending`` and, if any, ``next_timer_at``."""
-    now = held(state_path, timers_path, now_ms)
+    """What a keyed step holds (``lowmark.state.keyed_state.held``) as of ``expiry``:
+    ``keys_held``, ``timers_pending`` and, if any, ``next_timer_at``."""
+    now = held(state_path, timers_path, expiry)
     metadata: dict[str, dg.RawMetadataValue] = {
         "keys_held": now.keys,
         "timers_pending": now.timers,

@@ -2,8 +2,9 @@
 
 ``keyed_state`` holds, per (key, state name), the state's value: ``key`` (the
 key columns as a JSON array), ``state``, ``value`` (JSON; null once the state
-was cleared), ``expires_ms`` (the processing time, in ms, from which a state with
-a TTL reads as absent; null: never), ``batch_id`` (the batch that
+was cleared), ``expires_ms`` (the time, in ms, from which a state with a TTL reads
+as absent, in its TTL's clock: processing time, or event time for a state with
+event-time TTL, compared with the watermark; ``Expiry``; null: never), ``batch_id`` (the batch that
 wrote it), partitioned by ``_lowmark_bucket`` (a hash of the key modulo the
 table's bucket count, fixed when it is created). Timers are a state of their
 own per key (``TIMERS``: the key's pending timers, a JSON list), so a batch
@@ -73,6 +74,48 @@ TIMER_INDEX = pa.schema(
 )
 TIMER_CHANGE = TIMER_INDEX.remove(TIMER_INDEX.get_field_index(SLOT))
 """A timer's row as a batch's task gives it (``Pinned.written`` adds the slot)."""
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """What the states' TTLs have expired by: ``processing_ms`` (a processing time) for a
+    state with processing-time TTL; ``watermark_ms`` for those named in ``by_event_time``
+    (event-time TTL; no watermark yet: none of them has expired). A row's
+    ``expires_ms`` at or below its clock's time has expired."""
+
+    processing_ms: int
+    watermark_ms: int | None = None
+    by_event_time: frozenset[str] = frozenset()
+
+    def expired(self, state: str, expires_ms: int | None) -> bool:
+        """Whether a row of ``state`` that expires at ``expires_ms`` has expired."""
+        if expires_ms is None:
+            return False
+        if state not in self.by_event_time:
+            return expires_ms <= self.processing_ms
+        return self.watermark_ms is not None and expires_ms <= self.watermark_ms
+
+    def kept(self, rows: pa.Table) -> pa.ChunkedArray:
+        """Of ``keyed_state`` ``rows``, which have not expired (``expired``, as a mask)."""
+        expires, states = rows.column("expires_ms"), rows.column("state")
+        by_event = pc.is_in(states, pa.array(sorted(self.by_event_time), pa.string()))
+        unexpired = pc.or_kleene(pc.is_null(expires), pc.greater(expires, self.processing_ms))
+        if self.watermark_ms is None:
+            by_watermark = pc.is_valid(states)  # no watermark yet: none expired
+        else:
+            by_watermark = pc.or_kleene(pc.is_null(expires), pc.greater(expires, self.watermark_ms))
+        return pc.if_else(by_event, by_watermark, unexpired)
+
+    def unexpired_sql(self) -> str:
+        """``expired``'s negation as a SQL condition over ``keyed_state``'s columns."""
+        names = (name.replace("'", "''") for name in sorted(self.by_event_time))
+        by_event = ", ".join(f"'{name}'" for name in names) or "NULL"
+        watermark = "NULL" if self.watermark_ms is None else str(int(self.watermark_ms))
+        return (
+            "(expires_ms IS NULL OR CASE WHEN state IN "
+            f"({by_event}) THEN {watermark} IS NULL OR expires_ms > {watermark} "
+            f"ELSE expires_ms > {int(self.processing_ms)} END)"
+        )
 
 
 @dataclass(frozen=True)
@@ -224,17 +267,18 @@ class Held:
     next_timer_ms: int | None
 
 
-def held(state_path: str, timers_path: str, now_ms: int | None = None) -> Held:
+def held(state_path: str, timers_path: str, expiry: Expiry | None = None) -> Held:
     """``Held`` of the tables at ``state_path`` and ``timers_path`` (one query each, over
-    every row: for ``lowmark status`` and Dagster, not for a batch); with ``now_ms``, a
+    every row: for ``lowmark status`` and Dagster, not for a batch); with ``expiry``, a
     key whose every state expired by then is not held."""
     state = DriverTable(state_path, STATE, "keyed state table")
     timers = DriverTable(timers_path, TIMER_INDEX, "keyed timer table")
     keys = (
         state.query(
-            "SELECT count(DISTINCT key) AS n FROM (SELECT key, value, expires_ms, "
+            "SELECT count(DISTINCT key) AS n FROM (SELECT key, state, value, expires_ms, "
             "row_number() OVER (PARTITION BY key, state ORDER BY batch_id DESC) AS rn FROM t) "
-            f"WHERE rn = 1 AND value IS NOT NULL{_unexpired(now_ms)}"
+            f"WHERE rn = 1 AND value IS NOT NULL"
+            f"{'' if expiry is None else ' AND ' + expiry.unexpired_sql()}"
         )
         if state.exists()
         else None
@@ -268,12 +312,12 @@ def latest(rows: pa.Table, identity: tuple[str, ...]) -> pa.Table:
     return rows.filter(pa.concat_arrays([pa.array([True]), changed]))
 
 
-def compact_latest(state: DriverTable, expired_by_ms: int | None = None) -> None:
+def compact_latest(state: DriverTable, expiry: Expiry | None = None) -> None:
     """Rewrite the ``keyed_state`` table ``state`` with only the newest row of each (key,
-    state), cleared ones and (with ``expired_by_ms``: the processing time of the last
-    committed batch; later batches run no earlier) those expired by then left out, when
-    those are fewer than half its rows: the reads of a batch then open what is held, not
-    its history.
+    state), cleared ones and (with ``expiry``: the processing time and watermark of the
+    last committed batch; later batches run at no earlier ones) those expired by then left
+    out, when those are fewer than half its rows: the reads of a batch then open what is
+    held, not its history.
 
     The rewrite removes only the files of the version it read: rows a batch appends
     meanwhile stay, and being newer they win (``latest``). Not a batch's write: repeating
@@ -283,11 +327,8 @@ def compact_latest(state: DriverTable, expired_by_ms: int | None = None) -> None
     rows = state.read(None, table.version())
     held = latest(rows, ("key", "state"))
     kept = pc.is_valid(held.column("value"))
-    if expired_by_ms is not None:
-        expires = held.column("expires_ms")
-        kept = pc.and_kleene(
-            kept, pc.or_kleene(pc.is_null(expires), pc.greater(expires, expired_by_ms))
-        )
+    if expiry is not None:
+        kept = pc.and_kleene(kept, expiry.kept(held))
     held = held.filter(kept)
     if held.num_rows * 2 > rows.num_rows:
         return
@@ -303,11 +344,6 @@ def compact_latest(state: DriverTable, expired_by_ms: int | None = None) -> None
 def key_json(values: Iterable[object]) -> str:
     """A key's values as the ``key`` column holds them."""
     return json.dumps(list(values), default=str, separators=(",", ":"))
-
-
-def _unexpired(now_ms: int | None) -> str:
-    """The SQL condition that a row has not expired by ``now_ms`` (none: every row)."""
-    return "" if now_ms is None else f" AND (expires_ms IS NULL OR expires_ms > {int(now_ms)})"
 
 
 def _ints(values: Iterable[int]) -> str:

@@ -15,7 +15,7 @@ itself), so ``get_latest`` reads one row, never the whole table.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Generic, TypeVar
 
 import pyarrow as pa
@@ -30,6 +30,9 @@ BASE_FIELDS = [
     pa.field("runner_id", pa.string(), nullable=False),
     pa.field("created_at", UTC_MICROS, nullable=False),
 ]
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def utc_now() -> datetime:
@@ -53,6 +56,12 @@ class LogEntry(BaseModel):
     batch_id: int = Field(ge=0)
     runner_id: str
     created_at: datetime = Field(default_factory=utc_now)
+
+    @property
+    def created_ms(self) -> int:
+        """``created_at`` in epoch milliseconds, exactly (no float rounding: a replay must
+        plan with the very processing time its batch was planned with)."""
+        return (self.created_at - EPOCH) // timedelta(milliseconds=1)
 
     @classmethod
     def arrow_schema(cls) -> pa.Schema:

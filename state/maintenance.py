@@ -38,17 +38,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from lowmark.state.checkpoint import Checkpoint
-from lowmark.state.keyed_state import compact_latest
+from lowmark.state.keyed_state import Expiry, compact_latest
 from lowmark.state.table import DriverTable
 
 log = logging.getLogger(__name__)
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 KEEP_HOURS = 1
 """Data files removed this long ago are deleted (readers of older versions are done by then)."""
 
@@ -72,7 +70,11 @@ keeps the version the last commit recorded readable."""
 
 
 def maintain(
-    checkpoint: Checkpoint, batch_id: int, keep: KeptBatches, recorded: dict[str, int]
+    checkpoint: Checkpoint,
+    batch_id: int,
+    keep: KeptBatches,
+    recorded: dict[str, int],
+    expiry: Expiry | None = None,
 ) -> int:
     """Maintain every table of ``checkpoint`` after batch ``batch_id`` committed; tables
     maintained.
@@ -80,7 +82,9 @@ def maintain(
     ``recorded`` are the table versions that commit recorded: each state table
     (``STATE_TABLES``) keeps its version readable (``DriverTable.maintain``) for a replay
     of the next batch and for a backfill, whatever was written to the table since. A keyed
-    step's state first sheds the values later ones replaced (``compact_latest``).
+    step's state first sheds the values later ones replaced and those expired by
+    ``expiry`` (the committed batch's processing time and the watermark it left: later
+    batches run at no earlier ones; ``compact_latest``).
     """
     logs = batch_id - keep.log_batches + 1
     progress = batch_id - keep.progress_batches + 1
@@ -99,14 +103,10 @@ def maintain(
         if table.exists():
             plan.append((table, None, recorded.get(name)))
     maintained = 0
-    planned = checkpoint.offsets.get(batch_id)
-    # The committed batch's processing time: what its TTLs expired by (a replay reads the
-    # versions its commit recorded, which the rewrite leaves as they are).
-    expired_by = (planned.created_at - EPOCH) // timedelta(milliseconds=1) if planned else None
     for table, drop_where, keep_version in plan:
         try:
             if table.path == checkpoint.table("keyed_state"):
-                compact_latest(table, expired_by)
+                compact_latest(table, expiry)
             table.maintain(drop_where, KEEP_HOURS, keep_version)
             maintained += 1
         except (CommitFailedError, DeltaError) as exc:

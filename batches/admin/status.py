@@ -185,7 +185,7 @@ def pipeline_status(
             held(
                 f"{checkpoint.location}/keyed_state",
                 f"{checkpoint.location}/keyed_timers",
-                as_of,
+                pipeline.keyed.expiry(as_of, watermark),
             )
             if pipeline.keyed is not None and checkpoint is not None
             else None

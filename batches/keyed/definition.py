@@ -15,11 +15,14 @@ run, ``lowmark.batches.keyed.runtime``; where its state lives,
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field, ImportString
 
 from lowmark.batches.config import UserConfig
+
+if TYPE_CHECKING:
+    from lowmark.state.keyed_state import Expiry
 
 
 class Keyed(UserConfig):
@@ -57,3 +60,11 @@ class Keyed(UserConfig):
         return self.model_dump() | {
             "states": {name: state.semantics() for name, state in sorted(states.items())}
         }
+
+    def expiry(self, processing_ms: int, watermark_ms: int | None) -> Expiry:
+        """What this step's states have expired by at processing time ``processing_ms`` and
+        watermark ``watermark_ms`` (``lowmark.state.keyed_state.Expiry``)."""
+        from lowmark.batches.keyed.runtime import by_event_time, declared_states
+        from lowmark.state.keyed_state import Expiry
+
+        return Expiry(processing_ms, watermark_ms, by_event_time(declared_states(self.processor)))

@@ -27,6 +27,7 @@ outputs and the same changes.
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,10 +40,12 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.keyed.state_schema import StateKind, StateSchema, as_struct
+from lowmark.batches.keyed.state_schema import StateKind, StateSchema, TtlClock, as_struct
 from lowmark.batches.keyed.state_values import StateCodec
+from lowmark.state.keyed_state import Expiry
 
 TimeMode = Literal["event_time", "processing_time"]
+TTL_CLOCKS: tuple[str, ...] = typing.get_args(TtlClock)
 Key = tuple[Any, ...]
 StateValues = dict[str, Any]
 """A key's states by name: a value state's tuple, a list state's list of tuples, a map
@@ -52,7 +55,7 @@ state's dict of tuple → tuple (``Handle``)."""
 @dataclass
 class KeyChanges:
     """What a batch changed of one key: the states it wrote (a name → its new value, or
-    ``DELETED``), when each expires (processing time in ms; None: never), and its timers."""
+    ``DELETED``), when each expires (in ms of its TTL's clock; None: never), and its timers."""
 
     states: dict[str, Any] = field(default_factory=dict)
     expires: dict[str, int | None] = field(default_factory=dict)
@@ -83,11 +86,15 @@ class Handle:
     A state's values are checked against the schema ``init`` declared for it, and kept
     with its declared Python types (``lowmark.batches.keyed.state_values``); a state
     with a TTL expires ``ttlDurationMs`` after the processing time of the batch that last
-    wrote it (``processing_ms``), the whole state at once (a list's elements and a map's
+    wrote it (``processing_ms``) or, with ``ttlClock="event_time"``, after the event time
+    of that write (``event_ms``: the key's newest record in ``handleInputRows``, the timer
+    in ``handleExpiredTimer``), the whole state at once (a list's elements and a map's
     entries with it)."""
 
     def __init__(self, processing_ms: int = 0) -> None:
         self.key: Key = ()
+        self.event_ms: int | None = None
+        """The event time of what the processor is handling now (``KeyedRun.run`` sets it)."""
         self.states: dict[Key, StateValues] = {}
         self.timers: dict[Key, set[int]] = {}
         self.changes: dict[Key, KeyChanges] = {}
@@ -106,10 +113,17 @@ class Handle:
         changes = self.changes.setdefault(self.key, KeyChanges())
         changes.states[name] = value
         declared = self.declared.get(name)
-        ttl = declared.ttl_ms if declared is not None else None
         changes.expires[name] = (
-            None if value is DELETED or ttl is None else self.processing_ms + ttl
+            None if value is DELETED or declared is None else self._expiry(declared)
         )
+
+    def _expiry(self, state: StateSchema) -> int | None:
+        """When a write of ``state`` now expires, in its TTL's clock (None: never)."""
+        if state.ttl_ms is None:
+            return None
+        if state.ttl_clock == "processing_time":
+            return self.processing_ms + state.ttl_ms
+        return None if self.event_ms is None else self.event_ms + state.ttl_ms
 
     def _declare(
         self,
@@ -117,6 +131,7 @@ class Handle:
         kind: StateKind,
         schema: object,
         ttl_ms: int | None,
+        ttl_clock: str,
         key_schema: object = None,
     ) -> StateCodec:
         held = self.declared.get(name)
@@ -130,8 +145,14 @@ class Handle:
                 f"state {name!r}: ttlDurationMs {ttl_ms} is negative: give a positive TTL, "
                 "or None for values that never expire"
             )
+        if ttl_clock not in TTL_CLOCKS:
+            raise PipelineConfigInvalid(
+                f"state {name!r}: ttlClock {ttl_clock!r} is not a clock: give "
+                f"{' or '.join(repr(c) for c in TTL_CLOCKS)}"
+            )
         key = as_struct(key_schema, name) if key_schema is not None else None
-        state = StateSchema(name, kind, as_struct(schema, name), key, ttl_ms or None)
+        clock = typing.cast(TtlClock, ttl_clock)
+        state = StateSchema(name, kind, as_struct(schema, name), key, ttl_ms or None, clock)
         self.declared[name] = state
         self.codecs[name] = StateCodec(state)
         return self.codecs[name]
@@ -143,8 +164,9 @@ class Handle:
         stateName: str,
         schema: object,
         ttlDurationMs: int | None = None,
+        ttlClock: str = "processing_time",
     ) -> ValueState:
-        codec = self._declare(stateName, "value", schema, ttlDurationMs)
+        codec = self._declare(stateName, "value", schema, ttlDurationMs, ttlClock)
         return ValueState(self, stateName, codec)
 
     def getListState(
@@ -152,8 +174,9 @@ class Handle:
         stateName: str,
         schema: object,
         ttlDurationMs: int | None = None,
+        ttlClock: str = "processing_time",
     ) -> ListState:
-        codec = self._declare(stateName, "list", schema, ttlDurationMs)
+        codec = self._declare(stateName, "list", schema, ttlDurationMs, ttlClock)
         return ListState(self, stateName, codec)
 
     def getMapState(
@@ -162,8 +185,9 @@ class Handle:
         userKeySchema: object,
         valueSchema: object,
         ttlDurationMs: int | None = None,
+        ttlClock: str = "processing_time",
     ) -> MapState:
-        codec = self._declare(stateName, "map", valueSchema, ttlDurationMs, userKeySchema)
+        codec = self._declare(stateName, "map", valueSchema, ttlDurationMs, ttlClock, userKeySchema)
         return MapState(self, stateName, codec)
 
     def deleteIfExists(self, stateName: str) -> None:
@@ -291,17 +315,22 @@ class KeyedRun:
         self.codecs = self.handle.codecs
         """The declared states' codecs, by name: how the states read and written are
         stored (``lowmark.batches.keyed.state_values``)."""
+        self.expiry = Expiry(processing_ms, watermark_ms, by_event_time(self.handle.declared))
+        """What the states held have expired by in this batch."""
 
     def run(
         self,
         records: dict[Key, pd.DataFrame],
         states: dict[Key, StateValues],
         timers: dict[Key, set[int]],
+        newest_ms: dict[Key, int] | None = None,
     ) -> Outcome:
         """Steps 1-2 of the module's docstring over ``records`` (each key's new records, in
-        event-time order), starting from ``states`` (each key's states held and not
-        expired, as ``state_values.held_values`` reads them) and ``timers`` (every pending
-        timer of the keys that have records, and of those with a timer due). Once per run."""
+        event-time order; ``newest_ms``: the event time of each key's newest, what a state
+        with event-time TTL written from them counts from), starting from ``states`` (each
+        key's states held and not expired, as ``state_values.held_values`` reads them) and
+        ``timers`` (every pending timer of the keys that have records, and of those with a
+        timer due). Once per run."""
         handle, processor = self.handle, self.processor
         handle.states = {k: dict(v) for k, v in states.items()}
         handle.timers = {k: set(v) for k, v in timers.items()}
@@ -313,10 +342,12 @@ class KeyedRun:
         for key in sorted(records.keys() | timers.keys(), key=_order):
             handle.key = key
             if key in records:
+                handle.event_ms = (newest_ms or {}).get(key)
                 rows = processor.handleInputRows(key, iter([records[key]]), values)
                 output.extend(_frames(rows))
             while (due := self._next_due(handle.timers.get(key, set()))) is not None:
                 handle.deleteTimer(due)
+                handle.event_ms = due
                 fired += 1
                 expired = processor.handleExpiredTimer(key, values, ExpiredTimerInfo(due))
                 output.extend(_frames(expired))
@@ -352,6 +383,15 @@ def _frames(rows: Iterable[Any] | None) -> list[pd.DataFrame]:
 def _order(key: Key) -> str:
     """Keys in one order whatever their types (a replay visits them the same way)."""
     return json.dumps(key, default=str)
+
+
+def by_event_time(declared: dict[str, StateSchema]) -> frozenset[str]:
+    """The ``declared`` states whose TTL runs by event time (``Expiry.by_event_time``)."""
+    return frozenset(
+        name
+        for name, state in declared.items()
+        if state.ttl_ms is not None and state.ttl_clock == "event_time"
+    )
 
 
 def declared_states(factory: Callable[[], Any]) -> dict[str, StateSchema]:

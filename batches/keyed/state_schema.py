@@ -13,8 +13,9 @@ changed schema on a running checkpoint is judged by ``refusal``: a new state, a 
 nullable field (or one with a pydantic default), or a field made nullable reads what
 the checkpoint holds (a field it lacks reads as its default, or null); a state's
 kind, a field's type or a map's key schema changed, a field removed or a new field
-that may not be null is refused. TTL is left out: changing it is safe (values keep
-the expiry they were written with).
+that may not be null is refused. A TTL's length is left out: changing it is safe
+(values keep the expiry they were written with); its clock is not (a state given or
+losing event-time TTL is refused: the expiries held are in the other clock).
 """
 
 from __future__ import annotations
@@ -52,24 +53,33 @@ from pyspark.sql.types import (
 from lowmark.batches.errors import PipelineConfigInvalid
 
 StateKind = Literal["value", "list", "map"]
+TtlClock = Literal["processing_time", "event_time"]
+"""What a state's TTL is counted by: the batches' processing time (Spark's TTL) or event
+time (the time of the write: the key's newest record, or the timer that fired; expired
+once the watermark passes it plus the TTL)."""
 
 
 @dataclass(frozen=True)
 class StateSchema:
     """One declared state: its kind, the schema of its values (of a map's values), a map's
-    key schema, and its TTL (None: its values never expire)."""
+    key schema, its TTL (None: its values never expire) and the clock the TTL runs by."""
 
     name: str
     kind: StateKind
     value: StructType
     key: StructType | None = None
     ttl_ms: int | None = None
+    ttl_clock: TtlClock = "processing_time"
 
     def semantics(self) -> dict[str, Any]:
-        """What the pipeline's fingerprint holds of this state (as JSON values)."""
+        """What the pipeline's fingerprint holds of this state (as JSON values): its kind and
+        schemas and, for event-time TTL, the clock (the expiries it holds are in that clock;
+        left out otherwise, so the fingerprints of states recorded before stay)."""
         held: dict[str, Any] = {"kind": self.kind, "value": self.value.jsonValue()}
         if self.key is not None:
             held["key"] = self.key.jsonValue()
+        if self.ttl_ms is not None and self.ttl_clock == "event_time":
+            held["ttl_clock"] = self.ttl_clock
         return held
 
 
@@ -101,6 +111,11 @@ def refusal(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
             return f"state {name!r} changed from {was['kind']} state to {now['kind']} state"
         if was.get("key") != now.get("key"):
             return f"state {name!r}: its map key schema changed"
+        if was.get("ttl_clock") != now.get("ttl_clock"):
+            return (
+                f"state {name!r}: its TTL changed clock (the expiries it holds are in the "
+                "other one): declare the state under a new name"
+            )
         problem = _field_refusal(was["value"]["fields"], now["value"]["fields"])
         if problem is not None:
             return f"state {name!r}: {problem}"

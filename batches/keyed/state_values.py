@@ -53,6 +53,7 @@ from pyspark.sql.types import (
 
 from lowmark.batches.errors import StateValueInvalid
 from lowmark.batches.keyed.state_schema import StateSchema
+from lowmark.state.keyed_state import Expiry
 
 _INTEGRAL: dict[type[DataType], int] = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
 
@@ -171,17 +172,15 @@ class StateCodec:
 def held_values(
     rows: Iterable[tuple[str, str | None, int | None]],
     codecs: dict[str, StateCodec],
-    now_ms: int,
+    expiry: Expiry,
 ) -> dict[str, Any]:
     """A key's states from its newest ``keyed_state`` rows (``state``, ``value``,
-    ``expires_ms``), as of processing time ``now_ms``: cleared ones, expired ones
-    (``expires_ms`` at or below ``now_ms``) and those no longer declared left out."""
+    ``expires_ms``), as of ``expiry``: cleared ones, expired ones and those no longer
+    declared left out."""
     held: dict[str, Any] = {}
     for name, text, expires_ms in rows:
         codec = codecs.get(name)
-        if text is None or codec is None:
-            continue
-        if expires_ms is not None and expires_ms <= now_ms:
+        if text is None or codec is None or expiry.expired(name, expires_ms):
             continue
         held[name] = codec.decode(text)
     return held

@@ -213,9 +213,11 @@ def _process(
     frame = records.to_pandas(types_mapper=None).sort_values([EVENT_MS, ORDER], kind="stable")
     by_key: dict[Key, pd.DataFrame] = {}
     bucket_of: dict[str, int] = {}
+    newest_ms: dict[Key, int] = {}
     for key, group in frame.groupby(list(key_columns), sort=False, dropna=False):
         values = key if isinstance(key, tuple) else (key,)
         by_key[values] = group[payload].reset_index(drop=True)
+        newest_ms[values] = int(group[EVENT_MS].max())
         bucket_of[key_json(values)] = int(group[BUCKET].iloc[0])
     now = watermark_ms if time_mode == "event_time" else processing_ms
     due = pinned.due(buckets, now) if now is not None else None
@@ -241,8 +243,9 @@ def _process(
                 timers[keys_of[k]] = set(json.loads(value))
         else:
             rows_of.setdefault(keys_of[k], []).append((name, value, expires_ms))
-    states = {key: held_values(rows, run.codecs, processing_ms) for key, rows in rows_of.items()}
-    outcome = run.run(by_key, states, {keys_of[k]: timers.get(keys_of[k], set()) for k in keys_of})
+    states = {key: held_values(rows, run.codecs, run.expiry) for key, rows in rows_of.items()}
+    held_timers = {keys_of[k]: timers.get(keys_of[k], set()) for k in keys_of}
+    outcome = run.run(by_key, states, held_timers, newest_ms)
     if outcome.output:
         out = pd.concat(outcome.output, ignore_index=True)
         data = pa.Table.from_pandas(

@@ -16,6 +16,7 @@ from lowmark.batches.pipeline import Maintenance, Pipeline
 from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Range, Source
 from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.keyed_state import Expiry
 from lowmark.state.maintenance import KeptBatches, maintain
 from lowmark.state.session import SparkLike
 
@@ -43,7 +44,12 @@ def maintain_checkpoint(spark: SparkLike, pipeline: Pipeline, data_root: Path) -
     offsets = ckpt.offsets.get(done.batch_id)
     assert offsets is not None, "a committed batch always has its offsets"
     batch = Range(done.batch_id, offsets.start_offsets, offsets.end_offsets)
-    tables = maintain_after(ckpt, source, batch, maintenance, done.table_versions)
+    expiry = (
+        pipeline.keyed.expiry(offsets.created_ms, done.next_watermark_ms)
+        if pipeline.keyed is not None
+        else None
+    )
+    tables = maintain_after(ckpt, source, batch, maintenance, done.table_versions, expiry)
     return Maintained(tables, max(0, done.batch_id - maintenance.log_batches + 1), done.batch_id)
 
 
@@ -53,11 +59,13 @@ def maintain_after(
     committed: Range,
     maintenance: Maintenance,
     recorded: dict[str, int],
+    expiry: Expiry | None,
 ) -> int:
     """Maintain ``checkpoint`` after batch ``committed`` as ``maintenance`` sets: the
     source's bookkeeping first (``Source.retire``), then every table, keeping each state
-    table at the version ``committed``'s commit recorded (``recorded``); tables
-    maintained."""
+    table at the version ``committed``'s commit recorded (``recorded``) and dropping the
+    keyed states ``expiry`` (the committed batch's processing time and the watermark it
+    left) has expired; tables maintained."""
     source.retire(committed.end, committed.batch_id)
     keep = KeptBatches(maintenance.log_batches, maintenance.progress_batches)
-    return maintain(checkpoint, committed.batch_id, keep, recorded)
+    return maintain(checkpoint, committed.batch_id, keep, recorded, expiry)

@@ -33,7 +33,7 @@ from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted,
 from lowmark.batches.loop.listeners import Listeners, PipelineListener, configured_listeners
 from lowmark.batches.loop.maintenance import maintain_after
 from lowmark.batches.loop.parts import BatchParts, build_parts
-from lowmark.batches.loop.plan import EPOCH, PlannedBatch, Planner
+from lowmark.batches.loop.plan import PlannedBatch, Planner
 from lowmark.batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
 from lowmark.batches.loop.preflight import check_definition
 from lowmark.batches.loop.sink_owner import check_sink_is_ours
@@ -46,6 +46,7 @@ from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import BatchCounts
 from lowmark.state.errors import first_line
 from lowmark.state.failures import FailureKind
+from lowmark.state.log import EPOCH
 from lowmark.state.offset_log import OffsetEntry, Offsets
 from lowmark.state.progress import ProgressEntry
 from lowmark.state.session import SparkLike, StartedOnUse
@@ -465,7 +466,9 @@ class MicroBatchRunner:
         timer.lap("source_commit")
         maintenance = self.pipeline.maintenance
         if (batch_id + 1) % maintenance.every_batches == 0:
-            maintain_after(ckpt, parts.source, batch, maintenance, versions)
+            declared = self.pipeline.keyed
+            expiry = declared.expiry(planned.planned_at_ms, next_watermark) if declared else None
+            maintain_after(ckpt, parts.source, batch, maintenance, versions, expiry)
             timer.lap("maintenance")
         ckpt.progress.add(
             ProgressEntry(

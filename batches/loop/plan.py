@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from lowmark.batches.clock import Clock
@@ -38,8 +37,6 @@ from lowmark.state.commit_log import CommitEntry
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
 from lowmark.state.offset_log import Identity, OffsetEntry, Offsets
 from lowmark.state.window_state import LATEST
-
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -207,7 +204,7 @@ class Planner:
                 latest.end_offsets,
                 latest.batch_watermark_ms,
                 replay=True,
-                planned_at_ms=_ms(latest.created_at),
+                planned_at_ms=latest.created_ms,
                 previous=previous,
                 identity=latest.source_identity,
                 skipped=_recorded_skip(latest),
@@ -439,12 +436,6 @@ def _recorded_skip(entry: OffsetEntry) -> Skipped | None:
     if not entry.input_skipped:
         return None
     return Skipped(entry.start_offsets, entry.input_skipped, "as recorded in the offset log")
-
-
-def _ms(moment: datetime) -> int:
-    """Epoch milliseconds of ``moment``, exactly (no float rounding: a replay must plan
-    with the very processing time the batch was planned with)."""
-    return (moment - EPOCH) // timedelta(milliseconds=1)
 
 
 def _without_states(definition: dict[str, Any]) -> dict[str, Any]:

@@ -89,6 +89,31 @@ def test_a_run_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
     assert differences(ref.tables, snapshot(ref.pipeline, case.root)) == []
 
 
+ONE_JOB_BATCH = KILL_BATCH + 1
+"""A batch with no bad row: a stateless pipeline writes its sink in one Spark job that
+observes everything else (``lowmark.batches.loop.one_job``), so its kills fall around that
+one job's write, not around a look job and a write."""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["plain_append", "keyed_alerts"])
+@pytest.mark.parametrize("step", STEPS)
+def test_a_one_job_batch_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
+    spark: SparkSession, references: References, name: str, step: str
+) -> None:
+    ref = references[name]
+    root = ref.folder / f"one_job_{step}"  # beside the shared input folder
+    shutil.copytree(ref.folder / "template", root)
+    killed = kill_run(root, ref.pipeline, KillPoint(step, ONE_JOB_BATCH), jvm=spark)
+    assert killed.returncode == KILLED, killed.stderr[-3000:]
+
+    results = run_to_completion(spark, ref.pipeline, root)
+
+    replayed = [r.batch_id for r in results if r.replay]
+    assert replayed == ([] if step in ("after_plan", "after_commit") else [ONE_JOB_BATCH])
+    assert differences(ref.tables, snapshot(ref.pipeline, root)) == []
+
+
 @pytest.mark.integration  # the synthetic pipelines' reference runs are integration's
 def test_an_idle_timeout_shorter_than_every_batch_makes_no_waiting_record_late(
     spark: SparkSession, references: References, tmp_path: Path

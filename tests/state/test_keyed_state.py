@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lowmark.state.keyed_state import BUCKET, STATE, compact_latest, held, latest
+from lowmark.state.keyed_state import BUCKET, STATE, Expiry, compact_latest, held, latest
 from lowmark.state.table import DriverTable
 
 
@@ -74,7 +74,7 @@ def test_compaction_drops_values_expired_by_the_last_batch_and_keeps_those_witho
         row["expires_ms"] = None if rng.random() < 0.5 else int(str(row["batch_id"])) * 10 + 15
     table = DriverTable(str(tmp_path / "keyed_state"), STATE, partition_by=(BUCKET,))
     table.append_once(pa.Table.from_pylist(rows, schema=STATE), "app", 0)
-    compact_latest(table, expired_by_ms=80)
+    compact_latest(table, Expiry(processing_ms=80))
 
     newest: dict[tuple[object, object], dict[str, object]] = {}
     for row in sorted(rows, key=lambda r: int(str(r["batch_id"]))):
@@ -99,4 +99,34 @@ def test_a_key_whose_every_state_expired_is_not_held(tmp_path: Path) -> None:
     table.append_once(pa.Table.from_pylist(rows, schema=STATE), "app", 0)
     timers = str(tmp_path / "keyed_timers")
     assert held(table.path, timers).keys == 3
-    assert held(table.path, timers, now_ms=100).keys == 2  # key 2's only state expired
+    assert held(table.path, timers, Expiry(100)).keys == 2  # key 2's only state expired
+    # State "a"'s TTL by event time: the processing time no longer expires it, the
+    # watermark does; no watermark yet, nothing has.
+    by_event = frozenset({"a"})
+    assert held(table.path, timers, Expiry(10**12, 99, by_event)).keys == 3
+    assert held(table.path, timers, Expiry(10**12, 100, by_event)).keys == 2
+    assert held(table.path, timers, Expiry(10**12, 101, by_event)).keys == 1
+    assert held(table.path, timers, Expiry(10**12, None, by_event)).keys == 3
+
+
+def test_compaction_drops_event_time_ttl_values_by_the_watermark(tmp_path: Path) -> None:
+    rows = [
+        {
+            "key": f"[{i}]",
+            "state": state,
+            "value": "{}",
+            "expires_ms": expires,
+            "batch_id": 0,
+            BUCKET: 0,
+        }
+        for i, (state, expires) in enumerate(
+            [("by_event", 50), ("by_event", 80), ("by_processing", 80), ("by_processing", 150)]
+        )
+    ]
+    rows += [r | {"batch_id": 1} for r in rows] + [r | {"batch_id": 2} for r in rows]
+    table = DriverTable(str(tmp_path / "keyed_state"), STATE, partition_by=(BUCKET,))
+    table.append_once(pa.Table.from_pylist(rows, schema=STATE), "app", 0)
+    compact_latest(
+        table, Expiry(processing_ms=100, watermark_ms=60, by_event_time=frozenset({"by_event"}))
+    )
+    assert sorted(r["key"] for r in table.read().to_pylist()) == ["[1]", "[3]"]

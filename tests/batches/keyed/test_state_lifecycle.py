@@ -15,7 +15,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import TimerValues
 
+from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.keyed.definition import Keyed
+from lowmark.batches.keyed.runtime import Handle
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.loop.parts import read_only_planner
@@ -176,3 +178,63 @@ def test_a_checkpoint_from_before_state_schemas_were_recorded_runs_on(
 
     planner = read_only_planner(spark, pipeline, tmp_path)
     assert planner.next_batch(dry_run=True).planned is None  # no new input: nothing, no refusal
+
+
+class _EventTimeVisits(StatefulProcessor):
+    """Per user: the visits counted while the state lives; it expires a minute of event time
+    after the newest visit that wrote it (``ttlClock="event_time"``)."""
+
+    def init(self, handle: Handle) -> None:  # type: ignore[override]
+        self.visits = handle.getValueState(
+            "visits", "n long", ttlDurationMs=TTL_MS, ttlClock="event_time"
+        )
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        visits = pd.concat(list(rows))
+        held = self.visits.get()
+        n = (held[0] if held is not None else 0) + len(visits)
+        self.visits.update((n,))
+        last = visits["ts"].max().to_pydatetime()
+        yield pd.DataFrame(
+            {"user": [key[0]], "first": [last], "n": [n], "seen": [None], "last": [last]}
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_event_time_ttl_expires_as_the_watermark_passes_the_write_plus_the_ttl(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    clock = FakeClock()  # processing time stands still: only event time expires the state
+    pipeline = Pipeline(
+        name="visits",
+        source=FileSource(
+            path="in", format="json", schema_ddl="user STRING, ts TIMESTAMP", max_files_per_batch=1
+        ),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts"),
+        keyed=Keyed(processor=_EventTimeVisits, keys=("user",), output_schema=OUTPUT),
+    )
+    # Minutes of event time, one file (one batch) each: a's visit at 0 expires at 1:00; its
+    # visit at 0:30 (watermark 0:00) renews it to 1:30; b's visit at 5:00 moves the
+    # watermark past 1:30, so a's visit at 5:10 finds nothing held.
+    for i, (user, minute) in enumerate([("a", 0), ("a", 0.5), ("b", 5), ("a", 5 + 1 / 6)]):
+        at = pd.Timestamp("2026-01-01", tz="UTC") + pd.Timedelta(minutes=minute)
+        write_json_lines(
+            tmp_path / "in", f"f{i}.json", [{"user": user, "ts": at.isoformat()}], 1000 + i
+        )
+    MicroBatchRunner(spark, pipeline, tmp_path, clock).run(max_batches=None)
+
+    got = [(r.user, r.n) for r in delta_frame(spark, tmp_path / "out").orderBy("last").collect()]
+    assert got == [("a", 1), ("a", 2), ("b", 1), ("a", 1)]
+    state = delta_frame(spark, tmp_path / "_lowmark" / "visits" / "keyed_state")
+    expires = [r.expires_ms for r in state.where("state = 'visits'").orderBy("batch_id").collect()]
+    start = int(pd.Timestamp("2026-01-01", tz="UTC").timestamp() * 1000)
+    assert expires == [start + TTL_MS, start + 30_000 + TTL_MS, start + 300_000 + TTL_MS,
+                       start + 310_000 + TTL_MS]  # fmt: skip
+    # Status counts by the watermark too: at 5:10, a (expires 6:10) and b (6:00) are held.
+    status = pipeline_status(spark, pipeline, tmp_path, clock)
+    assert status.keyed is not None and status.keyed.keys == 2

@@ -62,7 +62,9 @@ def _batches(
     for records, now in batches:
         run = KeyedRun(factory, "processing_time", None, now)
         states = {
-            k: held_values([(n, v, e) for n, (v, e) in stored.get(k, {}).items()], run.codecs, now)
+            k: held_values(
+                [(n, v, e) for n, (v, e) in stored.get(k, {}).items()], run.codecs, run.expiry
+            )
             for k in records
         }
         outcome = run.run(records, states, {k: set() for k in records})
