@@ -15,6 +15,7 @@ from pyspark.sql.types import StructType
 from lowmark.batches.keyed.state_schema import (
     StateKind,
     StateSchema,
+    TtlClock,
     as_struct,
     parse_ddl,
     refusal,
@@ -60,6 +61,11 @@ def _states(**schemas: str) -> dict[str, Any]:
     return {n: StateSchema(n, "value", parse_ddl(s, n)).semantics() for n, s in schemas.items()}
 
 
+def _ttl(clock: TtlClock, ttl_ms: int | None = 60_000) -> dict[str, Any]:
+    schema = parse_ddl("first timestamp, n long", "visits")
+    return {"visits": StateSchema("visits", "value", schema, None, ttl_ms, clock).semantics()}
+
+
 def _kinds(**kinds: StateKind) -> dict[str, Any]:
     schema = parse_ddl("first timestamp, n long", "visits")
     return {n: StateSchema(n, k, schema).semantics() for n, k in kinds.items()}
@@ -77,6 +83,9 @@ def _kinds(**kinds: StateKind) -> dict[str, Any]:
         (_states(visits="first timestamp, n long, m long not null"), "new field 'm' is NOT NULL"),
         (_states(visits="first timestamp, n long not null"), "field 'n' may no longer be null"),
         (_kinds(visits="list"), "state 'visits' changed from value state to list state"),
+        (_ttl("processing_time"), None),  # a TTL by processing time given or changed
+        (_ttl("event_time", None), None),  # no TTL: no clock
+        (_ttl("event_time"), "its TTL changed clock"),
     ],
 )
 def test_a_schema_change_is_accepted_when_the_values_held_still_read(
