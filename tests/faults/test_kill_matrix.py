@@ -104,7 +104,8 @@ def test_a_one_job_batch_killed_at_any_step_then_restarted_ends_like_a_run_never
     ref = references[name]
     root = ref.folder / f"one_job_{step}"  # beside the shared input folder
     shutil.copytree(ref.folder / "template", root)
-    killed = kill_run(root, ref.pipeline, KillPoint(step, ONE_JOB_BATCH), jvm=spark)
+    point = KillPoint(step, ONE_JOB_BATCH)
+    killed = kill_run(root, ref.pipeline, point, "--until-caught-up", jvm=spark)
     assert killed.returncode == KILLED, killed.stderr[-3000:]
 
     results = run_to_completion(spark, ref.pipeline, root)
