@@ -79,7 +79,7 @@ class FileSource(SourceKind):
 
     OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
         {"max_files_per_batch", "max_bytes_per_batch", "min_file_age", "processed_files"}
-        | {"archive_dir"}
+        | {"archive_dir", "ingestion_time"}
     )
     """Fields a running checkpoint may change: left out of the pipeline's fingerprint."""
 
@@ -125,6 +125,15 @@ class FileSource(SourceKind):
         default=None,
         description="Where `processed_files: archive` moves files (relative to the data root "
         "or absolute; not inside `path`).",
+    )
+    ingestion_time: Literal["listed", "modified"] = Field(
+        default="listed",
+        description=(
+            "A file's ingestion time, for an ingestion-time watermark: when lowmark first "
+            "listed it (default), or its modification time (for producers that write in "
+            "place; a file copied in with an older modification time makes its records "
+            "late). Read only by `event_time.watermark: {strategy: ingestion_time}`."
+        ),
     )
 
     @model_validator(mode="after")

@@ -386,20 +386,26 @@ class FileStreamSource(Source):
 
     def ingestion_times(self, position: Offsets, observed_ms: int) -> dict[str, int]:
         """A file's ingestion time is when the planning that recorded it listed it (the
-        manifest's ``discovered_ms``): per partition, that of its first file at or past
+        manifest's ``discovered_ms``), or with ``ingestion_time: modified`` its
+        modification time: per partition, the earliest of its files at or past
         ``position``, else ``observed_ms`` (a file not listed yet is listed later). A file
-        recorded before lowmark kept the time counts as written at time 0: it holds its
-        partition's clock back until a batch takes it. A dry run's unrecorded files count
-        as listed at ``observed_ms``."""
+        recorded before lowmark kept the listing time counts as listed at time 0: it holds
+        its partition's clock back until a batch takes it. A dry run's unrecorded files
+        count as listed at ``observed_ms``."""
+        by_modification = self.config.ingestion_time == "modified"
         times = {p: observed_ms for p in self.initial_offsets()}
-        known = self._manifest()
-        for f in known:
+        recorded = {f.path for f in self._manifest()}
+        for f in self._planned(refresh=False):
             times.setdefault(f.partition, observed_ms)
-            if f.seq >= position.get(f.partition, 0):
-                listed = f.discovered_ms if f.discovered_ms is not None else 0
-                times[f.partition] = min(times.get(f.partition, observed_ms), listed)
-        for f in self._planned(refresh=False)[len(known) :]:  # a dry run's unrecorded files
-            times.setdefault(f.partition, observed_ms)
+            if f.seq < position.get(f.partition, 0):
+                continue
+            if by_modification:
+                ingested = f.modified_ms
+            elif f.path not in recorded:
+                ingested = observed_ms
+            else:
+                ingested = f.discovered_ms if f.discovered_ms is not None else 0
+            times[f.partition] = min(times[f.partition], ingested)
         return times
 
     def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:

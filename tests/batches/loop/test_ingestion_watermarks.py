@@ -7,6 +7,7 @@ compared with a plain Spark batch over the whole input (``tests.helpers.referenc
 
 from __future__ import annotations
 
+import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -146,6 +147,37 @@ def test_a_record_written_longer_after_its_event_time_than_the_lag_is_late(
     kept = tmp_path / "kept"
     land(kept / "in", "a.json", [event("a", 40, 1), event("a", 95, 4)], 1)
     assertDataFrameEqual(sink(spark, tmp_path), reference(spark, kept, WINDOW))
+
+
+def test_by_modification_time_a_backlog_listed_late_gives_what_the_live_run_gave(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Two files written at 1:00 and 2:00 (their modification times), first listed a day
+    # later. By their modification times the clock is what a live run's was: b@85, written
+    # 35 s after its event time, is the one late record. By listing time every record
+    # came a day late.
+    clock, t0 = FakeClock(), T0_MS // 1000
+    _at(clock, 86_400)
+    land(tmp_path / "in", "a.json", [event("a", 40, 1)], t0 + 60)
+    land(tmp_path / "in", "b.json", [event("b", 85, 2), event("a", 95, 4)], t0 + 120)
+    late: dict[str, int] = {}
+    for ingestion_time in ("modified", "listed"):
+        base = _pipeline()
+        source = base.source.model_copy(
+            update={"ingestion_time": ingestion_time, "max_files_per_batch": 1}
+        )
+        pipeline = base.model_copy(update={"source": source})
+        root = tmp_path / ingestion_time
+        shutil.copytree(tmp_path / "in", root / "in")
+        results = MicroBatchRunner(spark, pipeline, root, clock).run(max_batches=None)
+        late[ingestion_time] = sum(r.rows_late for r in results)
+        if ingestion_time == "modified":
+            [record] = _late(spark, root, pipeline)
+            assert '"user":"b"' in record
+            kept = tmp_path / "kept"
+            land(kept / "in", "a.json", [event("a", 40, 1), event("a", 95, 4)], 1)
+            assertDataFrameEqual(sink(spark, root), reference(spark, kept, WINDOW))
+    assert late == {"modified": 1, "listed": 3}
 
 
 FILES = [  # (listed at second, events): the third file comes after a quiet spell
