@@ -31,6 +31,11 @@ class SinkWriteFailed(LowmarkError):
     """The sink refused the batch (schema mismatch, duplicate merge keys, ...)."""
 
 
+class SinkUnreachable(LowmarkError):
+    """The sink's system cannot be reached with its settings (no such host, a refused
+    password)."""
+
+
 class PartitionNotClosed(LowmarkError):
     """A backfill asked for an event-time partition the watermark has not closed yet."""
 

@@ -410,6 +410,9 @@ class CustomSource(SourceKind):
 
     RUNTIME: ClassVar[str] = "lowmark.batches.sources.custom:from_factory"
 
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"options"})
+    """Left out of the fingerprint: where and how the sink writes changes no batch's rows."""
+
     kind: Literal["custom"] = "custom"
     """Picks this source."""
     factory: ImportString[Callable[..., Any]] = Field(
@@ -532,6 +535,10 @@ else:
 class DeltaSink(_Config):
     """A Delta table written exactly once per batch."""
 
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"properties"})
+    """Left out of the fingerprint: properties apply when the sink is created, and change
+    no batch's rows."""
+
     kind: Literal["delta"] = "delta"
     """Picks this sink (the only built-in one)."""
     path: str = Field(description="Table folder, relative to the data root or absolute.")
@@ -585,6 +592,9 @@ class CustomSink(_Config):
     sink, and the check that no other checkpoint writes the sink is the sink's own.
     """
 
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"options"})
+    """Left out of the fingerprint: where and how the sink writes changes no batch's rows."""
+
     kind: Literal["custom"] = "custom"
     """Picks a sink of your own."""
     factory: ImportString[Callable[..., Any]] = Field(
@@ -602,6 +612,98 @@ class CustomSink(_Config):
         return f"{getattr(self.factory, '__module__', '?')}.{self.factory.__name__}"
 
 
+_TABLE_NAME = r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?$"
+
+
+class PostgresSink(_Config):
+    """A Postgres table written exactly once per batch (``lowmark.batches.sinks.postgres``).
+
+    Each batch's rows and its batch id go in one database transaction: the id
+    into the fence table ``lowmark_sink_batches`` of the table's schema, the
+    rows into ``table`` (appended, or upserted on ``keys``). A replayed batch
+    whose id is already fenced writes nothing. Where to connect: ``dsn`` and/or
+    ``host``, ``port``, ``dbname``, ``user``; what is left out comes from libpq's
+    own ``PG*`` environment variables. The password never goes in the YAML: it
+    comes from the environment variable ``password_env`` names, else libpq's
+    ``PGPASSWORD`` or ``~/.pgpass``.
+    """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"dsn", "host", "port", "dbname", "user", "password_env", "connect_timeout"}
+    )
+    """Where to connect: left out of the pipeline's fingerprint (no batch's rows change)."""
+
+    kind: Literal["postgres"] = "postgres"
+    """Picks this sink."""
+    table: str = Field(
+        pattern=_TABLE_NAME,
+        description="Target table, `name` or `schema.name` (default schema: the "
+        "connection's `search_path`); created from the output's columns if missing.",
+    )
+    mode: Literal["append", "upsert"] = Field(
+        default="append",
+        description="append rows, or upsert them on `keys` (INSERT ... ON CONFLICT (keys) "
+        "DO UPDATE).",
+    )
+    keys: tuple[str, ...] = Field(default=(), description="Upsert keys (mode=upsert only).")
+    dsn: str | None = Field(
+        default=None,
+        description="A libpq connection string or URI, without a password "
+        "(`postgresql://app@db.internal:5432/serving`).",
+    )
+    host: str | None = Field(default=None, description="Server host (else libpq's PGHOST).")
+    port: int | None = Field(
+        default=None, ge=1, le=65535, description="Server port (else libpq's PGPORT)."
+    )
+    dbname: str | None = Field(default=None, description="Database (else libpq's PGDATABASE).")
+    user: str | None = Field(default=None, description="User (else libpq's PGUSER).")
+    password_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable holding the password (else libpq's "
+        "PGPASSWORD or ~/.pgpass).",
+    )
+    connect_timeout: int = Field(
+        default=10, ge=1, description="Seconds to wait for a connection before failing."
+    )
+
+    @field_validator("dsn")
+    @classmethod
+    def _no_password_in_dsn(cls, dsn: str | None) -> str | None:
+        if dsn is not None and _holds_password(dsn):
+            raise ValueError(
+                "`dsn` holds a password: take it out and name the environment variable "
+                "that holds it in `password_env` (or use PGPASSWORD or ~/.pgpass)"
+            )
+        return dsn
+
+    @model_validator(mode="after")
+    def _keys_match_mode(self) -> PostgresSink:
+        if self.mode == "upsert" and not self.keys:
+            raise ValueError(
+                "mode 'upsert' needs `keys`: the columns that identify a row "
+                "(INSERT ... ON CONFLICT (keys))"
+            )
+        if self.mode == "append" and self.keys:
+            raise ValueError("`keys` only apply to mode 'upsert'")
+        return self
+
+    @property
+    def label(self) -> str:
+        """Where the sink writes and how, in a few words."""
+        return f"postgres {self.table} ({self.mode})"
+
+
+def _holds_password(dsn: str) -> bool:
+    """Whether libpq connection string ``dsn`` carries a password: ``password=`` (key/value
+    or a URI's query), or a URI's ``user:password@``."""
+    if "password=" in dsn.replace(" ", "").lower():
+        return True
+    scheme, _, rest = dsn.partition("://")
+    userinfo, at, _ = rest.partition("@")
+    return bool(scheme and at and ":" in userinfo)
+
+
 def _sink_kind(value: Any) -> str:
     """A sink's ``kind``; ``delta`` when not given (what every sink was before others)."""
     if isinstance(value, dict):
@@ -610,7 +712,9 @@ def _sink_kind(value: Any) -> str:
 
 
 SinkConfig = Annotated[
-    Annotated[DeltaSink, Tag("delta")] | Annotated[CustomSink, Tag("custom")],
+    Annotated[DeltaSink, Tag("delta")]
+    | Annotated[CustomSink, Tag("custom")]
+    | Annotated[PostgresSink, Tag("postgres")],
     Discriminator(_sink_kind),
 ]
 """Any sink a pipeline can write, told apart by ``kind`` (default ``delta``)."""
@@ -705,7 +809,8 @@ class Pipeline(_Config):
         "that must hold.",
     )
     sink: SinkConfig
-    """Where each batch's output goes (exactly once): a Delta table, or a sink of your own."""
+    """Where each batch's output goes (exactly once): a Delta table, a Postgres table, or a
+    sink of your own."""
     event_time: EventTime | None = Field(
         default=None, description="Event-time column, out-of-orderness, idleness, lateness."
     )
@@ -802,7 +907,7 @@ class Pipeline(_Config):
         if self.aggregation is not None:
             if self.event_time is None:
                 raise ValueError("`aggregation` needs `event_time` (which column holds event time)")
-            if isinstance(self.sink, DeltaSink) and self.sink.mode != "append":
+            if isinstance(self.sink, DeltaSink | PostgresSink) and self.sink.mode != "append":
                 raise ValueError(
                     "a windowed pipeline sets how the sink is written through "
                     "`aggregation.output_mode`; leave `sink.mode` at append"
@@ -833,32 +938,35 @@ class Pipeline(_Config):
         what = f"the post_aggregation of {self.name}"
         return apply_step(self.post_aggregation, windows, "windows", what)
 
-    def sink_config(self) -> DeltaSink | CustomSink:
-        """The sink as written: update-mode aggregations MERGE a Delta sink on keys + window."""
+    def sink_config(self) -> DeltaSink | CustomSink | PostgresSink:
+        """The sink as written: update-mode aggregations MERGE a Delta sink, or upsert a
+        Postgres one, on keys + window."""
         merges = self.aggregation is not None and self.aggregation.output_mode == "update"
-        if merges and isinstance(self.sink, DeltaSink):
+        if merges and isinstance(self.sink, DeltaSink | PostgresSink):
             assert self.aggregation is not None
             keys = (*self.aggregation.keys, "window_start", "window_end")
-            return self.sink.model_copy(update={"mode": "merge", "keys": keys})
+            mode = "merge" if isinstance(self.sink, DeltaSink) else "upsert"
+            return self.sink.model_copy(update={"mode": mode, "keys": keys})
         return self.sink
 
     @property
     def output_mode(self) -> str | None:
         """How a batch writes the sink: a windowed pipeline's output mode (``append``: each
         window once, when final; ``update``: every window a batch changed, upserted), else a
-        Delta sink's ``mode`` (``append``, ``merge``); None for a custom sink's records."""
+        Delta or Postgres sink's ``mode`` (``append``, ``merge``, ``upsert``); None for a
+        custom sink's records."""
         if self.aggregation is not None:
             return self.aggregation.output_mode
-        return self.sink.mode if isinstance(self.sink, DeltaSink) else None
+        return self.sink.mode if isinstance(self.sink, DeltaSink | PostgresSink) else None
 
     def delta_sink(self, needed_by: str, way_on: str) -> DeltaSink:
         """The pipeline's Delta sink, for ``needed_by`` (what reads the sink's table: a
-        backfill, ``lowmark reset``); for a custom sink, ``PipelineConfigInvalid`` naming
+        backfill, ``lowmark reset``); for another sink, ``PipelineConfigInvalid`` naming
         ``needed_by`` and ``way_on``."""
         if isinstance(self.sink, DeltaSink):
             return self.sink
         raise PipelineConfigInvalid(
-            f"pipeline {self.name} writes a custom sink ({self.sink.label}): {needed_by} "
+            f"pipeline {self.name} writes a {self.sink.kind} sink ({self.sink.label}): {needed_by} "
             f"reads the sink's table, so it needs a `kind: delta` sink; {way_on}"
         )
 
@@ -889,9 +997,9 @@ class Pipeline(_Config):
         semantics: dict[str, Any] = {
             "source": self.source.semantics(),
             "transform": step_semantics(self.transform),
-            # Properties apply when the sink is created, and change no batch's rows; nor
-            # do a custom sink's options (where and how it writes).
-            "sink": self.sink.model_dump(exclude={"properties", "options"}),
+            # What changes no batch's rows: a Delta sink's properties, a custom sink's
+            # options, where a Postgres sink connects (each sink's OPERATIONAL).
+            "sink": self.sink.model_dump(exclude=set(self.sink.OPERATIONAL)),
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }

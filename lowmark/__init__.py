@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         KafkaSource,
         Maintenance,
         Pipeline,
+        PostgresSink,
         SyntheticSource,
         UnionSource,
     )
@@ -64,6 +65,7 @@ _HOME = {
             "KafkaSource",
             "Maintenance",
             "Pipeline",
+            "PostgresSink",
             "SyntheticSource",
             "UnionSource",
         ),
@@ -104,6 +106,7 @@ __all__ = [
     "Maintenance",
     "Pipeline",
     "PipelineListener",
+    "PostgresSink",
     "Quality",
     "Session",
     "Sink",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from lowmark.state.session import SparkSettings, get_spark
 from tests.faults.scenarios import KAFKA_ENV
 from tests.helpers import INTERPRETED, FakeClock
 from tests.kafka_broker import KafkaBroker
+from tests.postgres_server import PostgresServer
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +93,35 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     finally:
         broker.stop()
         os.environ.pop(KAFKA_ENV, None)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server (tests/postgres_server.py) shared by the whole session:
+    started by the first test that asks for it (2-3 s), stopped at the end. Its libpq
+    variables (PGHOST, PGPORT, PGUSER) are in the environment meanwhile, so a sink with no
+    connection settings, and a `lowmark` subprocess, reach it; tests take a database of their
+    own (``pg_database``)."""
+    server = PostgresServer.start()
+    os.environ.update(server.env)
+    try:
+        yield server
+    finally:
+        for name in server.env:
+            os.environ.pop(name, None)
+        server.stop()
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture
+def pg_database(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new, empty database of the session's server, the test's libpq default (PGDATABASE)."""
+    name = f"test_{next(_databases)}"
+    postgres.create_database(name)
+    monkeypatch.setenv("PGDATABASE", name)
+    return name
 
 
 FIRST = ("tests/faults/", "tests/orchestration/test_dagster_dev.py")

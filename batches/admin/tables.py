@@ -135,13 +135,13 @@ def locate(pipeline: str, data_root: Path, definitions: str | None) -> CatalogEn
 
 
 def table_path(entry: CatalogEntry, table: Table) -> str:
-    """Where ``table`` of ``entry``'s pipeline lives; for a custom sink,
+    """Where ``table`` of ``entry``'s pipeline lives; for a sink other than Delta,
     ``PipelineConfigInvalid``."""
     if table.folder is not None:
         return f"{entry.checkpoint}/{table.folder}"
     if entry.sink is None:
         raise PipelineConfigInvalid(
-            f"pipeline {entry.pipeline} writes a custom sink ({entry.sink_label}): `lowmark "
+            f"pipeline {entry.pipeline} writes a sink other than Delta ({entry.sink_label}): `lowmark "
             "show` reads the sink's table, so it needs a `kind: delta` sink; look at it with "
             "its own system's tools (the checkpoint's tables can still be shown)"
         )

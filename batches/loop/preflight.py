@@ -29,7 +29,8 @@ What is checked, where it can be known without Spark:
   unless the reader's ``inferTimestamp`` is on);
 - the sink: not a file, its folder can be created, and a Delta table already
   there has the columns a windowed pipeline writes (the merge keys of a
-  merging sink).
+  merging sink); a Postgres sink can be connected to with its settings and
+  password, and its fence table is there (created if missing).
 
 Each check passes what it cannot know (a remote folder, a custom source or
 sink, a type it does not know): it never refuses what Spark would run.
@@ -50,7 +51,13 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql.types import StructType
 
-from lowmark.batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
+from lowmark.batches.errors import (
+    DefinitionMismatch,
+    PipelineConfigInvalid,
+    SinkNotATable,
+    SinkUnreachable,
+    SourceFileUnreadable,
+)
 from lowmark.batches.loop.sink_owner import sink_not_a_table
 from lowmark.batches.pipeline import (
     DeltaSink,
@@ -58,8 +65,10 @@ from lowmark.batches.pipeline import (
     FileSource,
     KafkaSource,
     Pipeline,
+    PostgresSink,
     resolve,
 )
+from lowmark.batches.sinks.postgres_db import PostgresTable
 from lowmark.batches.sources.base import Source
 from lowmark.batches.sources.delta_table import CHANGE_FIELDS
 from lowmark.batches.sources.files import FileStreamSource
@@ -121,8 +130,15 @@ def find_problem(
         if columns is not None and pipeline.transform is None:
             _check_columns(pipeline, columns)
         _check_sink(pipeline, data_root)
-    # A CSV header and a sink that is a file raise the errors a later step would.
-    except (DefinitionMismatch, SourceFileUnreadable, SinkNotATable) as exc:
+    # A CSV header, a sink that is a file and a Postgres sink's settings raise the errors a
+    # later step would.
+    except (
+        DefinitionMismatch,
+        SourceFileUnreadable,
+        SinkNotATable,
+        SinkUnreachable,
+        PipelineConfigInvalid,
+    ) as exc:
         return exc
     return None
 
@@ -378,6 +394,9 @@ def _check_columns(pipeline: Pipeline, columns: SourceColumns) -> None:
 
 
 def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
+    if isinstance(pipeline.sink, PostgresSink):
+        PostgresTable(pipeline.sink, app_id="").check()
+        return
     if not isinstance(pipeline.sink, DeltaSink):
         return
     sink = resolve(pipeline.sink.path, data_root)

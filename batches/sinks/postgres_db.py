@@ -1,0 +1,339 @@
+"""The database side of the Postgres sink: connecting, the output's table, the batch fence,
+and one batch's rows written in one transaction.
+
+Exactly once rests on one transaction per batch. It first inserts
+``(app_id, batch_id)`` into the fence table ``lowmark_sink_batches`` of the
+target's schema; if that row is there already, the batch landed before (a
+replay) and nothing is written. Otherwise the rows go in, the fence row gets
+their count, and the transaction commits: both land or neither does. The
+fence's primary key also serialises two writers of the same batch: the
+second waits on the first's row, then finds it.
+
+Types (``PG_TYPES``, by the Arrow type of the output's column; a Spark
+schema is read through its Arrow form): boolean → ``boolean``; 8- and
+16-bit integers → ``smallint``; 32-bit → ``integer``; 64-bit → ``bigint``;
+float → ``real``; double → ``double precision``; decimal(p, s) →
+``numeric(p, s)``; string → ``text``; binary → ``bytea``; date → ``date``;
+timestamp with a time zone (Spark's ``timestamp``) → ``timestamptz``;
+without one (``timestamp_ntz``) → ``timestamp``. Nested types (arrays,
+maps, structs) have no column type here: cast them (``to_json``) in the
+transform.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from lowmark.batches.errors import PipelineConfigInvalid, SinkUnreachable, SinkWriteFailed
+from lowmark.batches.pipeline import PostgresSink
+
+FENCE_TABLE = "lowmark_sink_batches"
+"""The fence table, one per schema that lowmark sinks write: one row per batch written."""
+
+_FENCE_COLUMNS = (
+    "app_id text NOT NULL, batch_id bigint NOT NULL, table_name text NOT NULL, "
+    "rows bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT now(), "
+    "PRIMARY KEY (app_id, batch_id)"
+)
+
+
+def _pg_type(column: pa.Field) -> str:
+    """The Postgres type a column of Arrow type ``column.type`` is created with."""
+    t = column.type
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_int8(t) or pa.types.is_int16(t):
+        return "smallint"
+    if pa.types.is_int32(t):
+        return "integer"
+    if pa.types.is_int64(t):
+        return "bigint"
+    if pa.types.is_float32(t):
+        return "real"
+    if pa.types.is_float64(t):
+        return "double precision"
+    if pa.types.is_decimal(t):
+        return f"numeric({t.precision}, {t.scale})"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "bytea"
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_timestamp(t):
+        return "timestamptz" if t.tz is not None else "timestamp"
+    raise SinkWriteFailed(
+        f"column {column.name} of type {t} has no Postgres column type in the sink: cast it "
+        "in the transform (to_json for nested data, a string otherwise)"
+    )
+
+
+def connection_settings(config: PostgresSink) -> dict[str, Any]:
+    """``psycopg.connect`` arguments of ``config``: what it sets (libpq takes the rest from
+    its ``PG*`` environment variables), and the password from ``password_env`` if named."""
+    settings: dict[str, Any] = {
+        "host": config.host,
+        "port": config.port,
+        "dbname": config.dbname,
+        "user": config.user,
+        "connect_timeout": config.connect_timeout,
+        "application_name": "lowmark",
+    }
+    if config.password_env is not None:
+        password = os.environ.get(config.password_env)
+        if password is None:
+            raise PipelineConfigInvalid(
+                f"sink postgres {config.table}: environment variable {config.password_env} "
+                "(`password_env`) is not set: export it with the password, or leave "
+                "`password_env` out to use PGPASSWORD or ~/.pgpass"
+            )
+        settings["password"] = password
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def connect(config: PostgresSink) -> psycopg.Connection[tuple[Any, ...]]:
+    """A connection to ``config``'s database; ``SinkUnreachable`` naming the server and the
+    settings to fix when there is none."""
+    settings = connection_settings(config)
+    try:
+        return psycopg.connect(config.dsn or "", **settings)
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SinkUnreachable(
+            f"sink postgres {config.table}: cannot connect ({first}); fix the sink's `dsn`, "
+            "`host`, `port`, `dbname`, `user` or its password (`password_env`, PGPASSWORD, "
+            "~/.pgpass)"
+        ) from exc
+
+
+class PostgresTable:
+    """A Postgres sink's target: ``config.table``, its fence table beside it, written by
+    ``app_id`` (the checkpoint's idempotency key).
+
+    Each method opens a connection of its own: batches are seconds apart, and a
+    connection held across them would outlive a server restart.
+    """
+
+    def __init__(self, config: PostgresSink, app_id: str) -> None:
+        self.config = config
+        self.app_id = app_id
+        schema, _, name = config.table.rpartition(".")
+        self._schema = schema or None
+        self._name = name
+
+    @contextmanager
+    def _transaction(self) -> Iterator[tuple[psycopg.Cursor[tuple[Any, ...]], str]]:
+        """A cursor in one transaction (committed when the block ends without error) and the
+        target's schema (the given one, else the connection's current schema)."""
+        with connect(self.config) as conn, conn.cursor() as cur:
+            schema = self._schema
+            if schema is None:
+                cur.execute("SELECT current_schema()")
+                found = cur.fetchone()
+                if found is None or found[0] is None:
+                    raise SinkWriteFailed(
+                        f"sink postgres {self.config.table}: the connection's search_path "
+                        "names no schema that exists: qualify `table` as schema.name"
+                    )
+                schema = str(found[0])
+            yield cur, schema
+
+    def _fence(self, schema: str) -> sql.Composed:
+        return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(FENCE_TABLE))
+
+    def _target(self, schema: str) -> sql.Composed:
+        return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(self._name))
+
+    def check(self) -> None:
+        """Connect, and create the fence table if missing: a bad setting fails here, in one
+        line, before the first batch writes anything."""
+        with self._transaction() as (cur, schema):
+            cur.execute(
+                sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + _FENCE_COLUMNS + ")").format(
+                    self._fence(schema)
+                )
+            )
+
+    def landed(self, batch_id: int) -> bool:
+        """Whether batch ``batch_id`` of ``app_id`` is fenced (its rows are in the table)."""
+        with self._transaction() as (cur, schema):
+            cur.execute("SELECT to_regclass(%s)", (f'"{schema}"."{FENCE_TABLE}"',))
+            found = cur.fetchone()
+            if found is None or found[0] is None:
+                return False
+            cur.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE app_id = %s AND batch_id = %s").format(
+                    self._fence(schema)
+                ),
+                (self.app_id, batch_id),
+            )
+            return cur.fetchone() is not None
+
+    def write(
+        self,
+        schema_of_rows: pa.Schema,
+        batch_id: int,
+        rows: Iterable[Sequence[Any]],
+        retract: pa.Table | None = None,
+    ) -> bool:
+        """Write batch ``batch_id`` in one transaction: ``rows`` (tuples in the order of
+        ``schema_of_rows``, streamed: never all in memory at once) appended or upserted on
+        the keys, the identities in ``retract`` deleted first, the batch id fenced. False
+        (and nothing written) when the batch is fenced already. Creates the table (from
+        ``schema_of_rows``) and the fence table when missing."""
+        config = self.config
+        try:
+            with self._transaction() as (cur, schema):
+                self._create(cur, schema, schema_of_rows)
+                cur.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (app_id, batch_id, table_name, rows) "
+                        "VALUES (%s, %s, %s, 0) ON CONFLICT DO NOTHING"
+                    ).format(self._fence(schema)),
+                    (self.app_id, batch_id, f"{schema}.{self._name}"),
+                )
+                if cur.rowcount == 0:
+                    return False
+                target, columns = self._target(schema), schema_of_rows.names
+                if retract is not None and retract.num_rows:
+                    self._delete(cur, target, retract)
+                if config.mode == "append":
+                    written = _copy(cur, target, columns, rows)
+                else:
+                    written = self._upsert(cur, target, columns, rows)
+                cur.execute(
+                    sql.SQL("UPDATE {} SET rows = %s WHERE app_id = %s AND batch_id = %s").format(
+                        self._fence(schema)
+                    ),
+                    (written, self.app_id, batch_id),
+                )
+        except psycopg.Error as exc:
+            raise SinkWriteFailed(_refusal(config, batch_id, exc)) from exc
+        return True
+
+    def _create(self, cur: psycopg.Cursor[tuple[Any, ...]], schema: str, of: pa.Schema) -> None:
+        """The fence table and the target, if missing; an upserted target with a unique
+        constraint on the keys (nulls equal, so a null key upserts too)."""
+        cur.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + _FENCE_COLUMNS + ")").format(
+                self._fence(schema)
+            )
+        )
+        columns = [
+            sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(_pg_type(f))) for f in of
+        ]
+        if self.config.mode == "upsert":
+            columns.append(
+                sql.SQL("UNIQUE NULLS NOT DISTINCT ({})").format(
+                    sql.SQL(", ").join(map(sql.Identifier, self.config.keys))
+                )
+            )
+        cur.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+                self._target(schema), sql.SQL(", ").join(columns)
+            )
+        )
+
+    def _upsert(
+        self,
+        cur: psycopg.Cursor[tuple[Any, ...]],
+        target: sql.Composed,
+        columns: list[str],
+        rows: Iterable[Sequence[Any]],
+    ) -> int:
+        """``rows`` copied into a transaction's staging table, then inserted into ``target``,
+        each row whose keys are there already updating it; the rows written."""
+        stage = sql.Identifier("lowmark_stage")
+        names = sql.SQL(", ").join(map(sql.Identifier, columns))
+        cur.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA"
+            ).format(stage, names, target)
+        )
+        written = _copy(cur, stage, columns, rows)
+        keys = self.config.keys
+        others = [c for c in columns if c not in keys]
+        action = (
+            sql.SQL("DO UPDATE SET {}").format(
+                sql.SQL(", ").join(
+                    sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
+                    for c in others
+                )
+            )
+            if others
+            else sql.SQL("DO NOTHING")
+        )
+        cur.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
+                target,
+                names,
+                names,
+                stage,
+                sql.SQL(", ").join(map(sql.Identifier, keys)),
+                action,
+            )
+        )
+        return written
+
+    def _delete(
+        self, cur: psycopg.Cursor[tuple[Any, ...]], target: sql.Composed, retract: pa.Table
+    ) -> None:
+        """Delete the rows whose identity (``retract``'s columns, the window's keys) is in
+        ``retract`` (nulls equal)."""
+        gone = sql.Identifier("lowmark_retract")
+        names = sql.SQL(", ").join(map(sql.Identifier, retract.column_names))
+        cur.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA"
+            ).format(gone, names, target)
+        )
+        _copy(cur, gone, retract.column_names, arrow_rows(retract))
+        matches = sql.SQL(" AND ").join(
+            sql.SQL("t.{} IS NOT DISTINCT FROM g.{}").format(sql.Identifier(c), sql.Identifier(c))
+            for c in retract.column_names
+        )
+        cur.execute(
+            sql.SQL("DELETE FROM {} AS t USING {} AS g WHERE {}").format(target, gone, matches)
+        )
+
+
+def _copy(
+    cur: psycopg.Cursor[tuple[Any, ...]],
+    table: sql.Composable,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+) -> int:
+    """Stream ``rows`` into ``table``'s ``columns`` with COPY; how many."""
+    count = 0
+    names = sql.SQL(", ").join(map(sql.Identifier, columns))
+    with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, names)) as copy:
+        for row in rows:
+            copy.write_row(row)
+            count += 1
+    return count
+
+
+def arrow_rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
+    """``table``'s rows as tuples, one record batch in Python at a time."""
+    for batch in table.to_batches():
+        columns = [column.to_pylist() for column in batch.columns]
+        yield from zip(*columns, strict=True)
+
+
+def _refusal(config: PostgresSink, batch_id: int, exc: psycopg.Error) -> str:
+    """The one line a database error of batch ``batch_id``'s write becomes, with the fix."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, psycopg.errors.InvalidColumnReference):  # no unique index on keys
+        fix = f"give {config.table} a unique index on ({', '.join(config.keys)})"
+    elif isinstance(exc, psycopg.errors.CardinalityViolation):  # two rows, one key
+        fix = f"make `keys` ({', '.join(config.keys)}) unique within a batch in the transform"
+    else:
+        fix = "make the table's columns match the output, or point the sink at a new table"
+    return f"sink postgres {config.table} refused batch {batch_id}: {first}; {fix}"

@@ -1,0 +1,213 @@
+"""The Postgres sink against a real server: pipelines into it equal a plain Spark batch, a
+replayed batch writes nothing twice, tables are created with the documented types, and a
+bad setting stops the run in one line before anything is written."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lowmark.batches.errors import PipelineConfigInvalid, SinkUnreachable, SinkWriteFailed
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import Pipeline, PostgresSink
+from lowmark.batches.sinks.postgres import PostgresFrameSink
+from lowmark.batches.windows import Session
+from tests.helpers import SCHEMA, drop_batches, event, reference, timed, windowed
+from tests.postgres_server import PostgresServer
+
+BATCHES = [
+    [event("a", 0, 1), event("b", 3, 2), event("a", 15, 3)],
+    [event("a", 7, 4), event("b", 4, 5)],  # bridges a's two sessions: they merge
+    [event("c", 40, 6), event("b", 90, 7)],
+]
+"""Three batches (one file each) for ``timed`` and ``windowed`` pipelines."""
+
+
+def _instant(value: datetime) -> float:
+    """Seconds since the epoch of a Spark time (naive: local) or a Postgres one (aware)."""
+    return value.timestamp()
+
+
+def _rows(postgres: PostgresServer, db: str, query: str) -> list[tuple[Any, ...]]:
+    """``query``'s rows, times as epoch seconds, floats rounded: comparable with Spark's."""
+    return sorted(
+        tuple(
+            _instant(v) if isinstance(v, datetime) else round(v, 9) if isinstance(v, float) else v
+            for v in row
+        )
+        for row in postgres.rows(db, query)
+    )
+
+
+def _spark_rows(df: DataFrame) -> list[tuple[Any, ...]]:
+    return sorted(
+        tuple(
+            _instant(v) if isinstance(v, datetime) else round(v, 9) if isinstance(v, float) else v
+            for v in row
+        )
+        for row in df.collect()
+    )
+
+
+def _stateless(mode: str = "append") -> Pipeline:
+    keys = ("user", "ts") if mode == "upsert" else ()
+    return timed(sink=PostgresSink(table="events", mode=mode, keys=keys))
+
+
+def _sessions() -> Pipeline:
+    p = windowed(Session(gap="10 seconds"), "update", max_out_of_orderness="1 minute")
+    return p.model_copy(update={"sink": PostgresSink(table="sessions")})
+
+
+SESSION_COLUMNS = '"user", window_start, window_end, count, sum_amount, min_amount, max_amount'
+"""The sink's columns a plain batch computes alike (``avg_amount`` is a double of a sum)."""
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_stateless_pipeline_into_postgres_equals_a_plain_batch_over_its_input(
+    spark: SparkSession, data_root: Path, postgres: PostgresServer, pg_database: str, mode: str
+) -> None:
+    drop_batches(data_root, BATCHES)
+    results = MicroBatchRunner(spark, _stateless(mode), data_root).run(max_batches=None)
+
+    assert [r.batch_id for r in results] == [0, 1, 2]
+    expected = spark.read.schema(SCHEMA).json(str(data_root / "in"))
+    got = _rows(postgres, pg_database, 'SELECT "user", ts, amount FROM events')
+    assert got == _spark_rows(expected)
+    fenced = postgres.rows(pg_database, "SELECT batch_id, rows FROM lowmark_sink_batches")
+    assert sorted(fenced) == [(0, 3), (1, 2), (2, 2)]
+
+
+def test_a_windowed_pipeline_into_postgres_equals_a_plain_batch_with_merged_sessions_deleted(
+    spark: SparkSession, data_root: Path, postgres: PostgresServer, pg_database: str
+) -> None:
+    drop_batches(data_root, BATCHES)
+    MicroBatchRunner(spark, _sessions(), data_root).run(max_batches=None)
+
+    expected = reference(spark, data_root, Session(gap="10 seconds")).drop("avg_amount")
+    got = _rows(postgres, pg_database, f"SELECT {SESSION_COLUMNS} FROM sessions")
+    assert got == _spark_rows(expected)
+    assert len(got) == 4  # a's merged session, b's two, c's
+
+
+@pytest.mark.parametrize("windows", [False, True], ids=["stateless", "windowed"])
+def test_a_batch_replayed_after_its_postgres_commit_writes_nothing_twice(
+    spark: SparkSession,
+    tmp_path: Path,
+    postgres: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+    windows: bool,
+) -> None:
+    p = _sessions() if windows else _stateless()
+    table = "sessions" if windows else "events"
+    seen = {}
+    for run in ("clean", "crashed"):
+        root = tmp_path / run
+        postgres.create_database(f"replay_{run}_{windows}")
+        monkeypatch.setenv("PGDATABASE", f"replay_{run}_{windows}")
+        drop_batches(root, BATCHES)
+        if run == "crashed":
+            # The batch's transaction committed; lowmark's commit entry was never written.
+            with crash_at(KillPoint("after_sink", 1)), pytest.raises(InjectedCrash):
+                MicroBatchRunner(spark, p, root).run(max_batches=None)
+        results = MicroBatchRunner(spark, p, root).run(max_batches=None)
+        replayed = [r.batch_id for r in results if r.replay]
+        assert replayed == ([1] if run == "crashed" else [])
+        seen[run] = (
+            postgres.rows(f"replay_{run}_{windows}", f"SELECT * FROM {table}"),
+            postgres.rows(f"replay_{run}_{windows}", "SELECT batch_id, rows FROM lowmark_sink_batches"),
+        )
+    assert sorted(seen["crashed"][0]) == sorted(seen["clean"][0])
+    assert sorted(seen["crashed"][1]) == sorted(seen["clean"][1])
+
+
+def test_a_new_table_gets_the_documented_column_types(
+    spark: SparkSession, postgres: PostgresServer, pg_database: str
+) -> None:
+    df = spark.createDataFrame(
+        [(True, 1, 2, 3, 4.5, 5.5, Decimal("1.25"), "x", bytearray(b"\x01"), datetime(2026, 1, 1))],
+        "b BOOLEAN, s SMALLINT, i INT, l BIGINT, f FLOAT, d DOUBLE, n DECIMAL(10,2), "
+        "t STRING, y BINARY, ts TIMESTAMP",
+    ).withColumn("day", F.to_date(F.lit("2026-01-02")))
+    df = df.withColumn("ntz", F.to_timestamp_ntz(F.lit("2026-01-02 03:04:05")))
+    PostgresFrameSink(PostgresSink(table="typed"), "pid:sink").write(df, 0)
+    types = postgres.rows(
+        pg_database,
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_name = 'typed' ORDER BY ordinal_position",
+    )
+    assert types == [
+        ("b", "boolean"),
+        ("s", "smallint"),
+        ("i", "integer"),
+        ("l", "bigint"),
+        ("f", "real"),
+        ("d", "double precision"),
+        ("n", "numeric"),
+        ("t", "text"),
+        ("y", "bytea"),
+        ("ts", "timestamp with time zone"),
+        ("day", "date"),
+        ("ntz", "timestamp without time zone"),
+    ]
+    (ts,) = postgres.rows(pg_database, "SELECT ts FROM typed")[0]
+    assert ts == datetime(2026, 1, 1).astimezone(UTC)  # the instant Spark held
+
+
+def test_nested_output_is_refused_naming_the_column_and_the_cast(
+    spark: SparkSession, postgres: PostgresServer, pg_database: str
+) -> None:
+    df = spark.createDataFrame([(1, [1, 2])], "id LONG, tags ARRAY<LONG>")
+    sink = PostgresFrameSink(PostgresSink(table="nested"), "pid:sink")
+    with pytest.raises(SinkWriteFailed, match=r"^column tags of type list<.*to_json"):
+        sink.write(df, 0)
+
+
+def test_upsert_without_keys_and_a_password_in_the_dsn_are_refused_in_one_line() -> None:
+    with pytest.raises(ValidationError, match=r"mode 'upsert' needs `keys`"):
+        PostgresSink(table="t", mode="upsert")
+    with pytest.raises(ValidationError, match=r"`dsn` holds a password: .*`password_env`"):
+        PostgresSink(table="t", dsn="postgresql://app:secret@db/serving")
+
+
+@pytest.mark.parametrize(
+    ("setting", "error", "message"),
+    [
+        (
+            {"password_env": "LOWMARK_TEST_NO_SUCH_VARIABLE"},
+            PipelineConfigInvalid,
+            r"environment variable LOWMARK_TEST_NO_SUCH_VARIABLE \(`password_env`\) is not set",
+        ),
+        (
+            {"host": "no-such-host.invalid"},
+            SinkUnreachable,
+            r"sink postgres events: cannot connect .*; fix the sink's `dsn`, `host`",
+        ),
+    ],
+    ids=["missing-password-variable", "no-such-host"],
+)
+def test_a_bad_connection_setting_stops_the_run_before_the_batch_writes_anything(
+    spark: SparkSession,
+    data_root: Path,
+    postgres: PostgresServer,
+    pg_database: str,
+    setting: dict[str, str],
+    error: type[Exception],
+    message: str,
+) -> None:
+    drop_batches(data_root, BATCHES)
+    sink = PostgresSink(table="events", **setting)  # type: ignore[arg-type]
+    p = timed(sink=sink)
+    runner = MicroBatchRunner(spark, p, data_root)
+    with pytest.raises(error, match=message) as refused:
+        runner.run(max_batches=None)
+    assert "\n" not in str(refused.value)
+    assert runner.checkpoint.offsets.latest_batch_id() is None
