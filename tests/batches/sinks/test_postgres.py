@@ -71,62 +71,53 @@ SESSION_COLUMNS = '"user", window_start, window_end, count, sum_amount, min_amou
 """The sink's columns a plain batch computes alike (``avg_amount`` is a double of a sum)."""
 
 
-@pytest.mark.parametrize("mode", ["append", "upsert"])
-def test_a_stateless_pipeline_into_postgres_equals_a_plain_batch_over_its_input(
-    spark: SparkSession, data_root: Path, postgres: PostgresServer, pg_database: str, mode: str
-) -> None:
-    drop_batches(data_root, BATCHES)
-    results = MicroBatchRunner(spark, _stateless(mode), data_root).run(max_batches=None)
+def _run(
+    spark: SparkSession, p: Pipeline, root: Path, crash: KillPoint | None = None
+) -> list[int]:
+    """Run ``p`` over ``BATCHES`` under ``root`` to the end (after ``crash``, if given, in an
+    earlier run); the batches replayed."""
+    drop_batches(root, BATCHES)
+    if crash is not None:
+        with crash_at(crash), pytest.raises(InjectedCrash):
+            MicroBatchRunner(spark, p, root).run(max_batches=None)
+    results = MicroBatchRunner(spark, p, root).run(max_batches=None)
+    return [r.batch_id for r in results if r.replay]
 
-    assert [r.batch_id for r in results] == [0, 1, 2]
-    expected = spark.read.schema(SCHEMA).json(str(data_root / "in"))
+
+AFTER_POSTGRES_COMMIT = KillPoint("after_sink", 1)
+"""Batch 1's transaction committed, lowmark's commit entry never written: batch 1 replays."""
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_stateless_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
+    spark: SparkSession, tmp_path: Path, postgres: PostgresServer, pg_database: str, mode: str
+) -> None:
+    replayed = _run(spark, _stateless(mode), tmp_path, AFTER_POSTGRES_COMMIT)
+
+    assert replayed == [1]
+    expected = spark.read.schema(SCHEMA).json(str(tmp_path / "in"))
     got = _rows(postgres, pg_database, 'SELECT "user", ts, amount FROM events')
-    assert got == _spark_rows(expected)
+    assert got == _spark_rows(expected)  # appended twice, batch 1's rows would be there twice
     fenced = postgres.rows(pg_database, "SELECT batch_id, rows FROM lowmark_sink_batches")
     assert sorted(fenced) == [(0, 3), (1, 2), (2, 2)]
 
 
-def test_a_windowed_pipeline_into_postgres_equals_a_plain_batch_with_merged_sessions_deleted(
-    spark: SparkSession, data_root: Path, postgres: PostgresServer, pg_database: str
+def test_a_windowed_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
+    spark: SparkSession, tmp_path: Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    drop_batches(data_root, BATCHES)
-    MicroBatchRunner(spark, _sessions(), data_root).run(max_batches=None)
+    found = {}
+    for run, crash in (("clean", None), ("crashed", AFTER_POSTGRES_COMMIT)):
+        postgres.create_database(f"sessions_{run}")
+        monkeypatch.setenv("PGDATABASE", f"sessions_{run}")
+        replayed = _run(spark, _sessions(), tmp_path / run, crash)
+        assert replayed == ([1] if crash else [])
+        found[run] = _rows(postgres, f"sessions_{run}", f"SELECT {SESSION_COLUMNS} FROM sessions")
 
-    expected = reference(spark, data_root, Session(gap="10 seconds")).drop("avg_amount")
-    got = _rows(postgres, pg_database, f"SELECT {SESSION_COLUMNS} FROM sessions")
-    assert got == _spark_rows(expected)
-    assert len(got) == 4  # a's merged session, b's two, c's
-
-
-@pytest.mark.parametrize("windows", [False, True], ids=["stateless", "windowed"])
-def test_a_batch_replayed_after_its_postgres_commit_writes_nothing_twice(
-    spark: SparkSession,
-    tmp_path: Path,
-    postgres: PostgresServer,
-    monkeypatch: pytest.MonkeyPatch,
-    windows: bool,
-) -> None:
-    p = _sessions() if windows else _stateless()
-    table = "sessions" if windows else "events"
-    seen = {}
-    for run in ("clean", "crashed"):
-        root = tmp_path / run
-        postgres.create_database(f"replay_{run}_{windows}")
-        monkeypatch.setenv("PGDATABASE", f"replay_{run}_{windows}")
-        drop_batches(root, BATCHES)
-        if run == "crashed":
-            # The batch's transaction committed; lowmark's commit entry was never written.
-            with crash_at(KillPoint("after_sink", 1)), pytest.raises(InjectedCrash):
-                MicroBatchRunner(spark, p, root).run(max_batches=None)
-        results = MicroBatchRunner(spark, p, root).run(max_batches=None)
-        replayed = [r.batch_id for r in results if r.replay]
-        assert replayed == ([1] if run == "crashed" else [])
-        seen[run] = (
-            postgres.rows(f"replay_{run}_{windows}", f"SELECT * FROM {table}"),
-            postgres.rows(f"replay_{run}_{windows}", "SELECT batch_id, rows FROM lowmark_sink_batches"),
-        )
-    assert sorted(seen["crashed"][0]) == sorted(seen["clean"][0])
-    assert sorted(seen["crashed"][1]) == sorted(seen["clean"][1])
+    expected = reference(spark, tmp_path / "clean", Session(gap="10 seconds")).drop("avg_amount")
+    assert found["clean"] == _spark_rows(expected)
+    assert len(found["clean"]) == 4  # a's merged session (its two parts deleted), b's two, c's
+    # Batch 1 merged a's sessions: its replay deletes and upserts again, to the same rows.
+    assert found["crashed"] == found["clean"]
 
 
 def test_a_new_table_gets_the_documented_column_types(
