@@ -32,7 +32,7 @@ from typing import Any
 import dagster as dg
 
 from lowmark.batches.loop.backfill import final_at_ms
-from lowmark.batches.pipeline import DeltaSink, Pipeline
+from lowmark.batches.pipeline import DeltaSink, Pipeline, PostgresSink
 from lowmark.orchestration.checks import check_evaluations, check_results, check_specs
 from lowmark.orchestration.keys import (
     GROUP,
@@ -70,12 +70,24 @@ def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.A
 
 
 def _sink_metadata(pipeline: Pipeline) -> dict[str, str]:
-    """What the sink asset shows of the sink: its table and mode, or a custom sink's factory
-    (lowmark cannot read such a sink: the asset records batches, not a table)."""
+    """What the sink asset shows of the sink: its table and mode (a Delta table's path, a
+    Postgres table's name), or a custom sink's factory (lowmark cannot read such a sink: the
+    asset records batches, not a table)."""
     sink = pipeline.sink_config()
     if isinstance(sink, DeltaSink):
         return {"path": sink.path, "mode": sink.mode}
+    if isinstance(sink, PostgresSink):
+        return {"table": sink.table, "mode": sink.mode}
     return {"factory": sink.label}
+
+
+def _sink_kinds(pipeline: Pipeline) -> set[str]:
+    """The systems the sink asset shows it in (Dagster's kind tags)."""
+    if isinstance(pipeline.sink, DeltaSink):
+        return {"delta", "spark"}
+    if isinstance(pipeline.sink, PostgresSink):
+        return {"postgres", "spark"}
+    return {"spark"}
 
 
 def freshness_policy(pipeline: Pipeline) -> dg.FreshnessPolicy:
@@ -105,7 +117,7 @@ def pipeline_assets(
             sink_key(pipeline),
             description=f"Sink of lowmark pipeline {name}: {pipeline.description}",
             deps=upstream,
-            kinds={"delta", "spark"} if isinstance(pipeline.sink, DeltaSink) else {"spark"},
+            kinds=_sink_kinds(pipeline),
             metadata=_sink_metadata(pipeline),
             partitions_def=event_time_partitions(pipeline, data_root),
             freshness_policy=freshness_policy(pipeline),

@@ -153,3 +153,16 @@ def test_a_custom_sink_is_an_asset_that_names_its_factory_and_no_table(tmp_path:
     assert sink.metadata == {"factory": "examples.json_lines_sink.build"}
     assert sink.kinds == {"spark"}
     assert "exported_microbatches" in {j.name for j in defs.resolve_all_job_defs()}
+
+
+def test_a_postgres_sink_is_an_asset_that_names_its_table(tmp_path: Path) -> None:
+    pipelines = tmp_path / "pipelines.yaml"
+    sink = {"kind": "postgres", "table": "serving.orders", "mode": "upsert", "keys": ["id"]}
+    source = {"kind": "synthetic", "total_rows": 10}
+    pipelines.write_text(
+        yaml.safe_dump({"pipelines": [{"name": "served", "source": source, "sink": sink}]})
+    )
+    defs = build_definitions(str(pipelines))
+    asset = defs.resolve_asset_graph().get(dg.AssetKey(["lowmark", "served"]))
+    assert asset.metadata == {"table": "serving.orders", "mode": "upsert"}
+    assert asset.kinds == {"postgres", "spark"}
