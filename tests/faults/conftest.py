@@ -12,7 +12,6 @@ in the own-JVM cases, start one of their own.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import warnings
 from collections.abc import Iterator, Mapping
@@ -27,7 +26,16 @@ from lowmark.batches.loop.faults import STEPS, KillPoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline
 from tests.faults.class_archive import ARCHIVE_ENV, make_archive
-from tests.faults.harness import REPO, Snapshot, kill_run, lowmark_env, snapshot
+from tests.faults.harness import (
+    REPO,
+    Snapshot,
+    copy_run,
+    create_database,
+    kill_run,
+    lowmark_env,
+    postgres_database,
+    snapshot,
+)
 from tests.faults.scenarios import (
     FIXED_INPUT,
     KAFKA_TOPIC,
@@ -40,6 +48,7 @@ from tests.faults.scenarios import (
     keyed_alerts,
     outbox_update,
     plain_append,
+    postgres_append,
     session_update,
     synthetic_append,
     synthetic_idle,
@@ -63,6 +72,7 @@ MATRIX = (
     outbox_update,
     delta_update,
     union_append,
+    postgres_append,
 )
 OTHER_SOURCES = (
     "kafka_update",
@@ -71,19 +81,24 @@ OTHER_SOURCES = (
     "outbox_update",
     "delta_update",
     "union_append",
+    "postgres_append",
 )
-"""Matrix pipelines over the other sources: killed at every step in ``make test-integration``
-only (their sources' replays are tested on their own in ``tests/batches/sources``)."""
+"""Matrix pipelines over the other sources, and into the other sink: killed at every step in
+``make test-integration`` only, with the driver attached to the test process's JVM (their
+sources' replays are tested on their own in ``tests/batches/sources``, the Postgres sink's in
+``tests/batches/sinks/test_postgres.py``)."""
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": STEPS,
     "plain_append": ("after_sink",),
     "dedup_tumbling": ("before_commit",),
     "keyed_alerts": ("after_state",),
+    "postgres_append": ("after_sink",),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
 at every step, the stateless pipeline after Spark's sink write landed uncommitted, and one
 step each of deduplication (every write done, the commit not) and of a keyed step (its
-state written, nothing else).
+state written, nothing else), and a Postgres sink's batch killed after its transaction
+committed, before lowmark's commit.
 (Sessions killed after their state write are replayed in ``make test`` too, with
 maintenance between: ``test_kill_then_compact``.)"""
 NO_BAD_ROWS = ("delta_update",)
@@ -135,6 +150,8 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
         write_table(request.getfixturevalue("spark"), folder / "input_table")
     if pipeline is delta_update:
         return pipeline
+    if pipeline is postgres_append:
+        request.getfixturevalue("postgres")  # the server, its libpq variables set
     if pipeline is dedup_tumbling:
         write_input(folder / "input", RESENT_INPUT, pipeline)
         return pipeline
@@ -191,10 +208,12 @@ class References(Mapping[str, Reference]):
         folder = self._tmp_path_factory.mktemp(defined.name)
         pipeline = with_input(defined, folder, self._request)
         root = folder / "reference"  # Reference.root
-        runner = MicroBatchRunner(self._spark, pipeline, root)
-        runner.run(max_batches=KILL_BATCH)
-        shutil.copytree(root, folder / "template")
-        rest = runner.run(max_batches=None)
+        create_database(root, pipeline)
+        with postgres_database(root, pipeline):
+            runner = MicroBatchRunner(self._spark, pipeline, root)
+            runner.run(max_batches=KILL_BATCH)
+            copy_run(root, folder / "template", pipeline)
+            rest = runner.run(max_batches=None)
         # What the kill matrix relies on: the killed batch has output, bad rows and
         # (windowed or keyed) late records, with windows or timers left open, and batches
         # come after it.
@@ -278,5 +297,5 @@ def _kill(ref: Reference, step: str, jvm: SparkSession | None) -> KillCase:
     """A copy of the template after `lowmark run` was killed at ``step`` of KILL_BATCH, its
     driver attached to ``jvm``'s JVM or (None) with a JVM of its own."""
     root = ref.folder / f"killed_{step}_{'shared' if jvm else 'own'}_jvm"
-    shutil.copytree(ref.folder / "template", root)
+    copy_run(ref.folder / "template", root, ref.pipeline)
     return KillCase(root, kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH), jvm=jvm))

@@ -13,27 +13,32 @@ both runs, so a comparison runs no Spark job.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import random
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from deltalake import DeltaTable as RsDeltaTable
+from psycopg.rows import dict_row
 from pyspark.sql import SparkSession
 
 from lowmark.batches.cli import commands
 from lowmark.batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
-from lowmark.batches.pipeline import Pipeline, resolve
+from lowmark.batches.pipeline import Pipeline, PostgresSink, resolve
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.driver import attached_env
 from tests.faults.scenarios import SINK
@@ -85,8 +90,68 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def run_to_completion(spark: SparkSession, pipeline: Pipeline, root: Path) -> list[BatchResult]:
-    """What a restarted `lowmark run --until-caught-up` does, in this process."""
-    return MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+    """What a restarted `lowmark run --until-caught-up` does, in this process (a Postgres
+    sink into ``root``'s own database)."""
+    with postgres_database(root, pipeline):
+        return MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+
+
+def database_of(root: Path) -> str:
+    """The Postgres database of the run under data root ``root``: each run (reference,
+    template, crash case) writes a database of its own, as it writes Delta tables of its own."""
+    return "run_" + hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:20]
+
+
+def postgres_env(root: Path, pipeline: Pipeline) -> dict[str, str]:
+    """libpq's PGDATABASE for a run of ``pipeline`` under ``root``, if its sink is Postgres
+    (the server's other variables are in the environment: ``tests.conftest``'s ``postgres``)."""
+    return {"PGDATABASE": database_of(root)} if isinstance(pipeline.sink, PostgresSink) else {}
+
+
+@contextmanager
+def postgres_database(root: Path, pipeline: Pipeline) -> Iterator[None]:
+    """Within the block, this process's PGDATABASE is ``root``'s (``postgres_env``)."""
+    env = postgres_env(root, pipeline)
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def copy_run(source: Path, target: Path, pipeline: Pipeline) -> None:
+    """The run under ``source`` copied to ``target``: its folder, and its Postgres database
+    (a Postgres sink's table and fence rows) if it has one."""
+    shutil.copytree(source, target)
+    if isinstance(pipeline.sink, PostgresSink):
+        with psycopg.connect(dbname="postgres", autocommit=True) as conn:
+            conn.execute(
+                f'CREATE DATABASE "{database_of(target)}" TEMPLATE "{database_of(source)}"'
+            )
+
+
+def create_database(root: Path, pipeline: Pipeline) -> None:
+    """An empty Postgres database for the run under ``root``, if ``pipeline`` needs one."""
+    if isinstance(pipeline.sink, PostgresSink):
+        with psycopg.connect(dbname="postgres", autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{database_of(root)}"')
+
+
+def _postgres_tables(pipeline: Pipeline, root: Path) -> dict[str, list[Row]]:
+    """A Postgres sink's rows and its fence rows (without ``written_at``, a wall-clock time),
+    from ``root``'s database."""
+    assert isinstance(pipeline.sink, PostgresSink)
+    with psycopg.connect(dbname=database_of(root), row_factory=dict_row) as conn:
+        sink = conn.execute(f'SELECT * FROM "{pipeline.sink.table}"').fetchall()
+        fence = conn.execute(
+            "SELECT app_id, batch_id, table_name, rows FROM lowmark_sink_batches"
+        ).fetchall()
+    return {"sink": list(sink), "sink fence": list(fence)}
 
 
 def lowmark_env(jvm: SparkSession | None = None, **extra: str) -> dict[str, str]:
@@ -133,7 +198,7 @@ def kill_run(
     ``jvm``'s JVM or (None) with a JVM of its own (``lowmark_env``)."""
     return subprocess.run(
         lowmark_run_args(root, pipeline, *options),
-        env=lowmark_env(jvm, **{KILL_AT_ENV: str(point)}),
+        env=lowmark_env(jvm, **{KILL_AT_ENV: str(point)}, **postgres_env(root, pipeline)),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -213,7 +278,7 @@ def run_with_crashes(
 
 def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> Snapshot:
     """Every table a batch writes, plus the sink's and state's Delta history, read with
-    delta-rs (no Spark job).
+    delta-rs (no Spark job); a Postgres sink's table and fence rows, read with psycopg.
 
     ``as_from_scratch``: the sink's history as the writes of the checkpoint in place,
     by batch (``_sink_writes``), and the sink version each commit records as the batch
@@ -238,6 +303,9 @@ def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> S
             result["sink writes"] = _as_json(list(writes.values()))
         elif name in ("sink", "state_windows"):
             result[f"{name} history"] = _as_json(_history(path))
+    if isinstance(pipeline.sink, PostgresSink):
+        for name, rows in _postgres_tables(pipeline, root).items():
+            result[name] = _as_json(rows)
     return result
 
 

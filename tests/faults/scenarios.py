@@ -34,6 +34,7 @@ from lowmark.batches.pipeline import (
     FileSource,
     KafkaSource,
     Pipeline,
+    PostgresSink,
     SyntheticSource,
     UnionSource,
 )
@@ -50,6 +51,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
 INPUT = "../input"
 SINK = "out"
+POSTGRES_TABLE = "out"
 
 Event = tuple[str, int, int]
 """(user, second after T0, amount)."""
@@ -100,6 +102,12 @@ sliding_update = _windowed(
     "sliding_update", Sliding(size="10 seconds", slide="5 seconds"), "update"
 )
 plain_append = Pipeline(name="plain_append", source=_source(), sink=DeltaSink(path=SINK))
+postgres_append = Pipeline(
+    name="postgres_append", source=_source(), sink=PostgresSink(table=POSTGRES_TABLE)
+)
+"""``plain_append`` into a Postgres table: records streamed from Spark through the driver into
+one transaction with the batch's fence row. Which database: libpq's PGDATABASE, one per data
+root (``tests.faults.harness.database_of``)."""
 dedup_tumbling = _windowed("dedup_tumbling", Tumbling(size="10 seconds"), "append").model_copy(
     update={"dedup": Dedup(columns=("user", "ts"), within="20 seconds")}
 )
@@ -237,6 +245,7 @@ PIPELINES = {
         session_update,
         sliding_update,
         plain_append,
+        postgres_append,
         dedup_tumbling,
         keyed_alerts,
         kafka_update,
@@ -248,8 +257,13 @@ PIPELINES = {
     )
 }
 
-FOLDER_PIPELINES = frozenset(n for n, p in PIPELINES.items() if isinstance(p.source, FileSource))
-"""The pipelines that read only the input folder (random input files are enough for them)."""
+FOLDER_PIPELINES = frozenset(
+    n
+    for n, p in PIPELINES.items()
+    if isinstance(p.source, FileSource) and isinstance(p.sink, DeltaSink)
+)
+"""The pipelines that read only the input folder and write only Delta tables (random input
+files are enough for them)."""
 
 FIXED_INPUT: list[File] = [
     [("a", 1, 1), ("b", 2, 2)],

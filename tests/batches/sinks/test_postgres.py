@@ -4,6 +4,7 @@ bad setting stops the run in one line before anything is written."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -72,14 +73,19 @@ SESSION_COLUMNS = '"user", window_start, window_end, count, sum_amount, min_amou
 
 
 def _run(
-    spark: SparkSession, p: Pipeline, root: Path, crash: KillPoint | None = None
+    spark: SparkSession,
+    p: Pipeline,
+    root: Path,
+    crash: KillPoint | None = None,
+    after_crash: Callable[[], object] = lambda: None,
 ) -> list[int]:
     """Run ``p`` over ``BATCHES`` under ``root`` to the end (after ``crash``, if given, in an
-    earlier run); the batches replayed."""
+    earlier run, then ``after_crash``); the batches replayed."""
     drop_batches(root, BATCHES)
     if crash is not None:
         with crash_at(crash), pytest.raises(InjectedCrash):
             MicroBatchRunner(spark, p, root).run(max_batches=None)
+        after_crash()
     results = MicroBatchRunner(spark, p, root).run(max_batches=None)
     return [r.batch_id for r in results if r.replay]
 
@@ -107,17 +113,23 @@ def test_a_windowed_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
 ) -> None:
     found = {}
     for run, crash in (("clean", None), ("crashed", AFTER_POSTGRES_COMMIT)):
-        postgres.create_database(f"sessions_{run}")
-        monkeypatch.setenv("PGDATABASE", f"sessions_{run}")
-        replayed = _run(spark, _sessions(), tmp_path / run, crash)
+        db = f"sessions_{run}"
+        postgres.create_database(db)
+        monkeypatch.setenv("PGDATABASE", db)
+        # Someone changes the session batch 1 wrote (a's merged one, which no later batch
+        # touches): a replay that wrote again would overwrite it.
+        changed = f"UPDATE sessions SET max_amount = -1 WHERE \"user\" = 'a' RETURNING 1"
+        replayed = _run(spark, _sessions(), tmp_path / run, crash, lambda: postgres.rows(db, changed))
         assert replayed == ([1] if crash else [])
-        found[run] = _rows(postgres, f"sessions_{run}", f"SELECT {SESSION_COLUMNS} FROM sessions")
+        found[run] = _rows(postgres, db, f"SELECT {SESSION_COLUMNS} FROM sessions")
 
     expected = reference(spark, tmp_path / "clean", Session(gap="10 seconds")).drop("avg_amount")
     assert found["clean"] == _spark_rows(expected)
     assert len(found["clean"]) == 4  # a's merged session (its two parts deleted), b's two, c's
-    # Batch 1 merged a's sessions: its replay deletes and upserts again, to the same rows.
-    assert found["crashed"] == found["clean"]
+    # The replay of batch 1 (which merged a's sessions) wrote nothing: the change stays.
+    assert found["crashed"] == [
+        (*row[:6], -1) if row[0] == "a" else row for row in found["clean"]
+    ]
 
 
 def test_a_new_table_gets_the_documented_column_types(
