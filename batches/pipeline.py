@@ -410,9 +410,6 @@ class CustomSource(SourceKind):
 
     RUNTIME: ClassVar[str] = "lowmark.batches.sources.custom:from_factory"
 
-    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"options"})
-    """Left out of the fingerprint: where and how the sink writes changes no batch's rows."""
-
     kind: Literal["custom"] = "custom"
     """Picks this source."""
     factory: ImportString[Callable[..., Any]] = Field(

@@ -141,9 +141,9 @@ def table_path(entry: CatalogEntry, table: Table) -> str:
         return f"{entry.checkpoint}/{table.folder}"
     if entry.sink is None:
         raise PipelineConfigInvalid(
-            f"pipeline {entry.pipeline} writes a sink other than Delta ({entry.sink_label}): `lowmark "
-            "show` reads the sink's table, so it needs a `kind: delta` sink; look at it with "
-            "its own system's tools (the checkpoint's tables can still be shown)"
+            f"pipeline {entry.pipeline} writes a sink other than Delta ({entry.sink_label}): "
+            "`lowmark show` reads the sink's table, so it needs a `kind: delta` sink; look at it "
+            "with its own system's tools (the checkpoint's tables can still be shown)"
         )
     return entry.sink
 

@@ -43,7 +43,9 @@ class PostgresFrameSink(Sink):
         if self.table.landed(batch_id):  # a replay whose write landed: no Spark job
             return
         schema = to_arrow_schema(df.schema, timezone="UTC")
-        instants = [i for i, f in enumerate(df.schema.fields) if isinstance(f.dataType, TimestampType)]
+        instants = [
+            i for i, f in enumerate(df.schema.fields) if isinstance(f.dataType, TimestampType)
+        ]
         rows = (_as_utc(tuple(row), instants) for row in df.toLocalIterator())
         self.table.write(schema, batch_id, rows)
 

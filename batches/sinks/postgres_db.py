@@ -253,9 +253,9 @@ class PostgresTable:
         stage = sql.Identifier("lowmark_stage")
         names = sql.SQL(", ").join(map(sql.Identifier, columns))
         cur.execute(
-            sql.SQL(
-                "CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA"
-            ).format(stage, names, target)
+            sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
+                stage, names, target
+            )
         )
         written = _copy(cur, stage, columns, rows)
         keys = self.config.keys
@@ -290,9 +290,9 @@ class PostgresTable:
         gone = sql.Identifier("lowmark_retract")
         names = sql.SQL(", ").join(map(sql.Identifier, retract.column_names))
         cur.execute(
-            sql.SQL(
-                "CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA"
-            ).format(gone, names, target)
+            sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
+                gone, names, target
+            )
         )
         _copy(cur, gone, retract.column_names, arrow_rows(retract))
         matches = sql.SQL(" AND ").join(

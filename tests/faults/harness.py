@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import random
+import shutil
 import signal
 import subprocess
 import sys

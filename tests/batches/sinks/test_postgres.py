@@ -4,15 +4,16 @@ bad setting stops the run in one line before anything is written."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from lowmark.batches.errors import PipelineConfigInvalid, SinkUnreachable, SinkWriteFailed
@@ -32,29 +33,15 @@ BATCHES = [
 """Three batches (one file each) for ``timed`` and ``windowed`` pipelines."""
 
 
-def _instant(value: datetime) -> float:
-    """Seconds since the epoch of a Spark time (naive: local) or a Postgres one (aware)."""
-    return value.timestamp()
-
-
-def _rows(postgres: PostgresServer, db: str, query: str) -> list[tuple[Any, ...]]:
-    """``query``'s rows, times as epoch seconds, floats rounded: comparable with Spark's."""
+def _comparable(rows: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """``rows`` sorted, times as epoch seconds (a Spark time is naive local time, a Postgres
+    one aware), floats rounded: Spark's and Postgres's rows compare equal."""
     return sorted(
         tuple(
-            _instant(v) if isinstance(v, datetime) else round(v, 9) if isinstance(v, float) else v
+            v.timestamp() if isinstance(v, datetime) else round(v, 9) if isinstance(v, float) else v
             for v in row
         )
-        for row in postgres.rows(db, query)
-    )
-
-
-def _spark_rows(df: DataFrame) -> list[tuple[Any, ...]]:
-    return sorted(
-        tuple(
-            _instant(v) if isinstance(v, datetime) else round(v, 9) if isinstance(v, float) else v
-            for v in row
-        )
-        for row in df.collect()
+        for row in rows
     )
 
 
@@ -70,6 +57,7 @@ def _sessions() -> Pipeline:
 
 SESSION_COLUMNS = '"user", window_start, window_end, count, sum_amount, min_amount, max_amount'
 """The sink's columns a plain batch computes alike (``avg_amount`` is a double of a sum)."""
+CHANGE_A = "UPDATE sessions SET max_amount = -1 WHERE \"user\" = 'a' RETURNING 1"
 
 
 def _run(
@@ -102,8 +90,10 @@ def test_a_stateless_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
 
     assert replayed == [1]
     expected = spark.read.schema(SCHEMA).json(str(tmp_path / "in"))
-    got = _rows(postgres, pg_database, 'SELECT "user", ts, amount FROM events')
-    assert got == _spark_rows(expected)  # appended twice, batch 1's rows would be there twice
+    got = _comparable(postgres.rows(pg_database, 'SELECT "user", ts, amount FROM events'))
+    assert got == _comparable(
+        expected.collect()
+    )  # appended twice, batch 1's rows would be there twice
     fenced = postgres.rows(pg_database, "SELECT batch_id, rows FROM lowmark_sink_batches")
     assert sorted(fenced) == [(0, 3), (1, 2), (2, 2)]
 
@@ -118,18 +108,16 @@ def test_a_windowed_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
         monkeypatch.setenv("PGDATABASE", db)
         # Someone changes the session batch 1 wrote (a's merged one, which no later batch
         # touches): a replay that wrote again would overwrite it.
-        changed = f"UPDATE sessions SET max_amount = -1 WHERE \"user\" = 'a' RETURNING 1"
-        replayed = _run(spark, _sessions(), tmp_path / run, crash, lambda: postgres.rows(db, changed))
+        change = partial(postgres.rows, db, CHANGE_A)
+        replayed = _run(spark, _sessions(), tmp_path / run, crash, change)
         assert replayed == ([1] if crash else [])
-        found[run] = _rows(postgres, db, f"SELECT {SESSION_COLUMNS} FROM sessions")
+        found[run] = _comparable(postgres.rows(db, f"SELECT {SESSION_COLUMNS} FROM sessions"))
 
     expected = reference(spark, tmp_path / "clean", Session(gap="10 seconds")).drop("avg_amount")
-    assert found["clean"] == _spark_rows(expected)
+    assert found["clean"] == _comparable(expected.collect())
     assert len(found["clean"]) == 4  # a's merged session (its two parts deleted), b's two, c's
     # The replay of batch 1 (which merged a's sessions) wrote nothing: the change stays.
-    assert found["crashed"] == [
-        (*row[:6], -1) if row[0] == "a" else row for row in found["clean"]
-    ]
+    assert found["crashed"] == [(*row[:6], -1) if row[0] == "a" else row for row in found["clean"]]
 
 
 def test_a_new_table_gets_the_documented_column_types(
@@ -207,7 +195,7 @@ def test_a_bad_connection_setting_stops_the_run_before_the_batch_writes_anything
     message: str,
 ) -> None:
     drop_batches(data_root, BATCHES)
-    sink = PostgresSink(table="events", **setting)  # type: ignore[arg-type]
+    sink = PostgresSink(table="events", **setting)
     p = timed(sink=sink)
     runner = MicroBatchRunner(spark, p, data_root)
     with pytest.raises(error, match=message) as refused:
