@@ -529,6 +529,15 @@ else:
 """Any source a pipeline can read, told apart by ``kind`` (default ``files``)."""
 
 
+def _check_keys(mode: str, keys: tuple[str, ...], keyed: str, how: str = "") -> None:
+    """A sink's ``keys`` are given exactly when its ``mode`` is the ``keyed`` one (which
+    ``how`` writes, in words)."""
+    if mode == keyed and not keys:
+        raise ValueError(f"mode '{keyed}' needs `keys`: the columns that identify a row{how}")
+    if mode != keyed and keys:
+        raise ValueError(f"`keys` only apply to mode '{keyed}'")
+
+
 class DeltaSink(_Config):
     """A Delta table written exactly once per batch."""
 
@@ -561,10 +570,7 @@ class DeltaSink(_Config):
 
     @model_validator(mode="after")
     def _keys_match_mode(self) -> DeltaSink:
-        if self.mode == "merge" and not self.keys:
-            raise ValueError("mode 'merge' needs `keys`: the columns that identify a row")
-        if self.mode == "append" and self.keys:
-            raise ValueError("`keys` only apply to mode 'merge'")
+        _check_keys(self.mode, self.keys, "merge")
         return self
 
     @property
@@ -676,13 +682,7 @@ class PostgresSink(_Config):
 
     @model_validator(mode="after")
     def _keys_match_mode(self) -> PostgresSink:
-        if self.mode == "upsert" and not self.keys:
-            raise ValueError(
-                "mode 'upsert' needs `keys`: the columns that identify a row "
-                "(INSERT ... ON CONFLICT (keys))"
-            )
-        if self.mode == "append" and self.keys:
-            raise ValueError("`keys` only apply to mode 'upsert'")
+        _check_keys(self.mode, self.keys, "upsert", " (INSERT ... ON CONFLICT (keys))")
         return self
 
     @property

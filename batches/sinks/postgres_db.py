@@ -23,7 +23,7 @@ transform.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,35 +44,38 @@ _FENCE_COLUMNS = (
 )
 
 
+PG_TYPES: tuple[tuple[Callable[[pa.DataType], bool], str], ...] = (
+    (pa.types.is_boolean, "boolean"),
+    (pa.types.is_int8, "smallint"),
+    (pa.types.is_int16, "smallint"),
+    (pa.types.is_int32, "integer"),
+    (pa.types.is_int64, "bigint"),
+    (pa.types.is_float32, "real"),
+    (pa.types.is_float64, "double precision"),
+    (pa.types.is_string, "text"),
+    (pa.types.is_large_string, "text"),
+    (pa.types.is_binary, "bytea"),
+    (pa.types.is_large_binary, "bytea"),
+    (pa.types.is_date, "date"),
+)
+"""Arrow type test → the Postgres type a new table's column gets (decimals and timestamps,
+which carry parameters, in ``_pg_type``)."""
+
+
 def _pg_type(column: pa.Field) -> str:
     """The Postgres type a column of Arrow type ``column.type`` is created with."""
     t = column.type
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_int8(t) or pa.types.is_int16(t):
-        return "smallint"
-    if pa.types.is_int32(t):
-        return "integer"
-    if pa.types.is_int64(t):
-        return "bigint"
-    if pa.types.is_float32(t):
-        return "real"
-    if pa.types.is_float64(t):
-        return "double precision"
     if pa.types.is_decimal(t):
         return f"numeric({t.precision}, {t.scale})"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "text"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return "bytea"
-    if pa.types.is_date(t):
-        return "date"
     if pa.types.is_timestamp(t):
         return "timestamptz" if t.tz is not None else "timestamp"
-    raise SinkWriteFailed(
-        f"column {column.name} of type {t} has no Postgres column type in the sink: cast it "
-        "in the transform (to_json for nested data, a string otherwise)"
-    )
+    found = next((pg for test, pg in PG_TYPES if test(t)), None)
+    if found is None:
+        raise SinkWriteFailed(
+            f"column {column.name} of type {t} has no Postgres column type in the sink: cast "
+            "it in the transform (to_json for nested data, a string otherwise)"
+        )
+    return found
 
 
 def connection_settings(config: PostgresSink) -> dict[str, Any]:
