@@ -31,7 +31,12 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lowmark.batches.errors import PipelineConfigInvalid, SinkUnreachable, SinkWriteFailed
+from lowmark.batches.errors import (
+    PipelineConfigInvalid,
+    SinkHeldElsewhere,
+    SinkUnreachable,
+    SinkWriteFailed,
+)
 from lowmark.batches.pipeline import PostgresSink
 
 FENCE_TABLE = "lowmark_sink_batches"
@@ -164,12 +169,40 @@ class PostgresTable:
                 )
             )
 
+    def check_ours(self, pipeline: str) -> None:
+        """Before a new checkpoint's first batch: ``SinkHeldElsewhere`` when the fence holds
+        another checkpoint's batches of this table (its input, read from the start again,
+        would land twice)."""
+        with self._transaction() as (cur, schema):
+            if not self._fenced(cur, schema):
+                return
+            table = f"{schema}.{self._name}"
+            cur.execute(
+                sql.SQL(
+                    "SELECT app_id, max(batch_id) FROM {} WHERE table_name = %s AND app_id <> %s "
+                    "GROUP BY app_id ORDER BY max(written_at) DESC LIMIT 1"
+                ).format(self._fence(schema)),
+                (table, self.app_id),
+            )
+            other = cur.fetchone()
+        if other is not None:
+            raise SinkHeldElsewhere(
+                f"sink postgres {table} holds the writes of checkpoint {other[0]} (up to its "
+                f"batch {other[1]}), and this new checkpoint of {pipeline} would write its "
+                f"input again: give {pipeline} a table of its own, or empty {table} and delete "
+                f"its rows from {schema}.{FENCE_TABLE} (WHERE table_name = '{table}')"
+            )
+
+    def _fenced(self, cur: psycopg.Cursor[tuple[Any, ...]], schema: str) -> bool:
+        """Whether the fence table exists in ``schema``."""
+        cur.execute("SELECT to_regclass(%s)", (f'"{schema}"."{FENCE_TABLE}"',))
+        found = cur.fetchone()
+        return found is not None and found[0] is not None
+
     def landed(self, batch_id: int) -> bool:
         """Whether batch ``batch_id`` of ``app_id`` is fenced (its rows are in the table)."""
         with self._transaction() as (cur, schema):
-            cur.execute("SELECT to_regclass(%s)", (f'"{schema}"."{FENCE_TABLE}"',))
-            found = cur.fetchone()
-            if found is None or found[0] is None:
+            if not self._fenced(cur, schema):
                 return False
             cur.execute(
                 sql.SQL("SELECT 1 FROM {} WHERE app_id = %s AND batch_id = %s").format(

@@ -16,7 +16,12 @@ from pydantic import ValidationError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from lowmark.batches.errors import PipelineConfigInvalid, SinkUnreachable, SinkWriteFailed
+from lowmark.batches.errors import (
+    PipelineConfigInvalid,
+    SinkHeldElsewhere,
+    SinkUnreachable,
+    SinkWriteFailed,
+)
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline, PostgresSink
@@ -99,25 +104,22 @@ def test_a_stateless_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
 
 
 def test_a_windowed_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
-    spark: SparkSession, tmp_path: Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, tmp_path: Path, postgres: PostgresServer, pg_database: str
 ) -> None:
-    found = {}
-    for run, crash in (("clean", None), ("crashed", AFTER_POSTGRES_COMMIT)):
-        db = f"sessions_{run}"
-        postgres.create_database(db)
-        monkeypatch.setenv("PGDATABASE", db)
-        # Someone changes the session batch 1 wrote (a's merged one, which no later batch
-        # touches): a replay that wrote again would overwrite it.
-        change = partial(postgres.rows, db, CHANGE_A)
-        replayed = _run(spark, _sessions(), tmp_path / run, crash, change)
-        assert replayed == ([1] if crash else [])
-        found[run] = _comparable(postgres.rows(db, f"SELECT {SESSION_COLUMNS} FROM sessions"))
+    # After the crash, someone changes the session batch 1 wrote (a's merged one, which no
+    # later batch touches): a replay that wrote again would overwrite it.
+    change = partial(postgres.rows, pg_database, CHANGE_A)
+    replayed = _run(spark, _sessions(), tmp_path, AFTER_POSTGRES_COMMIT, change)
 
-    expected = reference(spark, tmp_path / "clean", Session(gap="10 seconds")).drop("avg_amount")
-    assert found["clean"] == _comparable(expected.collect())
-    assert len(found["clean"]) == 4  # a's merged session (its two parts deleted), b's two, c's
-    # The replay of batch 1 (which merged a's sessions) wrote nothing: the change stays.
-    assert found["crashed"] == [(*row[:6], -1) if row[0] == "a" else row for row in found["clean"]]
+    assert replayed == [1]
+    found = _comparable(postgres.rows(pg_database, f"SELECT {SESSION_COLUMNS} FROM sessions"))
+    expected = reference(spark, tmp_path, Session(gap="10 seconds")).drop("avg_amount")
+    # a's merged session (its two parts deleted), b's two, c's; a's as changed: batch 1's
+    # replay (which merged a's sessions) wrote nothing.
+    assert found == [
+        (*row[:6], -1) if row[0] == "a" else row for row in _comparable(expected.collect())
+    ]
+    assert len(found) == 4
 
 
 def test_a_new_table_gets_the_documented_column_types(
@@ -202,3 +204,17 @@ def test_a_bad_connection_setting_stops_the_run_before_the_batch_writes_anything
         runner.run(max_batches=None)
     assert "\n" not in str(refused.value)
     assert runner.checkpoint.offsets.latest_batch_id() is None
+
+
+def test_a_new_checkpoint_refuses_a_table_another_checkpoint_wrote(
+    spark: SparkSession, tmp_path: Path, postgres: PostgresServer, pg_database: str
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        drop_batches(root, BATCHES[:1])
+    MicroBatchRunner(spark, _stateless(), first).run(max_batches=None)
+    runner = MicroBatchRunner(spark, _stateless(), second)
+    with pytest.raises(SinkHeldElsewhere, match=r"^sink postgres public\.events holds the"):
+        runner.run(max_batches=None)
+    assert runner.checkpoint.offsets.latest_batch_id() is None  # refused before batch 0
+    assert len(postgres.rows(pg_database, "SELECT * FROM events")) == 3  # the first's only
