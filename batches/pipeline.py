@@ -615,6 +615,35 @@ class CustomSink(_Config):
         return f"{getattr(self.factory, '__module__', '?')}.{self.factory.__name__}"
 
 
+class ForeachBatchSink(_Config):
+    """A function of the user's called with each batch's output, as Spark's ``foreachBatch``
+    (``lowmark.batches.sinks.foreach_batch``).
+
+    ``function(df, batch_id, replay)``: ``df`` the batch's output (a stateless pipeline's
+    records, or a windowed pipeline's emitted windows, as a DataFrame), ``replay`` true
+    when an earlier attempt of the same batch may have called it already (after a
+    crash: same ``batch_id``, same rows). At least once, plainly; exactly once when the
+    function makes its write idempotent per batch id (skip a batch id it has, or
+    overwrite what that batch id wrote). Update-mode windows retract rows too: they need
+    a ``kind: custom`` sink, whose ``write`` receives them.
+    """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset()
+    """Nothing left out of the fingerprint: the function counts by its import path."""
+
+    kind: Literal["foreach_batch"] = "foreach_batch"
+    """Picks a function of your own."""
+    function: ImportString[Callable[..., Any]] = Field(
+        description="Import path of the function called with each batch (module:function): "
+        "function(df, batch_id, replay)."
+    )
+
+    @property
+    def label(self) -> str:
+        """The sink, in a few words (its function)."""
+        return f"{getattr(self.function, '__module__', '?')}.{self.function.__name__}"
+
+
 _TABLE_NAME = r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?$"
 
 
@@ -711,7 +740,8 @@ def _sink_kind(value: Any) -> str:
 SinkConfig = Annotated[
     Annotated[DeltaSink, Tag("delta")]
     | Annotated[CustomSink, Tag("custom")]
-    | Annotated[PostgresSink, Tag("postgres")],
+    | Annotated[PostgresSink, Tag("postgres")]
+    | Annotated[ForeachBatchSink, Tag("foreach_batch")],
     Discriminator(_sink_kind),
 ]
 """Any sink a pipeline can write, told apart by ``kind`` (default ``delta``)."""
@@ -909,6 +939,12 @@ class Pipeline(_Config):
                     "a windowed pipeline sets how the sink is written through "
                     "`aggregation.output_mode`; leave `sink.mode` at append"
                 )
+            if isinstance(self.sink, ForeachBatchSink) and self.aggregation.output_mode == "update":
+                raise ValueError(
+                    "update-mode windows retract rows, which a `foreach_batch` function is not "
+                    "given: use `output_mode: append`, or a `kind: custom` sink (its `write` "
+                    "receives `retract`)"
+                )
         elif self.backfill is not None:
             raise ValueError(
                 "`backfill` recomputes event-time windows: it needs `aggregation`; remove it"
@@ -935,7 +971,7 @@ class Pipeline(_Config):
         what = f"the post_aggregation of {self.name}"
         return apply_step(self.post_aggregation, windows, "windows", what)
 
-    def sink_config(self) -> DeltaSink | CustomSink | PostgresSink:
+    def sink_config(self) -> DeltaSink | CustomSink | PostgresSink | ForeachBatchSink:
         """The sink as written: update-mode aggregations MERGE a Delta sink, or upsert a
         Postgres one, on keys + window."""
         merges = self.aggregation is not None and self.aggregation.output_mode == "update"

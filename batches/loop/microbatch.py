@@ -320,6 +320,7 @@ class MicroBatchRunner:
         # starts here, if no batch of this runner needed it before.
         self._spark()
         batch = planned.range
+        parts.sink.begin(batch_id, planned.replay)  # before the sink can be written (step 4)
         seen = (
             parts.read_ahead.seen(
                 batch, planned.watermark_ms, planned.planned_at_ms, planned.replay

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lowmark.batches.pipeline import DeltaSink, Pipeline, PostgresSink, resolve
+from lowmark.batches.pipeline import DeltaSink, ForeachBatchSink, Pipeline, PostgresSink, resolve
 from lowmark.batches.sinks.base import Sink, WindowedSink
 from lowmark.batches.sinks.custom import WindowsAsFrames, from_factory
 from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+from lowmark.batches.sinks.foreach_batch import ForeachBatch
 from lowmark.batches.sinks.postgres import PostgresFrameSink, PostgresWindowSink
 from lowmark.state.session import SparkLike
 
@@ -24,8 +25,9 @@ def build_sink(
     One writer engine per Delta sink table: a windowed pipeline's few windows
     are written from the driver (``WindowedSink``), a stateless pipeline's
     records by Spark (``Sink``). A Postgres sink likewise: windows from the
-    driver, records streamed through it. A custom sink is a ``Sink``; a
-    windowed pipeline hands it its windows as DataFrames.
+    driver, records streamed through it. A custom sink is a ``Sink``, a
+    ``foreach_batch`` function is called by one; a windowed pipeline hands either its
+    windows as DataFrames.
     """
     config = pipeline.sink_config()
     windowed = pipeline.aggregation is not None and pipeline.event_time is not None
@@ -36,5 +38,8 @@ def build_sink(
         return DeltaTableSink(spark, config, path, app_id)
     if isinstance(config, PostgresSink):
         return PostgresWindowSink(config, app_id) if windowed else PostgresFrameSink(config, app_id)
-    sink = from_factory(spark, config, pipeline.name, data_root, app_id)
+    if isinstance(config, ForeachBatchSink):
+        sink: Sink = ForeachBatch(config.function)
+    else:
+        sink = from_factory(spark, config, pipeline.name, data_root, app_id)
     return WindowsAsFrames(spark, sink) if windowed else sink

@@ -33,6 +33,12 @@ class Sink(ABC):
         (as it was), and ``lowmark skip-batch`` refuses a batch whose write landed."""
         return None
 
+    def begin(self, batch_id: int, replay: bool) -> None:
+        """Called once per attempt of batch ``batch_id``, before anything of it is written:
+        ``replay`` is true when an earlier attempt may have written (its offsets were
+        logged before this attempt started). The default does nothing."""
+        return None
+
 
 class WindowedSink(ABC):
     """A windowed pipeline's sink: the windows a batch emits, a few, on the driver.
@@ -51,4 +57,8 @@ class WindowedSink(ABC):
 
     def landed(self, batch_id: int) -> bool | None:
         """As ``Sink.landed``."""
+        return None
+
+    def begin(self, batch_id: int, replay: bool) -> None:
+        """As ``Sink.begin``."""
         return None

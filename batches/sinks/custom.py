@@ -49,3 +49,6 @@ class WindowsAsFrames(WindowedSink):
 
     def landed(self, batch_id: int) -> bool | None:
         return self.sink.landed(batch_id)
+
+    def begin(self, batch_id: int, replay: bool) -> None:
+        self.sink.begin(batch_id, replay)
