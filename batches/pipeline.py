@@ -1030,10 +1030,11 @@ class Pipeline(_Config):
 def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | None:
     """``event_time`` as fingerprinted: ``max_future`` only when set to other than its
     default, ``watermark`` only when set, so checkpoints written before they existed keep
-    their fingerprint."""
+    their fingerprint. ``admission`` is left out: like the admission limits, it only
+    decides which batch takes a record."""
     if event_time is None:
         return None
-    dump = event_time.model_dump()
+    dump = event_time.model_dump(exclude={"admission"})
     if dump["max_future"] == MAX_FUTURE_MS:
         del dump["max_future"]
     if dump["watermark"] is None:

@@ -91,6 +91,15 @@ class EventTime(_Config):
         "max_event_time_lag: ...}`: it follows the source's ingestion clock instead.",
     )
 
+    admission: Literal["fair", "aligned"] = Field(
+        default="fair",
+        description="When a batch cannot take everything waiting (the source's "
+        "`max_*_per_batch`): `fair` splits it evenly over the partitions; `aligned` takes "
+        "first from the partitions whose watermark input (max event time, or ingestion "
+        "time) is lowest, so the pipeline watermark advances instead of one partition "
+        "racing ahead.",
+    )
+
     @model_validator(mode="after")
     def _one_strategy(self) -> EventTime:
         if self.watermark is not None and (self.max_out_of_orderness or self.idle_timeout):

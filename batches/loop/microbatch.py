@@ -322,7 +322,7 @@ class MicroBatchRunner:
         batch = planned.range
         seen = (
             parts.read_ahead.seen(
-                batch, planned.watermark_ms, planned.planned_at_ms, planned.replay
+                batch, planned.watermark_ms, planned.planned_at_ms, planned.replay, planned.clocks
             )
             if parts.read_ahead is not None
             else None

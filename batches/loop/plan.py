@@ -31,7 +31,14 @@ from lowmark.batches.event_time.watermarks import (
 from lowmark.batches.keyed.state_schema import refusal
 from lowmark.batches.loop.poison import blocked
 from lowmark.batches.pipeline import Pipeline, definition_changes
-from lowmark.batches.sources.base import Range, Skipped, Source, check_identity
+from lowmark.batches.sources.base import (
+    Clocks,
+    Range,
+    Skipped,
+    Source,
+    check_identity,
+    plan_in_clock_order,
+)
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import CommitEntry
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
@@ -62,6 +69,9 @@ class PlannedBatch:
     ingestion: dict[str, int] | None = None
     """With an ingestion-time watermark, each partition's ingestion time past ``end`` when
     planned (recorded in the offset log): where the next batch's clock starts."""
+    clocks: Clocks | None = None
+    """With aligned admission, the partitions' clocks ``end`` was planned by (``Planner``);
+    the catch-up read-ahead plans the batches after it by them too."""
 
     @property
     def range(self) -> Range:
@@ -276,7 +286,8 @@ class Planner:
         skipped = self.source.past_lost(start)
         if skipped is not None:
             start = skipped.start
-        end = self.source.plan(start, batch_id, record=not dry_run)
+        clocks = self._clocks(latest, done)
+        end = plan_in_clock_order(self.source, start, batch_id, clocks, record=not dry_run)
         waiting = self.source.waiting_partitions(end)
         watermark = done.next_watermark_ms if done else None
         event_time, ingestion = self.pipeline.event_time, None
@@ -298,8 +309,34 @@ class Planner:
             if not self.stage.would_emit(state_version, watermark):
                 return None
         return PlannedBatch(
-            batch_id, start, end, watermark, False, now, done, identity, skipped, waiting, ingestion
+            batch_id,
+            start,
+            end,
+            watermark,
+            False,
+            now,
+            done,
+            identity,
+            skipped,
+            waiting,
+            ingestion,
+            clocks,
         )
+
+    def _clocks(self, latest: OffsetEntry | None, done: CommitEntry | None) -> Clocks | None:
+        """With aligned admission (``event_time.admission: aligned``), each partition's
+        watermark input as the committed batch left it, for the source to admit the lowest
+        first: its max event time, or, with an ingestion-time watermark, its ingestion time
+        past the batch's end (as that batch recorded it). Empty before the first commit (no
+        clock known: a fair split); None with fair admission."""
+        event_time = self.pipeline.event_time
+        if event_time is None or event_time.admission != "aligned":
+            return None
+        if done is None:
+            return {}
+        if event_time.watermark is not None:
+            return dict(latest.ingestion_ms or {}) if latest is not None else {}
+        return {p: t.max_event_time_ms for p, t in self.partition_times(done).items()}
 
     def _ingestion_times(self, position: Offsets, now: int) -> dict[str, int]:
         """The source's ingestion times at ``position`` (``Source.ingestion_times``)."""
