@@ -36,7 +36,7 @@ SEPARATOR = "/"
 
 
 def own(offsets: Mapping[str, int], name: str) -> Offsets:
-    """Source ``name``'s part of union ``offsets``, in its own partition names."""
+    """Source ``name``'s part of union ``offsets`` (or clocks), in its own partition names."""
     prefix = name + SEPARATOR
     return {k[len(prefix) :]: v for k, v in offsets.items() if k.startswith(prefix)}
 

@@ -129,6 +129,9 @@ def test_with_an_ingestion_clock_the_folder_listed_earliest_is_taken_first(
     aligned = pipeline_plan(spark, _by_ingestion_time("aligned"), tmp_path, clock)
     assert fair.end_offsets == {"early": 1, "late": 2}
     assert aligned.end_offsets == {"early": 2, "late": 1}
+    # The same checkpoint either way: admission is not in the fingerprint.
+    assert _by_ingestion_time("aligned").fingerprint() == _by_ingestion_time("fair").fingerprint()
+    assert "admission" not in _by_ingestion_time("aligned").definition()["event_time"]
 
 
 def _end(runner: MicroBatchRunner) -> dict[str, int]:
