@@ -484,6 +484,8 @@ class UnionSource(SourceKind):
     transform applied to its records before the union (so sources of
     different shapes can meet); after them, every source must have the same
     columns. At most one ``files`` source (the checkpoint has one file manifest).
+    ``watermarks`` names the sources whose partitions follow their ingestion
+    clock (each with its lag); the others follow the event times seen.
     """
 
     RUNTIME: ClassVar[str] = "lowmark.batches.sources.union:UnionStreamSource.from_config"

@@ -43,7 +43,7 @@ class IngestionWatermark(_Config):
     anything still to come (a file's first listing; see docs/sources.md for
     each source); the clock is the minimum over partitions minus
     ``max_event_time_lag``, and a planning that finds nothing new still
-    advances it. ``lowmark.batches.event_time.ingestion`` holds the rule.
+    advances it. ``lowmark.batches.event_time.watermarks`` holds the rule.
     """
 
     strategy: Literal["ingestion_time"] = Field(
