@@ -1,7 +1,8 @@
 """Watermark arithmetic: per-partition watermarks, the pipeline watermark as their
 minimum (a low watermark over its inputs), idle partitions left out; or, with an
 ingestion-time watermark, the source's ingestion clock minus the maximum event-time
-lag.
+lag; or, in a union whose sources each choose, both, each partition by its own
+(``IngestionLags``).
 
 Pure functions over plain values, so a replay that feeds the same inputs
 (the batch's recorded offsets and planning time) gets the same watermark.

@@ -332,7 +332,8 @@ class Planner:
             return {}
         parts = {} if self.lags.everywhere else self.partition_times(done)
         seen = {p: t.max_event_time_ms for p, t in parts.items() if self.lags.lag_of(p) is None}
-        return seen | dict(latest.ingestion_ms or {} if latest is not None else {})
+        recorded = latest.ingestion_ms if latest is not None else None
+        return seen | (recorded or {})
 
     def _ingestion_times(self, position: Offsets, now: int) -> dict[str, int]:
         """The ingestion times at ``position`` (``Source.ingestion_times``) of the partitions
