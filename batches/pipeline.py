@@ -31,7 +31,12 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.sql import SqlStep, Transform, apply_step, step_semantics
-from lowmark.batches.windows import MAX_FUTURE_MS, EventTime, WindowedAggregation
+from lowmark.batches.windows import (
+    MAX_FUTURE_MS,
+    EventTime,
+    IngestionWatermark,
+    WindowedAggregation,
+)
 from lowmark.state.catalog import CatalogEntry
 
 if TYPE_CHECKING:
@@ -479,6 +484,8 @@ class UnionSource(SourceKind):
     transform applied to its records before the union (so sources of
     different shapes can meet); after them, every source must have the same
     columns. At most one ``files`` source (the checkpoint has one file manifest).
+    ``watermarks`` names the sources whose partitions follow their ingestion
+    clock (each with its lag); the others follow the event times seen.
     """
 
     RUNTIME: ClassVar[str] = "lowmark.batches.sources.union:UnionStreamSource.from_config"
@@ -491,25 +498,39 @@ class UnionSource(SourceKind):
     transforms: dict[str, ImportString[Transform]] = Field(
         default_factory=dict, description="Per source name: DataFrame → DataFrame before the union."
     )
+    watermarks: dict[str, IngestionWatermark] = Field(
+        default_factory=dict,
+        description="Per source name, `{strategy: ingestion_time, max_event_time_lag: ...}`: "
+        "that source's partitions follow its ingestion clock; the others follow the event "
+        "times seen (`event_time`). The watermark is the minimum over all of them.",
+    )
 
     @model_validator(mode="after")
     def _names_and_one_folder(self) -> UnionSource:
         for name in self.sources:
             if not name or not all(c.isalnum() or c == "_" for c in name):
                 raise ValueError(f"source name {name!r}: use letters, digits and _")
-        unknown = set(self.transforms) - set(self.sources)
-        if unknown:
-            raise ValueError(f"`transforms` names no source {sorted(unknown)}")
+        for field in ("transforms", "watermarks"):
+            unknown = set(getattr(self, field)) - set(self.sources)
+            if unknown:
+                raise ValueError(f"`{field}` names no source {sorted(unknown)}")
         if sum(isinstance(c, FileSource) for c in self.sources.values()) > 1:
             raise ValueError("a union reads at most one `files` source (one file manifest)")
         return self
 
     def semantics(self) -> dict[str, Any]:
-        return {
+        """The sources' semantics, the transforms and, only when set (a union without keeps
+        the fingerprint it had before they existed), the per-source watermarks."""
+        semantics: dict[str, Any] = {
             "kind": self.kind,
             "sources": {n: c.semantics() for n, c in sorted(self.sources.items())},
             "transforms": {n: _import_path(t) for n, t in sorted(self.transforms.items())},
         }
+        if self.watermarks:
+            semantics["watermarks"] = {
+                n: w.model_dump() for n, w in sorted(self.watermarks.items())
+            }
+        return semantics
 
     @property
     def label(self) -> str:
@@ -921,6 +942,21 @@ class Pipeline(_Config):
         return self
 
     @model_validator(mode="after")
+    def _source_watermarks_need_event_time(self) -> Pipeline:
+        if isinstance(self.source, UnionSource) and self.source.watermarks:
+            if self.event_time is None:
+                raise ValueError(
+                    "the union's `watermarks` set how far event time has come per source: "
+                    "they need `event_time` (which column holds event time)"
+                )
+            if self.event_time.watermark is not None:
+                raise ValueError(
+                    "`event_time.watermark` already sets every source's strategy: remove it, "
+                    "or the union's `watermarks`"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _dedup_needs_event_time(self) -> Pipeline:
         if self.dedup is not None and self.event_time is None:
             raise ValueError(
@@ -1066,10 +1102,11 @@ class Pipeline(_Config):
 def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | None:
     """``event_time`` as fingerprinted: ``max_future`` only when set to other than its
     default, ``watermark`` only when set, so checkpoints written before they existed keep
-    their fingerprint."""
+    their fingerprint. ``admission`` is left out: like the admission limits, it only
+    decides which batch takes a record."""
     if event_time is None:
         return None
-    dump = event_time.model_dump()
+    dump = event_time.model_dump(exclude={"admission"})
     if dump["max_future"] == MAX_FUTURE_MS:
         del dump["max_future"]
     if dump["watermark"] is None:

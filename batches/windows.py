@@ -43,7 +43,7 @@ class IngestionWatermark(_Config):
     anything still to come (a file's first listing; see docs/sources.md for
     each source); the clock is the minimum over partitions minus
     ``max_event_time_lag``, and a planning that finds nothing new still
-    advances it. ``lowmark.batches.event_time.ingestion`` holds the rule.
+    advances it. ``lowmark.batches.event_time.watermarks`` holds the rule.
     """
 
     strategy: Literal["ingestion_time"] = Field(
@@ -89,6 +89,15 @@ class EventTime(_Config):
         description="Unset: the watermark follows the event times seen (max minus "
         "`max_out_of_orderness`, per partition). `{strategy: ingestion_time, "
         "max_event_time_lag: ...}`: it follows the source's ingestion clock instead.",
+    )
+
+    admission: Literal["fair", "aligned"] = Field(
+        default="fair",
+        description="When a batch cannot take everything waiting (the source's "
+        "`max_*_per_batch`): `fair` splits it evenly over the partitions; `aligned` takes "
+        "first from the partitions whose watermark input (max event time, or ingestion "
+        "time) is lowest, so the pipeline watermark advances instead of one partition "
+        "racing ahead.",
     )
 
     @model_validator(mode="after")

@@ -384,26 +384,26 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
 def _partitions(
     planner: Planner, done: CommitEntry | None, committed: OffsetEntry | None
 ) -> list[PartitionStatus]:
-    """Per source partition, its times as of the commit ``done`` (by partition), and with an
-    ingestion-time watermark its ingestion time as ``committed`` (``done``'s offsets)
-    recorded it."""
+    """Per source partition, its times as of the commit ``done`` (by partition), and when it
+    follows an ingestion-time watermark its ingestion time as ``committed`` (``done``'s
+    offsets) recorded it."""
     event_time = planner.pipeline.event_time
     if done is None or event_time is None:
         return []
-    clock = event_time.watermark
     ingestion = (committed.ingestion_ms if committed else None) or {}
     times = sorted(planner.partition_times(done).values(), key=lambda t: t.partition)
+    lags = [planner.lags.lag_of(t.partition) for t in times]
     return [
         PartitionStatus(
             t.partition,
             t.max_event_time_ms,
             t.watermark_ms(event_time)
-            if clock is None or t.partition not in ingestion
-            else ingestion[t.partition] - clock.max_event_time_lag,
+            if lag is None or t.partition not in ingestion
+            else ingestion[t.partition] - lag,
             t.last_seen_ms,
-            ingestion.get(t.partition) if clock is not None else None,
+            ingestion.get(t.partition) if lag is not None else None,
         )
-        for t in times
+        for t, lag in zip(times, lags, strict=True)
     ]
 
 

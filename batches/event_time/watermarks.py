@@ -1,7 +1,8 @@
 """Watermark arithmetic: per-partition watermarks, the pipeline watermark as their
 minimum (a low watermark over its inputs), idle partitions left out; or, with an
 ingestion-time watermark, the source's ingestion clock minus the maximum event-time
-lag.
+lag; or, in a union whose sources each choose, both, each partition by its own
+(``IngestionLags``).
 
 Pure functions over plain values, so a replay that feeds the same inputs
 (the batch's recorded offsets and planning time) gets the same watermark.
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from lowmark.batches.pipeline import Pipeline, UnionSource
+from lowmark.batches.sources.union import SEPARATOR
 from lowmark.batches.windows import EventTime
 
 
@@ -44,6 +47,19 @@ def observe(
     return merged
 
 
+def _active_marks(
+    parts: dict[str, PartitionTime], config: EventTime, now_ms: int, waiting: Collection[str]
+) -> list[int]:
+    """The watermarks of the partitions of ``parts`` that are not idle (``pipeline_watermark``)."""
+    return [
+        t.watermark_ms(config)
+        for p, t in parts.items()
+        if p in waiting
+        or config.idle_timeout is None
+        or now_ms - t.last_seen_ms < config.idle_timeout
+    ]
+
+
 def pipeline_watermark(
     parts: dict[str, PartitionTime],
     config: EventTime,
@@ -61,25 +77,70 @@ def pipeline_watermark(
     """
     if not parts:
         return previous
-    marks = {p: t.watermark_ms(config) for p, t in parts.items()}
-    active = [
-        marks[p]
-        for p, t in parts.items()
-        if p in waiting
-        or config.idle_timeout is None
-        or now_ms - t.last_seen_ms < config.idle_timeout
-    ]
-    candidate = min(active) if active else max(marks.values())
+    active = _active_marks(parts, config, now_ms, waiting)
+    candidate = min(active) if active else max(t.watermark_ms(config) for t in parts.values())
     return candidate if previous is None else max(previous, candidate)
 
 
-def ingestion_watermark(times: dict[str, int], lag_ms: int, previous: int | None) -> int | None:
-    """The event-time clock of an ingestion-time watermark: the minimum over the source's
-    partitions of their ingestion times (``Source.ingestion_times``: nothing ingested
-    before it is still to come) minus ``lag_ms`` (how long after its event time a record
-    may be written at most). Never below ``previous``; ``previous`` when no partition is
-    known yet."""
-    if not times:
-        return previous
-    candidate = min(times.values()) - lag_ms
-    return candidate if previous is None else max(previous, candidate)
+@dataclass(frozen=True)
+class IngestionLags:
+    """Which source partitions follow an ingestion-time watermark, and with what maximum
+    event-time lag, by the prefix of their names: ``""`` for every partition (the pipeline's
+    ``event_time.watermark``), ``"eu/"`` for a union's source ``eu`` (its ``watermarks``).
+    The other partitions follow the event times seen."""
+
+    by_prefix: dict[str, int]
+
+    @classmethod
+    def of_pipeline(cls, pipeline: Pipeline) -> IngestionLags:
+        """The lags ``pipeline`` sets (none: every partition follows event time)."""
+        event_time, source = pipeline.event_time, pipeline.source
+        if event_time is not None and event_time.watermark is not None:
+            return cls({"": event_time.watermark.max_event_time_lag})
+        if event_time is not None and isinstance(source, UnionSource):
+            return cls({n + SEPARATOR: w.max_event_time_lag for n, w in source.watermarks.items()})
+        return cls({})
+
+    @property
+    def everywhere(self) -> bool:
+        """Every partition follows ingestion time (the pipeline's strategy)."""
+        return "" in self.by_prefix
+
+    def lag_of(self, partition: str) -> int | None:
+        """``partition``'s lag; None when it follows event time."""
+        return next((n for p, n in self.by_prefix.items() if partition.startswith(p)), None)
+
+    def watermark(
+        self,
+        ingestion: dict[str, int],
+        parts: dict[str, PartitionTime],
+        config: EventTime,
+        now_ms: int,
+        previous: int | None,
+        waiting: Collection[str],
+    ) -> int | None:
+        """The pipeline watermark over every partition, each by its own strategy: the
+        minimum of the ingestion clocks of those that follow ingestion time (their
+        ``ingestion`` times, ``Source.ingestion_times``: nothing ingested before it is still
+        to come, minus their lag: how long after its event time a record may be written at
+        most) and the event-time watermark (``pipeline_watermark``) of the others (their
+        ``parts``); ``previous`` while no partition is known.
+
+        With both kinds, an event-time partition idle for ``idle_timeout`` holds nothing
+        back (the ingestion clock goes on), and one with records ``waiting`` that has shown
+        no event time yet holds the watermark at ``previous``: its records may be the
+        oldest. Never below ``previous``.
+        """
+        if not self.by_prefix:
+            return pipeline_watermark(parts, config, now_ms, previous, waiting)
+        clocks = [t - lag for p, t in ingestion.items() if (lag := self.lag_of(p)) is not None]
+        candidates = [min(clocks)] if clocks else []
+        if not self.everywhere:
+            unclocked = {p: t for p, t in parts.items() if self.lag_of(p) is None}
+            if any(self.lag_of(w) is None and w not in unclocked for w in waiting):
+                return previous
+            candidates += _active_marks(unclocked, config, now_ms, waiting)
+        if not candidates:
+            return previous
+        candidate = min(candidates)
+        return candidate if previous is None else max(previous, candidate)

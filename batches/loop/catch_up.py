@@ -71,7 +71,14 @@ from lowmark.batches.event_time.stage import (
 )
 from lowmark.batches.expectations import Checks
 from lowmark.batches.keyed.step import KeyedSeen
-from lowmark.batches.sources.base import BATCH_COLUMN, Range, Source, SourceRead
+from lowmark.batches.sources.base import (
+    BATCH_COLUMN,
+    Clocks,
+    Range,
+    Source,
+    SourceRead,
+    plan_in_clock_order,
+)
 from lowmark.batches.windows import Tumbling
 from lowmark.state.errors import LowmarkError
 
@@ -201,13 +208,21 @@ class ReadAhead:
         )
 
     def seen(
-        self, batch: Range, watermark_ms: int | None, planned_at_ms: int, replay: bool
+        self,
+        batch: Range,
+        watermark_ms: int | None,
+        planned_at_ms: int,
+        replay: bool,
+        clocks: Clocks | None = None,
     ) -> Seen | None:
         """What the read-ahead saw of ``batch``, if it is exactly what the batch's own job
         would see under ``watermark_ms``; else None (the batch runs its own job).
 
         A new batch with input that no read-ahead looked at starts one, over
-        itself and the batches after it, as far as the source has input.
+        itself and the batches after it, as far as the source has input. With
+        aligned admission, the batches after it are planned by the ``clocks``
+        ``batch`` was planned by (theirs are known only once it ran): one
+        whose own plan, by its own clocks, differs runs its own job.
         """
         if replay or not self.applies or batch.start == batch.end:
             self._looked.clear()
@@ -216,7 +231,7 @@ class ReadAhead:
         for stale in [b for b in self._looked if b < batch.batch_id]:
             del self._looked[stale]
         if looked is None and not self._looked:
-            self._look(batch, planned_at_ms, watermark_ms)
+            self._look(batch, planned_at_ms, watermark_ms, clocks)
             looked = self._looked.pop(batch.batch_id, None)
         if (
             looked is None
@@ -241,13 +256,17 @@ class ReadAhead:
             self.checks.violations({}),  # none violated (else the batch runs its own job)
         )
 
-    def _look(self, first: Range, now_ms: int, watermark_ms: int | None) -> None:
+    def _look(
+        self, first: Range, now_ms: int, watermark_ms: int | None, clocks: Clocks | None
+    ) -> None:
         """One job over ``first`` (whose watermark is ``watermark_ms``) and the batches after
-        it that the source has input for."""
+        it that the source has input for (planned by ``clocks``)."""
         ranges = [first]
         while len(ranges) < self.batches:
             last = ranges[-1]
-            end = self.source.plan(last.end, last.batch_id + 1, record=False, discover=False)
+            end = plan_in_clock_order(
+                self.source, last.end, last.batch_id + 1, clocks, record=False, discover=False
+            )
             if end == last.end:
                 break
             ranges.append(Range(last.batch_id + 1, last.end, end))

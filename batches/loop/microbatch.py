@@ -323,7 +323,7 @@ class MicroBatchRunner:
         parts.sink.begin(batch_id, planned.replay)  # before the sink can be written (step 4)
         seen = (
             parts.read_ahead.seen(
-                batch, planned.watermark_ms, planned.planned_at_ms, planned.replay
+                batch, planned.watermark_ms, planned.planned_at_ms, planned.replay, planned.clocks
             )
             if parts.read_ahead is not None
             else None

@@ -22,16 +22,19 @@ from typing import Any, Literal
 from lowmark.batches.clock import Clock
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import WindowedStage
-from lowmark.batches.event_time.watermarks import (
-    PartitionTime,
-    ingestion_watermark,
-    observe,
-    pipeline_watermark,
-)
+from lowmark.batches.event_time.watermarks import IngestionLags, PartitionTime, observe
 from lowmark.batches.keyed.state_schema import refusal
 from lowmark.batches.loop.poison import blocked
 from lowmark.batches.pipeline import Pipeline, definition_changes
-from lowmark.batches.sources.base import Range, Skipped, Source, check_identity
+from lowmark.batches.sources.base import (
+    Clocks,
+    Range,
+    Skipped,
+    Source,
+    check_identity,
+    plan_in_clock_order,
+)
+from lowmark.batches.sources.union import SEPARATOR, UnionStreamSource, named, own
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import CommitEntry
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
@@ -62,6 +65,9 @@ class PlannedBatch:
     ingestion: dict[str, int] | None = None
     """With an ingestion-time watermark, each partition's ingestion time past ``end`` when
     planned (recorded in the offset log): where the next batch's clock starts."""
+    clocks: Clocks | None = None
+    """With aligned admission, the partitions' clocks ``end`` was planned by (``Planner``);
+    the catch-up read-ahead plans the batches after it by them too."""
 
     @property
     def range(self) -> Range:
@@ -125,6 +131,8 @@ class Planner:
         self.clock = clock
         self.definition = pipeline.definition()
         self.fingerprint = pipeline.fingerprint()
+        self.lags = IngestionLags.of_pipeline(pipeline)
+        """Which partitions follow an ingestion-time watermark (the others, event time)."""
         self._position: tuple[OffsetEntry, CommitEntry] | None = None
         self._partitions: dict[str, PartitionTime] | None = None
 
@@ -276,20 +284,19 @@ class Planner:
         skipped = self.source.past_lost(start)
         if skipped is not None:
             start = skipped.start
-        end = self.source.plan(start, batch_id, record=not dry_run)
+        clocks = self._clocks(latest, done)
+        end = plan_in_clock_order(self.source, start, batch_id, clocks, record=not dry_run)
         waiting = self.source.waiting_partitions(end)
         watermark = done.next_watermark_ms if done else None
         event_time, ingestion = self.pipeline.event_time, None
-        if event_time is not None and event_time.watermark is not None:
-            # The batch's records were all ingested at or after the clock at its start;
-            # the clock at its end is where the next batch starts.
-            lag = event_time.watermark.max_event_time_lag
-            watermark = ingestion_watermark(self._ingestion_times(start, now), lag, watermark)
-            ingestion = self._ingestion_times(end, now)
-        elif event_time is not None and done is not None:
-            parts = self.partition_times(done)
+        if event_time is not None and (self.lags.by_prefix or done is not None):
+            # A batch's records were all ingested at or after the clock at its start; the
+            # clock at its end is where the next batch starts.
+            parts = self.partition_times(done) if done and not self.lags.everywhere else {}
             active = self.with_records(Range(batch_id, start, end), waiting)
-            watermark = pipeline_watermark(parts, event_time, now, watermark, active)
+            at_start = self._ingestion_times(start, now)
+            watermark = self.lags.watermark(at_start, parts, event_time, now, watermark, active)
+            ingestion = self._ingestion_times(end, now) if self.lags.by_prefix else None
         if end == start and skipped is None and not self._timer_due(done, watermark, now):
             previous_watermark = latest.batch_watermark_ms if latest else None
             if watermark is None or watermark == previous_watermark or self.stage is None:
@@ -298,19 +305,65 @@ class Planner:
             if not self.stage.would_emit(state_version, watermark):
                 return None
         return PlannedBatch(
-            batch_id, start, end, watermark, False, now, done, identity, skipped, waiting, ingestion
+            batch_id,
+            start,
+            end,
+            watermark,
+            False,
+            now,
+            done,
+            identity,
+            skipped,
+            waiting,
+            ingestion,
+            clocks,
         )
 
+    def _clocks(self, latest: OffsetEntry | None, done: CommitEntry | None) -> Clocks | None:
+        """With aligned admission (``event_time.admission: aligned``), each partition's
+        watermark input as the committed batch left it, for the source to admit the lowest
+        first: its max event time, or, with an ingestion-time watermark, its ingestion time
+        past the batch's end (as that batch recorded it). Empty before the first commit (no
+        clock known: a fair split); None with fair admission."""
+        event_time = self.pipeline.event_time
+        if event_time is None or event_time.admission != "aligned":
+            return None
+        if done is None:
+            return {}
+        parts = {} if self.lags.everywhere else self.partition_times(done)
+        seen = {p: t.max_event_time_ms for p, t in parts.items() if self.lags.lag_of(p) is None}
+        recorded = latest.ingestion_ms if latest is not None else None
+        return seen | (recorded or {})
+
     def _ingestion_times(self, position: Offsets, now: int) -> dict[str, int]:
-        """The source's ingestion times at ``position`` (``Source.ingestion_times``)."""
-        times = self.source.ingestion_times(position, now)
-        if times is None:
-            raise PipelineConfigInvalid(
-                f"pipeline {self.pipeline.name}: its {self.pipeline.source.kind} source keeps "
-                "no ingestion clock: remove `event_time.watermark` (the watermark then "
-                "follows the event times seen)"
-            )
-        return times
+        """The ingestion times at ``position`` (``Source.ingestion_times``) of the partitions
+        that follow ingestion time (``IngestionLags``): the source's, or those of the union's
+        sources that set one."""
+        if not self.lags.by_prefix:
+            return {}
+        if self.lags.everywhere:
+            times = self.source.ingestion_times(position, now)
+            if times is None:
+                raise PipelineConfigInvalid(
+                    f"pipeline {self.pipeline.name}: its {self.pipeline.source.kind} source "
+                    "keeps no ingestion clock: remove `event_time.watermark` (the watermark "
+                    "then follows the event times seen)"
+                )
+            return times
+        union = self.source
+        assert isinstance(union, UnionStreamSource)  # only a union sets lags per source
+        found: dict[str, int] = {}
+        for prefix in sorted(self.lags.by_prefix):
+            name = prefix.removesuffix(SEPARATOR)
+            times = union.parts[name].ingestion_times(own(position, name), now)
+            if times is None:
+                raise PipelineConfigInvalid(
+                    f"pipeline {self.pipeline.name}: the union's source {name} keeps no "
+                    f"ingestion clock: remove `{name}` from the union's `watermarks` (its "
+                    "watermark then follows the event times seen)"
+                )
+            found |= named(times, name)
+        return found
 
     def _timer_due(self, done: CommitEntry | None, watermark: int | None, now: int) -> bool:
         """Whether a keyed step's earliest pending timer is due: a batch then runs with no
@@ -395,12 +448,8 @@ class Planner:
             return {}, planned.watermark_ms
         known = self.partition_times(planned.previous) if planned.previous else {}
         partitions = observe(known, max_event_ms, planned.planned_at_ms)
-        if event_time.watermark is not None:
-            lag = event_time.watermark.max_event_time_lag
-            return partitions, ingestion_watermark(
-                planned.ingestion or {}, lag, planned.watermark_ms
-            )
-        watermark = pipeline_watermark(
+        watermark = self.lags.watermark(
+            planned.ingestion or {},
             partitions,
             event_time,
             planned.planned_at_ms,

@@ -8,9 +8,11 @@ starts at ``initial_offsets()``.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
@@ -23,6 +25,10 @@ PARTITION_COLUMN = "_lowmark_partition"
 """Every record a source returns names its source partition here (a string)."""
 BATCH_COLUMN = "_lowmark_batch"
 """The batch of a record in a read of several batches (``Source.read_batches``)."""
+
+Clocks: TypeAlias = Mapping[str, int]
+"""Per source partition, its watermark input in epoch millis (aligned admission): the lowest
+is admitted first."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,57 @@ def fair_share(waiting: dict[str, int], limit: int) -> dict[str, int]:
     return taken
 
 
+def aligned_share(waiting: dict[str, int], limit: int, clocks: Clocks | None) -> dict[str, int]:
+    """``fair_share`` in order of the partitions' ``clocks`` (aligned admission): the
+    partitions with the lowest clock take what they have waiting first, then the next
+    lowest, and so on, until ``limit``; partitions with equal clocks share fairly. A
+    partition with no clock (none known yet) comes first, as the lowest may be there.
+    Without ``clocks``, ``fair_share``. Deterministic, as ``fair_share``."""
+    if clocks is None:
+        return fair_share(waiting, limit)
+    rank = clock_rank(clocks)
+    tiers: dict[tuple[bool, int], dict[str, int]] = {}
+    for partition, n in waiting.items():
+        tiers.setdefault(rank(partition), {})[partition] = n
+    taken: dict[str, int] = {}
+    left = limit
+    for tier in sorted(tiers):
+        share = fair_share(tiers[tier], left)
+        taken |= share
+        left -= sum(share.values())
+    return taken
+
+
+def clock_rank(clocks: Clocks | None) -> Callable[[str], tuple[bool, int]]:
+    """A sort key of partitions for aligned admission (``aligned_share``): lowest clock
+    first, a partition with no clock before any; all equal without ``clocks``."""
+    if clocks is None:
+        return lambda _: (False, 0)
+
+    def rank(partition: str) -> tuple[bool, int]:
+        clock = clocks.get(partition)
+        return (clock is not None, clock or 0)
+
+    return rank
+
+
+def plan_in_clock_order(
+    source: Source,
+    start: Offsets,
+    batch_id: int,
+    clocks: Clocks | None,
+    record: bool = True,
+    discover: bool = True,
+) -> Offsets:
+    """``source.plan(...)`` with ``clocks`` (aligned admission) when given and the source's
+    ``plan`` takes them (a ``clocks`` parameter); without them otherwise, so a source
+    written before aligned admission plans as it always did."""
+    plan: Callable[..., Offsets] = source.plan
+    if clocks is not None and "clocks" in inspect.signature(plan).parameters:
+        return plan(start, batch_id, record, discover, clocks=clocks)
+    return plan(start, batch_id, record, discover)
+
+
 def read_counts(tagged: bool, good: Column | None) -> list[Column]:
     """A read's ``counts`` metrics (see ``Source``): of one batch's read, ``rows`` and,
     when ``good`` tells good rows from bad, ``bad``; of several batches' (``tagged``),
@@ -148,6 +205,12 @@ class Source(ABC):
       unless ``record`` is False (a dry run: the same answer, nothing written).
       With ``discover`` False it plans over what it recorded before only (a
       later batch planned ahead, whose input must be readable now).
+      A ``plan`` may take one more, optional parameter, ``clocks`` (aligned
+      admission, ``event_time.admission: aligned``): each partition's current
+      watermark input (its max event time, or its ingestion time), by which it
+      admits the lowest-clock partitions first when its limit cannot take
+      everything waiting (``aligned_share``). A ``plan`` without it is asked
+      without it (``plan_in_clock_order``) and admits as it always did.
     - ``read(start, end, batch_id, cache, strict)`` is deterministic: the same
       range gives the same records every time, which is what makes a replay
       exact (and lets a batch read its input twice). ``cache`` persists the

@@ -45,9 +45,11 @@ from lowmark.batches.pipeline import FileSource, resolve
 from lowmark.batches.sources.base import (
     BATCH_COLUMN,
     PARTITION_COLUMN,
+    Clocks,
     Range,
     Source,
     SourceRead,
+    clock_rank,
     read_counts,
 )
 from lowmark.batches.sources.context import SourceContext
@@ -122,8 +124,15 @@ class FileStreamSource(Source):
         return {} if self.config.partition_by_folder else {PARTITION: 0}
 
     def plan(
-        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+        self,
+        start: Offsets,
+        batch_id: int,
+        record: bool = True,
+        discover: bool = True,
+        clocks: Clocks | None = None,
     ) -> Offsets:
+        """The next batch's end: the pending files ``_admit`` takes (lowest ``clocks``
+        first, when given), newly listed files recorded first (unless ``record`` is False)."""
         known = self._manifest()
         if not known and any(start.values()):
             raise CheckpointMissing(
@@ -143,7 +152,7 @@ class FileStreamSource(Source):
             known = self._manifest(refresh=True)
         pending = [f for f in known if f.seq >= start.get(f.partition, 0)]
         end = dict(start)
-        for f in self._admit(pending):
+        for f in self._admit(pending, clock_rank(clocks)):
             end[f.partition] = f.seq + 1
         return end
 
@@ -472,23 +481,27 @@ class FileStreamSource(Source):
     def describe_backlog(self, backlog: dict[str, int]) -> str:
         return f"{backlog['files']} new files ({backlog['bytes']} bytes) waiting"
 
-    def _admit(self, pending: list[ManifestFile]) -> list[ManifestFile]:
-        """Oldest pending files within the limits (at least one file).
+    def _admit(
+        self, pending: list[ManifestFile], rank: Callable[[str], tuple[bool, int]]
+    ) -> list[ManifestFile]:
+        """Oldest pending files within the limits (at least one file), the partitions that
+        ``rank`` puts first (the lowest clock, with aligned admission) before the others.
 
-        Partitions are interleaved by (modification time, path) of their next
-        file, and each partition is taken in ``seq`` order, so a batch's files
-        are a ``seq`` prefix of every partition: exactly what offsets express.
+        Partitions of equal rank are interleaved by (modification time, path) of
+        their next file, and each partition is taken in ``seq`` order, so a
+        batch's files are a ``seq`` prefix of every partition: exactly what
+        offsets express.
         """
         queues: dict[str, list[ManifestFile]] = {}
         for f in sorted(pending, key=lambda f: f.seq, reverse=True):
             queues.setdefault(f.partition, []).append(f)
-        heads = [(q[-1].modified_ms, q[-1].path, p) for p, q in queues.items()]
+        heads = [(rank(p), q[-1].modified_ms, q[-1].path, p) for p, q in queues.items()]
         heapq.heapify(heads)
         taken: list[ManifestFile] = []
         total = 0
         limit = self.config.max_bytes_per_batch
         while heads and len(taken) < self.config.max_files_per_batch:
-            _, _, partition = heapq.heappop(heads)
+            _, _, _, partition = heapq.heappop(heads)
             f = queues[partition].pop()
             if taken and limit is not None and total + f.size > limit:
                 break
@@ -496,7 +509,7 @@ class FileStreamSource(Source):
             total += f.size
             if queues[partition]:
                 nxt = queues[partition][-1]
-                heapq.heappush(heads, (nxt.modified_ms, nxt.path, partition))
+                heapq.heappush(heads, (rank(partition), nxt.modified_ms, nxt.path, partition))
         return taken
 
     def _unseen(self, known: list[ManifestFile]) -> list[ManifestFile]:

@@ -8,7 +8,8 @@ and the committed frontier use a small client on the driver
 (``confluent_kafka``): no Spark job.
 
 - Admission: ``max_offsets_per_batch`` split fairly over the partitions with
-  records waiting (``fair_share``).
+  records waiting (``fair_share``), or, with aligned admission, to the
+  partitions with the lowest clock first (``aligned_share``).
 - New partitions are picked up at the next plan, from their earliest offset.
   A partition whose earliest offset is past 0 is first registered at that
   offset by a batch that takes none of its records, so every range read is
@@ -65,11 +66,12 @@ from lowmark.batches.errors import SourceDataLost, SourceReplaced
 from lowmark.batches.pipeline import KafkaSource, start_time_ms
 from lowmark.batches.sources.base import (
     PARTITION_COLUMN,
+    Clocks,
     Skipped,
     Source,
     SourceRead,
+    aligned_share,
     describe_range,
-    fair_share,
     read_counts,
 )
 from lowmark.batches.sources.context import SourceContext
@@ -224,9 +226,15 @@ class KafkaStreamSource(Source):
         return self.config.starting_offsets != "earliest"
 
     def plan(
-        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+        self,
+        start: Offsets,
+        batch_id: int,
+        record: bool = True,
+        discover: bool = True,
+        clocks: Clocks | None = None,
     ) -> Offsets:
-        """The next batch's end: up to ``max_offsets_per_batch`` records, split fairly.
+        """The next batch's end: up to ``max_offsets_per_batch`` records, split fairly, or
+        lowest ``clocks`` first (``aligned_share``).
 
         Nothing is recorded (the offset log holds the plan). ``discover`` is
         ignored: every plan asks the brokers.
@@ -245,7 +253,7 @@ class KafkaStreamSource(Source):
         registered = {k: earliest[k] for k in keys if k not in start and earliest[k] > 0}
         begin = {k: start.get(k, 0) for k in keys if k not in registered}
         waiting = {k: max(latest[k] - begin[k], 0) for k in begin}
-        taken = fair_share(waiting, self.config.max_offsets_per_batch)
+        taken = aligned_share(waiting, self.config.max_offsets_per_batch, clocks)
         return {
             **dict(start),
             **registered,

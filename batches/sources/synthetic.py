@@ -25,9 +25,10 @@ from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.pipeline import SyntheticSource, start_time_ms
 from lowmark.batches.sources.base import (
     PARTITION_COLUMN,
+    Clocks,
     Source,
     SourceRead,
-    fair_share,
+    aligned_share,
     read_counts,
 )
 from lowmark.batches.sources.context import SourceContext
@@ -72,12 +73,18 @@ class SyntheticStreamSource(Source):
         return self.config.starting_offsets == "latest"
 
     def plan(
-        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+        self,
+        start: Offsets,
+        batch_id: int,
+        record: bool = True,
+        discover: bool = True,
+        clocks: Clocks | None = None,
     ) -> Offsets:
-        """Up to ``max_rows_per_batch`` of what was produced, split fairly; records nothing."""
+        """Up to ``max_rows_per_batch`` of what was produced, split fairly, or lowest
+        ``clocks`` first (``aligned_share``); records nothing."""
         available = self._available()
         waiting = {p: n - start.get(p, 0) for p, n in available.items()}
-        taken = fair_share(waiting, self.config.max_rows_per_batch)
+        taken = aligned_share(waiting, self.config.max_rows_per_batch, clocks)
         return {p: start.get(p, 0) + taken[p] for p in available}
 
     def read(

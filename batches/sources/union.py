@@ -5,7 +5,8 @@ offset log records each source's offsets and every partition of every source
 has its own watermark (records carry ``name/p`` in ``PARTITION_COLUMN``): the
 pipeline watermark is the minimum over all of them, and an idle source is
 left out of it like any idle partition. Every call is passed to each source
-with its own offsets; admission is each source's own limit.
+with its own offsets; admission is each source's own limit (with aligned
+admission, each source orders its own partitions by their clocks).
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from pyspark.sql import functions as F
 
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.pipeline import UnionSource
-from lowmark.batches.sources.base import PARTITION_COLUMN, Range, Skipped, Source, SourceRead
+from lowmark.batches.sources.base import (
+    PARTITION_COLUMN,
+    Clocks,
+    Range,
+    Skipped,
+    Source,
+    SourceRead,
+    plan_in_clock_order,
+)
 from lowmark.batches.sources.context import SourceContext
 from lowmark.state.errors import LowmarkError
 from lowmark.state.offset_log import Identity, Offsets
@@ -26,8 +35,8 @@ from lowmark.state.offset_log import Identity, Offsets
 SEPARATOR = "/"
 
 
-def own(offsets: Offsets, name: str) -> Offsets:
-    """Source ``name``'s part of union ``offsets``, in its own partition names."""
+def own(offsets: Mapping[str, int], name: str) -> Offsets:
+    """Source ``name``'s part of union ``offsets`` (or clocks), in its own partition names."""
     prefix = name + SEPARATOR
     return {k[len(prefix) :]: v for k, v in offsets.items() if k.startswith(prefix)}
 
@@ -54,22 +63,35 @@ class UnionStreamSource(Source):
         parts = {name: context.build(part) for name, part in config.sources.items()}
         return cls(parts, config.transforms)
 
-    def _each(self, offsets: Offsets, ask: Callable[[Source, Offsets], Offsets]) -> Offsets:
+    def _each(self, offsets: Offsets, ask: Callable[[str, Source, Offsets], Offsets]) -> Offsets:
+        """``ask(name, source, its own offsets)`` of each source, named as the union names
+        them."""
         merged: Offsets = {}
         for name, part in self.parts.items():
-            merged |= named(ask(part, own(offsets, name)), name)
+            merged |= named(ask(name, part, own(offsets, name)), name)
         return merged
 
     def initial_offsets(self) -> Offsets:
-        return self._each({}, lambda part, _: part.initial_offsets())
+        return self._each({}, lambda _, part, __: part.initial_offsets())
 
     def start_moves(self) -> bool:
         return any(part.start_moves() for part in self.parts.values())
 
     def plan(
-        self, start: Offsets, batch_id: int, record: bool = True, discover: bool = True
+        self,
+        start: Offsets,
+        batch_id: int,
+        record: bool = True,
+        discover: bool = True,
+        clocks: Clocks | None = None,
     ) -> Offsets:
-        return self._each(start, lambda part, mine: part.plan(mine, batch_id, record, discover))
+        """Each source's plan under its own limit, with its partitions' ``clocks``."""
+
+        def ask(name: str, part: Source, mine: Offsets) -> Offsets:
+            theirs = None if clocks is None else own(clocks, name)
+            return plan_in_clock_order(part, mine, batch_id, theirs, record, discover)
+
+        return self._each(start, ask)
 
     def read(
         self,

@@ -34,4 +34,6 @@ def test_the_signature_shows_the_keys_with_their_python_defaults() -> None:
     shown = str(inspect.signature(Pipeline))
     assert shown.startswith("(*, name, description='', source, transform=None, expectations=(), ")
     assert "checks=HealthChecks()" in shown and "max_failed_attempts=3" in shown
-    assert str(inspect.signature(EventTime)).endswith("max_future='1 day', watermark=None)")
+    assert str(inspect.signature(EventTime)).endswith(
+        "max_future='1 day', watermark=None, admission='fair')"
+    )

@@ -26,8 +26,10 @@ from lowmark.batches.admin.status import pipeline_plan, pipeline_status
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.faults import STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSource, Pipeline, UnionSource
+from lowmark.batches.pipeline import DeltaSource, Pipeline, SyntheticSource, UnionSource
 from lowmark.batches.registry import get_pipeline
+from lowmark.batches.sources.base import PARTITION_COLUMN
+from lowmark.batches.sources.synthetic import SyntheticStreamSource
 from lowmark.batches.windows import EventTime, IngestionWatermark, Tumbling
 from lowmark.orchestration.metadata import batch_metadata
 from lowmark.state.checkpoint import Checkpoint
@@ -313,6 +315,70 @@ def test_a_union_s_clock_is_the_earliest_of_its_sources_and_a_silent_one_holds_n
     assert expected.count() >= 3
     written = sink(spark, tmp_path).where(F.col("window_end") <= F.lit(closed_by))
     assertDataFrameEqual(written, expected)
+
+
+def _as_events(df: DataFrame) -> DataFrame:
+    """Synthetic records with the columns of ``event``'s."""
+    renamed = {"key": "user", "event_time": "ts", "value": "amount"}
+    return df.withColumnsRenamed(renamed).drop("seq", "source_partition")
+
+
+def test_a_union_s_sources_may_each_follow_their_own_strategy(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A live stream by its ingestion clock beside a folder by the event times seen: the
+    stream, read to its end, holds no window open, and the folder's records, listed long
+    after their event time, are not late."""
+    live = SyntheticSource(rows_per_second=1, total_rows=10, keys=2, starting_offsets="earliest")
+    base = _pipeline(watermark=None)
+    union = UnionSource(
+        sources={"live": live, "files": base.source}, transforms={"live": _as_events}
+    )
+    watermarks, results = {}, {}
+    for name, strategies in (("mixed", {"live": LAG}), ("event", {})):
+        root, clock = tmp_path / name, FakeClock()
+        source = union.model_copy(update={"watermarks": strategies})
+        pipeline = base.model_copy(update={"source": source})
+        runner = MicroBatchRunner(spark, pipeline, root, clock)
+        _at(clock, 60)
+        land(root / "in", "0.json", [event("a", 40, 1), event("b", 55, 2)], 1)
+        results[name] = runner.run(max_batches=None)
+        _at(clock, 120)
+        land(root / "in", "1.json", [event("a", 70, 4), event("b", 115, 8)], 2)
+        results[name] += runner.run(max_batches=None)
+        last = results[name][-1].watermark_ms
+        watermarks[name] = None if last is None else (last - T0_MS) // 1000
+    # Mixed: the folder's clock (its newest event, 1:55) and the stream's (read to its end
+    # at 2:00, minus the 30 s lag) give 1:30; nothing is late (the folder's second file
+    # met the folder's 0:55, not 2:00 minus the lag).
+    assert watermarks == {"mixed": 90, "event": 9}
+    assert sum(r.rows_late for r in results["mixed"]) == 0
+    records = SyntheticStreamSource(spark, live).read({}, {"0": 10}, 0).records
+    everything = _as_events(records.drop(PARTITION_COLUMN)).unionByName(
+        spark.read.schema("user STRING, ts TIMESTAMP, amount LONG").json(
+            str(tmp_path / "mixed" / "in")
+        )
+    )
+    closed_by = datetime.fromtimestamp(T0_MS / 1000 + 90, UTC)
+    expected = reference_of(everything, WINDOW).where(F.col("window_end") <= F.lit(closed_by))
+    assert expected.count() >= 4
+    assertDataFrameEqual(sink(spark, tmp_path / "mixed"), expected)
+    # Both by the event times seen, the stream's last record (0:09) holds every window open.
+    assert sum(r.rows_out for r in results["event"]) == 0
+
+
+def test_a_union_s_watermarks_name_its_sources_and_keep_its_fingerprint() -> None:
+    base = _pipeline(watermark=None)
+    sources = {"a": base.source, "b": SyntheticSource()}
+    with pytest.raises(ValidationError, match=r"`watermarks` names no source \['c'\]"):
+        UnionSource(sources=sources, watermarks={"c": LAG})
+    per_source = UnionSource(sources=sources, watermarks={"b": LAG})
+    both = {"source": per_source, "event_time": EventTime(column="ts", watermark=LAG)}
+    with pytest.raises(ValidationError, match="remove it, or the union's `watermarks`"):
+        Pipeline.model_validate(base.model_dump() | both)
+    # Unset, the union's definition (and so the fingerprint) is the one it had before.
+    union = UnionSource(sources=sources)
+    assert "watermarks" not in base.model_copy(update={"source": union}).definition()["source"]
 
 
 def test_the_strategy_is_checked_before_any_batch(spark: SparkSession, tmp_path: Path) -> None:

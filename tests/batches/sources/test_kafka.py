@@ -1,7 +1,8 @@
 """The Kafka source against a real single-node broker (``tests.kafka_broker``): exact ranges,
-fair admission, new partitions, data loss, start positions (a start at latest fixed by the
-first plan, a sensor tick's too), the consumer-group frontier, and a windowed pipeline over
-three partitions where one goes idle, or whose batches outlast the idle timeout."""
+fair and aligned admission, new partitions, data loss, start positions (a start at latest
+fixed by the first plan, a sensor tick's too), the consumer-group frontier, and a windowed
+pipeline over three partitions where one goes idle, or whose batches outlast the idle
+timeout."""
 
 from __future__ import annotations
 
@@ -88,6 +89,10 @@ def test_a_batch_reads_exactly_its_range_split_fairly_and_a_replay_reads_the_sam
     end = source.plan(start, 0)
     # 10 over three partitions: partition 0 needs 2, the other two share the rest.
     assert end == {f"{topic}:0": 2, f"{topic}:1": 4, f"{topic}:2": 4}
+    # Aligned admission: the lowest clock first (partition 0, with none yet, before any).
+    clocks = {f"{topic}:1": 5, f"{topic}:2": 9}
+    aligned = {f"{topic}:0": 2, f"{topic}:1": 8, f"{topic}:2": 0}
+    assert source.plan(start, 0, clocks=clocks) == aligned
     first = amounts(source.read(start, end, 0))
     assert first == sorted(
         [(f"{topic}:0", a) for a in (0, 1)]

@@ -62,6 +62,25 @@ def test_a_paced_source_offers_what_its_rate_produced_split_fairly(
     assert source.plan({"0": 100, "1": 100, "2": 100}, 1) == {"0": 110, "1": 110, "2": 110}
 
 
+def test_aligned_admission_takes_the_lowest_clocks_first_and_splits_equal_ones_fairly(
+    spark: SparkSession,
+) -> None:
+    config = SyntheticSource(partitions=3, rows_per_second=None, total_rows=100)
+    source = SyntheticStreamSource(spark, config.model_copy(update={"max_rows_per_batch": 50}))
+    start = {"0": 0, "1": 0, "2": 0}
+    assert source.plan(start, 0, clocks=None) == {"0": 16, "1": 17, "2": 17}  # fair
+    assert source.plan(start, 0, clocks={"0": 9, "1": 5, "2": 5}) == {"0": 0, "1": 25, "2": 25}
+    # What the lowest do not need goes to the next lowest.
+    lowest_nearly_done = {"0": 0, "1": 95, "2": 0}
+    assert source.plan(lowest_nearly_done, 0, clocks={"0": 9, "1": 5, "2": 7}) == {
+        "0": 0,
+        "1": 100,
+        "2": 45,
+    }
+    # A partition with no clock yet comes first (its records may hold the lowest times).
+    assert source.plan(start, 0, clocks={"0": 9, "2": 5}) == {"0": 0, "1": 50, "2": 0}
+
+
 def test_a_paced_record_is_ingested_when_its_partition_produces_it(spark: SparkSession) -> None:
     clock = FakeClock(now_ms=START_MS + 10_000)  # 100 records a partition produced
     config = SyntheticSource(partitions=2, rows_per_second=10, starting_offsets="earliest")

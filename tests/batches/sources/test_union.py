@@ -17,8 +17,9 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, Pipeline, SyntheticSource, UnionSource
 from lowmark.batches.sources.synthetic import SyntheticStreamSource
+from lowmark.batches.sources.union import UnionStreamSource
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
-from tests.helpers import FakeClock, delta_frame, per_window
+from tests.helpers import FakeClock, FlakyReads, delta_frame, per_window
 
 START_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
@@ -86,6 +87,25 @@ def test_two_sources_are_one_stream_with_each_sources_offsets_recorded(
         F.sum("amount").alias("sum_amount"),
     )
     assertDataFrameEqual(delta_frame(spark, str(data_root / "out")), expected)
+
+
+def test_aligned_admission_orders_each_sources_partitions_by_their_own_clocks(
+    spark: SparkSession,
+) -> None:
+    config = SyntheticSource(
+        partitions=2,
+        rows_per_second=None,
+        total_rows=100,
+        max_rows_per_batch=10,
+        starting_offsets="earliest",
+    )
+    # ``b`` is a source written before aligned admission: its plan takes no clocks.
+    old = FlakyReads(SyntheticStreamSource(spark, config), 0, RuntimeError())
+    union = UnionStreamSource({"a": SyntheticStreamSource(spark, config), "b": old}, {})
+    start = union.initial_offsets()
+    clocks = {"a/0": 9, "a/1": 5, "b/0": 1, "b/1": 7}
+    assert union.plan(start, 0, clocks=clocks) == {"a/0": 0, "a/1": 10, "b/0": 5, "b/1": 5}
+    assert union.plan(start, 0) == {"a/0": 5, "a/1": 5, "b/0": 5, "b/1": 5}
 
 
 def test_a_source_gone_idle_does_not_hold_the_watermark_back(
