@@ -62,6 +62,18 @@ class PlannedBatch:
     ingestion: dict[str, int] | None = None
     """With an ingestion-time watermark, each partition's ingestion time past ``end`` when
     planned (recorded in the offset log): where the next batch's clock starts."""
+    window_watermark: int | None = None
+    """With a keyed step before windows: the watermark the window stage runs with (recorded
+    in the offset log): the keyed step's of the batch before (``Planner``)."""
+    keyed_windows: bool = False
+    """Whether a keyed step's output feeds the windows (then ``window_watermark_ms`` is
+    ``window_watermark``)."""
+
+    @property
+    def window_watermark_ms(self) -> int | None:
+        """The watermark the window stage judges lateness and closes windows by:
+        ``watermark_ms``, or behind a keyed step the keyed step's of the batch before."""
+        return self.window_watermark if self.keyed_windows else self.watermark_ms
 
     @property
     def range(self) -> Range:
@@ -210,6 +222,8 @@ class Planner:
                 skipped=_recorded_skip(latest),
                 waiting=tuple(latest.waiting_partitions),
                 ingestion=latest.ingestion_ms,
+                window_watermark=latest.window_watermark_ms,
+                keyed_windows=self.keyed_windows,
             )
         raise CheckpointCorrupt(
             f"checkpoint {self.location} is inconsistent: latest offsets batch "
@@ -290,16 +304,56 @@ class Planner:
             parts = self.partition_times(done)
             active = self.with_records(Range(batch_id, start, end), waiting)
             watermark = pipeline_watermark(parts, event_time, now, watermark, active)
+        # Behind a keyed step the window stage runs one batch behind: with the watermark
+        # the keyed step had in the batch before (its timers' output, at or above that
+        # watermark, then lands in windows still open).
+        window_watermark = latest.batch_watermark_ms if latest else None
         if end == start and skipped is None and not self._timer_due(done, watermark, now):
-            previous_watermark = latest.batch_watermark_ms if latest else None
-            if watermark is None or watermark == previous_watermark or self.stage is None:
-                return None
-            state_version = LATEST if done and "state" in done.table_versions else None
-            if not self.stage.would_emit(state_version, watermark):
+            if not self._would_emit(done, watermark, latest, window_watermark):
                 return None
         return PlannedBatch(
-            batch_id, start, end, watermark, False, now, done, identity, skipped, waiting, ingestion
+            batch_id,
+            start,
+            end,
+            watermark,
+            False,
+            now,
+            done,
+            identity,
+            skipped,
+            waiting,
+            ingestion,
+            window_watermark if self.keyed_windows else None,
+            self.keyed_windows,
         )
+
+    @property
+    def keyed_windows(self) -> bool:
+        """Whether a keyed step's output feeds the pipeline's windows."""
+        return self.pipeline.keyed is not None and self.pipeline.aggregation is not None
+
+    def _would_emit(
+        self,
+        done: CommitEntry | None,
+        watermark: int | None,
+        latest: OffsetEntry | None,
+        window_watermark: int | None,
+    ) -> bool:
+        """Whether a batch with no new input (and no timer due) closes windows: an
+        emit-only batch. Behind a keyed step it closes those under ``window_watermark``
+        (the last batch's watermark); and when only ``watermark`` would close some, it runs
+        to record ``watermark``, which the batch after it closes them with: an idle
+        stream's last windows close one batch later than without a keyed step."""
+        previous_watermark = latest.batch_watermark_ms if latest else None
+        if self.stage is None:
+            return False
+        state_version = LATEST if done and "state" in done.table_versions else None
+        if self.keyed_windows and window_watermark is not None:
+            if self.stage.would_emit(state_version, window_watermark):
+                return True
+        if watermark is None or watermark == previous_watermark:
+            return False
+        return self.stage.would_emit(state_version, watermark)
 
     def _ingestion_times(self, position: Offsets, now: int) -> dict[str, int]:
         """The source's ingestion times at ``position`` (``Source.ingestion_times``)."""
