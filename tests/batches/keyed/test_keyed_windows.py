@@ -17,19 +17,21 @@ from pyspark.sql import SparkSession
 from examples.keyed import CLOSED_SESSIONS, INACTIVITY_MS, SESSIONS, ClosedSessions, Sessions
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.keyed.definition import Keyed
+from lowmark.batches.loop.faults import STEPS, KillPoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import CommitEntry
 from tests.batches.keyed.sessions import events, sessions
+from tests.faults.harness import differences, in_process_crash, run_to_completion, snapshot
 from tests.helpers import FakeClock, delta_frame, write_json_lines
 
 SCHEMA = "user STRING, ts TIMESTAMP, action STRING"
 WINDOW_MS = 10 * 60_000
 
 
-def _pipeline(**keyed: Any) -> Pipeline:
+def _pipeline(source: str = "in", **keyed: Any) -> Pipeline:
     step = {
         "processor": ClosedSessions,
         "keys": ("user",),
@@ -38,7 +40,7 @@ def _pipeline(**keyed: Any) -> Pipeline:
     }
     return Pipeline(
         name="closed_sessions",
-        source=FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1),
+        source=FileSource(path=source, format="json", schema_ddl=SCHEMA, max_files_per_batch=1),
         sink=DeltaSink(path="out"),
         event_time=EventTime(column="ts"),
         keyed=Keyed(**(step | keyed)),
@@ -91,7 +93,6 @@ def test_sessions_counted_per_window_equal_the_counts_over_the_whole_input(
     write_json_lines(tmp_path / "in", "f999.json", last, 1_700_000_999)
 
     results = MicroBatchRunner(spark, _pipeline(), tmp_path, FakeClock()).run(max_batches=None)
-    print([(r.batch_id, r.rows_in, r.rows_out, r.durations_ms.get("total")) for r in results])
 
     # The rule over the whole input: every session closes at its logout or 30 minutes after
     # its last event; sessions are counted per way they ended and 10-minute window of that.
@@ -111,40 +112,85 @@ def test_sessions_counted_per_window_equal_the_counts_over_the_whole_input(
     assert sum(c.rows_keyed for c in commits) == len(stream) + 1
 
 
-def test_a_row_emitted_below_the_window_watermark_is_late_not_lost(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    # Sessions counted by their last event (``session_end``): a session its timer closes
-    # ends 30 minutes before the timer, below the watermark the windows run with then.
-    minute = 60_000
-    at = pd.Timestamp(0, unit="ms", tz="UTC")
-    batches = [
-        [("a", 0)],  # a's session: last event at 0, its timer at 30 minutes
-        [("b", 15 * minute)],  # the keyed step's watermark next: 15 minutes
-        [("b", 60 * minute)],  # closes b's first session; a's timer fires in the next batch
-    ]
-    for i, rows in enumerate(batches):
-        records = [
-            {"user": u, "ts": (at + pd.Timedelta(ms, unit="ms")).isoformat(), "action": "view"}
-            for u, ms in rows
-        ]
-        write_json_lines(tmp_path / "in", f"f{i:03d}.json", records, 1_700_000_000 + i)
-    pipeline = _pipeline(
-        processor=Sessions, output_schema=SESSIONS, output_event_time="session_end"
-    )
-    MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
+MINUTE = 60_000
+FILES = [  # one batch each: user, minute of event time
+    [("a", 0)],  # a's session: last event at 0, its timer at 30
+    [("b", 5), ("e", 12), ("b", 40)],  # b's first session (5) ends at the gap: window [0, 10)
+    [("c", 42)],  # the keyed step runs with 40: a's timer fires, its session joins [0, 10)
+    [("d", 50)],  # the keyed step 42, the windows 40: e's timer fires, [10, 20) is closed
+]
 
-    late = delta_frame(spark, tmp_path / "_lowmark" / "closed_sessions" / "late").toPandas()
-    # a's timer fires with the keyed step's watermark at 60 minutes; the windows run with
-    # 15 minutes, which closed a's window [0, 10 minutes).
+
+def _by_last_event(source: Path) -> Pipeline:
+    """Sessions counted by their last event (``session_end``): a session its timer closes
+    ends 30 minutes before the timer, below the watermark the windows run with then."""
+    return _pipeline(
+        str(source), processor=Sessions, output_schema=SESSIONS, output_event_time="session_end"
+    )
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``FILES`` in a folder each run reads (the files table records their paths)."""
+    folder, at = tmp_path_factory.mktemp("in"), pd.Timestamp(0, unit="ms", tz="UTC")
+    for i, rows in enumerate(FILES):
+        records = [
+            {"user": u, "ts": (at + pd.Timedelta(m * MINUTE, unit="ms")).isoformat(), "action": ""}
+            for u, m in rows
+        ]
+        write_json_lines(folder, f"f{i:03d}.json", records, 1_700_000_000 + i)
+    return folder
+
+
+def _run(spark: SparkSession, files: Path, root: Path, crash: KillPoint | None = None) -> None:
+    """``files`` through ``_by_last_event``; with ``crash``, a run dies there first. On the
+    wall clock, as the crash harness runs (a batch's times are recorded in its logs)."""
+    pipeline = _by_last_event(files)
+    if crash is not None:
+        assert in_process_crash(spark, pipeline)(root, crash), "the crash was not reached"
+    run_to_completion(spark, pipeline, root)
+
+
+@pytest.fixture(scope="module")
+def clean(spark: SparkSession, files: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``files`` run with no fault."""
+    root = tmp_path_factory.mktemp("clean")
+    _run(spark, files, root)
+    return root
+
+
+def test_a_row_emitted_below_the_window_watermark_is_late_not_lost(
+    spark: SparkSession, clean: Path
+) -> None:
+    late = delta_frame(spark, clean / "_lowmark" / "closed_sessions" / "late").toPandas()
+    # e's timer (at 42) fires in the batch whose keyed step runs with 42; the windows run
+    # with 40, which closed e's window [10, 20): e's session is late there, not lost.
     refused = [(r.reason.startswith("all windows closed"), r.watermark_ms) for r in late.itertuples()]
-    assert refused == [(True, 15 * minute)]
-    assert '"user":"a"' in late["record"][0]
-    commits = _commits(tmp_path)
+    assert refused == [(True, 40 * MINUTE)]
+    assert '"user":"e"' in late["record"][0]
+    commits = _commits(clean)
     assert all(_balanced(c) for c in commits)
-    assert sum(c.rows_late for c in commits) == 1
-    # b's first session (15 to 15 minutes), closed by the gap before its next event: counted.
-    assert _windows(spark, tmp_path) == [("inactivity", 10 * minute, 1)]
+    assert [c.rows_late for c in commits] == [0, 0, 0, 1]
+    # b's first session and a's, whose timer fired with the keyed step at 40, are counted.
+    assert _windows(spark, clean) == [("inactivity", 0, 2)]
+
+
+IN_MAKE_TEST = ("after_state",)
+"""Steps whose crash runs in `make test`; the others run in `make test-integration`."""
+
+
+@pytest.mark.parametrize(
+    "step",
+    [pytest.param(s, marks=[] if s in IN_MAKE_TEST else [pytest.mark.integration]) for s in STEPS],
+)
+def test_a_crash_at_any_step_replays_to_the_same_sink_late_rows_and_state(
+    spark: SparkSession, files: Path, clean: Path, tmp_path: Path, step: str
+) -> None:
+    """The batch that fires a timer, sets a row aside as late, takes input and closes a
+    window dies at ``step``; its replay leaves every table as the run never killed."""
+    _run(spark, files, tmp_path, KillPoint(step, 3))
+    pipeline = _by_last_event(files)
+    assert differences(snapshot(pipeline, clean), snapshot(pipeline, tmp_path)) == []
 
 
 def test_a_keyed_step_before_windows_needs_their_event_time_and_keys_in_its_output() -> None:
