@@ -89,9 +89,7 @@ class ClosedSessions(Sessions):
 
     def rows(self, user: str, ended: list[tuple[int, int, int, str]]) -> pd.DataFrame:
         closed = [last if why == "logout" else last + INACTIVITY_MS for _, last, _, why in ended]
-        return _sessions(user, ended).assign(
-            closed_at=pd.to_datetime(closed, unit="ms", utc=True)
-        )
+        return _sessions(user, ended).assign(closed_at=pd.to_datetime(closed, unit="ms", utc=True))
 
 
 def _sessions(user: str, ended: list[tuple[int, int, int, str]]) -> pd.DataFrame:

@@ -700,11 +700,25 @@ def plan(
         fields.append(("  ingested up to", "\n".join(ingested)))
     if p.keyed is not None:
         processor = p.keyed.processor
+        into = ""
+        if p.aggregation is not None and p.event_time is not None:
+            column = p.keyed.output_event_time or p.event_time.column
+            into = f", its rows into the windows by {column}"
         fields.append(
             (
                 "  keyed step",
                 f"{processor.__module__}:{processor.__qualname__} per {', '.join(p.keyed.keys)}, "
-                f"{p.keyed.time_mode.replace('_', '-')} timers",
+                f"{p.keyed.time_mode.replace('_', '-')} timers{into}",
+            )
+        )
+    if p.keyed is not None and p.aggregation is not None and plan.batch_id is not None:
+        windows_at = plan.window_watermark_ms
+        fields.append(
+            (
+                "  windows' watermark",
+                moment(windows_at, now)
+                if windows_at is not None
+                else "none yet (the keyed step's of the batch before)",
             )
         )
     if plan.blocked:

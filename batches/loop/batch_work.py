@@ -303,9 +303,7 @@ class BatchWork:
         ):
             late = None
             if stats.late and stats.late_records is not None:
-                late = late_table(
-                    stats.late_records, planned.batch_id, planned.window_watermark_ms
-                )
+                late = late_table(stats.late_records, planned.batch_id, planned.window_watermark_ms)
             late = _with_late(late, judged.late if judged else None, planned)
             dropped = expected.get(DROPPED)
             rows_out, max_ms = stats.rows, stats.max_ms

@@ -308,9 +308,9 @@ class Planner:
         # the keyed step had in the batch before (its timers' output, at or above that
         # watermark, then lands in windows still open).
         window_watermark = latest.batch_watermark_ms if latest else None
-        if end == start and skipped is None and not self._timer_due(done, watermark, now):
-            if not self._would_emit(done, watermark, latest, window_watermark):
-                return None
+        idle = end == start and skipped is None and not self._timer_due(done, watermark, now)
+        if idle and not self._would_emit(done, watermark, latest, window_watermark):
+            return None
         return PlannedBatch(
             batch_id,
             start,
@@ -348,9 +348,9 @@ class Planner:
         if self.stage is None:
             return False
         state_version = LATEST if done and "state" in done.table_versions else None
-        if self.keyed_windows and window_watermark is not None:
-            if self.stage.would_emit(state_version, window_watermark):
-                return True
+        behind = window_watermark if self.keyed_windows else None
+        if behind is not None and self.stage.would_emit(state_version, behind):
+            return True
         if watermark is None or watermark == previous_watermark:
             return False
         return self.stage.would_emit(state_version, watermark)

@@ -15,6 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from examples.keyed import CLOSED_SESSIONS, INACTIVITY_MS, SESSIONS, ClosedSessions, Sessions
+from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.faults import STEPS, KillPoint
@@ -63,7 +64,7 @@ def _drop(root: Path, stream: pd.DataFrame, cuts: list[int]) -> None:
 
 
 def _windows(spark: SparkSession, root: Path) -> list[tuple[str, int, int]]:
-    got = delta_frame(spark, root / "out").toPandas()
+    got = pd.DataFrame(delta_frame(spark, root / "out").toPandas())
     return sorted(
         (r.ended_by, r.window_start.value // 1_000_000, r.sessions) for r in got.itertuples()
     )
@@ -81,7 +82,7 @@ def _balanced(commit: CommitEntry) -> bool:
     return c.rows_in + c.rows_emitted == went + c.rows_windowed
 
 
-def test_sessions_counted_per_window_equal_the_counts_over_the_whole_input(
+def test_sessions_counted_per_window_equal_the_counts_over_the_whole_input_and_all_close(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     stream = events(5)[:40]
@@ -92,7 +93,8 @@ def test_sessions_counted_per_window_equal_the_counts_over_the_whole_input(
     last = [{"user": "zz", "ts": end.isoformat(), "action": "view"}]
     write_json_lines(tmp_path / "in", "f999.json", last, 1_700_000_999)
 
-    results = MicroBatchRunner(spark, _pipeline(), tmp_path, FakeClock()).run(max_batches=None)
+    pipeline = _pipeline()
+    results = MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
 
     # The rule over the whole input: every session closes at its logout or 30 minutes after
     # its last event; sessions are counted per way they ended and 10-minute window of that.
@@ -110,6 +112,14 @@ def test_sessions_counted_per_window_equal_the_counts_over_the_whole_input(
     assert sum(c.rows_late for c in commits) == 0
     assert sum(c.rows_emitted for c in commits) == len(sessions(stream))
     assert sum(c.rows_keyed for c in commits) == len(stream) + 1
+    went = pipeline_status(spark, pipeline, tmp_path, FakeClock()).accounting
+    assert (
+        went["read"] + went["emitted_by_processor"]
+        == sum(went[k] for k in ("bad", "dropped_by_transform", "late", "into_processor"))
+        + went["in_closed_windows"]
+        + went["in_open_windows"]
+    )
+    assert went["in_open_windows"] == 0
 
 
 MINUTE = 60_000
@@ -162,10 +172,14 @@ def clean(spark: SparkSession, files: Path, tmp_path_factory: pytest.TempPathFac
 def test_a_row_emitted_below_the_window_watermark_is_late_not_lost(
     spark: SparkSession, clean: Path
 ) -> None:
-    late = delta_frame(spark, clean / "_lowmark" / "closed_sessions" / "late").toPandas()
+    late = pd.DataFrame(
+        delta_frame(spark, clean / "_lowmark" / "closed_sessions" / "late").toPandas()
+    )
     # e's timer (at 42) fires in the batch whose keyed step runs with 42; the windows run
     # with 40, which closed e's window [10, 20): e's session is late there, not lost.
-    refused = [(r.reason.startswith("all windows closed"), r.watermark_ms) for r in late.itertuples()]
+    refused = [
+        (r.reason.startswith("all windows closed"), r.watermark_ms) for r in late.itertuples()
+    ]
     assert refused == [(True, 40 * MINUTE)]
     assert '"user":"e"' in late["record"][0]
     commits = _commits(clean)
