@@ -6,6 +6,7 @@ an idle stream still closes its last windows."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import CommitEntry
 from tests.batches.keyed.sessions import events, sessions
 from tests.faults.harness import differences, in_process_crash, run_to_completion, snapshot
-from tests.helpers import FakeClock, delta_frame, write_json_lines
+from tests.helpers import FakeClock, delta_frame, lowmark, write_json_lines
 
 SCHEMA = "user STRING, ts TIMESTAMP, action STRING"
 WINDOW_MS = 10 * 60_000
@@ -187,6 +188,21 @@ def test_a_row_emitted_below_the_window_watermark_is_late_not_lost(
     assert [c.rows_late for c in commits] == [0, 0, 0, 1]
     # b's first session and a's, whose timer fired with the keyed step at 40, are counted.
     assert _windows(spark, clean) == [("inactivity", 0, 2)]
+
+
+def test_status_counts_the_processor_s_rows_beside_the_records_read(
+    capsys: pytest.CaptureFixture[str], files: Path, clean: Path, tmp_path: Path
+) -> None:
+    defined = tmp_path / "pipelines.yaml"  # JSON is YAML
+    defined.write_text(json.dumps({"pipelines": [_by_last_event(files).model_dump(mode="json")]}))
+    code, out, _ = lowmark(capsys, clean, "--pipelines", str(defined), "status", "closed_sessions")
+    assert code == 0
+    # 6 records read, 3 sessions emitted: 1 late (e's), 2 counted in the window [0, 10).
+    assert (
+        "all batches read 6 + 3 emitted by the keyed processor = 0 bad + 0 dropped by the "
+        "transform + 1 late + 6 into the keyed processor + 2 in closed windows (the sink) + 0 "
+        "in open windows (the state)"
+    ) in " ".join(out.split())
 
 
 IN_MAKE_TEST = ("after_state",)
