@@ -873,7 +873,8 @@ class Pipeline(_Config):
     keyed: Keyed | None = Field(
         default=None,
         description="A stateful processor over each key's records, with state and timers "
-        "(needs event_time; not with aggregation); see Keyed state and timers.",
+        "(needs event_time; its output rows go to the sink, or into the windows of an "
+        "`aggregation`); see Keyed state and timers.",
     )
     post_aggregation: ImportString[Transform] | SqlStep | None = Field(
         default=None,
@@ -927,7 +928,7 @@ class Pipeline(_Config):
         return self
 
     @model_validator(mode="after")
-    def _keyed_needs_event_time_and_no_windows(self) -> Pipeline:
+    def _keyed_needs_event_time(self) -> Pipeline:
         if self.keyed is not None:
             if self.event_time is None:
                 raise ValueError(
@@ -935,11 +936,40 @@ class Pipeline(_Config):
                     "needs `event_time` (which column holds event time)"
                 )
             if self.aggregation is not None:
+                self._check_keyed_feeds_windows(self.keyed, self.aggregation, self.event_time)
+                if self.backfill is not None:
+                    raise ValueError(
+                        "`backfill` recomputes windows from the source's records, but a keyed "
+                        "step's output feeds these windows: remove `backfill`"
+                    )
+            elif self.keyed.output_event_time is not None:
                 raise ValueError(
-                    "a pipeline has either `keyed` or `aggregation`: a keyed step's output "
-                    "goes to the sink; remove one"
+                    "`keyed.output_event_time` names the event time of the rows an "
+                    "`aggregation` after the keyed step windows: add one, or remove it"
                 )
         return self
+
+    @staticmethod
+    def _check_keyed_feeds_windows(
+        keyed: Keyed, aggregation: WindowedAggregation, event_time: EventTime
+    ) -> None:
+        """A keyed step before windows: its output rows must hold the windows' event time
+        and keys (checked here, before any batch)."""
+        # Imported here: reading DDL needs PySpark's types, which fast commands do not load.
+        from lowmark.batches.keyed.state_schema import parse_ddl
+
+        fields = parse_ddl(keyed.output_schema, "`keyed.output_schema`").fieldNames()
+        column = keyed.output_event_time or event_time.column
+        used = [column, *aggregation.keys]
+        used += [a.column for a in aggregation.aggregates if a.column]
+        missing = [c for c in dict.fromkeys(used) if c not in fields]
+        if missing:
+            raise ValueError(
+                f"the aggregation after the keyed step windows its output rows by {column!r} "
+                f"and groups and aggregates them by their columns, but `keyed.output_schema` "
+                f"lacks {missing}: add them, or set `keyed.output_event_time` to the output "
+                "column that holds event time"
+            )
 
     @model_validator(mode="after")
     def _source_watermarks_need_event_time(self) -> Pipeline:

@@ -55,7 +55,7 @@ class Sessions(StatefulProcessor):
             self.open.update((start, last, events))
             self.handle.registerTimer(last + INACTIVITY_MS)
         if ended:
-            yield _sessions(key[0], ended)
+            yield self.rows(key[0], ended)
 
     def handleExpiredTimer(
         self,
@@ -66,10 +66,30 @@ class Sessions(StatefulProcessor):
         held = self.open.get()
         if held is not None:
             self.open.clear()
-            yield _sessions(key[0], [(*held, "inactivity")])
+            yield self.rows(key[0], [(*held, "inactivity")])
+
+    def rows(self, user: str, ended: list[tuple[int, int, int, str]]) -> pd.DataFrame:
+        """The output rows of ``user``'s ``ended`` sessions (start, last event, events, why)."""
+        return _sessions(user, ended)
 
     def close(self) -> None:
         pass
+
+
+CLOSED_SESSIONS = f"{SESSIONS}, closed_at timestamp"
+
+
+class ClosedSessions(Sessions):
+    """``Sessions``, each row also stamped with when its session closed (``closed_at``): at
+    its logout, or 30 minutes after its last event. That is the event time a windowed
+    aggregation after the keyed step counts sessions by (docs/keyed.md, "A keyed step
+    before windows"): a session closed by its timer closes at the timer's time, which the
+    watermark of the batch before had not reached, so its row lands in a window still
+    open."""
+
+    def rows(self, user: str, ended: list[tuple[int, int, int, str]]) -> pd.DataFrame:
+        closed = [last if why == "logout" else last + INACTIVITY_MS for _, last, _, why in ended]
+        return _sessions(user, ended).assign(closed_at=pd.to_datetime(closed, unit="ms", utc=True))
 
 
 def _sessions(user: str, ended: list[tuple[int, int, int, str]]) -> pd.DataFrame:

@@ -33,6 +33,9 @@ class BatchCounts(BaseModel):
     """Records deduplication dropped: their id was let through before (``dedup``)."""
     rows_keyed: int = 0
     """Records a keyed step's processor was given (``keyed``)."""
+    rows_emitted: int = 0
+    """Rows a keyed step's processor emitted (``keyed``): the sink's rows, or the rows the
+    windows of an aggregation after it take."""
     violations: dict[str, int] = Field(default_factory=dict)
     """Per expectation, the records that violated it (``parsable``: rows that did not
     parse). A ``drop`` expectation's records are among ``rows_bad``."""
@@ -67,6 +70,7 @@ class CommitEntry(LogEntry, BatchCounts):
         pa.field("rows_duplicate", pa.int64()),
         pa.field("rows_keyed", pa.int64()),
         pa.field("next_timer_ms", pa.int64()),
+        pa.field("rows_emitted", pa.int64()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {"table_versions", "totals", "violations", "violation_totals"}
@@ -85,7 +89,11 @@ class CommitEntry(LogEntry, BatchCounts):
     rows_dropped + rows_duplicate + rows_late + rows_windowed`` (windowed pipelines; ``+ rows_out``,
     the sink's rows, instead of ``rows_windowed`` for stateless ones; ``+ rows_keyed``, the
     records a keyed step's processor was given, for keyed ones), and the
-    records still in open windows are ``rows_windowed - rows_closed`` in total."""
+    records still in open windows are ``rows_windowed - rows_closed`` in total. With a
+    keyed step before windows the windows take the processor's rows, so the identity
+    counts them on both sides: ``rows_in + rows_emitted = rows_bad + rows_dropped +
+    rows_duplicate + rows_late + rows_keyed + rows_windowed`` (``rows_late``: the records
+    the keyed step set aside and its rows the windows refused)."""
     violation_totals: dict[str, int] = Field(default_factory=dict)
     """``violations`` summed over batches 0..N, per expectation (one that batches before it
     did not have counts from its first batch)."""

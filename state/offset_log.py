@@ -36,6 +36,7 @@ class OffsetEntry(LogEntry):
         pa.field("waiting_partitions", pa.list_(pa.string())),
         pa.field("pipeline_definition", pa.string()),
         pa.field("ingestion_ms", pa.string()),
+        pa.field("window_watermark_ms", pa.int64()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {
@@ -69,6 +70,11 @@ class OffsetEntry(LogEntry):
     first record past ``end_offsets`` when the batch was planned (``Source.ingestion_times``):
     the clock the next batch starts from, recorded so a replay commits the same one. None
     otherwise."""
+    window_watermark_ms: int | None = None
+    """With a keyed step before windows: the watermark the window stage runs with, the
+    keyed step's of the batch before (``batch_watermark_ms`` of batch N-1), recorded so a
+    replay judges lateness and closes windows alike. None otherwise (the window stage,
+    if any, runs with ``batch_watermark_ms``)."""
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

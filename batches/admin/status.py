@@ -236,6 +236,9 @@ class BatchPlan:
     ingestion_ms: dict[str, int] | None = None
     """With an ingestion-time watermark: per source partition, the source's ingestion time
     past the batch's end (where the next batch's clock starts); None otherwise."""
+    window_watermark_ms: int | None = None
+    """With a keyed step before windows: the watermark the windows run with (the keyed
+    step's of the batch before); None otherwise (they run with ``watermark_ms``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data (``lowmark plan --json``)."""
@@ -291,6 +294,7 @@ def pipeline_plan(
         blocked=nxt.blocked,
         problem=None if problem is None else str(problem),
         ingestion_ms=planned.ingestion,
+        window_watermark_ms=planned.window_watermark,
     )
 
 
@@ -324,7 +328,9 @@ def _next_batch(
     if planned.replay:
         reason = f"batch {planned.batch_id} is uncommitted: replay it"
     elif planned.emit_only and planner.pipeline.keyed is not None:
-        reason = "a keyed step's timer is due: it fires without new data"
+        reason = "a keyed step's timer is due, or its watermark closes windows: no new data"
+        if planner.pipeline.aggregation is None:
+            reason = "a keyed step's timer is due: it fires without new data"
     elif planned.emit_only:
         reason = "the watermark moved: windows close without new data"
     else:
@@ -358,6 +364,9 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     stateless, ``in_sink``;
     windowed, in total, ``in_closed_windows + in_open_windows`` (the records
     in windows emitted as final, and in windows still in the state table);
+    keyed, ``into_processor``; a keyed step before windows, ``read +
+    emitted_by_processor = bad + dropped_by_transform + late + into_processor`` plus
+    the windows' counts (which then count the processor's rows);
     windowed, of one batch, ``into_windows`` (which of them are still open is
     not recorded per batch: the windows a batch closes hold records of earlier
     batches too).
@@ -371,7 +380,12 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
         went["duplicates"] = counts.get("rows_duplicate", 0)
     went["late"] = counts.get("rows_late", 0)
     if pipeline.keyed is not None:
-        return went | {"into_processor": counts.get("rows_keyed", 0)}
+        went["into_processor"] = counts.get("rows_keyed", 0)
+        if pipeline.aggregation is None:
+            return went
+        # The windows take the processor's rows: those it emitted join the count of what
+        # went somewhere (`late` holds records and emitted rows the windows refused).
+        went["emitted_by_processor"] = counts.get("rows_emitted", 0)
     if pipeline.aggregation is None:
         return went | {"in_sink": counts.get("rows_out", 0)}
     windowed = counts.get("rows_windowed", 0)

@@ -620,15 +620,21 @@ _WENT_UPDATING = _WENT | {
     "in_open_windows": "in open windows (the state; in the sink as they stand)",
 }
 """In update mode every window a batch changes is upserted into the sink: open ones too."""
+EMITTED = "emitted_by_processor"
 
 
 def _went(accounting: dict[str, int], output_mode: str | None) -> str:
     """An accounting of ``lowmark.batches.admin.status`` in words: ``read 80 = 2 bad + 9 dropped
-    ...`` (records a transform added show as ``- 3 added by the transform``); where windows are
-    as the pipeline's ``output_mode`` puts them."""
+    ...`` (records a transform added show as ``- 3 added by the transform``; a keyed step's rows
+    that windows take, ``read 80 + 12 emitted by the keyed processor = ...``); where windows
+    are as the pipeline's ``output_mode`` puts them."""
     words = _WENT_UPDATING if output_mode == "update" else _WENT
-    text = f"read {accounting['read']} ="
-    for i, (key, n) in enumerate((k, n) for k, n in accounting.items() if k != "read"):
+    text = f"read {accounting['read']}"
+    # Behind a keyed step the windows count the processor's rows: they join what was read.
+    emitted = accounting.get(EMITTED)
+    text += f" + {emitted} emitted by the keyed processor =" if emitted is not None else " ="
+    went = ((k, n) for k, n in accounting.items() if k not in ("read", EMITTED))
+    for i, (key, n) in enumerate(went):
         if key == "dropped_by_transform" and n < 0:
             text += f" - {-n} added by the transform"
         else:
@@ -700,11 +706,25 @@ def plan(
         fields.append(("  ingested up to", "\n".join(ingested)))
     if p.keyed is not None:
         processor = p.keyed.processor
+        into = ""
+        if p.aggregation is not None and p.event_time is not None:
+            column = p.keyed.output_event_time or p.event_time.column
+            into = f", its rows into the windows by {column}"
         fields.append(
             (
                 "  keyed step",
                 f"{processor.__module__}:{processor.__qualname__} per {', '.join(p.keyed.keys)}, "
-                f"{p.keyed.time_mode.replace('_', '-')} timers",
+                f"{p.keyed.time_mode.replace('_', '-')} timers{into}",
+            )
+        )
+    if p.keyed is not None and p.aggregation is not None and plan.batch_id is not None:
+        windows_at = plan.window_watermark_ms
+        fields.append(
+            (
+                "  windows' watermark",
+                moment(windows_at, now)
+                if windows_at is not None
+                else "none yet (the keyed step's of the batch before)",
             )
         )
     if plan.blocked:

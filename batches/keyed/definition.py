@@ -6,6 +6,7 @@ keyed:
   keys: [user]
   output_schema: "user string, session_start timestamp, ..."
   time_mode: event_time                   # timers fire as the watermark passes them
+  output_event_time: session_end          # with an aggregation after it: the rows' event time
 ```
 
 What a batch does with it is ``lowmark.batches.keyed.step``; how the processor is
@@ -32,7 +33,10 @@ class Keyed(UserConfig):
     API of Structured Streaming's ``transformWithStateInPandas``): per batch and
     key, ``handleInputRows`` gets the key's new records (in event-time order),
     then ``handleExpiredTimer`` each due timer; what they yield (pandas
-    DataFrames of ``output_schema``) goes to the sink. Needs ``event_time``.
+    DataFrames of ``output_schema``) goes to the sink, or, when the pipeline has an
+    ``aggregation`` too, into its windows, by the event time in ``output_event_time``
+    (the window stage runs with the watermark the keyed step had one batch before:
+    ``lowmark.batches.loop.plan``). Needs ``event_time``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -47,6 +51,11 @@ class Keyed(UserConfig):
         description="What timers follow: the watermark (event_time) or the batch's "
         "processing time.",
     )
+    output_event_time: str | None = Field(
+        default=None,
+        description="With an `aggregation` after the keyed step: the column of the output "
+        "rows that holds their event time (default: the pipeline's `event_time.column`).",
+    )
 
     def semantics(self) -> dict[str, Any]:
         """What the pipeline's fingerprint holds of this step: its fields and, under
@@ -57,7 +66,8 @@ class Keyed(UserConfig):
         from lowmark.batches.keyed.runtime import declared_states
 
         states = declared_states(self.processor)
-        return self.model_dump() | {
+        # Absent when unset, so keyed steps declared before it keep their fingerprint.
+        return self.model_dump(exclude_none=True) | {
             "states": {name: state.semantics() for name, state in sorted(states.items())}
         }
 

@@ -121,6 +121,7 @@ class BatchWork:
             planned.range,
             planned.watermark_ms,
             planned.planned_at_ms,
+            window_watermark_ms=planned.window_watermark_ms,
             cache=self.stage is None,
             strict=strict,
             seen_ids=self._seen_ids_as_of(planned),
@@ -140,11 +141,17 @@ class BatchWork:
         seen_ids: int | None = None,
         keyed: Pinned | None = None,
         one_job: bool = False,
+        window_watermark_ms: int | None = None,
     ) -> Taken:
         """Step 3 for ``batch`` (``observe``: see ``WindowedStage.batch_frames``; ``expect``
         False: the expectations drop nothing, as the read-ahead looks; ``seen_ids``: the
         version of the seen-ids table a deduplicating pipeline judges against; ``one_job``:
-        see ``take``)."""
+        see ``take``; ``window_watermark_ms``: the window stage's behind a keyed step,
+        ``PlannedBatch.window_watermark_ms``).
+
+        Behind a keyed step the windows take the processor's output rows, which belong
+        to no source partition: the keyed step's records are observed for the watermark
+        instead (``Taken.watched``)."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
         checked = self._transformed(read, batch)
         out, expected = checked, None
@@ -163,8 +170,14 @@ class BatchWork:
             watched = observe_records(out, event_time, self._partitions_of(batch), now_ms)
             out = watched.records
         processed, timed, emitted = None, None, None
+        windowed_at, windowed_from = watermark_ms, self._partitions_of(batch)
         if self.keyed is not None:
             assert keyed is not None
+            if self.stage is not None:
+                event_time = self.pipeline.event_time
+                watched = observe_records(out, event_time, windowed_from, now_ms)
+                out = watched.records
+                windowed_at, windowed_from = window_watermark_ms, ()
             timed = out
             processed = self.keyed.processed(
                 self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id
@@ -173,6 +186,8 @@ class BatchWork:
             if one_job:
                 emitted = observe_records(out, None, (), now_ms)
                 out = emitted.records
+            if self.stage is not None:
+                out = out.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
         if cache and not one_job and (judged is not None or processed is not None):
             # The sink write reads them again: verdicts (and a processor's rows) are worked
             # out once.
@@ -180,7 +195,7 @@ class BatchWork:
             read = dataclasses.replace(read, cached=(*read.cached, out))
         frames = (
             self.stage.batch_frames(
-                out, watermark_ms, batch.batch_id, self._partitions_of(batch), now_ms, observe
+                out, windowed_at, batch.batch_id, windowed_from, now_ms, observe
             )
             if self.stage is not None
             else None
@@ -270,34 +285,43 @@ class BatchWork:
         read, frames = taken.read, taken.frames
         if frames is None:
             return self._counted(taken, None, planned)
-        if planned.start == planned.end:
+        if planned.start == planned.end and taken.processed is None:
             return Seen(0, None, None, {}, 0, empty_of(frames.partials), self.checks.violations({}))
         with shuffle_partitions(self._spark(), read.size_bytes):
             partials = explained(read, lambda: collect({"partials": frames.partials}))
         counts, stats = observed(read.counts), frames.stats()
         expected = observed(taken.expected) if taken.expected is not None else {}
         judged = _judged(taken)
+        keyed = _keyed_before_windows(taken)
         if (
             counts is not None
             and stats is not None
             and expected is not None
             and judged is not False
+            and keyed is not False
             and not counts.get("bad")
         ):
             late = None
             if stats.late and stats.late_records is not None:
-                late = late_table(stats.late_records, planned.batch_id, planned.watermark_ms)
+                late = late_table(stats.late_records, planned.batch_id, planned.window_watermark_ms)
+            late = _with_late(late, judged.late if judged else None, planned)
             dropped = expected.get(DROPPED)
+            rows_out, max_ms = stats.rows, stats.max_ms
+            if keyed is not None:  # the windows took the processor's rows
+                rows_out, max_ms = keyed.records
+                late = _with_late(late, keyed.seen.late, planned)
             return Seen(
                 counts["rows"],
                 None,
-                _with_late(late, judged.late if judged else None, planned),
-                stats.max_ms,
-                stats.rows,
+                late,
+                max_ms,
+                rows_out,
                 partials["partials"],
                 self.checks.violations(expected),
                 pa.Table.from_pylist([r.asDict() for r in dropped]) if dropped else None,
                 judged,
+                keyed.seen if keyed is not None else None,
+                stats.rows if keyed is not None else None,
             )
         again = self._take(
             planned.range,
@@ -305,15 +329,19 @@ class BatchWork:
             planned.planned_at_ms,
             cache=True,
             seen_ids=self._seen_ids_as_of(planned),
+            keyed=self._keyed_as_of(planned),
+            window_watermark_ms=planned.window_watermark_ms,
         )
         assert again.frames is not None
         seen = self._counted(again, again.frames.late, planned)
         seen_late = seen.late.num_rows if seen.late is not None else 0
         seen_late -= seen.judged.late.num_rows if seen.judged is not None else 0
-        if stats is not None and (seen.rows_out, seen_late) != (stats.rows, stats.late):
+        seen_late -= seen.keyed.late.num_rows if seen.keyed is not None else 0
+        windowed = seen.emitted if seen.emitted is not None else seen.rows_out
+        if stats is not None and (windowed, seen_late) != (stats.rows, stats.late):
             raise PipelineConfigInvalid(
                 f"the transform of {self.pipeline.name} gave batch {planned.batch_id} "
-                f"{stats.rows} records ({stats.late} late) in one job and {seen.rows_out} "
+                f"{stats.rows} records ({stats.late} late) in one job and {windowed} "
                 f"({seen_late} late) in another over the same input: make it deterministic "
                 "(no rand(), no current time, no reads of changing tables)"
             )
@@ -467,7 +495,9 @@ class BatchWork:
         """The merge of step 5 (``windows``)."""
         stage = self.stage
         assert stage is not None
-        nearby, final = stage.state_rows(partials, self._state_as_of(planned), planned.watermark_ms)
+        nearby, final = stage.state_rows(
+            partials, self._state_as_of(planned), planned.window_watermark_ms
+        )
         if stage.merges_on_driver:
             return stage.merge_on_driver(partials, nearby, final, planned.batch_id)
         assert taken is not None and taken.frames is not None  # never read ahead
@@ -535,6 +565,29 @@ def _keyed(taken: Taken, planned: PlannedBatch) -> KeyedSeen | None:
             "the batch is run again"
         )
     return processed.observed(seen, changes)
+
+
+@dataclass(frozen=True)
+class _KeyedBeforeWindows:
+    """What the job that read a batch saw of its keyed step, when windows take its rows."""
+
+    seen: KeyedSeen
+    records: tuple[int, dict[str, int]]
+    """The records given to the keyed step (those it set aside included), and their max
+    event time per source partition: what moves the watermark."""
+
+
+def _keyed_before_windows(taken: Taken) -> _KeyedBeforeWindows | None | Literal[False]:
+    """What the windowed job that just ran saw of ``taken``'s keyed step (None: there is
+    none; False: Spark observed nothing, see ``collect.observed``)."""
+    processed, watched = taken.processed, taken.watched
+    if processed is None:
+        return None
+    assert watched is not None  # a keyed step before windows has its records observed
+    seen, changes, records = observed(processed.seen), observed(processed.changes), watched.counts()
+    if seen is None or changes is None or records is None:
+        return False
+    return _KeyedBeforeWindows(processed.observed(seen, changes), records)
 
 
 def _with_late(

@@ -294,6 +294,7 @@ class MicroBatchRunner:
             input_skipped=planned.skipped.counts if planned.skipped else {},
             waiting_partitions=list(planned.waiting),
             ingestion_ms=planned.ingestion,
+            window_watermark_ms=planned.window_watermark,
         )
         if not planned.replay:
             # A custom sink's history is not lowmark's to read: the sink checks its own.
@@ -373,7 +374,7 @@ class MicroBatchRunner:
             parts.work.windows(seen.partials, taken, planned) if seen.partials is not None else None
         )
         rows_out = changes.output.num_rows if changes is not None else seen.rows_out
-        if seen.emitted is not None:  # a keyed step: the sink gets the processor's rows
+        if seen.emitted is not None and changes is None:  # the sink gets the processor's rows
             rows_out = seen.emitted
         timer.lap("event_time")
 
@@ -424,6 +425,11 @@ class MicroBatchRunner:
         rows_late = late.num_rows if late is not None else 0
         duplicates = seen.judged.duplicates if seen.judged is not None else 0
         too_old = seen.judged.late.num_rows if seen.judged is not None else 0
+        # Late rows are records set aside before the windows (too old for deduplication,
+        # or for a keyed step) and rows the windows refused: records, or behind a keyed
+        # step the processor's rows (``emitted``).
+        behind = seen.keyed.late.num_rows if seen.keyed is not None else 0
+        into_windows = seen.emitted if seen.emitted is not None else seen.rows_out
         if late is not None and rows_late:
             ckpt.late.append_once(late, ckpt.txn_app_id("late"), batch_id)
         if taken is not None:
@@ -442,10 +448,13 @@ class MicroBatchRunner:
             rows_late=rows_late,
             rows_dropped=seen.rows_in - seen.rows_out - dropped - duplicates - too_old,
             violations=violations,
-            rows_windowed=seen.rows_out - (rows_late - too_old) if parts.stage is not None else 0,
+            rows_windowed=(
+                into_windows - (rows_late - too_old - behind) if parts.stage is not None else 0
+            ),
             rows_closed=total(changes.closed, ROWS) if changes is not None else 0,
             rows_duplicate=duplicates,
             rows_keyed=seen.keyed.records if seen.keyed is not None else 0,
+            rows_emitted=seen.emitted or 0,
         )
         commit = commit_batch(
             ckpt,

@@ -98,12 +98,13 @@ def _parts(
         _keyed(pipeline, checkpoint),
     )
     # A deduplicating batch judges its records against what the batches before it let
-    # through: it is never looked at ahead of them.
+    # through, and a keyed step runs on the state the batches before it left: neither is
+    # looked at ahead of them.
     read_ahead = (
         ReadAhead(
             session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
         )
-        if stage is not None and pipeline.dedup is None
+        if stage is not None and pipeline.dedup is None and pipeline.keyed is None
         else None
     )
     planner = Planner(pipeline, checkpoint, source, stage, clock)
@@ -126,11 +127,16 @@ def read_only_planner(
 
 
 def _stage(pipeline: Pipeline, checkpoint: Checkpoint) -> WindowedStage | None:
-    """The event-time stage of a windowed pipeline, its state in ``checkpoint``."""
-    if pipeline.aggregation is None or pipeline.event_time is None:
+    """The event-time stage of a windowed pipeline, its state in ``checkpoint``. Behind a
+    keyed step it windows the step's output rows, by their event-time column
+    (``Keyed.output_event_time``)."""
+    event_time = pipeline.event_time
+    if pipeline.aggregation is None or event_time is None:
         return None
+    if pipeline.keyed is not None and pipeline.keyed.output_event_time is not None:
+        event_time = event_time.model_copy(update={"column": pipeline.keyed.output_event_time})
     return WindowedStage(
-        pipeline.event_time, pipeline.aggregation, window_state(checkpoint, pipeline.aggregation)
+        event_time, pipeline.aggregation, window_state(checkpoint, pipeline.aggregation)
     )
 
 

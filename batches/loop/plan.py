@@ -68,6 +68,18 @@ class PlannedBatch:
     clocks: Clocks | None = None
     """With aligned admission, the partitions' clocks ``end`` was planned by (``Planner``);
     the catch-up read-ahead plans the batches after it by them too."""
+    window_watermark: int | None = None
+    """With a keyed step before windows: the watermark the window stage runs with (recorded
+    in the offset log): the keyed step's of the batch before (``Planner``)."""
+    keyed_windows: bool = False
+    """Whether a keyed step's output feeds the windows (then ``window_watermark_ms`` is
+    ``window_watermark``)."""
+
+    @property
+    def window_watermark_ms(self) -> int | None:
+        """The watermark the window stage judges lateness and closes windows by:
+        ``watermark_ms``, or behind a keyed step the keyed step's of the batch before."""
+        return self.window_watermark if self.keyed_windows else self.watermark_ms
 
     @property
     def range(self) -> Range:
@@ -218,6 +230,8 @@ class Planner:
                 skipped=_recorded_skip(latest),
                 waiting=tuple(latest.waiting_partitions),
                 ingestion=latest.ingestion_ms,
+                window_watermark=latest.window_watermark_ms,
+                keyed_windows=self.keyed_windows,
             )
         raise CheckpointCorrupt(
             f"checkpoint {self.location} is inconsistent: latest offsets batch "
@@ -297,13 +311,13 @@ class Planner:
             at_start = self._ingestion_times(start, now)
             watermark = self.lags.watermark(at_start, parts, event_time, now, watermark, active)
             ingestion = self._ingestion_times(end, now) if self.lags.by_prefix else None
-        if end == start and skipped is None and not self._timer_due(done, watermark, now):
-            previous_watermark = latest.batch_watermark_ms if latest else None
-            if watermark is None or watermark == previous_watermark or self.stage is None:
-                return None
-            state_version = LATEST if done and "state" in done.table_versions else None
-            if not self.stage.would_emit(state_version, watermark):
-                return None
+        # Behind a keyed step the window stage runs one batch behind: with the watermark
+        # the keyed step had in the batch before (its timers' output, at or above that
+        # watermark, then lands in windows still open).
+        window_watermark = latest.batch_watermark_ms if latest else None
+        idle = end == start and skipped is None and not self._timer_due(done, watermark, now)
+        if idle and not self._would_emit(done, watermark, latest, window_watermark):
+            return None
         return PlannedBatch(
             batch_id,
             start,
@@ -317,6 +331,8 @@ class Planner:
             waiting,
             ingestion,
             clocks,
+            window_watermark if self.keyed_windows else None,
+            self.keyed_windows,
         )
 
     def _clocks(self, latest: OffsetEntry | None, done: CommitEntry | None) -> Clocks | None:
@@ -334,6 +350,34 @@ class Planner:
         seen = {p: t.max_event_time_ms for p, t in parts.items() if self.lags.lag_of(p) is None}
         recorded = latest.ingestion_ms if latest is not None else None
         return seen | (recorded or {})
+
+    @property
+    def keyed_windows(self) -> bool:
+        """Whether a keyed step's output feeds the pipeline's windows."""
+        return self.pipeline.keyed is not None and self.pipeline.aggregation is not None
+
+    def _would_emit(
+        self,
+        done: CommitEntry | None,
+        watermark: int | None,
+        latest: OffsetEntry | None,
+        window_watermark: int | None,
+    ) -> bool:
+        """Whether a batch with no new input (and no timer due) closes windows: an
+        emit-only batch. Behind a keyed step it closes those under ``window_watermark``
+        (the last batch's watermark); and when only ``watermark`` would close some, it runs
+        to record ``watermark``, which the batch after it closes them with: an idle
+        stream's last windows close one batch later than without a keyed step."""
+        previous_watermark = latest.batch_watermark_ms if latest else None
+        if self.stage is None:
+            return False
+        state_version = LATEST if done and "state" in done.table_versions else None
+        behind = window_watermark if self.keyed_windows else None
+        if behind is not None and self.stage.would_emit(state_version, behind):
+            return True
+        if watermark is None or watermark == previous_watermark:
+            return False
+        return self.stage.would_emit(state_version, watermark)
 
     def _ingestion_times(self, position: Offsets, now: int) -> dict[str, int]:
         """The ingestion times at ``position`` (``Source.ingestion_times``) of the partitions

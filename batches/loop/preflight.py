@@ -381,7 +381,9 @@ def _check_columns(pipeline: Pipeline, columns: SourceColumns) -> None:
             "to_timestamp())"
         )
     aggregation = pipeline.aggregation
-    if aggregation is None or not columns.complete:
+    # Behind a keyed step the windows take its output rows, whose columns the pipeline's
+    # definition checked against `keyed.output_schema`.
+    if aggregation is None or not columns.complete or pipeline.keyed is not None:
         return
     used = [*aggregation.keys, *(a.column for a in aggregation.aggregates if a.column)]
     missing = [c for c in dict.fromkeys(used) if columns.type_of(c) is None]

@@ -39,6 +39,7 @@ def test_the_example_yaml_declares_a_pipeline_for_every_source_kind() -> None:
         "unique_orders": "files",  # deduplication's example
         "sessions": "files",  # keyed steps' examples
         "device_status": "files",
+        "sessions_per_window": "files",
     }
     kafka = pipelines["kafka_orders"].source
     assert isinstance(kafka, KafkaSource) and kafka.topics == ("orders",)
