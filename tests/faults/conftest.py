@@ -91,16 +91,15 @@ KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": STEPS,
     "plain_append": ("after_sink",),
     "dedup_tumbling": ("before_commit",),
-    "keyed_alerts": ("after_state",),
-    "postgres_append": ("after_sink",),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
 at every step, the stateless pipeline after Spark's sink write landed uncommitted, and one
-step each of deduplication (every write done, the commit not) and of a keyed step (its
-state written, nothing else), and a Postgres sink's batch killed after its transaction
-committed, before lowmark's commit.
+step of deduplication (every write done, the commit not).
 (Sessions killed after their state write are replayed in ``make test`` too, with
-maintenance between: ``test_kill_then_compact``.)"""
+maintenance between: ``test_kill_then_compact``.) A keyed step's and a Postgres sink's
+SIGKILLs are all in ``make test-integration`` (each costs its own reference run); ``make
+test`` crashes them in process instead (``tests/batches/loop/test_one_job.py``,
+``tests/batches/keyed/test_keyed_windows.py``, ``tests/batches/sinks/test_postgres.py``)."""
 NO_BAD_ROWS = ("delta_update",)
 """Pipelines whose source has no malformed rows (a Delta table's rows are typed)."""
 """Windows (every write driver-side; tumbling over two source partitions with an idle

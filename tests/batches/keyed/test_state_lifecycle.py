@@ -69,7 +69,11 @@ class _Visits(StatefulProcessor):
 
 def _pipeline(schema: str) -> Pipeline:
     # One import path whatever the schema: as when a user edits the class.
-    versioned = type("Visits", (_Visits,), {"SCHEMA": schema, "__module__": __name__})
+    return _visits(type("Visits", (_Visits,), {"SCHEMA": schema, "__module__": __name__}))
+
+
+def _visits(processor: type[StatefulProcessor]) -> Pipeline:
+    """Visits of users (``user``, ``ts``), one file a batch, through ``processor``."""
     return Pipeline(
         name="visits",
         source=FileSource(
@@ -77,7 +81,7 @@ def _pipeline(schema: str) -> Pipeline:
         ),
         sink=DeltaSink(path="out"),
         event_time=EventTime(column="ts"),
-        keyed=Keyed(processor=versioned, keys=("user",), output_schema=OUTPUT),
+        keyed=Keyed(processor=processor, keys=("user",), output_schema=OUTPUT),
     )
 
 
@@ -209,15 +213,7 @@ def test_an_event_time_ttl_expires_as_the_watermark_passes_the_write_plus_the_tt
     spark: SparkSession, tmp_path: Path
 ) -> None:
     clock = FakeClock()  # processing time stands still: only event time expires the state
-    pipeline = Pipeline(
-        name="visits",
-        source=FileSource(
-            path="in", format="json", schema_ddl="user STRING, ts TIMESTAMP", max_files_per_batch=1
-        ),
-        sink=DeltaSink(path="out"),
-        event_time=EventTime(column="ts"),
-        keyed=Keyed(processor=_EventTimeVisits, keys=("user",), output_schema=OUTPUT),
-    )
+    pipeline = _visits(_EventTimeVisits)
     # Minutes of event time, one file (one batch) each: a's visit at 0 expires at 1:00; its
     # visit at 0:30 (watermark 0:00) renews it to 1:30; b's visit at 5:00 moves the
     # watermark past 1:30, so a's visit at 5:10 finds nothing held.
