@@ -100,8 +100,8 @@ class Expiry:
         expires, states = rows.column("expires_ms"), rows.column("state")
         by_event = pc.is_in(states, pa.array(sorted(self.by_event_time), pa.string()))
         unexpired = pc.or_kleene(pc.is_null(expires), pc.greater(expires, self.processing_ms))
-        if self.watermark_ms is None:
-            by_watermark = pc.is_valid(states)  # no watermark yet: none expired
+        if self.watermark_ms is None:  # no watermark yet: none has expired
+            by_watermark = pa.repeat(pa.scalar(True), rows.num_rows)
         else:
             by_watermark = pc.or_kleene(pc.is_null(expires), pc.greater(expires, self.watermark_ms))
         return pc.if_else(by_event, by_watermark, unexpired)
