@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -741,6 +742,95 @@ class PostgresSink(_Config):
         return f"postgres {self.table} ({self.mode})"
 
 
+_TOPIC_NAME = r"^[A-Za-z0-9._-]{1,249}$"
+
+KAFKA_SET_BY_LOWMARK = frozenset(
+    {"bootstrap.servers", "transactional.id", "enable.idempotence", "acks", "isolation.level"}
+)
+"""Producer settings the Kafka sink sets itself (its transactions need them as they are)."""
+
+
+class KafkaSink(_Config):
+    """A Kafka topic written in one producer transaction per batch
+    (``lowmark.batches.sinks.kafka``).
+
+    Each batch's records, and an offset naming the batch committed to the fence group
+    ``lowmark.<app id>``, go in one Kafka transaction: a ``read_committed`` consumer sees a
+    batch's records all at once, once, or not at all. A replayed batch whose transaction
+    committed writes nothing. A record's key is the ``key`` column or expression (none by
+    default), its value the row as JSON (``value: json``) or one column. Extra producer
+    settings go in ``producer``; a secret one's value comes from the environment variable
+    ``secret_env`` names for it, never from the YAML.
+    """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"bootstrap_servers", "topic", "producer", "secret_env"}
+    )
+    """Where and how to connect and write: left out of the pipeline's fingerprint (no batch's
+    records change; a batch after a change of topic goes to the new topic)."""
+
+    kind: Literal["kafka"] = "kafka"
+    """Picks this sink."""
+    topic: str = Field(
+        pattern=_TOPIC_NAME,
+        description="Topic written (it must exist; a compacted one for update-mode windows).",
+    )
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers.")
+    key: str | None = Field(
+        default=None,
+        description="Each record's key: a column, or a Spark SQL expression over the output's "
+        "columns (a string as UTF-8, binary as is, anything else cast to a string); none by "
+        "default. Update-mode windows are keyed by their keys and window instead.",
+    )
+    value: str = Field(
+        default="json",
+        min_length=1,
+        description="Each record's value: `json` (the row as a JSON object), or a column (a "
+        "string as UTF-8, binary as is, anything else cast to a string).",
+    )
+    producer: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra producer settings (librdkafka's names), e.g. "
+        "{'security.protocol': 'SASL_SSL', 'sasl.mechanisms': 'PLAIN', 'sasl.username': "
+        "'app'}; `transaction.timeout.ms` defaults to 600000.",
+    )
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Secret producer settings, each mapped to the environment variable that "
+        "holds its value, e.g. {'sasl.password': 'KAFKA_PASSWORD'}.",
+    )
+
+    @field_validator("producer")
+    @classmethod
+    def _no_secret_or_reserved_setting(cls, producer: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(KAFKA_SET_BY_LOWMARK & producer.keys())
+        if reserved:
+            raise ValueError(
+                f"{reserved} are set by the sink (its transactions need them): remove them "
+                "from `producer`"
+            )
+        secret = sorted(k for k in producer if "password" in k or "secret" in k)
+        if secret:
+            raise ValueError(
+                f"{secret} in `producer` would put a secret in the pipeline's definition: map "
+                "each to the environment variable holding it in `secret_env`"
+            )
+        return producer
+
+    @field_validator("secret_env")
+    @classmethod
+    def _variable_names(cls, secret_env: dict[str, str]) -> dict[str, str]:
+        bad = sorted(v for v in secret_env.values() if not re.fullmatch(r"[A-Za-z_]\w*", v))
+        if bad:
+            raise ValueError(f"{bad} are not environment variable names: name the variables")
+        return secret_env
+
+    @property
+    def label(self) -> str:
+        """Where the sink writes, in a few words."""
+        return f"kafka {self.topic}"
+
+
 def _holds_password(dsn: str) -> bool:
     """Whether libpq connection string ``dsn`` carries a password: ``password=`` (key/value
     or a URI's query), or a URI's ``user:password@``."""
@@ -762,6 +852,7 @@ SinkConfig = Annotated[
     Annotated[DeltaSink, Tag("delta")]
     | Annotated[CustomSink, Tag("custom")]
     | Annotated[PostgresSink, Tag("postgres")]
+    | Annotated[KafkaSink, Tag("kafka")]
     | Annotated[ForeachBatchSink, Tag("foreach_batch")],
     Discriminator(_sink_kind),
 ]
@@ -857,8 +948,8 @@ class Pipeline(_Config):
         "that must hold.",
     )
     sink: SinkConfig
-    """Where each batch's output goes (exactly once): a Delta table, a Postgres table, or a
-    sink of your own."""
+    """Where each batch's output goes (exactly once): a Delta table, a Postgres table, a Kafka
+    topic, or a sink of your own."""
     event_time: EventTime | None = Field(
         default=None, description="Event-time column, out-of-orderness, idleness, lateness."
     )
@@ -1005,7 +1096,13 @@ class Pipeline(_Config):
                     "a windowed pipeline sets how the sink is written through "
                     "`aggregation.output_mode`; leave `sink.mode` at append"
                 )
-            if isinstance(self.sink, ForeachBatchSink) and self.aggregation.output_mode == "update":
+            update = self.aggregation.output_mode == "update"
+            if isinstance(self.sink, KafkaSink) and update and self.sink.key is not None:
+                raise ValueError(
+                    "update-mode windows are keyed in Kafka by their keys and window (a "
+                    "compacted topic keeps each window's latest): leave `sink.key` out"
+                )
+            if isinstance(self.sink, ForeachBatchSink) and update:
                 raise ValueError(
                     "update-mode windows retract rows, which a `foreach_batch` function is not "
                     "given: use `output_mode: append`, or a `kind: custom` sink (its `write` "
@@ -1037,16 +1134,22 @@ class Pipeline(_Config):
         what = f"the post_aggregation of {self.name}"
         return apply_step(self.post_aggregation, windows, "windows", what)
 
-    def sink_config(self) -> DeltaSink | CustomSink | PostgresSink | ForeachBatchSink:
+    def sink_config(self) -> DeltaSink | CustomSink | PostgresSink | KafkaSink | ForeachBatchSink:
         """The sink as written: update-mode aggregations MERGE a Delta sink, or upsert a
         Postgres one, on keys + window."""
-        merges = self.aggregation is not None and self.aggregation.output_mode == "update"
-        if merges and isinstance(self.sink, DeltaSink | PostgresSink):
-            assert self.aggregation is not None
-            keys = (*self.aggregation.keys, "window_start", "window_end")
+        keys = self.window_identity
+        if keys is not None and isinstance(self.sink, DeltaSink | PostgresSink):
             mode = "merge" if isinstance(self.sink, DeltaSink) else "upsert"
             return self.sink.model_copy(update={"mode": mode, "keys": keys})
         return self.sink
+
+    @property
+    def window_identity(self) -> tuple[str, ...] | None:
+        """What identifies an update-mode window in the sink (its keys and bounds: a sink
+        upserts and retracts on them); None for other pipelines."""
+        if self.aggregation is None or self.aggregation.output_mode != "update":
+            return None
+        return (*self.aggregation.keys, "window_start", "window_end")
 
     @property
     def output_mode(self) -> str | None:

@@ -32,7 +32,7 @@ from typing import Any
 import dagster as dg
 
 from lowmark.batches.loop.backfill import final_at_ms
-from lowmark.batches.pipeline import DeltaSink, Pipeline, PostgresSink
+from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline, PostgresSink
 from lowmark.orchestration.checks import check_evaluations, check_results, check_specs
 from lowmark.orchestration.keys import (
     GROUP,
@@ -71,13 +71,15 @@ def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.A
 
 def _sink_metadata(pipeline: Pipeline) -> dict[str, str]:
     """What the sink asset shows of the sink: its table and mode (a Delta table's path, a
-    Postgres table's name), or a custom sink's factory (lowmark cannot read such a sink: the
-    asset records batches, not a table)."""
+    Postgres table's name), a Kafka sink's topic, or a custom sink's factory (lowmark cannot
+    read such a sink: the asset records batches, not a table)."""
     sink = pipeline.sink_config()
     if isinstance(sink, DeltaSink):
         return {"path": sink.path, "mode": sink.mode}
     if isinstance(sink, PostgresSink):
         return {"table": sink.table, "mode": sink.mode}
+    if isinstance(sink, KafkaSink):
+        return {"topic": sink.topic}
     return {"factory": sink.label}
 
 
@@ -87,6 +89,8 @@ def _sink_kinds(pipeline: Pipeline) -> set[str]:
         return {"delta", "spark"}
     if isinstance(pipeline.sink, PostgresSink):
         return {"postgres", "spark"}
+    if isinstance(pipeline.sink, KafkaSink):
+        return {"kafka", "spark"}
     return {"spark"}
 
 

@@ -219,25 +219,30 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 def _sink_words(p: Pipeline) -> str:
     """The sink as ``lowmark list`` shows it: ``delta:demo/orders (append)``, its mode the
     one batches write it with (``Pipeline.output_mode``)."""
-    from lowmark.batches.pipeline import DeltaSink, PostgresSink
+    from lowmark.batches.pipeline import DeltaSink, KafkaSink, PostgresSink
 
     sink = p.sink
     where = sink.path if isinstance(sink, DeltaSink) else sink.label
     if isinstance(sink, PostgresSink):
         where = sink.table
+    if isinstance(sink, KafkaSink):
+        where = sink.topic
     mode = f" ({p.output_mode})" if p.output_mode else ""
     return f"{p.sink.kind}:{where}{mode}"
 
 
 def _sink_json(p: Pipeline) -> dict[str, str | None]:
-    """The sink as ``lowmark list --json`` shows it: a Delta table, a Postgres table, or a
-    custom factory; ``mode`` the one batches write it with (``Pipeline.output_mode``)."""
-    from lowmark.batches.pipeline import DeltaSink, PostgresSink
+    """The sink as ``lowmark list --json`` shows it: a Delta table, a Postgres table, a Kafka
+    topic, or a custom factory; ``mode`` the one batches write it with
+    (``Pipeline.output_mode``)."""
+    from lowmark.batches.pipeline import DeltaSink, KafkaSink, PostgresSink
 
     if isinstance(p.sink, DeltaSink):
         return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.output_mode}
     if isinstance(p.sink, PostgresSink):
         return {"kind": p.sink.kind, "table": p.sink.table, "mode": p.output_mode}
+    if isinstance(p.sink, KafkaSink):
+        return {"kind": p.sink.kind, "topic": p.sink.topic, "mode": p.output_mode}
     shown: dict[str, str | None] = {"kind": p.sink.kind, "factory": p.sink.label}
     return shown | ({"mode": p.output_mode} if p.output_mode else {})
 

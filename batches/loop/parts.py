@@ -13,12 +13,14 @@ session when it first needs it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.event_time.dedup import DedupStep
 from lowmark.batches.event_time.stage import WindowedStage, window_state
 from lowmark.batches.keyed.step import KeyedStep
+from lowmark.batches.loop import faults
 from lowmark.batches.loop.batch_work import BatchWork
 from lowmark.batches.loop.catch_up import ReadAhead
 from lowmark.batches.loop.plan import Planner
@@ -86,7 +88,9 @@ def _parts(
     session = provider(spark)
     source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
     stage = _stage(pipeline, checkpoint)
-    sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
+    app_id = checkpoint.txn_app_id("sink")
+    staged = partial(faults.reached, "before_sink_commit")
+    sink = build_sink(spark, pipeline, data_root, app_id, staged)
     work = BatchWork(
         session,
         pipeline,

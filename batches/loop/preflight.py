@@ -63,11 +63,13 @@ from lowmark.batches.pipeline import (
     DeltaSink,
     DeltaSource,
     FileSource,
+    KafkaSink,
     KafkaSource,
     Pipeline,
     PostgresSink,
     resolve,
 )
+from lowmark.batches.sinks.kafka_topic import KafkaTopic
 from lowmark.batches.sinks.postgres_db import PostgresTable
 from lowmark.batches.sources.base import Source
 from lowmark.batches.sources.delta_table import CHANGE_FIELDS
@@ -398,6 +400,9 @@ def _check_columns(pipeline: Pipeline, columns: SourceColumns) -> None:
 def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
     if isinstance(pipeline.sink, PostgresSink):
         PostgresTable(pipeline.sink, app_id="").check()
+        return
+    if isinstance(pipeline.sink, KafkaSink):
+        KafkaTopic(pipeline.sink, app_id="").check()
         return
     if not isinstance(pipeline.sink, DeltaSink):
         return
