@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 from pyspark.sql import SparkSession
 
@@ -13,7 +14,7 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import EventTimePartitions
 from lowmark.orchestration.definitions import build_definitions
 from lowmark.orchestration.partitions import event_time_partitions
-from tests.helpers import write_json_lines
+from tests.helpers import lowmark, write_json_lines
 from tests.orchestration.pipelines import ticks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,14 +156,37 @@ def test_a_custom_sink_is_an_asset_that_names_its_factory_and_no_table(tmp_path:
     assert "exported_microbatches" in {j.name for j in defs.resolve_all_job_defs()}
 
 
-def test_a_postgres_sink_is_an_asset_that_names_its_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sink", "metadata", "listed"),
+    [
+        (
+            {"kind": "postgres", "table": "serving.orders", "mode": "upsert", "keys": ["id"]},
+            {"table": "serving.orders", "mode": "upsert"},
+            "postgres:serving.orders (upsert)",
+        ),
+        (
+            {"kind": "kafka", "topic": "orders-out", "bootstrap_servers": "kafka:9092"},
+            {"topic": "orders-out"},
+            "kafka:orders-out",
+        ),
+    ],
+    ids=["postgres", "kafka"],
+)
+def test_a_database_or_topic_sink_is_an_asset_of_its_kind_and_listed_by_name(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sink: dict[str, object],
+    metadata: dict[str, str],
+    listed: str,
+) -> None:
     pipelines = tmp_path / "pipelines.yaml"
-    sink = {"kind": "postgres", "table": "serving.orders", "mode": "upsert", "keys": ["id"]}
     source = {"kind": "synthetic", "total_rows": 10}
     pipelines.write_text(
         yaml.safe_dump({"pipelines": [{"name": "served", "source": source, "sink": sink}]})
     )
     defs = build_definitions(str(pipelines))
     asset = defs.resolve_asset_graph().get(dg.AssetKey(["lowmark", "served"]))
-    assert asset.metadata == {"table": "serving.orders", "mode": "upsert"}
-    assert asset.kinds == {"postgres", "spark"}
+    assert asset.metadata == metadata
+    assert asset.kinds == {str(sink["kind"]), "spark"}
+    code, out, _ = lowmark(capsys, tmp_path, "--pipelines", str(pipelines), "list")
+    assert code == 0 and listed in out
