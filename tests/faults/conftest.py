@@ -36,6 +36,7 @@ from tests.faults.harness import (
     postgres_database,
     snapshot,
 )
+from tests.faults.kafka_sink import at_root
 from tests.faults.scenarios import (
     FIXED_INPUT,
     KAFKA_TOPIC,
@@ -43,6 +44,7 @@ from tests.faults.scenarios import (
     RESENT_INPUT,
     dedup_tumbling,
     delta_update,
+    kafka_append,
     kafka_lines,
     kafka_update,
     keyed_alerts,
@@ -73,6 +75,7 @@ MATRIX = (
     delta_update,
     union_append,
     postgres_append,
+    kafka_append,
 )
 OTHER_SOURCES = (
     "kafka_update",
@@ -82,21 +85,24 @@ OTHER_SOURCES = (
     "delta_update",
     "union_append",
     "postgres_append",
+    "kafka_append",
 )
-"""Matrix pipelines over the other sources, and into the other sink: killed at every step in
+"""Matrix pipelines over the other sources, and into the other sinks: killed at every step in
 ``make test-integration`` only, with the driver attached to the test process's JVM (their
-sources' replays are tested on their own in ``tests/batches/sources``, the Postgres sink's in
-``tests/batches/sinks/test_postgres.py``)."""
+sources' replays are tested on their own in ``tests/batches/sources``, the sinks' in
+``tests/batches/sinks``), but for one kill of the Kafka sink (``KILLED_IN_MAKE_TEST``)."""
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": tuple(s for s in STEPS if s not in ("after_plan", "after_commit")),
     "plain_append": ("after_sink",),
     "dedup_tumbling": ("before_commit",),
+    "kafka_append": ("after_sink",),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
 at every step between the batch's offsets and its commit (a kill before the offsets leaves
 nothing of the batch, one after the commit all of it: those two run in
 ``make test-integration``), the stateless pipeline after Spark's sink write landed
-uncommitted, and one step of deduplication (every write done, the commit not).
+uncommitted, the same into a Kafka topic (its transaction committed, lowmark's commit not:
+the fence at work), and one step of deduplication (every write done, the commit not).
 (Sessions killed after their state write are replayed in ``make test`` too, with
 maintenance between: ``test_kill_then_compact``.) A keyed step's and a Postgres sink's
 SIGKILLs are all in ``make test-integration`` (each costs its own reference run); ``make
@@ -153,6 +159,8 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
         return pipeline
     if pipeline is postgres_append:
         request.getfixturevalue("postgres")  # the server, its libpq variables set
+    if pipeline is kafka_append:
+        request.getfixturevalue("kafka")  # the broker, its address in KAFKA_ENV
     if pipeline is dedup_tumbling:
         write_input(folder / "input", RESENT_INPUT, pipeline)
         return pipeline
@@ -211,7 +219,7 @@ class References(Mapping[str, Reference]):
         root = folder / "reference"  # Reference.root
         create_database(root, pipeline)
         with postgres_database(root, pipeline):
-            runner = MicroBatchRunner(self._spark, pipeline, root)
+            runner = MicroBatchRunner(self._spark, at_root(pipeline, root), root)
             runner.run(max_batches=KILL_BATCH)
             copy_run(root, folder / "template", pipeline)
             rest = runner.run(max_batches=None)

@@ -32,6 +32,7 @@ from lowmark.batches.pipeline import (
     DeltaSink,
     DeltaSource,
     FileSource,
+    KafkaSink,
     KafkaSource,
     Pipeline,
     PostgresSink,
@@ -140,6 +141,22 @@ kafka_update = _windowed("kafka_update", Session(gap="5 seconds"), "update").mod
 )
 """Sessions over a one-partition topic, KAFKA_BATCH records a batch."""
 
+KAFKA_SINK_ENV = "LOWMARK_TEST_KAFKA_SINK_TOPIC"
+"""The topic a `lowmark run` subprocess's Kafka sink writes (``tests.faults.kafka_sink``)."""
+
+kafka_append = Pipeline(
+    name="kafka_append",
+    source=_source(),
+    sink=KafkaSink(
+        topic=os.environ.get(KAFKA_SINK_ENV, "kill_matrix_out"),
+        bootstrap_servers=os.environ.get(KAFKA_ENV, "127.0.0.1:9"),
+        key="user",
+    ),
+)
+"""``plain_append`` into a Kafka topic: records streamed from Spark through the driver into one
+producer transaction with the batch's fence. Which topic: one per data root
+(``tests.faults.kafka_sink``)."""
+
 KAFKA_INPUT: list[Event | str] = [
     ("a", 1, 1), ("b", 2, 2), ("a", 7, 3),
     ("b", 14, 4), ("a", 14, 5), ("c", 30, 6),  # the watermark moves to 25 s
@@ -246,6 +263,7 @@ PIPELINES = {
         sliding_update,
         plain_append,
         postgres_append,
+        kafka_append,
         dedup_tumbling,
         keyed_alerts,
         kafka_update,

@@ -86,6 +86,11 @@ def _iso(value: Any) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
+def _amounts(kafka: KafkaBroker, topic: str, committed_only: bool = True) -> list[bytes]:
+    """The values of ``topic`` (``value: amount``), sorted."""
+    return sorted(v or b"" for _, _, v in kafka.records(topic, committed_only))
+
+
 AFTER_KAFKA_COMMIT = KillPoint("after_sink", 1)
 """Batch 1's transaction committed, lowmark's commit entry never written: batch 1 replays."""
 BEFORE_KAFKA_COMMIT = KillPoint("before_sink_commit", 1)
@@ -104,7 +109,7 @@ def test_a_stateless_pipeline_into_kafka_equals_a_plain_batch_even_replayed(
     expected = spark.read.schema(SCHEMA).json(str(tmp_path / "in")).collect()
     # Batch 1's records written twice would be there twice.
     assert _values(kafka, topic) == _as_values(expected)
-    keys = sorted(key for _, key, _ in kafka.records(topic))
+    keys = sorted(key or b"" for _, key, _ in kafka.records(topic))
     assert keys == sorted(r["user"].encode() for r in expected)
     app_id = MicroBatchRunner(spark, p, tmp_path).checkpoint.txn_app_id("sink")
     assert kafka.committed(fence_group(app_id), topic)[0] == 3  # batches 0-2 fenced
@@ -115,21 +120,21 @@ def test_an_attempt_killed_before_its_kafka_commit_shows_nothing_and_is_written_
 ) -> None:
     topic = _topic(kafka)
     p = _into(timed(), kafka, topic, value="amount")
-    seen: dict[str, list[bytes | None]] = {}
+    seen: dict[str, list[bytes]] = {}
 
     def look() -> None:
-        seen["committed"] = [v for _, _, v in kafka.records(topic)]
-        seen["uncommitted"] = [v for _, _, v in kafka.records(topic, committed_only=False)]
+        seen["committed"] = _amounts(kafka, topic)
+        seen["uncommitted"] = _amounts(kafka, topic, committed_only=False)
 
     replayed = _run(spark, p, tmp_path, BEFORE_KAFKA_COMMIT, look)
 
     assert replayed == [1]
     # The killed attempt's records are on the broker, in a transaction left open: a
     # read_committed consumer sees batch 0's only.
-    assert sorted(seen["committed"]) == [b"1", b"2", b"3"]
-    assert sorted(seen["uncommitted"]) == [b"1", b"2", b"3", b"4", b"5"]
+    assert seen["committed"] == [b"1", b"2", b"3"]
+    assert seen["uncommitted"] == [b"1", b"2", b"3", b"4", b"5"]
     # The replay aborted it and wrote batch 1 once.
-    assert sorted(v for _, _, v in kafka.records(topic)) == [str(i).encode() for i in range(1, 8)]
+    assert _amounts(kafka, topic) == [str(i).encode() for i in range(1, 8)]
 
 
 def test_a_windowed_pipeline_into_kafka_equals_a_plain_batch_even_replayed(
@@ -166,9 +171,9 @@ def test_update_mode_windows_compact_to_a_plain_batch_with_tombstones_for_merged
     # Batch 0's sessions that batch 1 superseded: a's two (merged) and b's (extended).
     assert len(tombstones) == 3
     kept = [json.loads(v) for v in latest.values() if v is not None]
-    for row in kept:
-        key = {c: row[c] for c in ("user", "window_start", "window_end")}
-        assert json.dumps(key, separators=(",", ":")).encode() in latest
+    for window in kept:
+        identity = {c: window[c] for c in ("user", "window_start", "window_end")}
+        assert json.dumps(identity, separators=(",", ":")).encode() in latest
     expected = _as_values(reference(spark, tmp_path, window).collect())
     assert sorted(tuple(r[c] for c in sorted(r)) for r in kept) == expected
 
