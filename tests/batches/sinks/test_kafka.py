@@ -171,8 +171,8 @@ def test_update_mode_windows_compact_to_a_plain_batch_with_tombstones_for_merged
     # Batch 0's sessions that batch 1 superseded: a's two (merged) and b's (extended).
     assert len(tombstones) == 3
     kept = [json.loads(v) for v in latest.values() if v is not None]
-    for window in kept:
-        identity = {c: window[c] for c in ("user", "window_start", "window_end")}
+    for emitted in kept:
+        identity = {c: emitted[c] for c in ("user", "window_start", "window_end")}
         assert json.dumps(identity, separators=(",", ":")).encode() in latest
     expected = _as_values(reference(spark, tmp_path, window).collect())
     assert sorted(tuple(r[c] for c in sorted(r)) for r in kept) == expected
