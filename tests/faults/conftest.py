@@ -41,8 +41,10 @@ from tests.faults.scenarios import (
     KAFKA_TOPIC,
     PIPELINES,
     RESENT_INPUT,
+    clock_of,
     dedup_tumbling,
     delta_update,
+    ingestion_tumbling,
     kafka_lines,
     kafka_update,
     keyed_alerts,
@@ -73,6 +75,7 @@ MATRIX = (
     delta_update,
     union_append,
     postgres_append,
+    ingestion_tumbling,
 )
 OTHER_SOURCES = (
     "kafka_update",
@@ -82,11 +85,13 @@ OTHER_SOURCES = (
     "delta_update",
     "union_append",
     "postgres_append",
+    "ingestion_tumbling",
 )
 """Matrix pipelines over the other sources, and into the other sink: killed at every step in
 ``make test-integration`` only, with the driver attached to the test process's JVM (their
 sources' replays are tested on their own in ``tests/batches/sources``, the Postgres sink's in
-``tests/batches/sinks/test_postgres.py``)."""
+``tests/batches/sinks/test_postgres.py``, the ingestion clock's in
+``tests/batches/loop/test_ingestion_watermarks.py``)."""
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": tuple(s for s in STEPS if s not in ("after_plan", "after_commit")),
     "plain_append": ("after_sink",),
@@ -110,8 +115,9 @@ files are all read) and a stateless pipeline (its sink written by Spark), so kil
 between driver-side log commits and Spark writes, both ways round; then the same over the
 other sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions
 (also with an idle timeout shorter than any batch), sessions over a user-written source (an
-outbox table, ``examples.outbox_source``), sessions over a Delta table, and tumbling windows
-over a union of the folder and the table."""
+outbox table, ``examples.outbox_source``), sessions over a Delta table, tumbling windows
+over a union of the folder and the table, and tumbling windows on the ingestion clock of the
+files' modification times (a fake, frozen processing time for the tail)."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -211,7 +217,7 @@ class References(Mapping[str, Reference]):
         root = folder / "reference"  # Reference.root
         create_database(root, pipeline)
         with postgres_database(root, pipeline):
-            runner = MicroBatchRunner(self._spark, pipeline, root)
+            runner = MicroBatchRunner(self._spark, pipeline, root, clock_of(pipeline))
             runner.run(max_batches=KILL_BATCH)
             copy_run(root, folder / "template", pipeline)
             rest = runner.run(max_batches=None)

@@ -41,7 +41,7 @@ from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline, PostgresSink, resolve
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.driver import attached_env
-from tests.faults.scenarios import SINK
+from tests.faults.scenarios import FROZEN_CLOCK_ENV, SINK, clock_of
 from tests.helpers import INTERPRETED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def run_to_completion(spark: SparkSession, pipeline: Pipeline, root: Path) -> li
     """What a restarted `lowmark run --until-caught-up` does, in this process (a Postgres
     sink into ``root``'s own database)."""
     with postgres_database(root, pipeline):
-        return MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+        return MicroBatchRunner(spark, pipeline, root, clock_of(pipeline)).run(max_batches=None)
 
 
 def database_of(root: Path) -> str:
@@ -191,6 +191,13 @@ def lowmark_run_args(root: Path, pipeline: Pipeline, *options: str) -> list[str]
     ]
 
 
+def clock_env(pipeline: Pipeline) -> dict[str, str]:
+    """What freezes a `lowmark` subprocess's clock where ``pipeline`` runs on a fake one
+    (``tests.faults.scenarios.clock_of``)."""
+    clock = clock_of(pipeline)
+    return {} if clock is None else {FROZEN_CLOCK_ENV: str(clock.now_ms())}
+
+
 def kill_run(
     root: Path, pipeline: Pipeline, point: KillPoint, *options: str, jvm: SparkSession | None
 ) -> subprocess.CompletedProcess[str]:
@@ -198,7 +205,9 @@ def kill_run(
     ``jvm``'s JVM or (None) with a JVM of its own (``lowmark_env``)."""
     return subprocess.run(
         lowmark_run_args(root, pipeline, *options),
-        env=lowmark_env(jvm, **{KILL_AT_ENV: str(point)}, **postgres_env(root, pipeline)),
+        env=lowmark_env(
+            jvm, **{KILL_AT_ENV: str(point)}, **postgres_env(root, pipeline), **clock_env(pipeline)
+        ),
         cwd=REPO,
         capture_output=True,
         text=True,
