@@ -203,8 +203,9 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
                     "name": p.name,
                     "description": p.description,
                     "source": {"kind": p.source.kind, "label": p.source.label},
-                    "sink": _sink_json(p),
+                    "sink": _sink_json(p, p.sink),
                 }
+                | _extra_sinks_json(p)
                 for p in pipelines
             ],
         )
@@ -243,16 +244,14 @@ def _sink_mode(p: Pipeline, sink: SinkKind) -> str | None:
     return sink.mode if isinstance(sink, DeltaSink | PostgresSink) else None
 
 
-def _sink_json(p: Pipeline) -> dict[str, Any]:
-    """The sink as ``lowmark list --json`` shows it (``_one_sink_json``), and the extra sinks
-    by name, if any."""
-    shown: dict[str, Any] = _one_sink_json(p, p.sink)
-    if p.extra_sinks:
-        shown["extra_sinks"] = {n: _one_sink_json(p, s) for n, s in p.extra_sinks.items()}
-    return shown
+def _extra_sinks_json(p: Pipeline) -> dict[str, Any]:
+    """``extra_sinks`` as ``lowmark list --json`` shows them, by name (none: nothing)."""
+    if not p.extra_sinks:
+        return {}
+    return {"extra_sinks": {n: _sink_json(p, s) for n, s in p.extra_sinks.items()}}
 
 
-def _one_sink_json(p: Pipeline, sink: SinkKind) -> dict[str, Any]:
+def _sink_json(p: Pipeline, sink: SinkKind) -> dict[str, Any]:
     """A sink as JSON: a Delta table, a Postgres table, or a custom factory; ``mode`` the one
     batches write it with (``_sink_mode``)."""
     from lowmark.batches.pipeline import DeltaSink, PostgresSink

@@ -4,9 +4,11 @@ for records and for windows; two sinks of one table are refused in one line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 from pyspark.sql import DataFrame, SparkSession
 
@@ -15,7 +17,7 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, ForeachBatchSink, Pipeline, PostgresSink
 from lowmark.batches.windows import Tumbling
 from tests.batches.sinks.test_postgres import BATCHES, _comparable
-from tests.helpers import SCHEMA, delta_frame, drop_batches, reference, timed, windowed
+from tests.helpers import SCHEMA, delta_frame, drop_batches, lowmark, reference, timed, windowed
 from tests.postgres_server import PostgresServer
 
 calls: list[tuple[int, bool]] = []
@@ -94,3 +96,26 @@ def test_sinks_that_cannot_be_told_apart_are_refused_in_one_line(
         Pipeline(**dict(timed()) | {"extra_sinks": extra})
     [error] = refused.value.errors()
     assert "\n" not in error["msg"] and named in error["msg"]
+
+
+def test_list_shows_every_sink_with_the_mode_it_is_written_with(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    served = {"kind": "postgres", "table": "orders_now", "mode": "upsert", "keys": ["id"]}
+    pipeline = {
+        "name": "orders",
+        "source": {"kind": "synthetic", "total_rows": 10},
+        "sink": {"path": "out/orders"},
+        "extra_sinks": {"serving": served},
+    }
+    pipelines = tmp_path / "pipelines.yaml"
+    pipelines.write_text(yaml.safe_dump({"pipelines": [pipeline]}))
+    code, out, _ = lowmark(capsys, tmp_path, "--pipelines", str(pipelines), "list")
+    assert code == 0
+    assert "delta:out/orders (append) + postgres:orders_now (upsert)" in " ".join(out.split())
+    code, out, _ = lowmark(capsys, tmp_path, "--pipelines", str(pipelines), "list", "--json")
+    [listed] = json.loads(out)
+    assert listed["sink"] == {"kind": "delta", "path": "out/orders", "mode": "append"}
+    assert listed["extra_sinks"] == {
+        "serving": {"kind": "postgres", "table": "orders_now", "mode": "upsert"}
+    }
