@@ -51,6 +51,7 @@ from tests.faults.scenarios import (
     outbox_update,
     plain_append,
     postgres_append,
+    postgres_update,
     session_update,
     synthetic_append,
     synthetic_idle,
@@ -75,6 +76,7 @@ MATRIX = (
     delta_update,
     union_append,
     postgres_append,
+    postgres_update,
     ingestion_tumbling,
 )
 OTHER_SOURCES = (
@@ -85,6 +87,7 @@ OTHER_SOURCES = (
     "delta_update",
     "union_append",
     "postgres_append",
+    "postgres_update",
     "ingestion_tumbling",
 )
 """Matrix pipelines over the other sources, and into the other sink: killed at every step in
@@ -157,7 +160,7 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
         write_table(request.getfixturevalue("spark"), folder / "input_table")
     if pipeline is delta_update:
         return pipeline
-    if pipeline is postgres_append:
+    if pipeline in (postgres_append, postgres_update):
         request.getfixturevalue("postgres")  # the server, its libpq variables set
     if pipeline is dedup_tumbling:
         write_input(folder / "input", RESENT_INPUT, pipeline)

@@ -110,6 +110,11 @@ postgres_append = Pipeline(
 """``plain_append`` into a Postgres table: records streamed from Spark through the driver into
 one transaction with the batch's fence row. Which database: libpq's PGDATABASE, one per data
 root (``tests.faults.harness.database_of``)."""
+postgres_update = session_update.model_copy(
+    update={"name": "postgres_update", "sink": PostgresSink(table=POSTGRES_TABLE)}
+)
+"""``session_update`` into a Postgres table: each batch's sessions upserted on user + window,
+the ones it merged away deleted, in one transaction with its fence row (from the driver)."""
 dedup_tumbling = _windowed("dedup_tumbling", Tumbling(size="10 seconds"), "append").model_copy(
     update={"dedup": Dedup(columns=("user", "ts"), within="20 seconds")}
 )
@@ -294,6 +299,7 @@ PIPELINES = {
         sliding_update,
         plain_append,
         postgres_append,
+        postgres_update,
         dedup_tumbling,
         keyed_alerts,
         kafka_update,
