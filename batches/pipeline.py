@@ -841,6 +841,26 @@ def _holds_password(dsn: str) -> bool:
     return bool(scheme and at and ":" in userinfo)
 
 
+def _sink_semantics(sink: SinkKind) -> dict[str, Any]:
+    """A sink as fingerprinted: what changes no batch's rows left out (a Delta sink's
+    properties, a custom sink's options, where a Postgres sink connects: its
+    ``OPERATIONAL``)."""
+    return sink.model_dump(exclude=set(sink.OPERATIONAL))
+
+
+def _sink_place(sink: SinkKind) -> str | None:
+    """What ``sink`` writes, where two sinks of one pipeline must not meet (a Delta path, a
+    Postgres table, a Kafka topic), in words; None for a sink of the user's own."""
+    if isinstance(sink, DeltaSink):
+        return f"Delta table {sink.path}"
+    if isinstance(sink, PostgresSink):
+        server = (sink.dsn, sink.host, sink.port, sink.dbname)
+        return f"Postgres table {sink.table}" + (f" of {server}" if any(server) else "")
+    if isinstance(sink, KafkaSink):
+        return f"Kafka topic {sink.topic} of {sink.bootstrap_servers}"
+    return None
+
+
 def _sink_kind(value: Any) -> str:
     """A sink's ``kind``; ``delta`` when not given (what every sink was before others)."""
     if isinstance(value, dict):
@@ -857,6 +877,10 @@ SinkConfig = Annotated[
     Discriminator(_sink_kind),
 ]
 """Any sink a pipeline can write, told apart by ``kind`` (default ``delta``)."""
+SinkKind: TypeAlias = DeltaSink | CustomSink | PostgresSink | KafkaSink | ForeachBatchSink
+"""A sink's config model, once read."""
+PRIMARY_SINK = "sink"
+"""The name ``Pipeline.sinks`` gives ``sink`` (an extra sink may not take it)."""
 
 
 class HealthChecks(_Config):
@@ -950,6 +974,13 @@ class Pipeline(_Config):
     sink: SinkConfig
     """Where each batch's output goes (exactly once): a Delta table, a Postgres table, a Kafka
     topic, or a sink of your own."""
+    extra_sinks: dict[str, SinkConfig] = Field(
+        default_factory=dict,
+        description="More sinks for the same output, by a name of letters, digits and _ "
+        "(e.g. a Postgres table to serve beside a Delta table of history): each batch "
+        "writes each of them after `sink`, before it commits, each exactly once as `sink` "
+        "is; see Several sinks.",
+    )
     event_time: EventTime | None = Field(
         default=None, description="Event-time column, out-of-orderness, idleness, lateness."
     )
@@ -1087,27 +1118,48 @@ class Pipeline(_Config):
         return self
 
     @model_validator(mode="after")
+    def _extra_sinks_named_and_apart(self) -> Pipeline:
+        for name in self.extra_sinks:
+            if not name or not all(c.isalnum() or c == "_" for c in name):
+                raise ValueError(f"extra sink name {name!r}: use letters, digits and _")
+            if name == PRIMARY_SINK:
+                raise ValueError(f"extra sink name {name!r} names `sink`: give it another name")
+        where: dict[str, str] = {}
+        for name, sink in self.sinks().items():
+            place = _sink_place(sink)
+            if place is not None and place in where:
+                raise ValueError(
+                    f"sinks {where[place]!r} and {name!r} both write {place}: give each a "
+                    "table of its own"
+                )
+            if place is not None:
+                where[place] = name
+        return self
+
+    @model_validator(mode="after")
     def _aggregation_needs_event_time(self) -> Pipeline:
         if self.aggregation is not None:
             if self.event_time is None:
                 raise ValueError("`aggregation` needs `event_time` (which column holds event time)")
-            if isinstance(self.sink, DeltaSink | PostgresSink) and self.sink.mode != "append":
-                raise ValueError(
-                    "a windowed pipeline sets how the sink is written through "
-                    "`aggregation.output_mode`; leave `sink.mode` at append"
-                )
-            update = self.aggregation.output_mode == "update"
-            if isinstance(self.sink, KafkaSink) and update and self.sink.key is not None:
-                raise ValueError(
-                    "update-mode windows are keyed in Kafka by their keys and window (a "
-                    "compacted topic keeps each window's latest): leave `sink.key` out"
-                )
-            if isinstance(self.sink, ForeachBatchSink) and update:
-                raise ValueError(
-                    "update-mode windows retract rows, which a `foreach_batch` function is not "
-                    "given: use `output_mode: append`, or a `kind: custom` sink (its `write` "
-                    "receives `retract`)"
-                )
+            for name, sink in self.sinks().items():
+                field = "sink" if name == PRIMARY_SINK else f"extra_sinks.{name}"
+                if isinstance(sink, DeltaSink | PostgresSink) and sink.mode != "append":
+                    raise ValueError(
+                        "a windowed pipeline sets how its sinks are written through "
+                        f"`aggregation.output_mode`; leave `{field}.mode` at append"
+                    )
+                update = self.aggregation.output_mode == "update"
+                if isinstance(sink, KafkaSink) and update and sink.key is not None:
+                    raise ValueError(
+                        "update-mode windows are keyed in Kafka by their keys and window (a "
+                        f"compacted topic keeps each window's latest): leave `{field}.key` out"
+                    )
+                if isinstance(sink, ForeachBatchSink) and update:
+                    raise ValueError(
+                        f"update-mode windows retract rows, which `{field}`, a `foreach_batch` "
+                        "function, is not given: use `output_mode: append`, or a `kind: "
+                        "custom` sink (its `write` receives `retract`)"
+                    )
         elif self.backfill is not None:
             raise ValueError(
                 "`backfill` recomputes event-time windows: it needs `aggregation`; remove it"
@@ -1134,14 +1186,22 @@ class Pipeline(_Config):
         what = f"the post_aggregation of {self.name}"
         return apply_step(self.post_aggregation, windows, "windows", what)
 
-    def sink_config(self) -> DeltaSink | CustomSink | PostgresSink | KafkaSink | ForeachBatchSink:
-        """The sink as written: update-mode aggregations MERGE a Delta sink, or upsert a
-        Postgres one, on keys + window."""
+    def sink_config(self) -> SinkKind:
+        """The sink as written (``written_as``)."""
+        return self.written_as(self.sink)
+
+    def sinks(self) -> dict[str, SinkKind]:
+        """Every sink by name, ``sink`` first (named ``PRIMARY_SINK``), as configured."""
+        return {PRIMARY_SINK: self.sink, **self.extra_sinks}
+
+    def written_as(self, sink: SinkKind) -> SinkKind:
+        """``sink`` (one of ``sinks``) as written: update-mode aggregations MERGE a Delta
+        sink, or upsert a Postgres one, on keys + window."""
         keys = self.window_identity
-        if keys is not None and isinstance(self.sink, DeltaSink | PostgresSink):
-            mode = "merge" if isinstance(self.sink, DeltaSink) else "upsert"
-            return self.sink.model_copy(update={"mode": mode, "keys": keys})
-        return self.sink
+        if keys is not None and isinstance(sink, DeltaSink | PostgresSink):
+            mode = "merge" if isinstance(sink, DeltaSink) else "upsert"
+            return sink.model_copy(update={"mode": mode, "keys": keys})
+        return sink
 
     @property
     def window_identity(self) -> tuple[str, ...] | None:
@@ -1201,7 +1261,7 @@ class Pipeline(_Config):
             "transform": step_semantics(self.transform),
             # What changes no batch's rows: a Delta sink's properties, a custom sink's
             # options, where a Postgres sink connects (each sink's OPERATIONAL).
-            "sink": self.sink.model_dump(exclude=set(self.sink.OPERATIONAL)),
+            "sink": _sink_semantics(self.sink),
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }
@@ -1211,6 +1271,9 @@ class Pipeline(_Config):
             semantics["dedup"] = self.dedup.model_dump()
         if self.keyed is not None:
             semantics["keyed"] = self.keyed.semantics()
+        if self.extra_sinks:  # absent otherwise, as for post_aggregation
+            extra = sorted(self.extra_sinks.items())
+            semantics["extra_sinks"] = {n: _sink_semantics(s) for n, s in extra}
         drops = fingerprint_semantics(self.expectations)
         if drops is not None:  # absent otherwise: checkpoints from before keep theirs
             semantics["expectations"] = drops

@@ -9,6 +9,8 @@ Per pipeline, one multi-asset whose op is the pipeline's run
   materializing partitions backfills them. Every committed batch records a
   materialization with readable metadata (``lowmark.orchestration.metadata``). Its
   freshness policy (``freshness_policy``) follows from the pipeline's bounds.
+- ``lowmark/<pipeline>_sink_<name>`` — each extra sink (``extra_sinks``), written by
+  the same batches.
 - ``lowmark/<pipeline>_late`` (event-time pipelines) and
   ``lowmark/<pipeline>_bad_records`` — the checkpoint's late and bad-records
   tables, materialized by every batch (with the rows it appended), so
@@ -32,7 +34,7 @@ from typing import Any
 import dagster as dg
 
 from lowmark.batches.loop.backfill import final_at_ms
-from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline, PostgresSink
+from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline, PostgresSink, SinkKind
 from lowmark.orchestration.checks import check_evaluations, check_results, check_specs
 from lowmark.orchestration.keys import (
     GROUP,
@@ -40,6 +42,7 @@ from lowmark.orchestration.keys import (
     Sinks,
     asset_op,
     bad_records_key,
+    extra_sink_keys,
     inputs,
     late_key,
     pool,
@@ -69,11 +72,12 @@ def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.A
     ]
 
 
-def _sink_metadata(pipeline: Pipeline) -> dict[str, str]:
-    """What the sink asset shows of the sink: its table and mode (a Delta table's path, a
-    Postgres table's name), a Kafka sink's topic, or a custom sink's factory (lowmark cannot
-    read such a sink: the asset records batches, not a table)."""
-    sink = pipeline.sink_config()
+def _sink_metadata(pipeline: Pipeline, sink: SinkKind) -> dict[str, str]:
+    """What a sink asset shows of its sink (``sink``, one of ``pipeline.sinks()``): its table
+    and mode (a Delta table's path, a Postgres table's name), a Kafka sink's topic, or a
+    custom sink's factory (lowmark cannot read such a sink: the asset records batches, not a
+    table)."""
+    sink = pipeline.written_as(sink)
     if isinstance(sink, DeltaSink):
         return {"path": sink.path, "mode": sink.mode}
     if isinstance(sink, PostgresSink):
@@ -83,13 +87,13 @@ def _sink_metadata(pipeline: Pipeline) -> dict[str, str]:
     return {"factory": sink.label}
 
 
-def _sink_kinds(pipeline: Pipeline) -> set[str]:
-    """The systems the sink asset shows it in (Dagster's kind tags)."""
-    if isinstance(pipeline.sink, DeltaSink):
+def _sink_kinds(sink: SinkKind) -> set[str]:
+    """The systems a sink asset shows it in (Dagster's kind tags)."""
+    if isinstance(sink, DeltaSink):
         return {"delta", "spark"}
-    if isinstance(pipeline.sink, PostgresSink):
+    if isinstance(sink, PostgresSink):
         return {"postgres", "spark"}
-    if isinstance(pipeline.sink, KafkaSink):
+    if isinstance(sink, KafkaSink):
         return {"kafka", "spark"}
     return {"spark"}
 
@@ -121,11 +125,23 @@ def pipeline_assets(
             sink_key(pipeline),
             description=f"Sink of lowmark pipeline {name}: {pipeline.description}",
             deps=upstream,
-            kinds=_sink_kinds(pipeline),
-            metadata=_sink_metadata(pipeline),
+            kinds=_sink_kinds(pipeline.sink),
+            metadata=_sink_metadata(pipeline, pipeline.sink),
             partitions_def=event_time_partitions(pipeline, data_root),
             freshness_policy=freshness_policy(pipeline),
             skippable=True,
+        ),
+        *(
+            dg.AssetSpec(
+                key,
+                description=f"Sink {sink_name!r} of lowmark pipeline {name}, beside its sink: "
+                f"{pipeline.description}",
+                deps=upstream,
+                kinds=_sink_kinds(pipeline.extra_sinks[sink_name]),
+                metadata=_sink_metadata(pipeline, pipeline.extra_sinks[sink_name]),
+                skippable=True,
+            )
+            for sink_name, key in extra_sink_keys(pipeline).items()
         ),
         dg.AssetSpec(
             bad_records_key(pipeline),

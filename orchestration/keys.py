@@ -26,6 +26,11 @@ def sink_key(pipeline: Pipeline) -> dg.AssetKey:
     return dg.AssetKey([GROUP, pipeline.name])
 
 
+def extra_sink_keys(pipeline: Pipeline) -> dict[str, dg.AssetKey]:
+    """Each extra sink's asset (``Pipeline.extra_sinks``), by the sink's name."""
+    return {n: dg.AssetKey([GROUP, f"{pipeline.name}_sink_{n}"]) for n in pipeline.extra_sinks}
+
+
 def late_key(pipeline: Pipeline) -> dg.AssetKey:
     return dg.AssetKey([GROUP, f"{pipeline.name}_late"])
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from lowmark.batches.admin.status import NextBatchStatus, PipelineStatus
     from lowmark.batches.loop.events import BatchResult
     from lowmark.batches.loop.microbatch import MicroBatchRunner
-    from lowmark.batches.pipeline import Pipeline
+    from lowmark.batches.pipeline import Pipeline, SinkKind
 
 app = typer.Typer(
     help="lowmark: exactly-once micro-batch streaming on Spark + Delta.",
@@ -203,8 +203,9 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
                     "name": p.name,
                     "description": p.description,
                     "source": {"kind": p.source.kind, "label": p.source.label},
-                    "sink": _sink_json(p),
+                    "sink": _sink_json(p, p.sink),
                 }
+                | _extra_sinks_json(p)
                 for p in pipelines
             ],
         )
@@ -217,34 +218,55 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
 
 def _sink_words(p: Pipeline) -> str:
-    """The sink as ``lowmark list`` shows it: ``delta:demo/orders (append)``, its mode the
-    one batches write it with (``Pipeline.output_mode``)."""
+    """The sinks as ``lowmark list`` shows them: ``delta:demo/orders (append)``, its mode the
+    one batches write it with; extra sinks after a ``+``."""
+    return " + ".join(_one_sink_words(p, sink) for sink in p.sinks().values())
+
+
+def _one_sink_words(p: Pipeline, sink: SinkKind) -> str:
     from lowmark.batches.pipeline import DeltaSink, KafkaSink, PostgresSink
 
-    sink = p.sink
     where = sink.path if isinstance(sink, DeltaSink) else sink.label
     if isinstance(sink, PostgresSink):
         where = sink.table
     if isinstance(sink, KafkaSink):
         where = sink.topic
-    mode = f" ({p.output_mode})" if p.output_mode else ""
-    return f"{p.sink.kind}:{where}{mode}"
+    mode = _sink_mode(p, sink)
+    return f"{sink.kind}:{where}" + (f" ({mode})" if mode else "")
 
 
-def _sink_json(p: Pipeline) -> dict[str, str | None]:
-    """The sink as ``lowmark list --json`` shows it: a Delta table, a Postgres table, a Kafka
-    topic, or a custom factory; ``mode`` the one batches write it with
-    (``Pipeline.output_mode``)."""
+def _sink_mode(p: Pipeline, sink: SinkKind) -> str | None:
+    """How batches write ``sink`` (``Pipeline.output_mode``, per sink): a windowed
+    pipeline's output mode, else a Delta or Postgres sink's ``mode``; None for a custom
+    sink's records."""
+    from lowmark.batches.pipeline import DeltaSink, PostgresSink
+
+    if p.aggregation is not None:
+        return p.aggregation.output_mode
+    return sink.mode if isinstance(sink, DeltaSink | PostgresSink) else None
+
+
+def _extra_sinks_json(p: Pipeline) -> dict[str, Any]:
+    """``extra_sinks`` as ``lowmark list --json`` shows them, by name (none: nothing)."""
+    if not p.extra_sinks:
+        return {}
+    return {"extra_sinks": {n: _sink_json(p, s) for n, s in p.extra_sinks.items()}}
+
+
+def _sink_json(p: Pipeline, sink: SinkKind) -> dict[str, Any]:
+    """A sink as JSON: a Delta table, a Postgres table, a Kafka topic, or a custom factory;
+    ``mode`` the one batches write it with (``_sink_mode``)."""
     from lowmark.batches.pipeline import DeltaSink, KafkaSink, PostgresSink
 
-    if isinstance(p.sink, DeltaSink):
-        return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.output_mode}
-    if isinstance(p.sink, PostgresSink):
-        return {"kind": p.sink.kind, "table": p.sink.table, "mode": p.output_mode}
-    if isinstance(p.sink, KafkaSink):
-        return {"kind": p.sink.kind, "topic": p.sink.topic, "mode": p.output_mode}
-    shown: dict[str, str | None] = {"kind": p.sink.kind, "factory": p.sink.label}
-    return shown | ({"mode": p.output_mode} if p.output_mode else {})
+    mode = _sink_mode(p, sink)
+    if isinstance(sink, DeltaSink):
+        return {"kind": sink.kind, "path": sink.path, "mode": mode}
+    if isinstance(sink, PostgresSink):
+        return {"kind": sink.kind, "table": sink.table, "mode": mode}
+    if isinstance(sink, KafkaSink):
+        return {"kind": sink.kind, "topic": sink.topic, "mode": mode}
+    shown: dict[str, Any] = {"kind": sink.kind, "factory": sink.label}
+    return shown | ({"mode": mode} if mode else {})
 
 
 @app.command()

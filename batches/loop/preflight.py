@@ -67,6 +67,7 @@ from lowmark.batches.pipeline import (
     KafkaSource,
     Pipeline,
     PostgresSink,
+    SinkKind,
     resolve,
 )
 from lowmark.batches.sinks.kafka_topic import KafkaTopic
@@ -131,7 +132,7 @@ def find_problem(
         columns = _source_columns(pipeline, source, inputs, data_root, batch_id)
         if columns is not None and pipeline.transform is None:
             _check_columns(pipeline, columns)
-        _check_sink(pipeline, data_root)
+        _check_sinks(pipeline, data_root)
     # A CSV header, a sink that is a file and a Postgres sink's settings raise the errors a
     # later step would.
     except (
@@ -397,16 +398,21 @@ def _check_columns(pipeline: Pipeline, columns: SourceColumns) -> None:
         )
 
 
-def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
-    if isinstance(pipeline.sink, PostgresSink):
-        PostgresTable(pipeline.sink, app_id="").check()
+def _check_sinks(pipeline: Pipeline, data_root: Path) -> None:
+    for config in pipeline.sinks().values():
+        _check_sink(pipeline, config, data_root)
+
+
+def _check_sink(pipeline: Pipeline, config: SinkKind, data_root: Path) -> None:
+    if isinstance(config, PostgresSink):
+        PostgresTable(config, app_id="").check()
         return
-    if isinstance(pipeline.sink, KafkaSink):
-        KafkaTopic(pipeline.sink, app_id="").check()
+    if isinstance(config, KafkaSink):
+        KafkaTopic(config, app_id="").check()
         return
-    if not isinstance(pipeline.sink, DeltaSink):
+    if not isinstance(config, DeltaSink):
         return
-    sink = resolve(pipeline.sink.path, data_root)
+    sink = resolve(config.path, data_root)
     if (not_a_table := sink_not_a_table(pipeline, sink)) is not None:
         raise not_a_table
     local = local_path(sink)
@@ -417,7 +423,7 @@ def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
         return
     if not os.path.isdir(os.path.join(local, "_delta_log")):
         return
-    wanted = _sink_columns(pipeline)
+    wanted = _sink_columns(pipeline, config)
     if not wanted:
         return
     has = {f.name.lower() for f in DeltaTable(local).schema().fields}
@@ -430,16 +436,15 @@ def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
         )
 
 
-def _sink_columns(pipeline: Pipeline) -> list[str]:
-    """The columns every batch writes to the sink, where the definition says them: a
+def _sink_columns(pipeline: Pipeline, sink: DeltaSink) -> list[str]:
+    """The columns every batch writes to ``sink``, where the definition says them: a
     windowed pipeline's (unless a post-aggregation step reshapes them), a merging sink's
     keys."""
     aggregation = pipeline.aggregation
     if aggregation is not None and pipeline.post_aggregation is None:
         outputs = [a.output if isinstance(a, Aggregate) else a.name for a in aggregation.aggregates]
         return [*aggregation.keys, "window_start", "window_end", *outputs]
-    assert isinstance(pipeline.sink, DeltaSink)
-    return list(pipeline.sink.keys)
+    return list(sink.keys)
 
 
 def _check_creatable(pipeline: Pipeline, folder: str) -> None:

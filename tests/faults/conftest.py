@@ -42,8 +42,10 @@ from tests.faults.scenarios import (
     KAFKA_TOPIC,
     PIPELINES,
     RESENT_INPUT,
+    clock_of,
     dedup_tumbling,
     delta_update,
+    ingestion_tumbling,
     kafka_append,
     kafka_lines,
     kafka_update,
@@ -51,6 +53,7 @@ from tests.faults.scenarios import (
     outbox_update,
     plain_append,
     postgres_append,
+    postgres_update,
     session_update,
     synthetic_append,
     synthetic_idle,
@@ -75,6 +78,8 @@ MATRIX = (
     delta_update,
     union_append,
     postgres_append,
+    postgres_update,
+    ingestion_tumbling,
     kafka_append,
 )
 OTHER_SOURCES = (
@@ -85,12 +90,16 @@ OTHER_SOURCES = (
     "delta_update",
     "union_append",
     "postgres_append",
+    "postgres_update",
+    "ingestion_tumbling",
     "kafka_append",
 )
 """Matrix pipelines over the other sources, and into the other sinks: killed at every step in
 ``make test-integration`` only, with the driver attached to the test process's JVM (their
 sources' replays are tested on their own in ``tests/batches/sources``, the sinks' in
-``tests/batches/sinks``), but for one kill of the Kafka sink (``KILLED_IN_MAKE_TEST``)."""
+``tests/batches/sinks``, the ingestion clock's in
+``tests/batches/loop/test_ingestion_watermarks.py``), but for one kill of the Kafka sink
+(``KILLED_IN_MAKE_TEST``)."""
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": tuple(s for s in STEPS if s not in ("after_plan", "after_commit")),
     "plain_append": ("after_sink",),
@@ -116,8 +125,9 @@ files are all read) and a stateless pipeline (its sink written by Spark), so kil
 between driver-side log commits and Spark writes, both ways round; then the same over the
 other sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions
 (also with an idle timeout shorter than any batch), sessions over a user-written source (an
-outbox table, ``examples.outbox_source``), sessions over a Delta table, and tumbling windows
-over a union of the folder and the table."""
+outbox table, ``examples.outbox_source``), sessions over a Delta table, tumbling windows
+over a union of the folder and the table, and tumbling windows on the ingestion clock of the
+files' modification times (a fake, frozen processing time for the tail)."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -157,7 +167,7 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
         write_table(request.getfixturevalue("spark"), folder / "input_table")
     if pipeline is delta_update:
         return pipeline
-    if pipeline is postgres_append:
+    if pipeline in (postgres_append, postgres_update):
         request.getfixturevalue("postgres")  # the server, its libpq variables set
     if pipeline is kafka_append:
         request.getfixturevalue("kafka")  # the broker, its address in KAFKA_ENV
@@ -219,7 +229,9 @@ class References(Mapping[str, Reference]):
         root = folder / "reference"  # Reference.root
         create_database(root, pipeline)
         with postgres_database(root, pipeline):
-            runner = MicroBatchRunner(self._spark, at_root(pipeline, root), root)
+            runner = MicroBatchRunner(
+                self._spark, at_root(pipeline, root), root, clock_of(pipeline)
+            )
             runner.run(max_batches=KILL_BATCH)
             copy_run(root, folder / "template", pipeline)
             rest = runner.run(max_batches=None)

@@ -42,7 +42,7 @@ from lowmark.batches.pipeline import KafkaSink, Pipeline, PostgresSink, resolve
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.driver import attached_env
 from tests.faults.kafka_sink import at_root, copy_topic, kafka_sink_env, kafka_tables
-from tests.faults.scenarios import SINK
+from tests.faults.scenarios import FROZEN_CLOCK_ENV, SINK, clock_of
 from tests.helpers import INTERPRETED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +94,9 @@ def run_to_completion(spark: SparkSession, pipeline: Pipeline, root: Path) -> li
     """What a restarted `lowmark run --until-caught-up` does, in this process (a Postgres
     sink into ``root``'s own database, a Kafka sink into its own topic)."""
     with postgres_database(root, pipeline):
-        return MicroBatchRunner(spark, at_root(pipeline, root), root).run(max_batches=None)
+        return MicroBatchRunner(spark, at_root(pipeline, root), root, clock_of(pipeline)).run(
+            max_batches=None
+        )
 
 
 def database_of(root: Path) -> str:
@@ -194,6 +196,13 @@ def lowmark_run_args(root: Path, pipeline: Pipeline, *options: str) -> list[str]
     ]
 
 
+def clock_env(pipeline: Pipeline) -> dict[str, str]:
+    """What freezes a `lowmark` subprocess's clock where ``pipeline`` runs on a fake one
+    (``tests.faults.scenarios.clock_of``)."""
+    clock = clock_of(pipeline)
+    return {} if clock is None else {FROZEN_CLOCK_ENV: str(clock.now_ms())}
+
+
 def kill_run(
     root: Path, pipeline: Pipeline, point: KillPoint, *options: str, jvm: SparkSession | None
 ) -> subprocess.CompletedProcess[str]:
@@ -206,6 +215,7 @@ def kill_run(
             **{KILL_AT_ENV: str(point)},
             **postgres_env(root, pipeline),
             **kafka_sink_env(root, pipeline),
+            **clock_env(pipeline),
         ),
         cwd=REPO,
         capture_output=True,

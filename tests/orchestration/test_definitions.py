@@ -190,3 +190,21 @@ def test_a_database_or_topic_sink_is_an_asset_of_its_kind_and_listed_by_name(
     assert asset.kinds == {str(sink["kind"]), "spark"}
     code, out, _ = lowmark(capsys, tmp_path, "--pipelines", str(pipelines), "list")
     assert code == 0 and listed in out
+
+
+def test_each_extra_sink_is_an_asset_beside_the_sink_with_the_same_inputs(tmp_path: Path) -> None:
+    pipelines = tmp_path / "pipelines.yaml"
+    served = {"kind": "postgres", "table": "orders_now", "mode": "upsert", "keys": ["id"]}
+    pipeline = {
+        "name": "orders",
+        "source": {"kind": "synthetic", "total_rows": 10},
+        "sink": {"path": "out/orders"},
+        "extra_sinks": {"serving": served},
+    }
+    pipelines.write_text(yaml.safe_dump({"pipelines": [pipeline]}))
+    graph = build_definitions(str(pipelines)).resolve_asset_graph()
+    sink = graph.get(dg.AssetKey(["lowmark", "orders"]))
+    serving = graph.get(dg.AssetKey(["lowmark", "orders_sink_serving"]))
+    assert serving.metadata == {"table": "orders_now", "mode": "upsert"}
+    assert serving.kinds == {"postgres", "spark"} and sink.kinds == {"delta", "spark"}
+    assert serving.parent_keys == sink.parent_keys != set()
