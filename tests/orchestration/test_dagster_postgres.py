@@ -128,6 +128,15 @@ def final_windows(spark: SparkSession, folder: Path) -> DataFrame:
     return windows.where(F.col("window_end") + F.expr("INTERVAL 10 SECONDS") <= F.lit(newest))
 
 
+def rows_in(dev: DagsterDev) -> int:
+    """The records ``ticks``' batches read, summed over the batches Dagster recorded."""
+    total = 0
+    for record in dev.materializations(TICKS):
+        assert record.asset_materialization is not None
+        total += int(str(record.asset_materialization.metadata["rows_in"].value))
+    return total
+
+
 def rows(df: DataFrame) -> list[tuple[Any, ...]]:
     return sorted(
         tuple(r) for r in df.select("user", "window_start", "count", "sum_amount").collect()
@@ -146,12 +155,12 @@ def test_on_postgres_a_following_run_a_killed_daemon_and_a_ui_backfill_lose_and_
     try:
         # A sensor run takes the first file, then follows the source: the second is its too.
         write_json_lines(data_root / incoming, "f0.json", [tick("a", 1, 1), tick("a", 30, 2)], 1)
-        first = wait_for("batch 0 of ticks", lambda: dev.materializations(TICKS), dev)
+        wait_for("the first file's batch", lambda: rows_in(dev) == 2, dev)
         write_json_lines(
             data_root / incoming, "f1.json", [tick("a", 3600, 3), tick("b", 3605, 4)], 2
         )
-        wait_for("batch 1 of ticks", lambda: len(dev.materializations(TICKS)) >= 2, dev)
-        assert {r.run_id for r in dev.materializations(TICKS)} == {first[0].run_id}
+        wait_for("the second file's batch", lambda: rows_in(dev) == 4, dev)
+        [run_id] = {r.run_id for r in dev.materializations(TICKS)}
 
         # The daemon dies mid-stream: dagster dev stops all of it, the following run too.
         [daemon] = [p for p in dev.group() if "dagster._daemon" in command_line(p)]
@@ -165,7 +174,7 @@ def test_on_postgres_a_following_run_a_killed_daemon_and_a_ui_backfill_lose_and_
         dev = start_ui(home, data_root, log, {})
         wait_for(
             "a batch of a run after the restart",
-            lambda: {r.run_id for r in dev.materializations(TICKS)} - {first[0].run_id},
+            lambda: {r.run_id for r in dev.materializations(TICKS)} - {run_id},
             dev,
         )
         write_json_lines(data_root / incoming, "f3.json", [tick("b", 10_800, 5)], 4)
@@ -179,6 +188,7 @@ def test_on_postgres_a_following_run_a_killed_daemon_and_a_ui_backfill_lose_and_
         progress = delta_frame(spark, data_root / "_lowmark/ticks/progress").collect()
         batches = [r.batch_id for r in progress]
         assert sorted(batches) == list(range(len(batches)))  # each batch committed once
+        assert rows_in(dev) == 6  # and every record read by one of them
 
         backfill_id = launch_backfill(dev, TICKS, [HOUR_0])
         backfilled = wait_for(
@@ -200,7 +210,7 @@ def test_on_postgres_a_following_run_a_killed_daemon_and_a_ui_backfill_lose_and_
             "SELECT DISTINCT run_id FROM event_logs WHERE dagster_event_type = "
             "'ASSET_MATERIALIZATION'",
         )
-        assert {first[0].run_id, backfilled[0].run_id} <= {r for (r,) in materialized}
+        assert {run_id, backfilled[0].run_id} <= {r for (r,) in materialized}
         launched = postgres.rows(
             dagster_pg, "SELECT count(*) FROM job_ticks WHERE status = 'SUCCESS'"
         )
