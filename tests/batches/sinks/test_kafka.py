@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,12 @@ from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
 from lowmark.batches.errors import SinkWriteFailed
-from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.faults import KillPoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import KafkaSink, Pipeline
 from lowmark.batches.sinks.kafka_topic import fence_group
 from lowmark.batches.windows import Session, Tumbling
-from tests.helpers import SCHEMA, drop_batches, event, reference, timed, windowed
+from tests.helpers import SCHEMA, drop_batches, event, reference, run_replaying, timed, windowed
 from tests.kafka_broker import KafkaBroker
 
 pytestmark = pytest.mark.slow
@@ -49,25 +48,6 @@ def _into(p: Pipeline, kafka: KafkaBroker, topic: str, **settings: Any) -> Pipel
 
 CLOSING = [event("z", 1000, 0)]
 """A batch whose watermark closes every window of ``BATCHES`` (its own stays open)."""
-
-
-def _run(
-    spark: SparkSession,
-    p: Pipeline,
-    root: Path,
-    crash: KillPoint | None = None,
-    after_crash: Callable[[], object] = lambda: None,
-    batches: list[list[dict[str, Any]]] = BATCHES,
-) -> list[int]:
-    """Run ``p`` over ``batches`` under ``root`` to the end (after ``crash``, if given, in an
-    earlier run, then ``after_crash``); the batches replayed."""
-    drop_batches(root, batches)
-    if crash is not None:
-        with crash_at(crash), pytest.raises(InjectedCrash):
-            MicroBatchRunner(spark, p, root).run(max_batches=None)
-        after_crash()
-    results = MicroBatchRunner(spark, p, root).run(max_batches=None)
-    return [r.batch_id for r in results if r.replay]
 
 
 def _values(kafka: KafkaBroker, topic: str) -> list[tuple[Any, ...]]:
@@ -103,7 +83,7 @@ def test_a_stateless_pipeline_into_kafka_equals_a_plain_batch_even_replayed(
     topic = _topic(kafka)
     p = _into(timed(), kafka, topic, key="user")
 
-    replayed = _run(spark, p, tmp_path, AFTER_KAFKA_COMMIT)
+    replayed = run_replaying(spark, p, tmp_path, BATCHES, AFTER_KAFKA_COMMIT)
 
     assert replayed == [1]
     expected = spark.read.schema(SCHEMA).json(str(tmp_path / "in")).collect()
@@ -126,7 +106,7 @@ def test_an_attempt_killed_before_its_kafka_commit_shows_nothing_and_is_written_
         seen["committed"] = _amounts(kafka, topic)
         seen["uncommitted"] = _amounts(kafka, topic, committed_only=False)
 
-    replayed = _run(spark, p, tmp_path, BEFORE_KAFKA_COMMIT, look)
+    replayed = run_replaying(spark, p, tmp_path, BATCHES, BEFORE_KAFKA_COMMIT, look)
 
     assert replayed == [1]
     # The killed attempt's records are on the broker, in a transaction left open: a
@@ -145,7 +125,7 @@ def test_a_windowed_pipeline_into_kafka_equals_a_plain_batch_even_replayed(
     p = _into(windowed(window, max_out_of_orderness="1 minute"), kafka, topic)
 
     closing = KillPoint("after_sink", len(BATCHES))  # the batch that emits every window
-    replayed = _run(spark, p, tmp_path, closing, batches=[*BATCHES, CLOSING])
+    replayed = run_replaying(spark, p, tmp_path, [*BATCHES, CLOSING], closing)
 
     assert replayed == [len(BATCHES)]
     # Each closed window once, as a plain batch computes it (windows a replay wrote twice
@@ -161,7 +141,7 @@ def test_update_mode_windows_compact_to_a_plain_batch_with_tombstones_for_merged
     window = Session(gap="10 seconds")
     p = _into(windowed(window, "update", max_out_of_orderness="1 minute"), kafka, topic)
 
-    _run(spark, p, tmp_path)
+    run_replaying(spark, p, tmp_path, BATCHES)
 
     # What a compacted topic keeps: each key's latest record, none where it is a tombstone.
     latest: dict[bytes | None, bytes | None] = {}
