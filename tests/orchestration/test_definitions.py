@@ -14,6 +14,7 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import EventTimePartitions
 from lowmark.orchestration.definitions import build_definitions
 from lowmark.orchestration.partitions import event_time_partitions
+from tests.batches.sinks.test_several_sinks import ORDERS_SERVED
 from tests.helpers import lowmark, write_json_lines
 from tests.orchestration.pipelines import ticks
 
@@ -194,14 +195,7 @@ def test_a_database_or_topic_sink_is_an_asset_of_its_kind_and_listed_by_name(
 
 def test_each_extra_sink_is_an_asset_beside_the_sink_with_the_same_inputs(tmp_path: Path) -> None:
     pipelines = tmp_path / "pipelines.yaml"
-    served = {"kind": "postgres", "table": "orders_now", "mode": "upsert", "keys": ["id"]}
-    pipeline = {
-        "name": "orders",
-        "source": {"kind": "synthetic", "total_rows": 10},
-        "sink": {"path": "out/orders"},
-        "extra_sinks": {"serving": served},
-    }
-    pipelines.write_text(yaml.safe_dump({"pipelines": [pipeline]}))
+    pipelines.write_text(yaml.safe_dump({"pipelines": [ORDERS_SERVED]}))
     graph = build_definitions(str(pipelines)).resolve_asset_graph()
     sink = graph.get(dg.AssetKey(["lowmark", "orders"]))
     serving = graph.get(dg.AssetKey(["lowmark", "orders_sink_serving"]))

@@ -20,6 +20,16 @@ from tests.batches.sinks.test_postgres import BATCHES, _comparable
 from tests.helpers import SCHEMA, delta_frame, drop_batches, lowmark, reference, timed, windowed
 from tests.postgres_server import PostgresServer
 
+ORDERS_SERVED = {
+    "name": "orders",
+    "source": {"kind": "synthetic", "total_rows": 10},
+    "sink": {"path": "out/orders"},
+    "extra_sinks": {
+        "serving": {"kind": "postgres", "table": "orders_now", "mode": "upsert", "keys": ["id"]}
+    },
+}
+"""A pipeline (as YAML holds it) into a Delta table and, to serve, a Postgres table."""
+
 calls: list[tuple[int, bool]] = []
 audited: dict[int, int] = {}
 """What ``audit`` was called with, and the rows it holds by batch id (a replay replaces)."""
@@ -101,15 +111,8 @@ def test_sinks_that_cannot_be_told_apart_are_refused_in_one_line(
 def test_list_shows_every_sink_with_the_mode_it_is_written_with(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    served = {"kind": "postgres", "table": "orders_now", "mode": "upsert", "keys": ["id"]}
-    pipeline = {
-        "name": "orders",
-        "source": {"kind": "synthetic", "total_rows": 10},
-        "sink": {"path": "out/orders"},
-        "extra_sinks": {"serving": served},
-    }
     pipelines = tmp_path / "pipelines.yaml"
-    pipelines.write_text(yaml.safe_dump({"pipelines": [pipeline]}))
+    pipelines.write_text(yaml.safe_dump({"pipelines": [ORDERS_SERVED]}))
     code, out, _ = lowmark(capsys, tmp_path, "--pipelines", str(pipelines), "list")
     assert code == 0
     assert "delta:out/orders (append) + postgres:orders_now (upsert)" in " ".join(out.split())
