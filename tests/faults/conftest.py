@@ -98,25 +98,23 @@ OTHER_SOURCES = (
 ``make test-integration`` only, with the driver attached to the test process's JVM (their
 sources' replays are tested on their own in ``tests/batches/sources``, the sinks' in
 ``tests/batches/sinks``, the ingestion clock's in
-``tests/batches/loop/test_ingestion_watermarks.py``), but for one kill of the Kafka sink
-(``KILLED_IN_MAKE_TEST``)."""
+``tests/batches/loop/test_ingestion_watermarks.py``)."""
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": tuple(s for s in STEPS if s not in ("after_plan", "after_commit")),
     "plain_append": ("after_sink",),
     "dedup_tumbling": ("before_commit",),
-    "kafka_append": ("after_sink",),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
 at every step between the batch's offsets and its commit (a kill before the offsets leaves
 nothing of the batch, one after the commit all of it: those two run in
 ``make test-integration``), the stateless pipeline after Spark's sink write landed
-uncommitted, the same into a Kafka topic (its transaction committed, lowmark's commit not:
-the fence at work), and one step of deduplication (every write done, the commit not).
+uncommitted, and one step of deduplication (every write done, the commit not).
 (Sessions killed after their state write are replayed in ``make test`` too, with
-maintenance between: ``test_kill_then_compact``.) A keyed step's and a Postgres sink's
-SIGKILLs are all in ``make test-integration`` (each costs its own reference run); ``make
-test`` crashes them in process instead (``tests/batches/loop/test_one_job.py``,
-``tests/batches/keyed/test_keyed_windows.py``, ``tests/batches/sinks/test_postgres.py``)."""
+maintenance between: ``test_kill_then_compact``.) A keyed step's and the Postgres and
+Kafka sinks' SIGKILLs are all in ``make test-integration`` (each costs its own reference
+run); ``make test`` crashes them in process instead (``tests/batches/loop/test_one_job.py``,
+``tests/batches/keyed/test_keyed_windows.py``, ``tests/batches/sinks/test_postgres.py``,
+``tests/batches/sinks/test_kafka.py``)."""
 NO_BAD_ROWS = ("delta_update",)
 """Pipelines whose source has no malformed rows (a Delta table's rows are typed)."""
 """Windows (every write driver-side; tumbling over two source partitions with an idle

@@ -117,6 +117,7 @@ def test_an_attempt_killed_before_its_kafka_commit_shows_nothing_and_is_written_
     assert _amounts(kafka, topic) == [str(i).encode() for i in range(1, 8)]
 
 
+@pytest.mark.integration  # the stateless replay covers the fence in `make test`
 def test_a_windowed_pipeline_into_kafka_equals_a_plain_batch_even_replayed(
     spark: SparkSession, tmp_path: Path, kafka: KafkaBroker
 ) -> None:
@@ -134,6 +135,7 @@ def test_a_windowed_pipeline_into_kafka_equals_a_plain_batch_even_replayed(
     assert _values(kafka, topic) == _as_values(expected)
 
 
+@pytest.mark.integration  # the stateless replay covers the fence in `make test`
 def test_update_mode_windows_compact_to_a_plain_batch_with_tombstones_for_merged_ones(
     spark: SparkSession, tmp_path: Path, kafka: KafkaBroker
 ) -> None:
