@@ -32,6 +32,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.sql import SqlStep, Transform, apply_step, step_semantics
+from lowmark.batches.table_join import TableJoin, check_tables_distinct
 from lowmark.batches.windows import (
     MAX_FUTURE_MS,
     EventTime,
@@ -961,6 +962,12 @@ class Pipeline(_Config):
         description="Applied to each batch's records: the import path of a DataFrame → "
         'DataFrame function, or `{sql: "SELECT ... FROM input"}`.',
     )
+    joins: tuple[TableJoin, ...] = Field(
+        default=(),
+        description="Delta tables (dimensions) each batch's transformed records are joined "
+        "with, in order, each read as of the version the batch's offset log records; see "
+        "Stream–table joins.",
+    )
     expectations: tuple[Expectation, ...] = Field(
         default=(),
         description="Named conditions on the transformed records (warn, drop or fail), "
@@ -1047,6 +1054,16 @@ class Pipeline(_Config):
     @model_validator(mode="after")
     def _expectations_named_once(self) -> Pipeline:
         check_names(self.expectations, self.quality)
+        return self
+
+    @model_validator(mode="after")
+    def _each_table_joined_once(self) -> Pipeline:
+        check_tables_distinct(self.joins)
+        if self.joins and self.backfill is not None:
+            raise ValueError(
+                "`backfill` recomputes windows from the source's whole history at once, but "
+                "each batch joined the dimensions' versions of its own time: remove `backfill`"
+            )
         return self
 
     @model_validator(mode="after")
@@ -1249,7 +1266,8 @@ class Pipeline(_Config):
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not; a SQL transform by its query (surrounding
         whitespace stripped). ``post_aggregation`` counts the same way, and only when
-        set, so pipelines without it keep their fingerprint; ``dedup`` likewise. Of the
+        set, so pipelines without it keep their fingerprint; ``dedup`` and ``joins`` (each
+        join's table, keys, kind and columns, not whether it broadcasts) likewise. Of the
         expectations, only the ``drop`` ones count, and only when there are some
         (``lowmark.batches.expectations``): ``warn`` and ``fail`` ones and the ``quality``
         thresholds change no committed row. A keyed step counts with the schemas of the
@@ -1267,6 +1285,8 @@ class Pipeline(_Config):
         }
         if self.post_aggregation is not None:
             semantics["post_aggregation"] = step_semantics(self.post_aggregation)
+        if self.joins:  # absent otherwise, as for post_aggregation
+            semantics["joins"] = [join.semantics() for join in self.joins]
         if self.dedup is not None:  # absent otherwise, as for post_aggregation
             semantics["dedup"] = self.dedup.model_dump()
         if self.keyed is not None:

@@ -296,6 +296,7 @@ class MicroBatchRunner:
             waiting_partitions=list(planned.waiting),
             ingestion_ms=planned.ingestion,
             window_watermark_ms=planned.window_watermark,
+            dimension_versions=planned.dimension_versions,
         )
         if not planned.replay:
             # A custom sink's history is not lowmark's to read: the sink checks its own.

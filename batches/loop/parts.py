@@ -23,6 +23,7 @@ from lowmark.batches.keyed.step import KeyedStep
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.batch_work import BatchWork
 from lowmark.batches.loop.catch_up import ReadAhead
+from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.plan import Planner
 from lowmark.batches.loop.start_over import start_over
 from lowmark.batches.pipeline import Pipeline
@@ -91,6 +92,7 @@ def _parts(
     app_id = checkpoint.txn_app_id("sink")
     staged = partial(faults.reached, "before_sink_commit")
     sink = build_sink(spark, pipeline, data_root, app_id, staged)
+    dimensions = Dimensions(pipeline, data_root)
     work = BatchWork(
         session,
         pipeline,
@@ -100,18 +102,20 @@ def _parts(
         sink,
         _dedup(pipeline, checkpoint),
         _keyed(pipeline, checkpoint),
+        dimensions,
     )
     # A deduplicating batch judges its records against what the batches before it let
-    # through, and a keyed step runs on the state the batches before it left: neither is
-    # looked at ahead of them.
+    # through, a keyed step runs on the state the batches before it left, and a joining
+    # batch joins the dimensions' versions it is planned with: none is looked at ahead.
     read_ahead = (
         ReadAhead(
             session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
         )
         if stage is not None and pipeline.dedup is None and pipeline.keyed is None
+        and not pipeline.joins
         else None
     )
-    planner = Planner(pipeline, checkpoint, source, stage, clock)
+    planner = Planner(pipeline, checkpoint, source, stage, clock, dimensions)
     return BatchParts(checkpoint, source, stage, sink, work, read_ahead, planner)
 
 
@@ -122,12 +126,14 @@ def read_only_planner(
     one, else over the location, which planning creates only to fix a start that moves."""
     clock = clock or SystemClock()
     location = pipeline.checkpoint_location(data_root)
+    dimensions = Dimensions(pipeline, data_root)
     if not Checkpoint.exists(location):
         source = build_source(spark, pipeline, data_root, location, clock)
-        return Planner(pipeline, location, source, None, clock)
+        return Planner(pipeline, location, source, None, clock, dimensions)
     checkpoint = Checkpoint(location, pipeline.name)
     source = build_source(spark, pipeline, data_root, checkpoint, clock)
-    return Planner(pipeline, checkpoint, source, _stage(pipeline, checkpoint), clock)
+    stage = _stage(pipeline, checkpoint)
+    return Planner(pipeline, checkpoint, source, stage, clock, dimensions)
 
 
 def _stage(pipeline: Pipeline, checkpoint: Checkpoint) -> WindowedStage | None:

@@ -17,7 +17,7 @@ What is checked, where it can be known without Spark:
 - the source schema against the sample: a CSV header naming other columns
   (read by position), JSON records or a Parquet file with none of the
   schema's columns;
-- with no ``transform`` (after one, the columns are the transform's to
+- with no ``transform`` and no ``joins`` (after them, the columns are theirs to
   make): the event-time column, the keys and the aggregated columns are
   among the source's columns, and event time is not a string, a number, a
   boolean, binary or nested data, which Spark would refuse in the batch's
@@ -130,7 +130,8 @@ def find_problem(
     """What ``check_definition`` would raise, or None (``lowmark plan`` reports it)."""
     try:
         columns = _source_columns(pipeline, source, inputs, data_root, batch_id)
-        if columns is not None and pipeline.transform is None:
+        # A transform or a join makes columns of its own: then the records' are not known.
+        if columns is not None and pipeline.transform is None and not pipeline.joins:
             _check_columns(pipeline, columns)
         _check_sinks(pipeline, data_root)
     # A CSV header, a sink that is a file and a Postgres sink's settings raise the errors a
