@@ -1,4 +1,4 @@
-"""Stream–table joins, as users declare them: ``joins: [{table: devices, on: [device_id],
+"""Stream–table joins, as users declare them: ``joins: [{table: devices, keys: [device_id],
 how: left}]``. What a batch does with them is ``lowmark.batches.loop.dimensions``.
 
 A join enriches each batch's records (after the ``transform``) with the rows of a Delta
@@ -36,10 +36,10 @@ class TableJoin(UserConfig):
     table: str = Field(
         description="The dimension's Delta table folder, relative to the data root or absolute."
     )
-    on: tuple[str, ...] = Field(
+    keys: tuple[str, ...] = Field(
         min_length=1,
         description="Key columns, named alike in the records (after the transform) and the "
-        "table; the joined rows have each once.",
+        "table (SQL's USING); the joined rows have each once.",
     )
     how: Literal["inner", "left"] = Field(
         default="inner",
@@ -64,11 +64,11 @@ class TableJoin(UserConfig):
 
     @model_validator(mode="after")
     def _distinct_columns(self) -> TableJoin:
-        if len(set(self.on)) != len(self.on):
-            raise ValueError(f"`on` names a key twice: {list(self.on)}")
-        if self.columns is not None and set(self.columns) & set(self.on):
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"`keys` names a key twice: {list(self.keys)}")
+        if self.columns is not None and set(self.columns) & set(self.keys):
             raise ValueError(
-                f"`columns` lists the keys {sorted(set(self.columns) & set(self.on))}, which "
+                f"`columns` lists the keys {sorted(set(self.columns) & set(self.keys))}, which "
                 "the joined rows have anyway: leave them out of `columns`"
             )
         return self

@@ -17,6 +17,8 @@ Per pipeline, one multi-asset whose op is the pipeline's run
   downstream assets can depend on them.
 - ``lowmark/sources/<kind>_<path>`` — the input, an external asset upstream
   of all three, observed by the pipeline's sensor (``lowmark.orchestration.observations``).
+- ``lowmark/dimensions/<table>`` — each table the pipeline joins its records with
+  (``joins``), an external asset upstream of all three, not observed (``dimension_specs``).
 
 Checks: ``lowmark.orchestration.checks``. Batches run from the CLI are reported as
 materializations too, when a Dagster instance is configured
@@ -47,7 +49,9 @@ from lowmark.orchestration.keys import (
     late_key,
     pool,
     sink_key,
+    dimension_key,
     source_key,
+    upstream_keys,
 )
 from lowmark.orchestration.partitions import event_time_partitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
@@ -69,6 +73,23 @@ def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.A
         )
         for source, key in zip(inputs(pipeline), keys, strict=True)
         if key not in sinks.values()
+    ]
+
+
+def dimension_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.AssetSpec]:
+    """Each table ``pipeline`` joins its records with as an external asset, but for the
+    sinks of other pipelines (``sinks``), which are assets already. They are not observed:
+    a dimension's update starts no batch (the next batch joins it)."""
+    return [
+        dg.AssetSpec(
+            key,
+            description=f"Delta table lowmark pipelines join their records with: {join.table} "
+            "(written by others; each batch reads the version it recorded).",
+            group_name=GROUP,
+            kinds={"delta"},
+        )
+        for join in pipeline.joins
+        if (key := dimension_key(join, data_root, sinks)) not in sinks.values()
     ]
 
 
@@ -118,7 +139,7 @@ def pipeline_assets(
     one op: partitions selected → backfill them; else run micro-batches, evaluating the
     selected checks after each; only checks selected → just those. ``sinks``: other
     pipelines' sink assets, upstream of a pipeline that reads their tables."""
-    upstream = [source_key(source, data_root, sinks or {}) for source in inputs(pipeline)]
+    upstream = upstream_keys(pipeline, data_root, sinks or {})
     name = pipeline.name
     specs = [
         dg.AssetSpec(

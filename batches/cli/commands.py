@@ -206,15 +206,31 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
                     "sink": _sink_json(p, p.sink),
                 }
                 | _extra_sinks_json(p)
+                | ({"joins": [j.semantics() for j in p.joins]} if p.joins else {})
                 for p in pipelines
             ],
         )
         return
     rows = [
-        (p.name, f"{p.source.kind}:{p.source.label}", _sink_words(p), p.description)
+        (
+            p.name,
+            f"{p.source.kind}:{p.source.label}" + "".join(f", {w}" for w in _join_words(p)),
+            _sink_words(p),
+            p.description,
+        )
         for p in pipelines
     ]
     print_table(out, ("pipeline", "source", "sink", "description"), rows)
+
+
+def _join_words(p: Pipeline, versions: dict[str, int] | None = None) -> list[str]:
+    """Each stream–table join in words (``left join devices on device_id``), at its
+    version in ``versions`` if given."""
+    return [
+        f"{j.how} join {j.table} on {', '.join(j.keys)}"
+        + (f" (version {versions[j.table]})" if versions and j.table in versions else "")
+        for j in p.joins
+    ]
 
 
 def _sink_words(p: Pipeline) -> str:
@@ -570,6 +586,9 @@ def status(
         held = last.closed_windows_held
         closed = f"; the windows it closed held {held} records" if held is not None else ""
         fields.append((f"batch {last.batch_id}", _went(last.accounting, p.output_mode) + closed))
+        if p.joins:
+            joined = _join_words(p, last.dimension_versions)
+            fields.append((f"batch {last.batch_id} joined", "\n".join(joined)))
     fields.append(("all batches", _went(s.accounting, p.output_mode)))
     if s.keyed is not None:
         due = s.keyed.next_timer_ms
@@ -731,6 +750,8 @@ def plan(
     if plan.ingestion_ms is not None:
         ingested = (f"{k} {moment(ms, now)}" for k, ms in sorted(plan.ingestion_ms.items()))
         fields.append(("  ingested up to", "\n".join(ingested)))
+    if p.joins:
+        fields.append(("  joins", "\n".join(_join_words(p, plan.dimension_versions))))
     if p.keyed is not None:
         processor = p.keyed.processor
         into = ""

@@ -52,28 +52,28 @@ class Dimensions:
                 .option("versionAsOf", version)
                 .load(self.paths[join.table])
             )
-            table = table.select(*join.on, *self._taken(join, records, table.columns))
+            table = table.select(*join.keys, *self._taken(join, records, table.columns))
             if self._broadcasts(join, version):
                 table = F.broadcast(table)
             else:
                 table = table.hint("merge")  # shuffled by key, however small Spark thinks it
-            records = records.join(table, on=list(join.on), how=join.how)
+            records = records.join(table, on=list(join.keys), how=join.how)
         return records
 
     def _taken(self, join: TableJoin, records: DataFrame, columns: list[str]) -> list[str]:
         """The table's columns the records get: the checked ``columns``, or all but the
         keys."""
-        where = f"pipeline {self.name} joins {join.table} on {list(join.on)}"
-        lacking = [k for k in join.on if k not in columns]
+        where = f"pipeline {self.name} joins {join.table} by {list(join.keys)}"
+        lacking = [k for k in join.keys if k not in columns]
         if lacking:
             raise PipelineConfigInvalid(
-                f"{where}, but the table has no column {lacking}: fix `on`, or the table"
+                f"{where}, but the table has no column {lacking}: fix `keys`, or the table"
             )
-        lacking = [k for k in join.on if k not in records.columns]
+        lacking = [k for k in join.keys if k not in records.columns]
         if lacking:
             raise PipelineConfigInvalid(
                 f"{where}, but its records (after the transform) have no column {lacking}: "
-                "fix `on`, or make the transform keep them"
+                "fix `keys`, or make the transform keep them"
             )
         taken = list(join.columns) if join.columns is not None else columns
         unknown = [c for c in taken if c not in columns]
@@ -81,7 +81,7 @@ class Dimensions:
             raise PipelineConfigInvalid(
                 f"{where}: its `columns` {unknown} are not in the table: fix `columns`"
             )
-        taken = [c for c in taken if c not in join.on]
+        taken = [c for c in taken if c not in join.keys]
         both = [c for c in taken if c in records.columns]
         if both:
             raise PipelineConfigInvalid(

@@ -113,7 +113,13 @@ def test_each_source_kind_loads_and_each_source_of_a_union_is_an_upstream_asset(
     graph = defs.resolve_asset_graph()
     parents = {
         name: {"/".join(k.path) for k in graph.get(dg.AssetKey(["lowmark", name])).parent_keys}
-        for name in ("kafka_orders", "synthetic_clicks", "clicks_two_regions", "clicks_per_hour")
+        for name in (
+            "kafka_orders",
+            "synthetic_clicks",
+            "clicks_two_regions",
+            "clicks_per_hour",
+            "revenue_per_segment",
+        )
     }
     # A Delta source that is another pipeline's sink is that sink's asset, not a source.
     assert not any(k.path[-1].startswith("delta_") for k in graph.get_all_asset_keys())
@@ -124,6 +130,11 @@ def test_each_source_kind_loads_and_each_source_of_a_union_is_an_upstream_asset(
         "clicks_two_regions": {
             "lowmark/sources/synthetic_seed_1",
             "lowmark/sources/synthetic_seed_2",
+        },
+        # A joined table is upstream too (an external asset, not observed).
+        "revenue_per_segment": {
+            "lowmark/sources/files_orders_incoming",
+            "lowmark/dimensions/users_current",
         },
     }
     assert {"kafka_orders_sensor", "clicks_two_regions_sensor"} <= {

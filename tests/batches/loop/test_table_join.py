@@ -67,7 +67,7 @@ def _joining(how: str = "inner", **fields: Any) -> Pipeline:
         "name": "enriched",
         "source": FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1),
         "sink": DeltaSink(path="out"),
-        "joins": (TableJoin(table="devices", on=("device_id",), how=how, columns=("region",)),),
+        "joins": (TableJoin(table="devices", keys=("device_id",), how=how, columns=("region",)),),
     }
     return Pipeline(**{**defined, **fields})
 
@@ -174,7 +174,7 @@ def test_a_small_dimension_is_broadcast_and_a_large_one_shuffled(
     records = spark.createDataFrame([("d1", 1)], "device_id STRING, amount LONG")
 
     def plan(broadcast: str) -> str:
-        join = TableJoin(table="devices", on=("device_id",), broadcast=broadcast)
+        join = TableJoin(table="devices", keys=("device_id",), broadcast=broadcast)
         dimensions = Dimensions(_joining(joins=(join,)), tmp_path)
         joined = dimensions.joined(spark, records, {"devices": 0})
         return str(joined._jdf.queryExecution().executedPlan().toString())
@@ -188,16 +188,16 @@ def test_a_join_changes_the_fingerprint_only_when_there_is_one() -> None:
     assert "joins" not in plain.definition()
     assert _joining().fingerprint() != plain.fingerprint()
     assert _joining("left").fingerprint() != _joining().fingerprint()
-    broadcast = TableJoin(table="devices", on=("device_id",), columns=("region",), broadcast=True)
+    broadcast = TableJoin(table="devices", keys=("device_id",), columns=("region",), broadcast=True)
     assert _joining(joins=(broadcast,)).fingerprint() == _joining().fingerprint()
 
 
 @pytest.mark.parametrize(
     ("join", "error"),
     [
-        ({"table": "t", "on": ["k"], "how": "outer"}, "how"),
-        ({"table": "t", "on": []}, "on"),
-        ({"table": "t", "on": ["k"], "columns": ["k"]}, "leave them out of `columns`"),
+        ({"table": "t", "keys": ["k"], "how": "outer"}, "how"),
+        ({"table": "t", "keys": []}, "keys"),
+        ({"table": "t", "keys": ["k"], "columns": ["k"]}, "leave them out of `columns`"),
     ],
 )
 def test_a_join_that_cannot_be_is_refused_when_defined(join: dict[str, Any], error: str) -> None:
@@ -219,6 +219,6 @@ def test_a_key_the_records_lack_fails_the_batch_with_one_line(
 ) -> None:
     _devices(tmp_path, 0)
     _batch_file(tmp_path, 0)
-    join = TableJoin(table="devices", on=("device",))
+    join = TableJoin(table="devices", keys=("device",))
     with pytest.raises(PipelineConfigInvalid, match=r"the table has no column \['device'\]"):
         _run(spark, _joining(joins=(join,)), tmp_path)
