@@ -966,7 +966,7 @@ class Pipeline(_Config):
         default=(),
         description="Delta tables (dimensions) each batch's transformed records are joined "
         "with, in order, each read as of the version the batch's offset log records; see "
-        "Stream–table joins.",
+        "Stream-table joins.",
     )
     expectations: tuple[Expectation, ...] = Field(
         default=(),

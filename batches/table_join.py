@@ -1,4 +1,4 @@
-"""Stream–table joins, as users declare them: ``joins: [{table: devices, keys: [device_id],
+"""Stream-table joins, as users declare them: ``joins: [{table: devices, keys: [device_id],
 how: left}]``. What a batch does with them is ``lowmark.batches.loop.dimensions``.
 
 A join enriches each batch's records (after the ``transform``) with the rows of a Delta

@@ -44,12 +44,12 @@ from lowmark.orchestration.keys import (
     Sinks,
     asset_op,
     bad_records_key,
+    dimension_key,
     extra_sink_keys,
     inputs,
     late_key,
     pool,
     sink_key,
-    dimension_key,
     source_key,
     upstream_keys,
 )

@@ -78,7 +78,7 @@ class OffsetEntry(LogEntry):
     replay judges lateness and closes windows alike. None otherwise (the window stage,
     if any, runs with ``batch_watermark_ms``)."""
     dimension_versions: dict[str, int] | None = None
-    """With stream–table joins: the Delta version of each joined table (by its ``table`` as
+    """With stream-table joins: the Delta version of each joined table (by its ``table`` as
     written), its newest when the batch was planned, recorded so a replay joins against the
     same rows. None otherwise."""
 

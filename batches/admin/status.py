@@ -74,7 +74,7 @@ class LastBatch:
     """Per expectation, its records that violated it (``parsable``: rows that did not
     parse; ``lowmark.batches.expectations``)."""
     dimension_versions: dict[str, int] | None = None
-    """With stream–table joins: the version of each joined table it joined with."""
+    """With stream-table joins: the version of each joined table it joined with."""
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ class BatchPlan:
     """With a keyed step before windows: the watermark the windows run with (the keyed
     step's of the batch before); None otherwise (they run with ``watermark_ms``)."""
     dimension_versions: dict[str, int] | None = None
-    """With stream–table joins: the version of each joined table the batch joins with (a
+    """With stream-table joins: the version of each joined table the batch joins with (a
     replay: those its offsets recorded); None otherwise."""
 
     def to_json(self) -> dict[str, Any]:

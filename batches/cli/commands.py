@@ -224,7 +224,7 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
 
 def _join_words(p: Pipeline, versions: dict[str, int] | None = None) -> list[str]:
-    """Each stream–table join in words (``left join devices on device_id``), at its
+    """Each stream-table join in words (``left join devices on device_id``), at its
     version in ``versions`` if given."""
     return [
         f"{j.how} join {j.table} on {', '.join(j.keys)}"

@@ -1,4 +1,4 @@
-"""The dimension tables of a pipeline's stream–table joins (``joins``), at run time.
+"""The dimension tables of a pipeline's stream-table joins (``joins``), at run time.
 
 Planning a new batch picks each table's newest Delta version (``Dimensions.newest``,
 driver-side with delta-rs, no Spark) and the offset log records them
@@ -47,16 +47,15 @@ class Dimensions:
         for join in self.joins:
             assert versions is not None and join.table in versions, "planned without versions"
             version = versions[join.table]
+            snapshot = self._open(join, version)  # a version whose history is gone: one line
             table = (
                 spark.read.format("delta")
                 .option("versionAsOf", version)
                 .load(self.paths[join.table])
             )
             table = table.select(*join.keys, *self._taken(join, records, table.columns))
-            if self._broadcasts(join, version):
-                table = F.broadcast(table)
-            else:
-                table = table.hint("merge")  # shuffled by key, however small Spark thinks it
+            # Shuffled by key unless broadcast, however small Spark thinks the table is.
+            table = F.broadcast(table) if self._broadcasts(join, snapshot) else table.hint("merge")
             records = records.join(table, on=list(join.keys), how=join.how)
         return records
 
@@ -90,13 +89,14 @@ class Dimensions:
             )
         return taken
 
-    def _broadcasts(self, join: TableJoin, version: int) -> bool:
+    @staticmethod
+    def _broadcasts(join: TableJoin, snapshot: DeltaTable) -> bool:
         """Whether ``join`` sends the whole table to every task: as set, or (``auto``) when
-        the version's data files total at most ``BROADCAST_MAX_BYTES``, as its Delta log
-        says (no file is read)."""
+        the data files of the ``snapshot`` it joins total at most ``BROADCAST_MAX_BYTES``,
+        as its Delta log says (no file is read)."""
         if join.broadcast != "auto":
             return join.broadcast == "true"
-        files = pa.table(self._open(join, version).get_add_actions(flatten=True))
+        files = pa.table(snapshot.get_add_actions(flatten=True))
         return sum(files.column("size_bytes").to_pylist()) <= BROADCAST_MAX_BYTES
 
     def _open(self, join: TableJoin, version: int | None = None) -> DeltaTable:
@@ -105,8 +105,13 @@ class Dimensions:
         try:
             return DeltaTable(path, version=version)
         except Exception as exc:  # delta-rs raises plain exceptions for what it cannot read
-            at = f" as of version {version}" if version is not None else ""
+            what = f"pipeline {self.name} joins {join.table}, but {path} cannot be read"
+            if version is not None and DeltaTable.is_deltatable(path):
+                raise PipelineConfigInvalid(
+                    f"{what} as of version {version}, which the batch recorded "
+                    f"({first_line(exc)}): restore the table's history (VACUUM or log "
+                    "clean-up removed it), or set the batch aside with `lowmark skip-batch`"
+                ) from exc
             raise PipelineConfigInvalid(
-                f"pipeline {self.name} joins {join.table}, but {path} cannot be read as a "
-                f"Delta table{at} ({first_line(exc)}): create it, or fix `joins` `table`"
+                f"{what} as a Delta table ({first_line(exc)}): create it, or fix the join's `table`"
             ) from exc

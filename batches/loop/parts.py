@@ -111,7 +111,9 @@ def _parts(
         ReadAhead(
             session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
         )
-        if stage is not None and pipeline.dedup is None and pipeline.keyed is None
+        if stage is not None
+        and pipeline.dedup is None
+        and pipeline.keyed is None
         and not pipeline.joins
         else None
     )

@@ -76,7 +76,7 @@ class PlannedBatch:
     """Whether a keyed step's output feeds the windows (then ``window_watermark_ms`` is
     ``window_watermark``)."""
     dimension_versions: dict[str, int] | None = None
-    """With stream–table joins, the version of each joined table the batch joins with
+    """With stream-table joins, the version of each joined table the batch joins with
     (recorded in the offset log): each table's newest when the batch was planned."""
 
     @property
@@ -128,7 +128,7 @@ class Planner:
     ``checkpoint`` may be the location of a checkpoint that does not exist
     yet (a pipeline that never ran): the planner then plans batch 0 without
     creating it, unless the source's start moves (see ``next_batch``).
-    ``dimensions``: the tables of the pipeline's stream–table joins, whose newest
+    ``dimensions``: the tables of the pipeline's stream-table joins, whose newest
     versions a new batch is planned with (None: a pipeline without joins).
     """
 

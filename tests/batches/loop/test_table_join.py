@@ -1,4 +1,4 @@
-"""Stream–table joins (``joins``): each batch's records joined with a Delta table as of the
+"""Stream-table joins (``joins``): each batch's records joined with a Delta table as of the
 version its offset-log entry records.
 
 Results are compared with plain Spark batch joins of each batch's file against the
@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
@@ -27,7 +28,7 @@ from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.table_join import TableJoin
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from lowmark.state.checkpoint import Checkpoint
-from tests.helpers import FakeClock, event, per_window, sink, write_json_lines
+from tests.helpers import REPO, FakeClock, event, lowmark, per_window, sink, write_json_lines
 
 SCHEMA = "device_id STRING, ts TIMESTAMP, amount LONG"
 
@@ -46,16 +47,21 @@ BATCHES = [
 
 DEVICES = [
     {"device_id": ["d1", "d2"], "region": ["north", "south"], "model": ["m1", "m2"]},
-    {"device_id": ["d1", "d2", "d3"], "region": ["east", "south", "north"], "model": ["a", "b", "c"]},
+    {
+        "device_id": ["d1", "d2", "d3"],
+        "region": ["east", "south", "north"],
+        "model": ["a", "b", "c"],
+    },
     {"device_id": ["d2", "d3", "d4"], "region": ["west", "west", "east"], "model": ["x", "y", "z"]},
 ]
 """The dimension's successive contents: d1 moves, d3 and d4 appear, d1 goes."""
 
 
 def _devices(root: Path, version: int) -> None:
-    """Version ``version`` of the dimension (a whole new content, as a refresh writes)."""
-    mode = "overwrite" if version else "error"
-    write_deltalake(str(root / "devices"), pa.table(DEVICES[version]), mode=mode)
+    """Write the dimension's contents ``version`` as its next version (``version``, when
+    called for 0, 1, 2 in order)."""
+    # A whole new content each time, as a refresh writes it.
+    write_deltalake(str(root / "devices"), pa.table(DEVICES[version]), mode="overwrite")
 
 
 def _batch_file(root: Path, index: int) -> None:
@@ -73,20 +79,19 @@ def _joining(how: str = "inner", **fields: Any) -> Pipeline:
 
 
 def _reference(spark: SparkSession, root: Path, how: str, versions: list[int]) -> DataFrame:
-    """Batch ``i``'s file joined with the dimension as of ``versions[i]``, as plain Spark
-    batches (time travel), unioned."""
+    """Batch ``i``'s file joined with the dimension as of ``versions[i]`` (read by delta-rs,
+    an independent reader), as plain Spark batches, unioned."""
     joined = [
         spark.read.schema(SCHEMA)
         .json(str(root / "in" / f"b{i:03d}.json"))
         .join(
-            spark.read.format("delta")
-            .option("versionAsOf", version)
-            .load(str(root / "devices"))
-            .select("device_id", "region"),
+            spark.createDataFrame(
+                DeltaTable(str(root / "devices"), version=v).to_pyarrow_table()
+            ).select("device_id", "region"),
             "device_id",
             how,
         )
-        for i, version in enumerate(versions)
+        for i, v in enumerate(versions)
     ]
     out = joined[0]
     for more in joined[1:]:
@@ -138,6 +143,8 @@ def test_a_replay_joins_the_version_its_offsets_recorded_not_a_newer_one(
     _run(spark, _joining("left"), tmp_path)
 
     assertDataFrameEqual(sink(spark, tmp_path), _reference(spark, tmp_path, "left", [0, 1, 2]))
+    last = pipeline_status(spark, _joining("left"), tmp_path, FakeClock()).last_batch
+    assert last is not None and last.dimension_versions == {"devices": 2}
 
 
 def test_windows_group_by_a_column_the_join_brought(spark: SparkSession, tmp_path: Path) -> None:
@@ -209,7 +216,7 @@ def test_a_missing_dimension_stops_planning_with_one_line_naming_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     _batch_file(tmp_path, 0)
-    with pytest.raises(PipelineConfigInvalid, match="joins devices, but .* create it"):
+    with pytest.raises(PipelineConfigInvalid, match=r"joins devices, but .* create it"):
         _run(spark, _joining(), tmp_path)
     assert not DeltaTable.is_deltatable(str(tmp_path / "out"))
 
@@ -222,3 +229,20 @@ def test_a_key_the_records_lack_fails_the_batch_with_one_line(
     join = TableJoin(table="devices", keys=("device",))
     with pytest.raises(PipelineConfigInvalid, match=r"the table has no column \['device'\]"):
         _run(spark, _joining(joins=(join,)), tmp_path)
+
+
+def test_plan_and_list_name_each_join_and_the_version_a_batch_would_join(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    examples = str(REPO / "examples" / "pipelines.yaml")
+    for segment in ("gold", "silver"):
+        rows = pa.table({"user": ["u1"], "segment": [segment]})
+        write_deltalake(str(tmp_path / "users" / "current"), rows, mode="overwrite")
+    order = {"order_id": "o1", "user": "u1", "amount": 5, "ts": "2026-01-01T00:00:01Z"}
+    write_json_lines(tmp_path / "orders" / "incoming", "a.json", [order], 1_700_000_000)
+
+    code, out, _ = lowmark(capsys, tmp_path, "--pipelines", examples, "plan", "revenue_per_segment")
+    assert code == 0
+    assert "joins      left join users/current on user (version 1)" in out
+    code, out, _ = lowmark(capsys, tmp_path, "--pipelines", examples, "list")
+    assert "files:orders/incoming, left join users/current on user" in out
