@@ -24,7 +24,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.pipeline import DeltaSink, EventTimePartitions, FileSource, Pipeline
 from lowmark.batches.table_join import TableJoin
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from lowmark.state.checkpoint import Checkpoint
@@ -210,6 +210,18 @@ def test_a_join_changes_the_fingerprint_only_when_there_is_one() -> None:
 def test_a_join_that_cannot_be_is_refused_when_defined(join: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         TableJoin.model_validate(join)
+
+
+def test_yaml_booleans_set_broadcast_and_a_joining_pipeline_is_not_backfilled() -> None:
+    join = TableJoin.model_validate({"table": "t", "keys": ["k"], "broadcast": True})
+    assert join.broadcast == "true"
+    aggregation = WindowedAggregation(
+        keys=("region",), window=Tumbling(size="10 seconds"), aggregates=(Aggregate(fn="count"),)
+    )
+    windowed = {"event_time": EventTime(column="ts"), "aggregation": aggregation}
+    assert _joining(**windowed).backfill is None
+    with pytest.raises(ValueError, match="remove `backfill`"):
+        _joining(**windowed, backfill=EventTimePartitions())
 
 
 def test_a_missing_dimension_stops_planning_with_one_line_naming_it(
