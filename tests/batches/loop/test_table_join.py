@@ -218,7 +218,7 @@ def test_yaml_booleans_set_broadcast_and_a_joining_pipeline_is_not_backfilled() 
     aggregation = WindowedAggregation(
         keys=("region",), window=Tumbling(size="10 seconds"), aggregates=(Aggregate(fn="count"),)
     )
-    windowed = {"event_time": EventTime(column="ts"), "aggregation": aggregation}
+    windowed: dict[str, Any] = {"event_time": EventTime(column="ts"), "aggregation": aggregation}
     assert _joining(**windowed).backfill is None
     with pytest.raises(ValueError, match="remove `backfill`"):
         _joining(**windowed, backfill=EventTimePartitions())
