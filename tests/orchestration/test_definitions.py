@@ -213,3 +213,23 @@ def test_each_extra_sink_is_an_asset_beside_the_sink_with_the_same_inputs(tmp_pa
     assert serving.metadata == {"table": "orders_now", "mode": "upsert"}
     assert serving.kinds == {"postgres", "spark"} and sink.kinds == {"delta", "spark"}
     assert serving.parent_keys == sink.parent_keys != set()
+
+
+def test_a_table_another_pipeline_writes_is_joined_as_that_pipelines_sink_asset(
+    tmp_path: Path,
+) -> None:
+    pipelines = tmp_path / "pipelines.yaml"
+    source = {"kind": "synthetic", "total_rows": 10}
+    join = {"table": "keys/regions", "keys": ["key"], "how": "left"}
+    defined = [
+        {"name": "regions", "source": source, "sink": {"path": "keys/regions"}},
+        {"name": "enriched", "source": source, "sink": {"path": "out"}, "joins": [join]},
+    ]
+    pipelines.write_text(yaml.safe_dump({"pipelines": defined}))
+    graph = build_definitions(str(pipelines)).resolve_asset_graph()
+    parents = graph.get(dg.AssetKey(["lowmark", "enriched"])).parent_keys
+    assert {"/".join(k.path) for k in parents} == {
+        "lowmark/sources/synthetic_seed_0",
+        "lowmark/regions",
+    }
+    assert not any("dimensions" in k.path for k in graph.get_all_asset_keys())
