@@ -46,6 +46,7 @@ from tests.faults.scenarios import (
     dedup_tumbling,
     delta_update,
     ingestion_tumbling,
+    joined_tumbling,
     kafka_append,
     kafka_lines,
     kafka_update,
@@ -59,6 +60,7 @@ from tests.faults.scenarios import (
     synthetic_idle,
     tumbling_two_partitions,
     union_append,
+    write_dimension,
     write_input,
     write_outbox,
     write_table,
@@ -81,6 +83,7 @@ MATRIX = (
     postgres_update,
     ingestion_tumbling,
     kafka_append,
+    joined_tumbling,
 )
 OTHER_SOURCES = (
     "kafka_update",
@@ -124,8 +127,9 @@ between driver-side log commits and Spark writes, both ways round; then the same
 other sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions
 (also with an idle timeout shorter than any batch), sessions over a user-written source (an
 outbox table, ``examples.outbox_source``), sessions over a Delta table, tumbling windows
-over a union of the folder and the table, and tumbling windows on the ingestion clock of the
-files' modification times (a fake, frozen processing time for the tail)."""
+over a union of the folder and the table, tumbling windows on the ingestion clock of the
+files' modification times (a fake, frozen processing time for the tail), and tumbling windows
+per region, a column a stream-table join brings (``make test-integration`` only)."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -172,6 +176,8 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
     if pipeline is dedup_tumbling:
         write_input(folder / "input", RESENT_INPUT, pipeline)
         return pipeline
+    if pipeline is joined_tumbling:
+        write_dimension(folder / "dimension")
     if pipeline is not kafka_update:
         write_input(folder / "input", FIXED_INPUT, pipeline)
         return pipeline

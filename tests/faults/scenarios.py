@@ -22,6 +22,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
 from examples.keyed import ALERTS, SilenceAlert
@@ -40,6 +42,7 @@ from lowmark.batches.pipeline import (
     SyntheticSource,
     UnionSource,
 )
+from lowmark.batches.table_join import TableJoin
 from lowmark.batches.windows import (
     Aggregate,
     EventTime,
@@ -299,6 +302,28 @@ class FrozenClock:
         return self.now
 
 
+DIMENSION = "../dimension"
+"""The joined pipeline's dimension table, beside the data roots like the input folder."""
+USER_REGIONS = {"user": ["a", "b", "c"], "region": ["north", "south", "north"]}
+"""The dimension's rows: users a and c in one region, so its windows hold both."""
+
+joined_tumbling = _windowed("joined_tumbling", Tumbling(size="10 seconds"), "append")
+assert joined_tumbling.aggregation is not None
+joined_tumbling = joined_tumbling.model_copy(
+    update={
+        "joins": (TableJoin(table=DIMENSION, keys=("user",), how="left"),),
+        "aggregation": joined_tumbling.aggregation.model_copy(update={"keys": ("region",)}),
+    }
+)
+"""Tumbling windows per region, a column the records get from a stream-table join with
+``USER_REGIONS`` (one version, which every batch records and joins)."""
+
+
+def write_dimension(table: Path) -> None:
+    """``joined_tumbling``'s dimension table, ``USER_REGIONS``."""
+    write_deltalake(str(table), pa.table(USER_REGIONS))
+
+
 def clock_of(pipeline: Pipeline) -> FrozenClock | None:
     """The fake clock a run of ``pipeline`` reads (None: the wall clock)."""
     return FrozenClock(FROZEN_CLOCK_MS) if pipeline.name == ingestion_tumbling.name else None
@@ -327,13 +352,14 @@ PIPELINES = {
         delta_update,
         union_append,
         ingestion_tumbling,
+        joined_tumbling,
     )
 }
 
 FOLDER_PIPELINES = frozenset(
     n
     for n, p in PIPELINES.items()
-    if isinstance(p.source, FileSource) and isinstance(p.sink, DeltaSink)
+    if isinstance(p.source, FileSource) and isinstance(p.sink, DeltaSink) and not p.joins
 )
 """The pipelines that read only the input folder and write only Delta tables (random input
 files are enough for them)."""
