@@ -37,13 +37,14 @@ def at(minute: float) -> datetime:
 
 # Per batch: (orders, payments) as (order_id, minute, amount). Out of order within the
 # 10 minutes' out-of-orderness, a payment before its order, one after the hour, a
-# payment twice, a key on one side only; nothing is behind the watermark.
+# payment twice, keys on one side only (order 10, passed by the watermark before the end;
+# order 11, not); nothing is behind the watermark.
 BATCHES: list[tuple[list[tuple[int, float, int]], list[tuple[int, float, int]]]] = [
     ([(1, 0, 10), (2, 3, 20)], [(1, 5, 10)]),
     ([(3, 8, 30), (4, 2, 40)], [(2, 70, 20), (4, 9, 40), (9, 9, 90)]),
     ([(5, 20, 50)], [(3, 7, 30), (3, 30, 30), (5, 21, 50)]),
-    ([(6, 40, 60), (1, 35, 11)], [(1, 36, 11), (6, 95, 60)]),
-    ([(7, 120, 70)], [(7, 125, 70), (5, 118, 51)]),
+    ([(6, 40, 60), (1, 35, 11), (10, 50, 100)], [(1, 36, 11), (6, 95, 60)]),
+    ([(7, 120, 70), (11, 150, 110)], [(7, 125, 70), (5, 118, 51)]),
     ([(8, 200, 80)], [(8, 201, 80)]),
 ]
 
@@ -99,7 +100,8 @@ def test_an_inner_join_over_several_batches_equals_one_spark_join_over_all_input
 ) -> None:
     write_versions(data_root)
     results = MicroBatchRunner(spark, joined(), data_root).run(max_batches=None)
-    assert len(results) == len(BATCHES)
+    # One batch per version of each side, then one with no input: the watermark moved.
+    assert [r.rows_in for r in results][-1:] == [0] and len(results) == len(BATCHES) + 1
     assert sum(r.rows_late for r in results) == 0
     assertDataFrameEqual(delta_frame(spark, data_root / "out"), reference(spark, data_root))
 
@@ -110,8 +112,8 @@ def test_held_rows_go_once_the_watermark_passes_them(
     write_versions(data_root)
     MicroBatchRunner(spark, joined(), data_root).run(max_batches=None)
     state = DeltaTable(str(data_root / "_lowmark/orders_payments/join_state")).to_pyarrow_table()
-    # The last batch's watermark is minute 120 - 10 = 110 (batch 4's newest order): orders
-    # before minute 50 and payments before minute 110 can match nothing to come. Their
-    # slots are deleted (ten minutes wide: the out-of-orderness); the rest are held.
+    # The last batch (no input) has the watermark minute 200 - 10 = 190: orders before
+    # minute 130 and payments before minute 190 can match nothing to come. Their slots are
+    # deleted (ten minutes wide: the out-of-orderness); the rest are held.
     held = sorted((r["side"], (r["time_ms"] - T0_MS) / 60_000) for r in state.to_pylist())
-    assert held == [("left", 120), ("left", 200), ("right", 118), ("right", 125), ("right", 201)]
+    assert held == [("left", 150), ("left", 200), ("right", 201)]
