@@ -4,7 +4,7 @@ The two sides are two named sources of a ``kind: union`` source; each batch
 joins their new records with each other and with the records of earlier
 batches held in the checkpoint (``lowmark.batches.event_time.interval_join``),
 as Structured Streaming's stream-stream join with watermarks does, or Flink's
-interval join: ``left.<on> = right.<on> AND right.<time.right> BETWEEN
+interval join: ``left.<keys> = right.<keys> AND right.<time.right> BETWEEN
 left.<time.left> + time.lower AND left.<time.left> + time.upper``.
 """
 
@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from lowmark.batches.config import UserConfig
-from lowmark.batches.durations import DurationMs
+from lowmark.batches.durations import DurationMs, duration_text
 
 
 class JoinTime(UserConfig):
@@ -46,7 +46,7 @@ class JoinTime(UserConfig):
 class StreamJoin(UserConfig):
     """Join the records of the union's source ``left`` with those of ``right``.
 
-    ``on`` names equality keys both sides have; ``time`` bounds the right row's
+    ``keys`` names equality keys both sides have (not ``on``: YAML reads a bare ``on`` as true); ``time`` bounds the right row's
     event time by the left row's. ``how``: ``inner`` (matched pairs only),
     ``left`` or ``right`` (outer: a row of that side that never matched is
     emitted once, with nulls for the other side, when the watermark shows it
@@ -59,7 +59,9 @@ class StreamJoin(UserConfig):
 
     left: str = Field(description="The union's source whose records are the left side.")
     right: str = Field(description="The union's source whose records are the right side.")
-    on: tuple[str, ...] = Field(min_length=1, description="Equality keys, on both sides.")
+    keys: tuple[str, ...] = Field(
+        min_length=1, description="Equality keys: columns of both sides."
+    )
     how: Literal["inner", "left", "right"] = Field(
         default="inner", description="`inner`, or outer: `left` or `right`."
     )
@@ -70,3 +72,13 @@ class StreamJoin(UserConfig):
         if self.left == self.right:
             raise ValueError(f"`left` and `right` are both {self.left!r}: name two sources")
         return self
+
+
+def describe_join(join: StreamJoin) -> str:
+    """``join`` in one line, for ``lowmark plan``."""
+    time = join.time
+    return (
+        f"{join.how} join of {join.left} and {join.right} on {', '.join(join.keys)}, "
+        f"{join.right}.{time.right} between {join.left}.{time.left} + {duration_text(time.lower)} "
+        f"and + {duration_text(time.upper)}"
+    )

@@ -98,22 +98,6 @@ class JoinState:
         rows = self.table.read(where, version)
         return latest(rows.select(ROWS.names).cast(ROWS), ("row_id",))
 
-    def held(self) -> dict[str, int]:
-        """Rows held per side now (newest versions, not evicted; rows the watermark passed
-        but whose slot is not deleted yet count too), for ``lowmark status``."""
-        if not self.table.exists():
-            return {}
-        rows = self.table.query("SELECT side, row_id, evicted, batch_id FROM t")
-        rows = latest(rows, ("row_id",))
-        rows = rows.filter(pc.invert(rows.column("evicted")))
-        return {
-            r["side"]: r["n"]
-            for r in rows.group_by("side")
-            .aggregate([("row_id", "count")])
-            .rename_columns(["n", "side"])
-            .to_pylist()
-        }
-
     def write(self, rows: pa.Table, batch_id: int, evict_below: dict[str, int]) -> int:
         """Append ``rows`` (``ROWS``) once for batch ``batch_id``, then delete each side's slots
         wholly below its time in ``evict_below`` (rows the watermark passed: they can match
@@ -133,3 +117,22 @@ class JoinState:
         if gone:
             self.table.delete(" OR ".join(gone), batch_id)
         return self.table.version()
+
+
+def rows_held(path: str) -> dict[str, int]:
+    """Rows the ``join_state`` table at ``path`` holds per side (``left``, ``right``): newest
+    versions not evicted, those the watermark passed whose slot is not deleted yet included.
+    For ``lowmark status``: it reads the whole table."""
+    table = DriverTable(path, STORED, "join state table")
+    if not table.exists():
+        return {}
+    rows = latest(table.query("SELECT side, row_id, evicted, batch_id FROM t"), ("row_id",))
+    rows = rows.filter(pc.invert(rows.column("evicted")))
+    counts = rows.group_by("side").aggregate([("row_id", "count")])
+    return dict(
+        zip(
+            counts.column("side").to_pylist(),
+            counts.column("row_id_count").to_pylist(),
+            strict=True,
+        )
+    )

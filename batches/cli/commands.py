@@ -58,7 +58,8 @@ if TYPE_CHECKING:
     from lowmark.batches.admin.status import NextBatchStatus, PipelineStatus
     from lowmark.batches.loop.events import BatchResult
     from lowmark.batches.loop.microbatch import MicroBatchRunner
-    from lowmark.batches.pipeline import Pipeline
+    from lowmark.batches.stream_join import describe_join
+from lowmark.batches.pipeline import Pipeline
 
 app = typer.Typer(
     help="lowmark: exactly-once micro-batch streaming on Spark + Delta.",
@@ -553,6 +554,10 @@ def status(
                 + (f", the next due at {iso_utc(due)}" if due is not None else ""),
             )
         )
+    if s.join_held is not None:
+        sides = (f"{side}: {rows} rows" for side, rows in s.join_held.items())
+        joined = s.totals.get("rows_out", 0)
+        fields.append(("join state", ", ".join(sides) + f" held; {joined} joined rows emitted"))
     if last:
         fields.append(("expectations", _violated(p, last.violations, s.violations)))
     print_fields(out, fields)
@@ -610,6 +615,7 @@ _WENT = {
     "late": "late",
     "in_sink": "in the sink",
     "into_processor": "into the keyed processor",
+    "into_join": "into the join",
     "into_windows": "into windows",
     "in_closed_windows": "in closed windows (the sink)",
     "in_open_windows": "in open windows (the state)",
@@ -717,6 +723,8 @@ def plan(
                 f"{p.keyed.time_mode.replace('_', '-')} timers{into}",
             )
         )
+    if p.stream_join is not None:
+        fields.append(("  stream join", describe_join(p.stream_join)))
     if p.keyed is not None and p.aggregation is not None and plan.batch_id is not None:
         windows_at = plan.window_watermark_ms
         fields.append(

@@ -101,7 +101,7 @@ class IntervalJoin:
         one is null), ``time_ms`` and ``row`` (the side's columns as JSON)."""
         left, right = self.sides()
         side = self._side()
-        keys = [F.col(k) for k in self.config.on]
+        keys = [F.col(k) for k in self.config.keys]
         null_key = F.lit(False)
         for k in keys:
             null_key = null_key | k.isNull()
@@ -140,13 +140,13 @@ class IntervalJoin:
             (config.left, left, config.time.left),
             (config.right, right, config.time.right),
         ):
-            missing = [c for c in (*config.on, time) if c not in schema.fieldNames()]
+            missing = [c for c in (*config.keys, time) if c not in schema.fieldNames()]
             if missing:
                 raise PipelineConfigInvalid(
                     f"the join's side {name} lacks {missing} (it has {schema.fieldNames()}): "
                     "fix `stream_join`, or give the side a transform in the union's `transforms`"
                 )
-        shared = sorted(set(left.fieldNames()) & set(right.fieldNames()) - set(config.on))
+        shared = sorted(set(left.fieldNames()) & set(right.fieldNames()) - set(config.keys))
         if shared:
             raise PipelineConfigInvalid(
                 f"both sides of the join have {shared}, which are no join keys: rename them on "
@@ -218,7 +218,7 @@ class IntervalJoin:
             was_matched = pc.is_in(new_kept.column("row_id"), value_set=matched_now)
             new_kept = new_kept.set_column(
                 new_kept.schema.get_field_index("matched"), "matched", was_matched
-            )
+            ).cast(ROWS)
             unmatched_now = new_kept.filter(pc.invert(was_matched))
             outer.append(unmatched_now.filter(passed(unmatched_now, kept_side)))
             stored[0 if how == "left" else 1] = new_kept.filter(
@@ -343,7 +343,7 @@ class IntervalJoin:
             F.from_json("right_row", right, JSON_OPTIONS).alias("r"),
         )
         keyed_by = "r" if self.config.how == "right" else "l"
-        on = self.config.on
+        on = self.config.keys
         return parsed.select(
             *[F.col(f"{keyed_by}.`{k}`").alias(k) for k in on],
             *[F.col(f"l.`{c}`").alias(c) for c in left.fieldNames() if c not in on],
@@ -357,8 +357,5 @@ def _versions(rows: pa.Table, batch_id: int, **flags: bool) -> pa.Table:
         rows = rows.set_column(
             rows.schema.get_field_index(name), name, pa.array([value] * rows.num_rows)
         )
-    return rows.set_column(
-        rows.schema.get_field_index("batch_id"),
-        "batch_id",
-        pa.array([batch_id] * rows.num_rows, pa.int64()),
-    )
+    batch = pa.array([batch_id] * rows.num_rows, pa.int64())
+    return rows.set_column(rows.schema.get_field_index("batch_id"), "batch_id", batch).cast(ROWS)

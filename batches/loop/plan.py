@@ -364,8 +364,9 @@ class Planner:
         window_watermark: int | None,
     ) -> bool:
         """Whether a batch with no new input (and no timer due) closes windows, or lets a
-        stream-stream join's held rows go: an emit-only batch. Behind a keyed step it closes those under ``window_watermark``
-        (the last batch's watermark); and when only ``watermark`` would close some, it runs
+        stream-stream join's held rows go: an emit-only batch. Behind a keyed step it closes
+        those under ``window_watermark`` (the last batch's watermark); and when only
+        ``watermark`` would close some, it runs
         to record ``watermark``, which the batch after it closes them with: an idle
         stream's last windows close one batch later than without a keyed step."""
         previous_watermark = latest.batch_watermark_ms if latest else None
