@@ -46,8 +46,9 @@ class JoinTime(UserConfig):
 class StreamJoin(UserConfig):
     """Join the records of the union's source ``left`` with those of ``right``.
 
-    ``keys`` names equality keys both sides have (not ``on``: YAML reads a bare ``on`` as true); ``time`` bounds the right row's
-    event time by the left row's. ``how``: ``inner`` (matched pairs only),
+    ``keys`` names equality keys both sides have (not ``on``: YAML reads a bare
+    ``on`` as true); ``time`` bounds the right row's event time by the left
+    row's. ``how``: ``inner`` (matched pairs only),
     ``left`` or ``right`` (outer: a row of that side that never matched is
     emitted once, with nulls for the other side, when the watermark shows it
     can no longer match). Each side's rows are held in the checkpoint's
@@ -59,9 +60,7 @@ class StreamJoin(UserConfig):
 
     left: str = Field(description="The union's source whose records are the left side.")
     right: str = Field(description="The union's source whose records are the right side.")
-    keys: tuple[str, ...] = Field(
-        min_length=1, description="Equality keys: columns of both sides."
-    )
+    keys: tuple[str, ...] = Field(min_length=1, description="Equality keys: columns of both sides.")
     how: Literal["inner", "left", "right"] = Field(
         default="inner", description="`inner`, or outer: `left` or `right`."
     )

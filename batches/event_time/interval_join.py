@@ -337,7 +337,9 @@ class IntervalJoin:
         """``pairs`` (JSON rows, null for an outer row's missing side) as the joined rows:
         the keys (of the preserved side), the left's other columns, the right's."""
         left, right = self.sides()
-        frame = to_frame(spark, pairs, _PAIRS)
+        # One chunk: a local frame of a table of several chunks was seen to hold only the
+        # first one's rows (the pairs', not the outer rows' after them).
+        frame = to_frame(spark, pairs.combine_chunks(), _PAIRS)
         parsed = frame.select(
             F.from_json("left_row", left, JSON_OPTIONS).alias("l"),
             F.from_json("right_row", right, JSON_OPTIONS).alias("r"),

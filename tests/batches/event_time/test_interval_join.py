@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from pydantic import ValidationError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType, TimestampType
@@ -245,14 +246,14 @@ def test_held_rows_go_once_the_watermark_passes_them(runs: Callable[[str], Run])
 def test_a_join_defined_wrong_is_refused_in_one_line_before_any_batch(
     tmp_path: Path, change: dict[str, Any], error: str
 ) -> None:
-    definition = joined(tmp_path).model_dump() | change
+    pipeline = joined(tmp_path)
+    assert pipeline.stream_join is not None
+    definition = pipeline.model_dump() | change
     if "stream_join" in change:
-        definition["stream_join"] = (
-            joined(tmp_path).stream_join.model_dump() | change["stream_join"]
-        )  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match=re.escape(error)) as refused:
+        definition["stream_join"] = pipeline.stream_join.model_dump() | change["stream_join"]
+    with pytest.raises(ValidationError, match=re.escape(error)) as refused:
         Pipeline.model_validate(definition)
-    assert len([e for e in refused.value.errors()]) == 1  # type: ignore[attr-defined]
+    assert len(refused.value.errors()) == 1
 
 
 def test_sides_with_another_column_of_the_same_name_are_refused_in_one_line(
