@@ -175,8 +175,8 @@ class IntervalJoin:
             {
                 **{c: kept.column(c) for c in _NEW.names},
                 "row_id": pa.array([f"{batch_id}:{i}" for i in range(n)], pa.string()),
-                "matched": pa.array([False] * n),
-                "evicted": pa.array([False] * n),
+                "matched": pa.array([False] * n, pa.bool_()),
+                "evicted": pa.array([False] * n, pa.bool_()),
                 "batch_id": pa.array([batch_id] * n, pa.int64()),
             },
             schema=ROWS,
@@ -200,7 +200,7 @@ class IntervalJoin:
 
         def passed(rows: pa.Table, side: str) -> pa.Array:
             if side not in evict_below:
-                return pa.array([False] * rows.num_rows)
+                return pa.array([False] * rows.num_rows, pa.bool_())
             return pc.less(rows.column("time_ms"), evict_below[side])
 
         stored = [
@@ -272,7 +272,7 @@ class IntervalJoin:
         behind = (
             pc.fill_null(pc.less(times, watermark_ms), False)
             if watermark_ms is not None
-            else pa.array([False] * new.num_rows)
+            else pa.array([False] * new.num_rows, pa.bool_())
         )
         is_late = pc.or_(pc.or_(untimed, future), behind)
         late = new.filter(is_late)
@@ -357,7 +357,7 @@ def _versions(rows: pa.Table, batch_id: int, **flags: bool) -> pa.Table:
     """New versions of held ``rows``, written by batch ``batch_id``, with ``flags`` set."""
     for name, value in flags.items():
         rows = rows.set_column(
-            rows.schema.get_field_index(name), name, pa.array([value] * rows.num_rows)
+            rows.schema.get_field_index(name), name, pa.array([value] * rows.num_rows, pa.bool_())
         )
     batch = pa.array([batch_id] * rows.num_rows, pa.int64())
     return rows.set_column(rows.schema.get_field_index("batch_id"), "batch_id", batch).cast(ROWS)

@@ -128,7 +128,8 @@ def structured_streaming(spark: SparkSession, input_root: Path, out: Path, how: 
         return stream.load(str(input_root / name)).withWatermark(column, "10 minutes").alias(alias)
 
     orders, payments = side("orders", "order_time", "o"), side("payments", "paid_at", "p")
-    rows = selected(orders.join(payments, F.expr(CONDITION), how), how)
+    spark_how = {"left": "left_outer", "right": "right_outer"}.get(how, how)
+    rows = selected(orders.join(payments, F.expr(CONDITION), spark_how), how)
     name = f"structured_streaming_{how}"
     query = (
         rows.writeStream.format("memory")
@@ -190,7 +191,7 @@ def test_an_inner_join_over_several_batches_equals_one_spark_join_over_all_input
     assertDataFrameEqual(delta_frame(spark, run.root / "out"), reference(spark, input_root))
 
 
-@pytest.mark.parametrize("how", ["inner", "left"])
+@pytest.mark.parametrize("how", ["inner", "left", "right"])
 def test_a_join_equals_structured_streamings_stream_stream_join_with_watermarks(
     spark: SparkSession,
     input_root: Path,
@@ -200,9 +201,7 @@ def test_a_join_equals_structured_streamings_stream_stream_join_with_watermarks(
 ) -> None:
     # An outer row is emitted once the watermark passes it, which both do in a batch of
     # their own when the input ends: the final results are compared.
-    expected = structured_streaming(
-        spark, input_root, tmp_path, "left_outer" if how == "left" else how
-    )
+    expected = structured_streaming(spark, input_root, tmp_path, how)
     got = delta_frame(spark, runs(how).root / "out")
     assertDataFrameEqual(got, expected)
     if how == "left":  # order 2 and 10 never paid in time; order 11 may still be
