@@ -105,7 +105,9 @@ soak: test-setup
 # next to Structured Streaming's Kafka source (bench/kafka.py), deduplication by record id
 # next to Structured Streaming's dropDuplicatesWithinWatermark (bench/dedup.py), and a keyed
 # step with timers next to Structured Streaming's transformWithStateInPandas (bench/keyed_state.py),
-# and the two watermark strategies on the same out-of-order data (bench/watermark_strategies.py).
+# the two watermark strategies on the same out-of-order data (bench/watermark_strategies.py),
+# and rows/s into Postgres next to Structured Streaming's foreachBatch + JDBC (bench/postgres_sink.py,
+# with PostgreSQL's JDBC driver from jvm/bench/pom.xml).
 # BENCH_ARGS=--quick for a smoke run of bench/state_scaling.py, bench/streaming.py (no
 # RESULTS.md), bench/dedup.py and bench/keyed_state.py.
 # Never part of `make test`.
@@ -121,6 +123,8 @@ bench: test-setup
 	bash -o pipefail -c '$(BIN)/python -m bench.dedup $(BENCH_ARGS) | tee $(BENCH_OUT)/dedup.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.keyed_state $(BENCH_ARGS) | tee $(BENCH_OUT)/keyed_state.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.watermark_strategies | tee $(BENCH_OUT)/watermark_strategies.txt'
+	jvm/fetch-jars jvm/bench
+	bash -o pipefail -c '$(BIN)/python -m bench.postgres_sink | tee $(BENCH_OUT)/postgres_sink.txt'
 
 # The docs site (mkdocs.yml, docs/) into site/: first the configuration reference is generated
 # again from the pipeline models (scripts/config_reference.py), then `mkdocs build --strict`
@@ -130,4 +134,4 @@ docs: $(VENV)/.installed
 	$(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) jvm/lib jvm/kafka/lib data .dagster_home site
+	rm -rf $(VENV) jvm/lib jvm/kafka/lib jvm/bench/lib data .dagster_home site

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +33,7 @@ from lowmark.batches.expectations import Expectation, Quality, check_names, fing
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.sql import SqlStep, Transform, apply_step, step_semantics
 from lowmark.batches.stream_join import StreamJoin
+from lowmark.batches.table_join import TableJoin, check_tables_distinct
 from lowmark.batches.windows import (
     MAX_FUTURE_MS,
     EventTime,
@@ -742,6 +744,95 @@ class PostgresSink(_Config):
         return f"postgres {self.table} ({self.mode})"
 
 
+_TOPIC_NAME = r"^[A-Za-z0-9._-]{1,249}$"
+
+KAFKA_SET_BY_LOWMARK = frozenset(
+    {"bootstrap.servers", "transactional.id", "enable.idempotence", "acks", "isolation.level"}
+)
+"""Producer settings the Kafka sink sets itself (its transactions need them as they are)."""
+
+
+class KafkaSink(_Config):
+    """A Kafka topic written in one producer transaction per batch
+    (``lowmark.batches.sinks.kafka``).
+
+    Each batch's records, and an offset naming the batch committed to the fence group
+    ``lowmark.<app id>``, go in one Kafka transaction: a ``read_committed`` consumer sees a
+    batch's records all at once, once, or not at all. A replayed batch whose transaction
+    committed writes nothing. A record's key is the ``key`` column or expression (none by
+    default), its value the row as JSON (``value: json``) or one column. Extra producer
+    settings go in ``producer``; a secret one's value comes from the environment variable
+    ``secret_env`` names for it, never from the YAML.
+    """
+
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"bootstrap_servers", "topic", "producer", "secret_env"}
+    )
+    """Where and how to connect and write: left out of the pipeline's fingerprint (no batch's
+    records change; a batch after a change of topic goes to the new topic)."""
+
+    kind: Literal["kafka"] = "kafka"
+    """Picks this sink."""
+    topic: str = Field(
+        pattern=_TOPIC_NAME,
+        description="Topic written (it must exist; a compacted one for update-mode windows).",
+    )
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers.")
+    key: str | None = Field(
+        default=None,
+        description="Each record's key: a column, or a Spark SQL expression over the output's "
+        "columns (a string as UTF-8, binary as is, anything else cast to a string); none by "
+        "default. Update-mode windows are keyed by their keys and window instead.",
+    )
+    value: str = Field(
+        default="json",
+        min_length=1,
+        description="Each record's value: `json` (the row as a JSON object), or a column (a "
+        "string as UTF-8, binary as is, anything else cast to a string).",
+    )
+    producer: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra producer settings (librdkafka's names), e.g. "
+        "{'security.protocol': 'SASL_SSL', 'sasl.mechanisms': 'PLAIN', 'sasl.username': "
+        "'app'}; `transaction.timeout.ms` defaults to 600000.",
+    )
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Secret producer settings, each mapped to the environment variable that "
+        "holds its value, e.g. {'sasl.password': 'KAFKA_PASSWORD'}.",
+    )
+
+    @field_validator("producer")
+    @classmethod
+    def _no_secret_or_reserved_setting(cls, producer: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(KAFKA_SET_BY_LOWMARK & producer.keys())
+        if reserved:
+            raise ValueError(
+                f"{reserved} are set by the sink (its transactions need them): remove them "
+                "from `producer`"
+            )
+        secret = sorted(k for k in producer if "password" in k or "secret" in k)
+        if secret:
+            raise ValueError(
+                f"{secret} in `producer` would put a secret in the pipeline's definition: map "
+                "each to the environment variable holding it in `secret_env`"
+            )
+        return producer
+
+    @field_validator("secret_env")
+    @classmethod
+    def _variable_names(cls, secret_env: dict[str, str]) -> dict[str, str]:
+        bad = sorted(v for v in secret_env.values() if not re.fullmatch(r"[A-Za-z_]\w*", v))
+        if bad:
+            raise ValueError(f"{bad} are not environment variable names: name the variables")
+        return secret_env
+
+    @property
+    def label(self) -> str:
+        """Where the sink writes, in a few words."""
+        return f"kafka {self.topic}"
+
+
 def _holds_password(dsn: str) -> bool:
     """Whether libpq connection string ``dsn`` carries a password: ``password=`` (key/value
     or a URI's query), or a URI's ``user:password@``."""
@@ -750,6 +841,26 @@ def _holds_password(dsn: str) -> bool:
     scheme, _, rest = dsn.partition("://")
     userinfo, at, _ = rest.partition("@")
     return bool(scheme and at and ":" in userinfo)
+
+
+def _sink_semantics(sink: SinkKind) -> dict[str, Any]:
+    """A sink as fingerprinted: what changes no batch's rows left out (a Delta sink's
+    properties, a custom sink's options, where a Postgres sink connects: its
+    ``OPERATIONAL``)."""
+    return sink.model_dump(exclude=set(sink.OPERATIONAL))
+
+
+def _sink_place(sink: SinkKind) -> str | None:
+    """What ``sink`` writes, where two sinks of one pipeline must not meet (a Delta path, a
+    Postgres table, a Kafka topic), in words; None for a sink of the user's own."""
+    if isinstance(sink, DeltaSink):
+        return f"Delta table {sink.path}"
+    if isinstance(sink, PostgresSink):
+        server = (sink.dsn, sink.host, sink.port, sink.dbname)
+        return f"Postgres table {sink.table}" + (f" of {server}" if any(server) else "")
+    if isinstance(sink, KafkaSink):
+        return f"Kafka topic {sink.topic} of {sink.bootstrap_servers}"
+    return None
 
 
 def _sink_kind(value: Any) -> str:
@@ -763,10 +874,15 @@ SinkConfig = Annotated[
     Annotated[DeltaSink, Tag("delta")]
     | Annotated[CustomSink, Tag("custom")]
     | Annotated[PostgresSink, Tag("postgres")]
+    | Annotated[KafkaSink, Tag("kafka")]
     | Annotated[ForeachBatchSink, Tag("foreach_batch")],
     Discriminator(_sink_kind),
 ]
 """Any sink a pipeline can write, told apart by ``kind`` (default ``delta``)."""
+SinkKind: TypeAlias = DeltaSink | CustomSink | PostgresSink | KafkaSink | ForeachBatchSink
+"""A sink's config model, once read."""
+PRIMARY_SINK = "sink"
+"""The name ``Pipeline.sinks`` gives ``sink`` (an extra sink may not take it)."""
 
 
 class HealthChecks(_Config):
@@ -847,6 +963,12 @@ class Pipeline(_Config):
         description="Applied to each batch's records: the import path of a DataFrame → "
         'DataFrame function, or `{sql: "SELECT ... FROM input"}`.',
     )
+    joins: tuple[TableJoin, ...] = Field(
+        default=(),
+        description="Delta tables (dimensions) each batch's transformed records are joined "
+        "with, in order, each read as of the version the batch's offset log records; see "
+        "Stream-table joins.",
+    )
     expectations: tuple[Expectation, ...] = Field(
         default=(),
         description="Named conditions on the transformed records (warn, drop or fail), "
@@ -858,8 +980,15 @@ class Pipeline(_Config):
         "that must hold.",
     )
     sink: SinkConfig
-    """Where each batch's output goes (exactly once): a Delta table, a Postgres table, or a
-    sink of your own."""
+    """Where each batch's output goes (exactly once): a Delta table, a Postgres table, a Kafka
+    topic, or a sink of your own."""
+    extra_sinks: dict[str, SinkConfig] = Field(
+        default_factory=dict,
+        description="More sinks for the same output, by a name of letters, digits and _ "
+        "(e.g. a Postgres table to serve beside a Delta table of history): each batch "
+        "writes each of them after `sink`, before it commits, each exactly once as `sink` "
+        "is; see Several sinks.",
+    )
     event_time: EventTime | None = Field(
         default=None, description="Event-time column, out-of-orderness, idleness, lateness."
     )
@@ -934,6 +1063,16 @@ class Pipeline(_Config):
         return self
 
     @model_validator(mode="after")
+    def _each_table_joined_once(self) -> Pipeline:
+        check_tables_distinct(self.joins)
+        if self.joins and self.backfill is not None:
+            raise ValueError(
+                "`backfill` recomputes windows from the source's whole history at once, but "
+                "each batch joined the dimensions' versions of its own time: remove `backfill`"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _keyed_needs_event_time(self) -> Pipeline:
         if self.keyed is not None:
             if self.event_time is None:
@@ -1004,6 +1143,8 @@ class Pipeline(_Config):
             for name in ("transform", "dedup", "aggregation", "keyed", "backfill")
             if getattr(self, name) is not None
         ]
+        if self.joins:
+            taken.append("`joins`")
         if taken:
             raise ValueError(
                 f"a pipeline with `stream_join` cannot have {', '.join(taken)} yet: transform "
@@ -1037,21 +1178,48 @@ class Pipeline(_Config):
         return self
 
     @model_validator(mode="after")
+    def _extra_sinks_named_and_apart(self) -> Pipeline:
+        for name in self.extra_sinks:
+            if not name or not all(c.isalnum() or c == "_" for c in name):
+                raise ValueError(f"extra sink name {name!r}: use letters, digits and _")
+            if name == PRIMARY_SINK:
+                raise ValueError(f"extra sink name {name!r} names `sink`: give it another name")
+        where: dict[str, str] = {}
+        for name, sink in self.sinks().items():
+            place = _sink_place(sink)
+            if place is not None and place in where:
+                raise ValueError(
+                    f"sinks {where[place]!r} and {name!r} both write {place}: give each a "
+                    "table of its own"
+                )
+            if place is not None:
+                where[place] = name
+        return self
+
+    @model_validator(mode="after")
     def _aggregation_needs_event_time(self) -> Pipeline:
         if self.aggregation is not None:
             if self.event_time is None:
                 raise ValueError("`aggregation` needs `event_time` (which column holds event time)")
-            if isinstance(self.sink, DeltaSink | PostgresSink) and self.sink.mode != "append":
-                raise ValueError(
-                    "a windowed pipeline sets how the sink is written through "
-                    "`aggregation.output_mode`; leave `sink.mode` at append"
-                )
-            if isinstance(self.sink, ForeachBatchSink) and self.aggregation.output_mode == "update":
-                raise ValueError(
-                    "update-mode windows retract rows, which a `foreach_batch` function is not "
-                    "given: use `output_mode: append`, or a `kind: custom` sink (its `write` "
-                    "receives `retract`)"
-                )
+            for name, sink in self.sinks().items():
+                field = "sink" if name == PRIMARY_SINK else f"extra_sinks.{name}"
+                if isinstance(sink, DeltaSink | PostgresSink) and sink.mode != "append":
+                    raise ValueError(
+                        "a windowed pipeline sets how its sinks are written through "
+                        f"`aggregation.output_mode`; leave `{field}.mode` at append"
+                    )
+                update = self.aggregation.output_mode == "update"
+                if isinstance(sink, KafkaSink) and update and sink.key is not None:
+                    raise ValueError(
+                        "update-mode windows are keyed in Kafka by their keys and window (a "
+                        f"compacted topic keeps each window's latest): leave `{field}.key` out"
+                    )
+                if isinstance(sink, ForeachBatchSink) and update:
+                    raise ValueError(
+                        f"update-mode windows retract rows, which `{field}`, a `foreach_batch` "
+                        "function, is not given: use `output_mode: append`, or a `kind: "
+                        "custom` sink (its `write` receives `retract`)"
+                    )
         elif self.backfill is not None:
             raise ValueError(
                 "`backfill` recomputes event-time windows: it needs `aggregation`; remove it"
@@ -1078,16 +1246,30 @@ class Pipeline(_Config):
         what = f"the post_aggregation of {self.name}"
         return apply_step(self.post_aggregation, windows, "windows", what)
 
-    def sink_config(self) -> DeltaSink | CustomSink | PostgresSink | ForeachBatchSink:
-        """The sink as written: update-mode aggregations MERGE a Delta sink, or upsert a
-        Postgres one, on keys + window."""
-        merges = self.aggregation is not None and self.aggregation.output_mode == "update"
-        if merges and isinstance(self.sink, DeltaSink | PostgresSink):
-            assert self.aggregation is not None
-            keys = (*self.aggregation.keys, "window_start", "window_end")
-            mode = "merge" if isinstance(self.sink, DeltaSink) else "upsert"
-            return self.sink.model_copy(update={"mode": mode, "keys": keys})
-        return self.sink
+    def sink_config(self) -> SinkKind:
+        """The sink as written (``written_as``)."""
+        return self.written_as(self.sink)
+
+    def sinks(self) -> dict[str, SinkKind]:
+        """Every sink by name, ``sink`` first (named ``PRIMARY_SINK``), as configured."""
+        return {PRIMARY_SINK: self.sink, **self.extra_sinks}
+
+    def written_as(self, sink: SinkKind) -> SinkKind:
+        """``sink`` (one of ``sinks``) as written: update-mode aggregations MERGE a Delta
+        sink, or upsert a Postgres one, on keys + window."""
+        keys = self.window_identity
+        if keys is not None and isinstance(sink, DeltaSink | PostgresSink):
+            mode = "merge" if isinstance(sink, DeltaSink) else "upsert"
+            return sink.model_copy(update={"mode": mode, "keys": keys})
+        return sink
+
+    @property
+    def window_identity(self) -> tuple[str, ...] | None:
+        """What identifies an update-mode window in the sink (its keys and bounds: a sink
+        upserts and retracts on them); None for other pipelines."""
+        if self.aggregation is None or self.aggregation.output_mode != "update":
+            return None
+        return (*self.aggregation.keys, "window_start", "window_end")
 
     @property
     def output_mode(self) -> str | None:
@@ -1127,7 +1309,8 @@ class Pipeline(_Config):
         The transform counts by its import path, so editing its body is allowed
         (as in Spark), renaming it is not; a SQL transform by its query (surrounding
         whitespace stripped). ``post_aggregation`` counts the same way, and only when
-        set, so pipelines without it keep their fingerprint; ``dedup`` likewise. Of the
+        set, so pipelines without it keep their fingerprint; ``dedup`` and ``joins`` (each
+        join's table, keys, kind and columns, not whether it broadcasts) likewise. Of the
         expectations, only the ``drop`` ones count, and only when there are some
         (``lowmark.batches.expectations``): ``warn`` and ``fail`` ones and the ``quality``
         thresholds change no committed row. A keyed step counts with the schemas of the
@@ -1139,18 +1322,23 @@ class Pipeline(_Config):
             "transform": step_semantics(self.transform),
             # What changes no batch's rows: a Delta sink's properties, a custom sink's
             # options, where a Postgres sink connects (each sink's OPERATIONAL).
-            "sink": self.sink.model_dump(exclude=set(self.sink.OPERATIONAL)),
+            "sink": _sink_semantics(self.sink),
             "event_time": _event_time_semantics(self.event_time),
             "aggregation": self.aggregation.model_dump() if self.aggregation else None,
         }
         if self.post_aggregation is not None:
             semantics["post_aggregation"] = step_semantics(self.post_aggregation)
+        if self.joins:  # absent otherwise, as for post_aggregation
+            semantics["joins"] = [join.semantics() for join in self.joins]
         if self.dedup is not None:  # absent otherwise, as for post_aggregation
             semantics["dedup"] = self.dedup.model_dump()
         if self.keyed is not None:
             semantics["keyed"] = self.keyed.semantics()
         if self.stream_join is not None:  # absent otherwise, as for dedup
             semantics["stream_join"] = self.stream_join.model_dump()
+        if self.extra_sinks:  # absent otherwise, as for post_aggregation
+            extra = sorted(self.extra_sinks.items())
+            semantics["extra_sinks"] = {n: _sink_semantics(s) for n, s in extra}
         drops = fingerprint_semantics(self.expectations)
         if drops is not None:  # absent otherwise: checkpoints from before keep theirs
             semantics["expectations"] = drops

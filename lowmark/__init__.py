@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         FileSource,
         ForeachBatchSink,
         HealthChecks,
+        KafkaSink,
         KafkaSource,
         Maintenance,
         Pipeline,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from lowmark.batches.sinks import Sink
     from lowmark.batches.sources import Source, SourceRead
     from lowmark.batches.sql import SqlStep
+    from lowmark.batches.table_join import TableJoin
     from lowmark.batches.windows import (
         Aggregate,
         EventTime,
@@ -64,6 +66,7 @@ _HOME = {
             "FileSource",
             "ForeachBatchSink",
             "HealthChecks",
+            "KafkaSink",
             "KafkaSource",
             "Maintenance",
             "Pipeline",
@@ -77,6 +80,7 @@ _HOME = {
     "Source": "lowmark.batches.sources",
     "SourceRead": "lowmark.batches.sources",
     "SqlStep": "lowmark.batches.sql",
+    "TableJoin": "lowmark.batches.table_join",
     **dict.fromkeys(
         (
             "Aggregate",
@@ -105,6 +109,7 @@ __all__ = [
     "FileSource",
     "ForeachBatchSink",
     "HealthChecks",
+    "KafkaSink",
     "KafkaSource",
     "Maintenance",
     "Pipeline",
@@ -118,6 +123,7 @@ __all__ = [
     "SourceRead",
     "SqlStep",
     "SyntheticSource",
+    "TableJoin",
     "Tumbling",
     "UnionSource",
     "UserAggregate",

@@ -9,12 +9,16 @@ Per pipeline, one multi-asset whose op is the pipeline's run
   materializing partitions backfills them. Every committed batch records a
   materialization with readable metadata (``lowmark.orchestration.metadata``). Its
   freshness policy (``freshness_policy``) follows from the pipeline's bounds.
+- ``lowmark/<pipeline>_sink_<name>`` — each extra sink (``extra_sinks``), written by
+  the same batches.
 - ``lowmark/<pipeline>_late`` (event-time pipelines) and
   ``lowmark/<pipeline>_bad_records`` — the checkpoint's late and bad-records
   tables, materialized by every batch (with the rows it appended), so
   downstream assets can depend on them.
 - ``lowmark/sources/<kind>_<path>`` — the input, an external asset upstream
   of all three, observed by the pipeline's sensor (``lowmark.orchestration.observations``).
+- ``lowmark/dimensions/<table>`` — each table the pipeline joins its records with
+  (``joins``), an external asset upstream of all three, not observed (``dimension_specs``).
 
 Checks: ``lowmark.orchestration.checks``. Batches run from the CLI are reported as
 materializations too, when a Dagster instance is configured
@@ -32,7 +36,7 @@ from typing import Any
 import dagster as dg
 
 from lowmark.batches.loop.backfill import final_at_ms
-from lowmark.batches.pipeline import DeltaSink, Pipeline, PostgresSink
+from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline, PostgresSink, SinkKind
 from lowmark.orchestration.checks import check_evaluations, check_results, check_specs
 from lowmark.orchestration.keys import (
     GROUP,
@@ -40,11 +44,14 @@ from lowmark.orchestration.keys import (
     Sinks,
     asset_op,
     bad_records_key,
+    dimension_key,
+    extra_sink_keys,
     inputs,
     late_key,
     pool,
     sink_key,
     source_key,
+    upstream_keys,
 )
 from lowmark.orchestration.partitions import event_time_partitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
@@ -69,24 +76,46 @@ def source_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.A
     ]
 
 
-def _sink_metadata(pipeline: Pipeline) -> dict[str, str]:
-    """What the sink asset shows of the sink: its table and mode (a Delta table's path, a
-    Postgres table's name), or a custom sink's factory (lowmark cannot read such a sink: the
-    asset records batches, not a table)."""
-    sink = pipeline.sink_config()
+def dimension_specs(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.AssetSpec]:
+    """Each table ``pipeline`` joins its records with as an external asset, but for the
+    sinks of other pipelines (``sinks``), which are assets already. They are not observed:
+    a dimension's update starts no batch (the next batch joins it)."""
+    return [
+        dg.AssetSpec(
+            key,
+            description=f"Delta table lowmark pipelines join their records with: {join.table} "
+            "(written by others; each batch reads the version it recorded).",
+            group_name=GROUP,
+            kinds={"delta"},
+        )
+        for join in pipeline.joins
+        if (key := dimension_key(join, data_root, sinks)) not in sinks.values()
+    ]
+
+
+def _sink_metadata(pipeline: Pipeline, sink: SinkKind) -> dict[str, str]:
+    """What a sink asset shows of its sink (``sink``, one of ``pipeline.sinks()``): its table
+    and mode (a Delta table's path, a Postgres table's name), a Kafka sink's topic, or a
+    custom sink's factory (lowmark cannot read such a sink: the asset records batches, not a
+    table)."""
+    sink = pipeline.written_as(sink)
     if isinstance(sink, DeltaSink):
         return {"path": sink.path, "mode": sink.mode}
     if isinstance(sink, PostgresSink):
         return {"table": sink.table, "mode": sink.mode}
+    if isinstance(sink, KafkaSink):
+        return {"topic": sink.topic}
     return {"factory": sink.label}
 
 
-def _sink_kinds(pipeline: Pipeline) -> set[str]:
-    """The systems the sink asset shows it in (Dagster's kind tags)."""
-    if isinstance(pipeline.sink, DeltaSink):
+def _sink_kinds(sink: SinkKind) -> set[str]:
+    """The systems a sink asset shows it in (Dagster's kind tags)."""
+    if isinstance(sink, DeltaSink):
         return {"delta", "spark"}
-    if isinstance(pipeline.sink, PostgresSink):
+    if isinstance(sink, PostgresSink):
         return {"postgres", "spark"}
+    if isinstance(sink, KafkaSink):
+        return {"kafka", "spark"}
     return {"spark"}
 
 
@@ -110,18 +139,30 @@ def pipeline_assets(
     one op: partitions selected → backfill them; else run micro-batches, evaluating the
     selected checks after each; only checks selected → just those. ``sinks``: other
     pipelines' sink assets, upstream of a pipeline that reads their tables."""
-    upstream = [source_key(source, data_root, sinks or {}) for source in inputs(pipeline)]
+    upstream = upstream_keys(pipeline, data_root, sinks or {})
     name = pipeline.name
     specs = [
         dg.AssetSpec(
             sink_key(pipeline),
             description=f"Sink of lowmark pipeline {name}: {pipeline.description}",
             deps=upstream,
-            kinds=_sink_kinds(pipeline),
-            metadata=_sink_metadata(pipeline),
+            kinds=_sink_kinds(pipeline.sink),
+            metadata=_sink_metadata(pipeline, pipeline.sink),
             partitions_def=event_time_partitions(pipeline, data_root),
             freshness_policy=freshness_policy(pipeline),
             skippable=True,
+        ),
+        *(
+            dg.AssetSpec(
+                key,
+                description=f"Sink {sink_name!r} of lowmark pipeline {name}, beside its sink: "
+                f"{pipeline.description}",
+                deps=upstream,
+                kinds=_sink_kinds(pipeline.extra_sinks[sink_name]),
+                metadata=_sink_metadata(pipeline, pipeline.extra_sinks[sink_name]),
+                skippable=True,
+            )
+            for sink_name, key in extra_sink_keys(pipeline).items()
         ),
         dg.AssetSpec(
             bad_records_key(pipeline),

@@ -30,6 +30,7 @@ from lowmark.batches.cli import commands, look  # noqa: F401 (look registers `sh
 from lowmark.batches.cli.display import print_json
 from lowmark.batches.registry import load_pipelines
 from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
+from lowmark.orchestration.instance import POSTGRES_VARIABLES, DagsterStorage
 from lowmark.orchestration.project import find_project
 
 # Dagster (and, through the engine, PySpark) is imported by what needs it: reporting a
@@ -172,6 +173,14 @@ def init(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print what was created as JSON.")
     ] = False,
+    dagster_storage: Annotated[
+        DagsterStorage,
+        typer.Option(
+            help="Where the project's Dagster instance keeps runs, event logs and schedules: "
+            "SQLite files in dagster_home/, or a Postgres database named by the environment "
+            f"variables {', '.join(POSTGRES_VARIABLES)}.",
+        ),
+    ] = DagsterStorage.SQLITE,
 ) -> None:
     """Start a project of your own in FOLDER, ready to run: one example pipeline (JSON files
     of page views → views per page per minute, a Delta table) and a sample file to feed it,
@@ -184,7 +193,7 @@ def init(
     """
     from lowmark.orchestration.scaffold import FILES, command_lines, init_project
 
-    made = init_project(folder, datetime.now(UTC))
+    made = init_project(folder, datetime.now(UTC), dagster_storage)
     if as_json:
         print(made.to_json())
         return

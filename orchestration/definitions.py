@@ -17,7 +17,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 )
 
 from lowmark.batches.registry import load_pipelines
-from lowmark.orchestration.assets import pipeline_assets, source_specs
+from lowmark.orchestration.assets import dimension_specs, pipeline_assets, source_specs
 from lowmark.orchestration.jobs import (
     backfill_job,
     maintenance_job,
@@ -35,6 +35,7 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
     lowmark = LowmarkResource()
     assets: list[dg.AssetsDefinition] = []
     sources: dict[dg.AssetKey, dg.AssetSpec] = {}
+    dimensions: dict[dg.AssetKey, dg.AssetSpec] = {}
     jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition] = []
     sensors, schedules = [], []
     pipelines = load_pipelines(location).values()
@@ -44,6 +45,8 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
         assets.append(tables)
         for source in source_specs(pipeline, lowmark.root(), sinks):
             sources[source.key] = source  # pipelines reading one input share its asset
+        for dimension in dimension_specs(pipeline, lowmark.root(), sinks):
+            dimensions[dimension.key] = dimension
         job = microbatch_job(pipeline, tables)
         jobs.append(job)
         inputs = observed_inputs(pipeline, lowmark.root(), sinks)
@@ -55,7 +58,7 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
             jobs.append(backfill_job(pipeline))
     inputs_asset = observable_inputs(list(sources.values()), list(pipelines), lowmark.root(), sinks)
     return dg.Definitions(
-        assets=[*assets, inputs_asset] if sources else assets,
+        assets=[*assets, *([inputs_asset] if sources else []), *dimensions.values()],
         jobs=jobs,
         sensors=sensors,
         schedules=schedules,

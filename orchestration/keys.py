@@ -16,6 +16,7 @@ from lowmark.batches.pipeline import (
     UnionSource,
     resolve,
 )
+from lowmark.batches.table_join import TableJoin
 
 GROUP = "lowmark"
 PIPELINE_TAG = "lowmark/pipeline"
@@ -24,6 +25,11 @@ PIPELINE_TAG = "lowmark/pipeline"
 
 def sink_key(pipeline: Pipeline) -> dg.AssetKey:
     return dg.AssetKey([GROUP, pipeline.name])
+
+
+def extra_sink_keys(pipeline: Pipeline) -> dict[str, dg.AssetKey]:
+    """Each extra sink's asset (``Pipeline.extra_sinks``), by the sink's name."""
+    return {n: dg.AssetKey([GROUP, f"{pipeline.name}_sink_{n}"]) for n in pipeline.extra_sinks}
 
 
 def late_key(pipeline: Pipeline) -> dg.AssetKey:
@@ -63,6 +69,21 @@ def source_key(source: OneSource, data_root: Path, sinks: Sinks) -> dg.AssetKey:
             return upstream
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", source.label).strip("_")
     return dg.AssetKey([GROUP, "sources", f"{source.kind}_{slug}"])
+
+
+def dimension_key(join: TableJoin, data_root: Path, sinks: Sinks) -> dg.AssetKey:
+    """A table a pipeline joins its records with: another pipeline's sink asset if one
+    writes it, else ``lowmark/dimensions/<table>``."""
+    upstream = sinks.get(resolve(join.table, data_root))
+    if upstream is not None:
+        return upstream
+    return dg.AssetKey([GROUP, "dimensions", re.sub(r"[^A-Za-z0-9_]+", "_", join.table).strip("_")])
+
+
+def upstream_keys(pipeline: Pipeline, data_root: Path, sinks: Sinks) -> list[dg.AssetKey]:
+    """What ``pipeline``'s tables are computed from: its inputs, then its joined tables."""
+    keys = [source_key(source, data_root, sinks) for source in inputs(pipeline)]
+    return keys + [dimension_key(join, data_root, sinks) for join in pipeline.joins]
 
 
 def pool(pipeline: Pipeline) -> str:

@@ -25,7 +25,7 @@ import dagster as dg
 from lowmark.batches.loop.microbatch import BatchResult
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sources.base import describe_range
-from lowmark.orchestration.keys import bad_records_key, late_key, sink_key
+from lowmark.orchestration.keys import bad_records_key, extra_sink_keys, late_key, sink_key
 from lowmark.orchestration.tables import ROW_COUNT
 
 
@@ -92,7 +92,8 @@ def batch_materializations(
     bad-records tables' — every batch, so neither reads as in progress for the whole of a
     run that follows the source — with the rows ``r`` appended and their row count and
     schema; one per event-time partition of the sink it made final, with its rows: the
-    numbers the partitioned sink's plots (by partition) show."""
+    numbers the partitioned sink's plots (by partition) show; each extra sink's, with the
+    rows ``r`` wrote to it."""
     batch = dg.MetadataValue.text(str(r.batch_id))
     # The partitions first: the asset page shows the newest event, the batch's own.
     events = [
@@ -114,6 +115,10 @@ def batch_materializations(
         dg.AssetMaterialization(
             bad_records_key(pipeline), metadata={"batch": batch, "rows": r.rows_bad, **tables.bad}
         )
+    )
+    events.extend(
+        dg.AssetMaterialization(key, metadata={"batch": batch, "rows": r.rows_out})
+        for key in extra_sink_keys(pipeline).values()
     )
     events.append(
         dg.AssetMaterialization(

@@ -10,6 +10,7 @@ lowmark.toml    flag             environment          without any of them
 pipelines       ``--pipelines``  LOWMARK_PIPELINES    the demo (``lowmark.batches.demo``)
 data_root       ``--data-root``  LOWMARK_DATA_ROOT    ``./data``
 dagster_home    (none)           DAGSTER_HOME         unset (``lowmark ui``: ./.dagster_home)
+spark_master    ``--master``     LOWMARK_SPARK_MASTER ``local[*]``
 ==============  ===============  ===================  ================================
 
 so: flag > environment > ``lowmark.toml`` > lowmark's default. The file works by
@@ -68,6 +69,8 @@ class ProjectSettings:
     dagster_home: str = "dagster_home"
     """Dagster instance folder (its dagster.yaml, then its storage); `lowmark` reports the
     batches it runs there."""
+    spark_master: str | None = None
+    """The Spark master URL every run uses (``spark://host:7077``); unset: ``local[*]``."""
 
     @classmethod
     def parse(cls, doc: dict[str, Any]) -> ProjectSettings:
@@ -114,11 +117,12 @@ class Project:
 
     def environment(self) -> dict[str, str]:
         """The environment variables this project sets when they are unset."""
+        master = self.settings.spark_master
         return {
             "LOWMARK_PIPELINES": self.pipelines,
             "LOWMARK_DATA_ROOT": str(self.data_root),
             "DAGSTER_HOME": str(self.dagster_home),
-        }
+        } | ({"LOWMARK_SPARK_MASTER": master} if master else {})
 
     def use(
         self, environ: MutableMapping[str, str] = os.environ, path: list[str] = sys.path

@@ -2,7 +2,8 @@
 
 The project's files come from ``orchestration/templates/`` (``$name`` in
 ``workspace.yaml`` and ``README.md`` is the project's name, ``$commands`` the three
-commands below); its Dagster instance settings are lowmark's own ``dagster.yaml``.
+commands below); its Dagster instance settings are lowmark's own ``dagster.yaml``, with
+the storage asked for (``lowmark.orchestration.instance``).
 ``lowmark.toml`` makes ``lowmark`` run in the folder use the project
 (``lowmark.orchestration.project``).
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from string import Template
 
 from lowmark.orchestration.errors import ProjectFolderNotEmpty
-from lowmark.orchestration.ui import PROJECT
+from lowmark.orchestration.instance import DagsterStorage, instance_settings
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PIPELINE = "views_per_minute"
@@ -72,9 +73,12 @@ class Scaffolded:
         return json.dumps(self.as_dict(), indent=2)
 
 
-def init_project(folder: Path, now: datetime) -> Scaffolded:
+def init_project(
+    folder: Path, now: datetime, storage: DagsterStorage = DagsterStorage.SQLITE
+) -> Scaffolded:
     """Write a new project into ``folder`` (made if absent): ``FILES``, with a sample of page
-    views timed in the 3 minutes before ``now`` (timezone-aware).
+    views timed in the 3 minutes before ``now`` (timezone-aware), its Dagster instance
+    keeping its runs in ``storage``.
 
     ``folder`` must be absent or an empty folder: nothing is ever overwritten.
     """
@@ -91,7 +95,7 @@ def init_project(folder: Path, now: datetime) -> Scaffolded:
         "lowmark.toml": _template("lowmark.toml"),
         "definitions.py": _template("definitions.py"),
         "workspace.yaml": Template(_template("workspace.yaml")).substitute(fill),
-        "dagster_home/dagster.yaml": _instance_settings(),
+        "dagster_home/dagster.yaml": instance_settings(storage),
         SAMPLE: _sample_views(now),
         "README.md": Template(_template("README.md")).substitute(fill),
         ".gitignore": _template("gitignore"),
@@ -114,18 +118,6 @@ def command_lines() -> list[str]:
 
 def _template(name: str) -> str:
     return (TEMPLATES / name).read_text()
-
-
-def _instance_settings() -> str:
-    """lowmark's ``dagster.yaml`` (one copy of the settings), its opening comment — about
-    lowmark's own instance — replaced by one about the project's."""
-    lines = (PROJECT / "dagster.yaml").read_text().splitlines(keepends=True)
-    body = lines[next(i for i, line in enumerate(lines) if not line.startswith("#")) :]
-    return (
-        "# This project's Dagster instance (DAGSTER_HOME is this folder; see lowmark.toml):\n"
-        "# SQLite storage beside this file, queued runs, one run per pipeline at a time.\n"
-        "# For production, add e.g. `storage: postgres: ...` (Dagster's docs).\n" + "".join(body)
-    )
 
 
 def _sample_views(now: datetime) -> str:

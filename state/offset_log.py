@@ -37,6 +37,7 @@ class OffsetEntry(LogEntry):
         pa.field("pipeline_definition", pa.string()),
         pa.field("ingestion_ms", pa.string()),
         pa.field("window_watermark_ms", pa.int64()),
+        pa.field("dimension_versions", pa.string()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {
@@ -46,6 +47,7 @@ class OffsetEntry(LogEntry):
             "input_skipped",
             "pipeline_definition",
             "ingestion_ms",
+            "dimension_versions",
         }
     )
 
@@ -75,6 +77,10 @@ class OffsetEntry(LogEntry):
     keyed step's of the batch before (``batch_watermark_ms`` of batch N-1), recorded so a
     replay judges lateness and closes windows alike. None otherwise (the window stage,
     if any, runs with ``batch_watermark_ms``)."""
+    dimension_versions: dict[str, int] | None = None
+    """With stream-table joins: the Delta version of each joined table (by its ``table`` as
+    written), its newest when the batch was planned, recorded so a replay joins against the
+    same rows. None otherwise."""
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

@@ -124,7 +124,11 @@ def pg_database(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> st
     return name
 
 
-FIRST = ("tests/faults/", "tests/orchestration/test_dagster_dev.py")
+FIRST = (
+    "tests/faults/",
+    "tests/orchestration/test_dagster_dev.py",
+    "tests/orchestration/test_dagster_postgres.py",
+)
 """The longest groups of tests, started first when two workers share the suite."""
 
 

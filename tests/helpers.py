@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -393,6 +393,25 @@ def event(user: str, second: float, amount: int) -> dict[str, Any]:
 def drop_batches(root: Path, batches: list[list[dict[str, Any]]]) -> None:
     for i, rows in enumerate(batches):
         write_json_lines(root / "in", f"b{i:03d}.json", rows, 1_700_000_000 + i)
+
+
+def run_replaying(
+    spark: SparkSession,
+    p: Pipeline,
+    root: Path,
+    batches: list[list[dict[str, Any]]],
+    crash: faults.KillPoint | None = None,
+    after_crash: Callable[[], object] = lambda: None,
+) -> list[int]:
+    """Run ``p`` over ``batches`` (``drop_batches``) under ``root`` to the end: after
+    ``crash``, if given, in an earlier run, then ``after_crash``; the batches replayed."""
+    drop_batches(root, batches)
+    if crash is not None:
+        with faults.crash_at(crash), pytest.raises(faults.InjectedCrash):
+            MicroBatchRunner(spark, p, root).run(max_batches=None)
+        after_crash()
+    results = MicroBatchRunner(spark, p, root).run(max_batches=None)
+    return [r.batch_id for r in results if r.replay]
 
 
 def timed(**fields: Any) -> Pipeline:

@@ -218,6 +218,12 @@ class KafkaBroker:
             raise RuntimeError(f"producing to {topic!r}: {pending} records not delivered")
         return producer
 
+    def records(
+        self, topic: str, committed_only: bool = True
+    ) -> list[tuple[int, bytes | None, bytes | None]]:
+        """``read_records`` of ``topic`` on this broker."""
+        return read_records(self.bootstrap, topic, committed_only)
+
     def delete_records_before(self, topic: str, partition: int, offset: int) -> None:
         """What retention does: ``topic``'s ``partition`` starts at ``offset`` from now on
         (its records before it are deleted). Raises KafkaException on failure."""
@@ -288,6 +294,49 @@ class KafkaBroker:
     def _fail(self, why: str) -> None:
         lines = self.log.read_text(errors="replace").splitlines()[-30:] if self.log.exists() else []
         raise RuntimeError(f"Kafka broker in {self.folder} {why}; {self.log}:\n" + "\n".join(lines))
+
+
+def read_records(
+    bootstrap: str, topic: str, committed_only: bool = True
+) -> list[tuple[int, bytes | None, bytes | None]]:
+    """Every record of ``topic`` a consumer reads from the start to the end: (partition,
+    key, value), in offset order per partition. ``committed_only``: as a
+    ``read_committed`` consumer (aborted and still open transactions' records left out,
+    reading stops at the first open one), else ``read_uncommitted``. Raises
+    RuntimeError if the end is not reached in time."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{os.getpid()}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed" if committed_only else "read_uncommitted",
+        }
+    )
+    metadata = consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S).topics[topic]
+    partitions = sorted(metadata.partitions)
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    found: list[tuple[int, bytes | None, bytes | None]] = []
+    ended: set[int] = set()
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    try:
+        while len(ended) < len(partitions):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out reading {topic!r} to its end")
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            error, partition = message.error(), message.partition()
+            assert partition is not None  # a record's, or a partition's end
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                ended.add(partition)
+            elif error is not None:
+                raise KafkaException(error)
+            else:
+                found.append((partition, message.key(), message.value()))
+    finally:
+        consumer.close()
+    return found
 
 
 def _classpath() -> str:

@@ -75,6 +75,8 @@ class LastBatch:
     violations: dict[str, int]
     """Per expectation, its records that violated it (``parsable``: rows that did not
     parse; ``lowmark.batches.expectations``)."""
+    dimension_versions: dict[str, int] | None = None
+    """With stream-table joins: the version of each joined table it joined with."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,9 @@ class BatchPlan:
     window_watermark_ms: int | None = None
     """With a keyed step before windows: the watermark the windows run with (the keyed
     step's of the batch before); None otherwise (they run with ``watermark_ms``)."""
+    dimension_versions: dict[str, int] | None = None
+    """With stream-table joins: the version of each joined table the batch joins with (a
+    replay: those its offsets recorded); None otherwise."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data (``lowmark plan --json``)."""
@@ -309,6 +314,7 @@ def pipeline_plan(
         problem=None if problem is None else str(problem),
         ingestion_ms=planned.ingestion,
         window_watermark_ms=planned.window_watermark,
+        dimension_versions=planned.dimension_versions,
     )
 
 
@@ -368,6 +374,7 @@ def _last_batch(
         accounting=_accounting(pipeline, {k: getattr(done, k) for k in COUNTS}, total=False),
         closed_windows_held=done.rows_closed if windowed else None,
         violations=done.violations,
+        dimension_versions=offsets.dimension_versions,
     )
 
 

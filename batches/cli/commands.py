@@ -46,6 +46,7 @@ from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import BatchFailed, RunInFlight
 from lowmark.batches.loop.metrics import TEXTFILE_ENV
 from lowmark.batches.registry import get_pipeline, load_pipelines
+from lowmark.batches.stream_join import describe_join
 from lowmark.state.errors import LowmarkError, first_line
 
 # The engine (lowmark.batches.loop, the sources, lowmark.state.session) and PySpark are imported by
@@ -58,8 +59,7 @@ if TYPE_CHECKING:
     from lowmark.batches.admin.status import NextBatchStatus, PipelineStatus
     from lowmark.batches.loop.events import BatchResult
     from lowmark.batches.loop.microbatch import MicroBatchRunner
-    from lowmark.batches.stream_join import describe_join
-from lowmark.batches.pipeline import Pipeline
+    from lowmark.batches.pipeline import Pipeline, SinkKind
 
 app = typer.Typer(
     help="lowmark: exactly-once micro-batch streaming on Spark + Delta.",
@@ -204,43 +204,86 @@ def list_pipelines(ctx: typer.Context, as_json: JsonFlag = False) -> None:
                     "name": p.name,
                     "description": p.description,
                     "source": {"kind": p.source.kind, "label": p.source.label},
-                    "sink": _sink_json(p),
+                    "sink": _sink_json(p, p.sink),
                 }
+                | _extra_sinks_json(p)
+                | ({"joins": [j.semantics() for j in p.joins]} if p.joins else {})
                 for p in pipelines
             ],
         )
         return
     rows = [
-        (p.name, f"{p.source.kind}:{p.source.label}", _sink_words(p), p.description)
+        (
+            p.name,
+            f"{p.source.kind}:{p.source.label}" + "".join(f", {w}" for w in _join_words(p)),
+            _sink_words(p),
+            p.description,
+        )
         for p in pipelines
     ]
     print_table(out, ("pipeline", "source", "sink", "description"), rows)
 
 
-def _sink_words(p: Pipeline) -> str:
-    """The sink as ``lowmark list`` shows it: ``delta:demo/orders (append)``, its mode the
-    one batches write it with (``Pipeline.output_mode``)."""
-    from lowmark.batches.pipeline import DeltaSink, PostgresSink
+def _join_words(p: Pipeline, versions: dict[str, int] | None = None) -> list[str]:
+    """Each stream-table join in words (``left join devices on device_id``), at its
+    version in ``versions`` if given."""
+    return [
+        f"{j.how} join {j.table} on {', '.join(j.keys)}"
+        + (f" (version {versions[j.table]})" if versions and j.table in versions else "")
+        for j in p.joins
+    ]
 
-    sink = p.sink
+
+def _sink_words(p: Pipeline) -> str:
+    """The sinks as ``lowmark list`` shows them: ``delta:demo/orders (append)``, its mode the
+    one batches write it with; extra sinks after a ``+``."""
+    return " + ".join(_one_sink_words(p, sink) for sink in p.sinks().values())
+
+
+def _one_sink_words(p: Pipeline, sink: SinkKind) -> str:
+    from lowmark.batches.pipeline import DeltaSink, KafkaSink, PostgresSink
+
     where = sink.path if isinstance(sink, DeltaSink) else sink.label
     if isinstance(sink, PostgresSink):
         where = sink.table
-    mode = f" ({p.output_mode})" if p.output_mode else ""
-    return f"{p.sink.kind}:{where}{mode}"
+    if isinstance(sink, KafkaSink):
+        where = sink.topic
+    mode = _sink_mode(p, sink)
+    return f"{sink.kind}:{where}" + (f" ({mode})" if mode else "")
 
 
-def _sink_json(p: Pipeline) -> dict[str, str | None]:
-    """The sink as ``lowmark list --json`` shows it: a Delta table, a Postgres table, or a
-    custom factory; ``mode`` the one batches write it with (``Pipeline.output_mode``)."""
+def _sink_mode(p: Pipeline, sink: SinkKind) -> str | None:
+    """How batches write ``sink`` (``Pipeline.output_mode``, per sink): a windowed
+    pipeline's output mode, else a Delta or Postgres sink's ``mode``; None for a custom
+    sink's records."""
     from lowmark.batches.pipeline import DeltaSink, PostgresSink
 
-    if isinstance(p.sink, DeltaSink):
-        return {"kind": p.sink.kind, "path": p.sink.path, "mode": p.output_mode}
-    if isinstance(p.sink, PostgresSink):
-        return {"kind": p.sink.kind, "table": p.sink.table, "mode": p.output_mode}
-    shown: dict[str, str | None] = {"kind": p.sink.kind, "factory": p.sink.label}
-    return shown | ({"mode": p.output_mode} if p.output_mode else {})
+    if p.aggregation is not None:
+        return p.aggregation.output_mode
+    return sink.mode if isinstance(sink, DeltaSink | PostgresSink) else None
+
+
+def _extra_sinks_json(p: Pipeline) -> dict[str, Any]:
+    """``extra_sinks`` as ``lowmark list --json`` shows them, by name (none: nothing)."""
+    if not p.extra_sinks:
+        return {}
+    return {"extra_sinks": {n: _sink_json(p, s) for n, s in p.extra_sinks.items()}}
+
+
+def _sink_json(p: Pipeline, sink: SinkKind) -> dict[str, Any]:
+    """A sink as JSON: a Delta table, a Postgres table, a Kafka topic, or a custom factory;
+    ``mode`` the one batches write it with (``_sink_mode``)."""
+    from lowmark.batches.pipeline import DeltaSink, KafkaSink, PostgresSink
+
+    mode = _sink_mode(p, sink)
+    if isinstance(sink, DeltaSink):
+        return {"kind": sink.kind, "path": sink.path, "mode": mode}
+    if isinstance(sink, PostgresSink):
+        return {"kind": sink.kind, "table": sink.table, "mode": mode}
+    if isinstance(sink, KafkaSink):
+        return {"kind": sink.kind, "topic": sink.topic, "mode": mode}
+    shown: dict[str, Any] = {"kind": sink.kind, "factory": sink.label}
+    return shown | ({"mode": mode} if mode else {})
 
 
 @app.command()
@@ -544,6 +587,9 @@ def status(
         held = last.closed_windows_held
         closed = f"; the windows it closed held {held} records" if held is not None else ""
         fields.append((f"batch {last.batch_id}", _went(last.accounting, p.output_mode) + closed))
+        if p.joins:
+            joined = _join_words(p, last.dimension_versions)
+            fields.append((f"batch {last.batch_id} joined", "\n".join(joined)))
     fields.append(("all batches", _went(s.accounting, p.output_mode)))
     if s.keyed is not None:
         due = s.keyed.next_timer_ms
@@ -556,8 +602,8 @@ def status(
         )
     if s.join_held is not None:
         sides = (f"{side}: {rows} rows" for side, rows in s.join_held.items())
-        joined = s.totals.get("rows_out", 0)
-        fields.append(("join state", ", ".join(sides) + f" held; {joined} joined rows emitted"))
+        emitted = s.totals.get("rows_out", 0)
+        fields.append(("join state", ", ".join(sides) + f" held; {emitted} joined rows emitted"))
     if last:
         fields.append(("expectations", _violated(p, last.violations, s.violations)))
     print_fields(out, fields)
@@ -710,6 +756,8 @@ def plan(
     if plan.ingestion_ms is not None:
         ingested = (f"{k} {moment(ms, now)}" for k, ms in sorted(plan.ingestion_ms.items()))
         fields.append(("  ingested up to", "\n".join(ingested)))
+    if p.joins:
+        fields.append(("  joins", "\n".join(_join_words(p, plan.dimension_versions))))
     if p.keyed is not None:
         processor = p.keyed.processor
         into = ""

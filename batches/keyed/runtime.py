@@ -48,8 +48,9 @@ TimeMode = Literal["event_time", "processing_time"]
 TTL_CLOCKS: tuple[str, ...] = typing.get_args(TtlClock)
 Key = tuple[Any, ...]
 StateValues = dict[str, Any]
-"""A key's states by name: a value state's tuple, a list state's list of tuples, a map
-state's dict of tuple → tuple (``Handle``)."""
+"""A key's states by name: a value state's tuple; a list state's list of (tuple, expiry)
+pairs, a map state's dict of tuple → (tuple, expiry): each element or entry beside when it
+expires (None: never), as Spark's TTL runs per list element and map entry (``Handle``)."""
 
 
 @dataclass
@@ -88,8 +89,9 @@ class Handle:
     with a TTL expires ``ttlDurationMs`` after the processing time of the batch that last
     wrote it (``processing_ms``) or, with ``ttlClock="event_time"``, after the event time
     of that write (``event_ms``: the key's newest record in ``handleInputRows``, the timer
-    in ``handleExpiredTimer``), the whole state at once (a list's elements and a map's
-    entries with it)."""
+    in ``handleExpiredTimer``). A list's elements and a map's entries expire one by one, as
+    in Spark: each from the write that put it (``put`` renews all of a list's, an append
+    only those it adds, ``updateValue`` only its entry)."""
 
     def __init__(self, processing_ms: int = 0) -> None:
         self.key: Key = ()
@@ -113,9 +115,17 @@ class Handle:
         changes = self.changes.setdefault(self.key, KeyChanges())
         changes.states[name] = value
         declared = self.declared.get(name)
-        changes.expires[name] = (
-            None if value is DELETED or declared is None else self._expiry(declared)
-        )
+        if value is DELETED or declared is None:
+            changes.expires[name] = None
+        elif declared.kind == "value":
+            changes.expires[name] = self._expiry(declared)
+        else:  # the row expires with the last of its elements
+            expiries = [e for _, e in (value.values() if declared.kind == "map" else value)]
+            changes.expires[name] = None if None in expiries else max(expiries, default=None)
+
+    def _expires(self, name: str) -> int | None:
+        """When an element that state ``name`` is given now expires (None: never)."""
+        return self._expiry(self.declared[name])
 
     def _expiry(self, state: StateSchema) -> int | None:
         """When a write of ``state`` now expires, in its TTL's clock (None: never)."""
@@ -240,27 +250,33 @@ class ValueState(_State):
 class ListState(_State):
     """A list of tuples per key."""
 
+    def _held(self) -> list[tuple[tuple[Any, ...], int | None]]:
+        return list(self._handle._state(self._name) or [])
+
+    def _given(self, values: list[tuple[Any, ...]]) -> list[tuple[tuple[Any, ...], int | None]]:
+        expires = self._handle._expires(self._name)
+        return [(self._codec.value.check(v), expires) for v in values]
+
     def exists(self) -> bool:
-        return bool(self._handle._state(self._name))
+        return bool(self._held())
 
     def get(self) -> Iterator[tuple[Any, ...]]:
-        return iter(list(self._handle._state(self._name) or []))
+        return iter([v for v, _ in self._held()])
 
     def put(self, newState: list[tuple[Any, ...]]) -> None:
-        self._handle._write(self._name, [self._codec.value.check(v) for v in newState])
+        self._handle._write(self._name, self._given(newState))
 
     def appendValue(self, newState: tuple[Any, ...]) -> None:
         self.appendList([newState])
 
     def appendList(self, newState: list[tuple[Any, ...]]) -> None:
-        held = list(self._handle._state(self._name) or [])
-        self._handle._write(self._name, held + [self._codec.value.check(v) for v in newState])
+        self._handle._write(self._name, self._held() + self._given(newState))
 
 
 class MapState(_State):
     """A map of tuple → tuple per key."""
 
-    def _held(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    def _held(self) -> dict[tuple[Any, ...], tuple[tuple[Any, ...], int | None]]:
         return dict(self._handle._state(self._name) or {})
 
     def _key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -271,18 +287,20 @@ class MapState(_State):
         return bool(self._held())
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        return self._held().get(self._key(key))
+        entry = self._held().get(self._key(key))
+        return None if entry is None else entry[0]
 
     def containsKey(self, key: tuple[Any, ...]) -> bool:
         return self._key(key) in self._held()
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
         held = self._held()
-        held[self._key(key)] = self._codec.value.check(value)
+        held[self._key(key)] = (self._codec.value.check(value), self._handle._expires(self._name))
         self._handle._write(self._name, held)
 
     def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-        return iter(sorted(self._held().items(), key=lambda kv: json.dumps(kv[0], default=str)))
+        entries = sorted(self._held().items(), key=lambda kv: json.dumps(kv[0], default=str))
+        return iter([(k, v) for k, (v, _) in entries])
 
     def keys(self) -> Iterator[tuple[Any, ...]]:
         return (k for k, _ in self.iterator())

@@ -11,7 +11,8 @@ or raises ``StateValueInvalid`` naming the state, the field and the fix.
 The ``value`` column of ``keyed_state`` holds a value as a JSON object by
 field name (``{"start": "2026-01-01T00:00:00Z", "n": 3}``), a list state's as
 an array of them, a map state's as an array of ``{"key": ..., "value": ...}``
-(``encode``), so ``get_json_object(value, '$.start')`` reads it. Timestamps
+(``encode``), so ``get_json_object(value, '$.start')`` reads it; a list or map
+state with a TTL keeps each element's expiry beside it (``StateCodec.encode``). Timestamps
 and dates are ISO strings, decimals strings, binary base64. A field the stored
 object lacks (it was added later) reads as its default (a pydantic field's) or
 null. ``decode`` also reads the untyped form of checkpoints written before
@@ -124,22 +125,31 @@ class StateCodec:
         self.key = Codec(schema.name, schema.key) if schema.key is not None else None
 
     def encode(self, held: Any) -> str:
-        """A state's value (a tuple, a list of them, a dict) as the ``value`` column's JSON."""
-        kind = self.schema.kind
+        """A state as held (``runtime.StateValues``: a tuple; a list of (tuple, expiry); a
+        dict of tuple → (tuple, expiry)) as the ``value`` column's JSON. With a TTL, each
+        list element's and map entry's expiry is kept beside it: a list as ``{"items":
+        [...], "expires_ms": [...]}``, a map entry with an ``expires_ms`` field."""
+        kind, timed = self.schema.kind, self.schema.ttl_ms is not None
         stored: Any
         if kind == "value":
             stored = self.value.dump(held)
         elif kind == "list":
-            stored = [self.value.dump(v) for v in held]
+            stored = [self.value.dump(v) for v, _ in held]
+            if timed:
+                stored = {"items": stored, "expires_ms": [e for _, e in held]}
         else:
             assert self.key is not None
             stored = [
-                {"key": self.key.dump(k), "value": self.value.dump(v)} for k, v in held.items()
+                {"key": self.key.dump(k), "value": self.value.dump(v)}
+                | ({"expires_ms": e} if timed else {})
+                for k, (v, e) in held.items()
             ]
         return json.dumps(stored, separators=(",", ":"), allow_nan=True)
 
-    def decode(self, text: str) -> Any:
-        """``encode``'s inverse, and the untyped form's reader (the module's docstring)."""
+    def decode(self, text: str, expires_ms: int | None = None) -> Any:
+        """``encode``'s inverse, and the untyped form's reader (the module's docstring): a
+        list element or map entry stored without an expiry of its own (written before
+        expiries were kept per element) expires with its row (``expires_ms``)."""
         stored = json.loads(text)
         kind, value = self.schema.kind, self.value
         if kind == "value":
@@ -147,14 +157,22 @@ class StateCodec:
                 return value.load_untyped(stored["value"])
             return value.load(stored)
         if kind == "list":
+            if isinstance(stored, dict) and "list" in stored:
+                return [(value.load_untyped(v), expires_ms) for v in stored["list"]]
             if isinstance(stored, dict):
-                return [value.load_untyped(v) for v in stored["list"]]
-            return [value.load(v) for v in stored]
+                pairs = zip(stored["items"], stored["expires_ms"], strict=True)
+                return [(value.load(v), e) for v, e in pairs]
+            return [(value.load(v), expires_ms) for v in stored]
         key = self.key
         assert key is not None
         if isinstance(stored, dict):
-            return {key.load_untyped(k): value.load_untyped(v) for k, v in stored["map"]}
-        return {key.load(e["key"]): value.load(e["value"]) for e in stored}
+            return {
+                key.load_untyped(k): (value.load_untyped(v), expires_ms) for k, v in stored["map"]
+            }
+        return {
+            key.load(e["key"]): (value.load(e["value"]), e.get("expires_ms", expires_ms))
+            for e in stored
+        }
 
     def _untyped_value(self, stored: Any) -> bool:
         """Whether ``stored`` is a value state's untyped form, ``{"value": [...]}``: only
@@ -176,13 +194,19 @@ def held_values(
 ) -> dict[str, Any]:
     """A key's states from its newest ``keyed_state`` rows (``state``, ``value``,
     ``expires_ms``), as of ``expiry``: cleared ones, expired ones and those no longer
-    declared left out."""
+    declared left out; of a list or map, the elements or entries expired."""
     held: dict[str, Any] = {}
     for name, text, expires_ms in rows:
         codec = codecs.get(name)
         if text is None or codec is None or expiry.expired(name, expires_ms):
             continue
-        held[name] = codec.decode(text)
+        value = codec.decode(text, expires_ms)
+        if codec.schema.kind == "list":
+            value = [(v, e) for v, e in value if not expiry.expired(name, e)]
+        elif codec.schema.kind == "map":
+            value = {k: (v, e) for k, (v, e) in value.items() if not expiry.expired(name, e)}
+        if codec.schema.kind == "value" or value:
+            held[name] = value
     return held
 
 

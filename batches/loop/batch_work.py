@@ -35,6 +35,7 @@ from lowmark.batches.event_time.stage import (
 from lowmark.batches.expectations import DROPPED, Checks
 from lowmark.batches.keyed.step import KeyedSeen, KeyedStep, Processed
 from lowmark.batches.loop.catch_up import Seen, row_by_row
+from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.one_job import guarded, in_one_job, stopped_by_guard
 from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.loop.post_aggregation import post_aggregated
@@ -93,6 +94,7 @@ class BatchWork:
         sink: Sink | WindowedSink,
         dedup: DedupStep | None = None,
         keyed: KeyedStep | None = None,
+        dimensions: Dimensions | None = None,
         join: IntervalJoin | None = None,
     ) -> None:
         self._spark = spark
@@ -103,6 +105,7 @@ class BatchWork:
         self.sink = sink
         self.dedup = dedup
         self.keyed = keyed
+        self.dimensions = dimensions
         self.join = join
         self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
 
@@ -134,6 +137,7 @@ class BatchWork:
             seen_ids=self._seen_ids_as_of(planned),
             keyed=self._keyed_as_of(planned),
             one_job=one_job,
+            dimension_versions=planned.dimension_versions,
         )
 
     def _take(
@@ -149,18 +153,22 @@ class BatchWork:
         keyed: Pinned | None = None,
         one_job: bool = False,
         window_watermark_ms: int | None = None,
+        dimension_versions: dict[str, int] | None = None,
     ) -> Taken:
         """Step 3 for ``batch`` (``observe``: see ``WindowedStage.batch_frames``; ``expect``
         False: the expectations drop nothing, as the read-ahead looks; ``seen_ids``: the
         version of the seen-ids table a deduplicating pipeline judges against; ``one_job``:
         see ``take``; ``window_watermark_ms``: the window stage's behind a keyed step,
-        ``PlannedBatch.window_watermark_ms``).
+        ``PlannedBatch.window_watermark_ms``; ``dimension_versions``: the versions of the
+        tables the transformed records are joined with, ``PlannedBatch.dimension_versions``).
 
         Behind a keyed step the windows take the processor's output rows, which belong
         to no source partition: the keyed step's records are observed for the watermark
         instead (``Taken.watched``)."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
         checked = self._transformed(read, batch)
+        if self.dimensions is not None:
+            checked = self.dimensions.joined(self._spark(), checked, dimension_versions)
         out, expected = checked, None
         if expect and self.checks:
             if observe and (self.stage is not None or one_job):
@@ -342,6 +350,7 @@ class BatchWork:
             seen_ids=self._seen_ids_as_of(planned),
             keyed=self._keyed_as_of(planned),
             window_watermark_ms=planned.window_watermark_ms,
+            dimension_versions=planned.dimension_versions,
         )
         assert again.frames is not None
         seen = self._counted(again, again.frames.late, planned)

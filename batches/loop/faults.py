@@ -19,6 +19,12 @@ Steps, in the order a batch reaches them:
 - ``before_commit``: watermarks written, the commit log not yet
 - ``after_commit``: committed; the source commit and progress row not yet
 
+A transactional sink adds one step inside ``after_state`` .. ``after_sink``
+(``SINK_STEPS``), reached only by pipelines with such a sink:
+
+- ``before_sink_commit``: the batch's records are in the sink's open transaction,
+  which is not committed yet (a Kafka sink)
+
 In-process tests may use ``crash_at`` instead, which raises ``InjectedCrash``
 at the step. That is cheaper than a process per crash but kinder than a kill:
 ``finally`` blocks run and the Spark session lives on, so the real-kill tests
@@ -51,6 +57,10 @@ STEPS = (
 )
 
 
+SINK_STEPS = ("before_sink_commit",)
+"""Steps inside a transactional sink's write (not every pipeline reaches them)."""
+
+
 class KillPoint(NamedTuple):
     """A step of one batch."""
 
@@ -64,9 +74,10 @@ class KillPoint(NamedTuple):
     def parse(cls, spec: str) -> KillPoint:
         """``"after_sink@3"`` → KillPoint("after_sink", 3)."""
         step, _, batch = spec.strip().partition("@")
-        if step not in STEPS or not batch.isdigit():
+        if step not in (*STEPS, *SINK_STEPS) or not batch.isdigit():
+            steps = ", ".join((*STEPS, *SINK_STEPS))
             raise FaultSpecInvalid(
-                f"{KILL_AT_ENV}={spec!r} is not <step>@<batch id>: steps are {', '.join(STEPS)}"
+                f"{KILL_AT_ENV}={spec!r} is not <step>@<batch id>: steps are {steps}"
             )
         return cls(step, int(batch))
 

@@ -41,6 +41,7 @@ from lowmark.batches.loop.sink_owner import check_sink_is_ours
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink
 from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+from lowmark.batches.sinks.fan_out import each_sink
 from lowmark.batches.sinks.postgres import PostgresFrameSink, PostgresWindowSink
 from lowmark.batches.sources import Source
 from lowmark.batches.sources.base import PARTITION_COLUMN
@@ -297,13 +298,15 @@ class MicroBatchRunner:
             waiting_partitions=list(planned.waiting),
             ingestion_ms=planned.ingestion,
             window_watermark_ms=planned.window_watermark,
+            dimension_versions=planned.dimension_versions,
         )
         if not planned.replay:
             # A custom sink's history is not lowmark's to read: the sink checks its own.
-            if batch_id == 0 and isinstance(parts.sink, DeltaTableSink | DeltaWindowSink):
-                check_sink_is_ours(self.pipeline, ckpt, parts.sink.path)
-            if batch_id == 0 and isinstance(parts.sink, PostgresFrameSink | PostgresWindowSink):
-                parts.sink.table.check_ours(self.pipeline.name)
+            for sink in each_sink(parts.sink) if batch_id == 0 else ():
+                if isinstance(sink, DeltaTableSink | DeltaWindowSink):
+                    check_sink_is_ours(self.pipeline, ckpt, sink.path)
+                if isinstance(sink, PostgresFrameSink | PostgresWindowSink):
+                    sink.table.check_ours(self.pipeline.name)
             ckpt.fence()
             ckpt.offsets.claim(offsets)
             if planned.skipped is not None:

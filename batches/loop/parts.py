@@ -13,6 +13,7 @@ session when it first needs it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from lowmark.batches.clock import Clock, SystemClock
@@ -21,8 +22,10 @@ from lowmark.batches.event_time.dedup import DedupStep
 from lowmark.batches.event_time.interval_join import IntervalJoin
 from lowmark.batches.event_time.stage import WindowedStage, window_state
 from lowmark.batches.keyed.step import KeyedStep
+from lowmark.batches.loop import faults
 from lowmark.batches.loop.batch_work import BatchWork
 from lowmark.batches.loop.catch_up import ReadAhead
+from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.plan import Planner
 from lowmark.batches.loop.start_over import start_over
 from lowmark.batches.pipeline import Pipeline
@@ -91,7 +94,10 @@ def _parts(
     session = provider(spark)
     source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
     stage = _stage(pipeline, checkpoint)
-    sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
+    app_id = checkpoint.txn_app_id("sink")
+    staged = partial(faults.reached, "before_sink_commit")
+    sink = build_sink(spark, pipeline, data_root, app_id, staged)
+    dimensions = Dimensions(pipeline, data_root)
     work = BatchWork(
         session,
         pipeline,
@@ -101,19 +107,24 @@ def _parts(
         sink,
         _dedup(pipeline, checkpoint),
         _keyed(pipeline, checkpoint),
+        dimensions,
         _join(pipeline, checkpoint, source),
     )
     # A deduplicating batch judges its records against what the batches before it let
-    # through, and a keyed step runs on the state the batches before it left: neither is
-    # looked at ahead of them. (Nor is a join's, which has no windows.)
+    # through, a keyed step runs on the state the batches before it left, and a joining
+    # batch joins the dimensions' versions it is planned with: none is looked at ahead.
+    # (Nor is a stream-stream join's, which has no windows.)
     read_ahead = (
         ReadAhead(
             session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
         )
-        if stage is not None and pipeline.dedup is None and pipeline.keyed is None
+        if stage is not None
+        and pipeline.dedup is None
+        and pipeline.keyed is None
+        and not pipeline.joins
         else None
     )
-    planner = Planner(pipeline, checkpoint, source, stage, clock)
+    planner = Planner(pipeline, checkpoint, source, stage, clock, dimensions)
     return BatchParts(checkpoint, source, stage, sink, work, read_ahead, planner)
 
 
@@ -124,12 +135,14 @@ def read_only_planner(
     one, else over the location, which planning creates only to fix a start that moves."""
     clock = clock or SystemClock()
     location = pipeline.checkpoint_location(data_root)
+    dimensions = Dimensions(pipeline, data_root)
     if not Checkpoint.exists(location):
         source = build_source(spark, pipeline, data_root, location, clock)
-        return Planner(pipeline, location, source, None, clock)
+        return Planner(pipeline, location, source, None, clock, dimensions)
     checkpoint = Checkpoint(location, pipeline.name)
     source = build_source(spark, pipeline, data_root, checkpoint, clock)
-    return Planner(pipeline, checkpoint, source, _stage(pipeline, checkpoint), clock)
+    stage = _stage(pipeline, checkpoint)
+    return Planner(pipeline, checkpoint, source, stage, clock, dimensions)
 
 
 def _stage(pipeline: Pipeline, checkpoint: Checkpoint) -> WindowedStage | None:

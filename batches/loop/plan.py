@@ -24,6 +24,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.event_time.watermarks import IngestionLags, PartitionTime, observe
 from lowmark.batches.keyed.state_schema import refusal
+from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.poison import blocked
 from lowmark.batches.pipeline import Pipeline, definition_changes
 from lowmark.batches.sources.base import (
@@ -74,6 +75,9 @@ class PlannedBatch:
     keyed_windows: bool = False
     """Whether a keyed step's output feeds the windows (then ``window_watermark_ms`` is
     ``window_watermark``)."""
+    dimension_versions: dict[str, int] | None = None
+    """With stream-table joins, the version of each joined table the batch joins with
+    (recorded in the offset log): each table's newest when the batch was planned."""
 
     @property
     def window_watermark_ms(self) -> int | None:
@@ -124,6 +128,8 @@ class Planner:
     ``checkpoint`` may be the location of a checkpoint that does not exist
     yet (a pipeline that never ran): the planner then plans batch 0 without
     creating it, unless the source's start moves (see ``next_batch``).
+    ``dimensions``: the tables of the pipeline's stream-table joins, whose newest
+    versions a new batch is planned with (None: a pipeline without joins).
     """
 
     def __init__(
@@ -133,8 +139,10 @@ class Planner:
         source: Source,
         stage: WindowedStage | None,
         clock: Clock,
+        dimensions: Dimensions | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.dimensions = dimensions
         self.checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else None
         """None while the pipeline has no checkpoint."""
         self.location = checkpoint.location if isinstance(checkpoint, Checkpoint) else checkpoint
@@ -232,6 +240,7 @@ class Planner:
                 ingestion=latest.ingestion_ms,
                 window_watermark=latest.window_watermark_ms,
                 keyed_windows=self.keyed_windows,
+                dimension_versions=latest.dimension_versions,
             )
         raise CheckpointCorrupt(
             f"checkpoint {self.location} is inconsistent: latest offsets batch "
@@ -318,6 +327,9 @@ class Planner:
         idle = end == start and skipped is None and not self._timer_due(done, watermark, now)
         if idle and not self._would_emit(done, watermark, latest, window_watermark):
             return None
+        # A dimension's update is seen from the next batch planned after it (never a reason
+        # to plan one): its newest version now, recorded in the offset log.
+        dimensions = self.dimensions.newest() if self.dimensions is not None else None
         return PlannedBatch(
             batch_id,
             start,
@@ -333,6 +345,7 @@ class Planner:
             clocks,
             window_watermark if self.keyed_windows else None,
             self.keyed_windows,
+            dimensions,
         )
 
     def _clocks(self, latest: OffsetEntry | None, done: CommitEntry | None) -> Clocks | None:

@@ -17,7 +17,7 @@ What is checked, where it can be known without Spark:
 - the source schema against the sample: a CSV header naming other columns
   (read by position), JSON records or a Parquet file with none of the
   schema's columns;
-- with no ``transform`` (after one, the columns are the transform's to
+- with no ``transform`` and no ``joins`` (after them, the columns are theirs to
   make): the event-time column, the keys and the aggregated columns are
   among the source's columns, and event time is not a string, a number, a
   boolean, binary or nested data, which Spark would refuse in the batch's
@@ -63,11 +63,14 @@ from lowmark.batches.pipeline import (
     DeltaSink,
     DeltaSource,
     FileSource,
+    KafkaSink,
     KafkaSource,
     Pipeline,
     PostgresSink,
+    SinkKind,
     resolve,
 )
+from lowmark.batches.sinks.kafka_topic import KafkaTopic
 from lowmark.batches.sinks.postgres_db import PostgresTable
 from lowmark.batches.sources.base import Source
 from lowmark.batches.sources.delta_table import CHANGE_FIELDS
@@ -127,9 +130,10 @@ def find_problem(
     """What ``check_definition`` would raise, or None (``lowmark plan`` reports it)."""
     try:
         columns = _source_columns(pipeline, source, inputs, data_root, batch_id)
-        if columns is not None and pipeline.transform is None:
+        # A transform or a join makes columns of its own: then the records' are not known.
+        if columns is not None and pipeline.transform is None and not pipeline.joins:
             _check_columns(pipeline, columns)
-        _check_sink(pipeline, data_root)
+        _check_sinks(pipeline, data_root)
     # A CSV header, a sink that is a file and a Postgres sink's settings raise the errors a
     # later step would.
     except (
@@ -395,13 +399,21 @@ def _check_columns(pipeline: Pipeline, columns: SourceColumns) -> None:
         )
 
 
-def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
-    if isinstance(pipeline.sink, PostgresSink):
-        PostgresTable(pipeline.sink, app_id="").check()
+def _check_sinks(pipeline: Pipeline, data_root: Path) -> None:
+    for config in pipeline.sinks().values():
+        _check_sink(pipeline, config, data_root)
+
+
+def _check_sink(pipeline: Pipeline, config: SinkKind, data_root: Path) -> None:
+    if isinstance(config, PostgresSink):
+        PostgresTable(config, app_id="").check()
         return
-    if not isinstance(pipeline.sink, DeltaSink):
+    if isinstance(config, KafkaSink):
+        KafkaTopic(config, app_id="").check()
         return
-    sink = resolve(pipeline.sink.path, data_root)
+    if not isinstance(config, DeltaSink):
+        return
+    sink = resolve(config.path, data_root)
     if (not_a_table := sink_not_a_table(pipeline, sink)) is not None:
         raise not_a_table
     local = local_path(sink)
@@ -412,7 +424,7 @@ def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
         return
     if not os.path.isdir(os.path.join(local, "_delta_log")):
         return
-    wanted = _sink_columns(pipeline)
+    wanted = _sink_columns(pipeline, config)
     if not wanted:
         return
     has = {f.name.lower() for f in DeltaTable(local).schema().fields}
@@ -425,16 +437,15 @@ def _check_sink(pipeline: Pipeline, data_root: Path) -> None:
         )
 
 
-def _sink_columns(pipeline: Pipeline) -> list[str]:
-    """The columns every batch writes to the sink, where the definition says them: a
+def _sink_columns(pipeline: Pipeline, sink: DeltaSink) -> list[str]:
+    """The columns every batch writes to ``sink``, where the definition says them: a
     windowed pipeline's (unless a post-aggregation step reshapes them), a merging sink's
     keys."""
     aggregation = pipeline.aggregation
     if aggregation is not None and pipeline.post_aggregation is None:
         outputs = [a.output if isinstance(a, Aggregate) else a.name for a in aggregation.aggregates]
         return [*aggregation.keys, "window_start", "window_end", *outputs]
-    assert isinstance(pipeline.sink, DeltaSink)
-    return list(pipeline.sink.keys)
+    return list(sink.keys)
 
 
 def _check_creatable(pipeline: Pipeline, folder: str) -> None:

@@ -3,13 +3,25 @@ user's own), and the one function that builds a pipeline's sink."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from lowmark.batches.pipeline import DeltaSink, ForeachBatchSink, Pipeline, PostgresSink, resolve
+from lowmark.batches.pipeline import (
+    PRIMARY_SINK,
+    DeltaSink,
+    ForeachBatchSink,
+    KafkaSink,
+    Pipeline,
+    PostgresSink,
+    SinkKind,
+    resolve,
+)
 from lowmark.batches.sinks.base import Sink, WindowedSink
 from lowmark.batches.sinks.custom import WindowsAsFrames, from_factory
 from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+from lowmark.batches.sinks.fan_out import FanOut, FanOutWindows
 from lowmark.batches.sinks.foreach_batch import ForeachBatch
+from lowmark.batches.sinks.kafka import KafkaFrameSink
 from lowmark.batches.sinks.postgres import PostgresFrameSink, PostgresWindowSink
 from lowmark.state.session import SparkLike
 
@@ -17,20 +29,56 @@ __all__ = ["Sink", "WindowedSink", "build_sink"]
 
 
 def build_sink(
-    spark: SparkLike, pipeline: Pipeline, data_root: Path, app_id: str
+    spark: SparkLike,
+    pipeline: Pipeline,
+    data_root: Path,
+    app_id: str,
+    staged: Callable[[int], None] = lambda _batch_id: None,
 ) -> Sink | WindowedSink:
     """The runtime sink of ``pipeline``; ``app_id`` is its idempotency key (the checkpoint's
-    ``txn_app_id("sink")``), written with each batch id.
+    ``txn_app_id("sink")``), written with each batch id. With ``extra_sinks``, a fan-out
+    (``fan_out``) of the sink and each extra one, under ``<app_id>:<name>``. A
+    transactional sink calls ``staged(batch_id)`` between a batch's records and its commit
+    (a crash point).
 
     One writer engine per Delta sink table: a windowed pipeline's few windows
     are written from the driver (``WindowedSink``), a stateless pipeline's
     records by Spark (``Sink``). A Postgres sink likewise: windows from the
-    driver, records streamed through it. A custom sink is a ``Sink``, a
-    ``foreach_batch`` function is called by one; a windowed pipeline hands either its
-    windows as DataFrames.
+    driver, records streamed through it. A Kafka sink streams records through the driver
+    too (a ``Sink``: windows reach it as DataFrames, update-mode ones keyed by their
+    identity). A custom sink is a ``Sink``, a ``foreach_batch`` function is called by
+    one; a windowed pipeline hands any of these its windows as DataFrames.
     """
-    config = pipeline.sink_config()
     windowed = pipeline.aggregation is not None and pipeline.event_time is not None
+    built = [
+        _built(
+            spark,
+            pipeline,
+            pipeline.written_as(config),
+            data_root,
+            app_id if name == PRIMARY_SINK else f"{app_id}:{name}",
+            windowed,
+            staged,
+        )
+        for name, config in pipeline.sinks().items()
+    ]
+    if len(built) == 1:
+        return built[0]
+    if windowed:
+        return FanOutWindows([s for s in built if isinstance(s, WindowedSink)])
+    return FanOut([s for s in built if isinstance(s, Sink)])
+
+
+def _built(
+    spark: SparkLike,
+    pipeline: Pipeline,
+    config: SinkKind,
+    data_root: Path,
+    app_id: str,
+    windowed: bool,
+    staged: Callable[[int], None],
+) -> Sink | WindowedSink:
+    """The runtime sink of one of ``pipeline``'s sinks, as written (``config``)."""
     if isinstance(config, DeltaSink):
         path = resolve(config.path, data_root)
         if windowed:
@@ -38,8 +86,10 @@ def build_sink(
         return DeltaTableSink(spark, config, path, app_id)
     if isinstance(config, PostgresSink):
         return PostgresWindowSink(config, app_id) if windowed else PostgresFrameSink(config, app_id)
-    if isinstance(config, ForeachBatchSink):
-        sink: Sink = ForeachBatch(config.function)
+    if isinstance(config, KafkaSink):
+        sink: Sink = KafkaFrameSink(config, app_id, pipeline.window_identity, staged)
+    elif isinstance(config, ForeachBatchSink):
+        sink = ForeachBatch(config.function)
     else:
         sink = from_factory(spark, config, pipeline.name, data_root, app_id)
     return WindowsAsFrames(spark, sink) if windowed else sink

@@ -98,6 +98,7 @@ def test_the_fingerprints_of_the_demo_and_example_pipelines_are_unchanged() -> N
         "sessions": "e64e0b4635c1fbba",
         "device_status": "d56fcda850ee460d",
         "sessions_per_window": "0cf3f4224bbf5877",  # taken when it was added
+        "revenue_per_segment": "467319418370d802",  # taken when it was added
     }
 
 

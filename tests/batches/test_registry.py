@@ -40,6 +40,7 @@ def test_the_example_yaml_declares_a_pipeline_for_every_source_kind() -> None:
         "sessions": "files",  # keyed steps' examples
         "device_status": "files",
         "sessions_per_window": "files",
+        "revenue_per_segment": "files",  # stream-table joins' example
     }
     kafka = pipelines["kafka_orders"].source
     assert isinstance(kafka, KafkaSource) and kafka.topics == ("orders",)

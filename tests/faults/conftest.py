@@ -36,24 +36,31 @@ from tests.faults.harness import (
     postgres_database,
     snapshot,
 )
+from tests.faults.kafka_sink import at_root
 from tests.faults.scenarios import (
     FIXED_INPUT,
     KAFKA_TOPIC,
     PIPELINES,
     RESENT_INPUT,
+    clock_of,
     dedup_tumbling,
     delta_update,
+    ingestion_tumbling,
+    joined_tumbling,
+    kafka_append,
     kafka_lines,
     kafka_update,
     keyed_alerts,
     outbox_update,
     plain_append,
     postgres_append,
+    postgres_update,
     session_update,
     synthetic_append,
     synthetic_idle,
     tumbling_two_partitions,
     union_append,
+    write_dimension,
     write_input,
     write_outbox,
     write_table,
@@ -73,6 +80,10 @@ MATRIX = (
     delta_update,
     union_append,
     postgres_append,
+    postgres_update,
+    ingestion_tumbling,
+    kafka_append,
+    joined_tumbling,
 )
 OTHER_SOURCES = (
     "kafka_update",
@@ -82,11 +93,15 @@ OTHER_SOURCES = (
     "delta_update",
     "union_append",
     "postgres_append",
+    "postgres_update",
+    "ingestion_tumbling",
+    "kafka_append",
 )
-"""Matrix pipelines over the other sources, and into the other sink: killed at every step in
+"""Matrix pipelines over the other sources, and into the other sinks: killed at every step in
 ``make test-integration`` only, with the driver attached to the test process's JVM (their
-sources' replays are tested on their own in ``tests/batches/sources``, the Postgres sink's in
-``tests/batches/sinks/test_postgres.py``)."""
+sources' replays are tested on their own in ``tests/batches/sources``, the sinks' in
+``tests/batches/sinks``, the ingestion clock's in
+``tests/batches/loop/test_ingestion_watermarks.py``)."""
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": tuple(s for s in STEPS if s not in ("after_plan", "after_commit")),
     "plain_append": ("after_sink",),
@@ -98,10 +113,11 @@ nothing of the batch, one after the commit all of it: those two run in
 ``make test-integration``), the stateless pipeline after Spark's sink write landed
 uncommitted, and one step of deduplication (every write done, the commit not).
 (Sessions killed after their state write are replayed in ``make test`` too, with
-maintenance between: ``test_kill_then_compact``.) A keyed step's and a Postgres sink's
-SIGKILLs are all in ``make test-integration`` (each costs its own reference run); ``make
-test`` crashes them in process instead (``tests/batches/loop/test_one_job.py``,
-``tests/batches/keyed/test_keyed_windows.py``, ``tests/batches/sinks/test_postgres.py``)."""
+maintenance between: ``test_kill_then_compact``.) A keyed step's and the Postgres and
+Kafka sinks' SIGKILLs are all in ``make test-integration`` (each costs its own reference
+run); ``make test`` crashes them in process instead (``tests/batches/loop/test_one_job.py``,
+``tests/batches/keyed/test_keyed_windows.py``, ``tests/batches/sinks/test_postgres.py``,
+``tests/batches/sinks/test_kafka.py``)."""
 NO_BAD_ROWS = ("delta_update",)
 """Pipelines whose source has no malformed rows (a Delta table's rows are typed)."""
 """Windows (every write driver-side; tumbling over two source partitions with an idle
@@ -110,8 +126,10 @@ files are all read) and a stateless pipeline (its sink written by Spark), so kil
 between driver-side log commits and Spark writes, both ways round; then the same over the
 other sources: sessions over a Kafka topic, tumbling windows over two synthetic partitions
 (also with an idle timeout shorter than any batch), sessions over a user-written source (an
-outbox table, ``examples.outbox_source``), sessions over a Delta table, and tumbling windows
-over a union of the folder and the table."""
+outbox table, ``examples.outbox_source``), sessions over a Delta table, tumbling windows
+over a union of the folder and the table, tumbling windows on the ingestion clock of the
+files' modification times (a fake, frozen processing time for the tail), and tumbling windows
+per region, a column a stream-table join brings (``make test-integration`` only)."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -151,11 +169,15 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
         write_table(request.getfixturevalue("spark"), folder / "input_table")
     if pipeline is delta_update:
         return pipeline
-    if pipeline is postgres_append:
+    if pipeline in (postgres_append, postgres_update):
         request.getfixturevalue("postgres")  # the server, its libpq variables set
+    if pipeline is kafka_append:
+        request.getfixturevalue("kafka")  # the broker, its address in KAFKA_ENV
     if pipeline is dedup_tumbling:
         write_input(folder / "input", RESENT_INPUT, pipeline)
         return pipeline
+    if pipeline is joined_tumbling:
+        write_dimension(folder / "dimension")
     if pipeline is not kafka_update:
         write_input(folder / "input", FIXED_INPUT, pipeline)
         return pipeline
@@ -211,7 +233,9 @@ class References(Mapping[str, Reference]):
         root = folder / "reference"  # Reference.root
         create_database(root, pipeline)
         with postgres_database(root, pipeline):
-            runner = MicroBatchRunner(self._spark, pipeline, root)
+            runner = MicroBatchRunner(
+                self._spark, at_root(pipeline, root), root, clock_of(pipeline)
+            )
             runner.run(max_batches=KILL_BATCH)
             copy_run(root, folder / "template", pipeline)
             rest = runner.run(max_batches=None)

@@ -38,10 +38,11 @@ from pyspark.sql import SparkSession
 from lowmark.batches.cli import commands
 from lowmark.batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
-from lowmark.batches.pipeline import Pipeline, PostgresSink, resolve
+from lowmark.batches.pipeline import KafkaSink, Pipeline, PostgresSink, resolve
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.driver import attached_env
-from tests.faults.scenarios import SINK
+from tests.faults.kafka_sink import at_root, copy_topic, kafka_sink_env, kafka_tables
+from tests.faults.scenarios import FROZEN_CLOCK_ENV, SINK, clock_of
 from tests.helpers import INTERPRETED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,9 +93,11 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def run_to_completion(spark: SparkSession, pipeline: Pipeline, root: Path) -> list[BatchResult]:
     """What a restarted `lowmark run --until-caught-up` does, in this process (a Postgres
-    sink into ``root``'s own database)."""
+    sink into ``root``'s own database, a Kafka sink into its own topic)."""
     with postgres_database(root, pipeline):
-        return MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+        return MicroBatchRunner(spark, at_root(pipeline, root), root, clock_of(pipeline)).run(
+            max_batches=None
+        )
 
 
 def database_of(root: Path) -> str:
@@ -127,8 +130,10 @@ def postgres_database(root: Path, pipeline: Pipeline) -> Iterator[None]:
 
 def copy_run(source: Path, target: Path, pipeline: Pipeline) -> None:
     """The run under ``source`` copied to ``target``: its folder, and its Postgres database
-    (a Postgres sink's table and fence rows) if it has one."""
+    (a Postgres sink's table and fence rows) or Kafka topic (with its fence) if it has one."""
     shutil.copytree(source, target)
+    if isinstance(pipeline.sink, KafkaSink):
+        copy_topic(source, target, pipeline)
     if isinstance(pipeline.sink, PostgresSink):
         with psycopg.connect(dbname="postgres", autocommit=True) as conn:
             conn.execute(
@@ -192,6 +197,13 @@ def lowmark_run_args(root: Path, pipeline: Pipeline, *options: str) -> list[str]
     ]
 
 
+def clock_env(pipeline: Pipeline) -> dict[str, str]:
+    """What freezes a `lowmark` subprocess's clock where ``pipeline`` runs on a fake one
+    (``tests.faults.scenarios.clock_of``)."""
+    clock = clock_of(pipeline)
+    return {} if clock is None else {FROZEN_CLOCK_ENV: str(clock.now_ms())}
+
+
 def kill_run(
     root: Path, pipeline: Pipeline, point: KillPoint, *options: str, jvm: SparkSession | None
 ) -> subprocess.CompletedProcess[str]:
@@ -199,7 +211,13 @@ def kill_run(
     ``jvm``'s JVM or (None) with a JVM of its own (``lowmark_env``)."""
     return subprocess.run(
         lowmark_run_args(root, pipeline, *options),
-        env=lowmark_env(jvm, **{KILL_AT_ENV: str(point)}, **postgres_env(root, pipeline)),
+        env=lowmark_env(
+            jvm,
+            **{KILL_AT_ENV: str(point)},
+            **postgres_env(root, pipeline),
+            **kafka_sink_env(root, pipeline),
+            **clock_env(pipeline),
+        ),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -279,7 +297,8 @@ def run_with_crashes(
 
 def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> Snapshot:
     """Every table a batch writes, plus the sink's and state's Delta history, read with
-    delta-rs (no Spark job); a Postgres sink's table and fence rows, read with psycopg.
+    delta-rs (no Spark job); a Postgres sink's table and fence rows, read with psycopg; a
+    Kafka sink's records and fence, read as a ``read_committed`` consumer.
 
     ``as_from_scratch``: the sink's history as the writes of the checkpoint in place,
     by batch (``_sink_writes``), and the sink version each commit records as the batch
@@ -306,6 +325,9 @@ def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> S
             result[f"{name} history"] = _as_json(_history(path))
     if isinstance(pipeline.sink, PostgresSink):
         for name, rows in _postgres_tables(pipeline, root).items():
+            result[name] = _as_json(rows)
+    if isinstance(pipeline.sink, KafkaSink):
+        for name, rows in kafka_tables(pipeline, root).items():
             result[name] = _as_json(rows)
     return result
 

@@ -22,9 +22,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
 from examples.keyed import ALERTS, SilenceAlert
+from lowmark.batches.clock import SystemClock
 from lowmark.batches.dedup import Dedup
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.pipeline import (
@@ -32,15 +35,18 @@ from lowmark.batches.pipeline import (
     DeltaSink,
     DeltaSource,
     FileSource,
+    KafkaSink,
     KafkaSource,
     Pipeline,
     PostgresSink,
     SyntheticSource,
     UnionSource,
 )
+from lowmark.batches.table_join import TableJoin
 from lowmark.batches.windows import (
     Aggregate,
     EventTime,
+    IngestionWatermark,
     Session,
     Sliding,
     Tumbling,
@@ -108,6 +114,11 @@ postgres_append = Pipeline(
 """``plain_append`` into a Postgres table: records streamed from Spark through the driver into
 one transaction with the batch's fence row. Which database: libpq's PGDATABASE, one per data
 root (``tests.faults.harness.database_of``)."""
+postgres_update = session_update.model_copy(
+    update={"name": "postgres_update", "sink": PostgresSink(table=POSTGRES_TABLE)}
+)
+"""``session_update`` into a Postgres table: each batch's sessions upserted on user + window,
+the ones it merged away deleted, in one transaction with its fence row (from the driver)."""
 dedup_tumbling = _windowed("dedup_tumbling", Tumbling(size="10 seconds"), "append").model_copy(
     update={"dedup": Dedup(columns=("user", "ts"), within="20 seconds")}
 )
@@ -139,6 +150,22 @@ kafka_update = _windowed("kafka_update", Session(gap="5 seconds"), "update").mod
     }
 )
 """Sessions over a one-partition topic, KAFKA_BATCH records a batch."""
+
+KAFKA_SINK_ENV = "LOWMARK_TEST_KAFKA_SINK_TOPIC"
+"""The topic a `lowmark run` subprocess's Kafka sink writes (``tests.faults.kafka_sink``)."""
+
+kafka_append = Pipeline(
+    name="kafka_append",
+    source=_source(),
+    sink=KafkaSink(
+        topic=os.environ.get(KAFKA_SINK_ENV, "kill_matrix_out"),
+        bootstrap_servers=os.environ.get(KAFKA_ENV, "127.0.0.1:9"),
+        key="user",
+    ),
+)
+"""``plain_append`` into a Kafka topic: records streamed from Spark through the driver into one
+producer transaction with the batch's fence. Which topic: one per data root
+(``tests.faults.kafka_sink``)."""
 
 KAFKA_INPUT: list[Event | str] = [
     ("a", 1, 1), ("b", 2, 2), ("a", 7, 3),
@@ -237,6 +264,74 @@ union_append = _windowed("union_append", Tumbling(size="10 seconds"), "append").
 """Tumbling windows over the folder's ``FIXED_INPUT`` and the Delta table, a file and a
 version a batch: the watermark is the lower of the two sources'."""
 
+ingestion_tumbling = _windowed("ingestion_tumbling", Tumbling(size="10 seconds"), "append")
+ingestion_tumbling = ingestion_tumbling.model_copy(
+    update={
+        "source": _source().model_copy(update={"ingestion_time": "modified"}),
+        "event_time": EventTime(
+            column="ts",
+            allowed_lateness="10 seconds",
+            watermark=IngestionWatermark(
+                strategy="ingestion_time", max_event_time_lag="12 seconds"
+            ),
+        ),
+    }
+)
+"""Tumbling windows on the ingestion clock: each file of ``FIXED_INPUT`` counts as written
+at its modification time (``INGESTED_AT``), and the watermark is the earliest time of a file
+still to come minus 12 seconds. A planning that finds nothing waiting reads the processing
+time, which ``FROZEN_CLOCK_MS`` fixes (a fake clock in every process that runs it), so the
+runs agree on the tail too."""
+
+INGESTED_AT = (3, 15, 31, 34, 46, 61)
+"""Seconds after T0 at which ``ingestion_tumbling``'s input files were written (modified)."""
+FROZEN_CLOCK_MS = int((T0 + timedelta(days=1)).timestamp() * 1000)
+"""The processing time of every run of ``ingestion_tumbling``: a day after its input."""
+FROZEN_CLOCK_ENV = "LOWMARK_TEST_FROZEN_CLOCK_MS"
+"""Set for a `lowmark run` subprocess of a pipeline with a frozen clock: this module, its
+``--pipelines``, then fixes the wall clock the run reads (``frozen_clock``)."""
+
+
+class FrozenClock:
+    """A processing time that does not move."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now = now_ms
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+DIMENSION = "../dimension"
+"""The joined pipeline's dimension table, beside the data roots like the input folder."""
+USER_REGIONS = {"user": ["a", "b", "c"], "region": ["north", "south", "north"]}
+"""The dimension's rows: users a and c in one region, so its windows hold both."""
+
+joined_tumbling = _windowed("joined_tumbling", Tumbling(size="10 seconds"), "append")
+assert joined_tumbling.aggregation is not None
+joined_tumbling = joined_tumbling.model_copy(
+    update={
+        "joins": (TableJoin(table=DIMENSION, keys=("user",), how="left"),),
+        "aggregation": joined_tumbling.aggregation.model_copy(update={"keys": ("region",)}),
+    }
+)
+"""Tumbling windows per region, a column the records get from a stream-table join with
+``USER_REGIONS`` (one version, which every batch records and joins)."""
+
+
+def write_dimension(table: Path) -> None:
+    """``joined_tumbling``'s dimension table, ``USER_REGIONS``."""
+    write_deltalake(str(table), pa.table(USER_REGIONS))
+
+
+def clock_of(pipeline: Pipeline) -> FrozenClock | None:
+    """The fake clock a run of ``pipeline`` reads (None: the wall clock)."""
+    return FrozenClock(FROZEN_CLOCK_MS) if pipeline.name == ingestion_tumbling.name else None
+
+
+if FROZEN_CLOCK_ENV in os.environ:  # a `lowmark run` subprocess: every clock is frozen
+    SystemClock.now_ms = FrozenClock(int(os.environ[FROZEN_CLOCK_ENV])).now_ms  # type: ignore[method-assign, assignment]
+
 PIPELINES = {
     p.name: p
     for p in (
@@ -246,6 +341,8 @@ PIPELINES = {
         sliding_update,
         plain_append,
         postgres_append,
+        postgres_update,
+        kafka_append,
         dedup_tumbling,
         keyed_alerts,
         kafka_update,
@@ -254,13 +351,15 @@ PIPELINES = {
         outbox_update,
         delta_update,
         union_append,
+        ingestion_tumbling,
+        joined_tumbling,
     )
 }
 
 FOLDER_PIPELINES = frozenset(
     n
     for n, p in PIPELINES.items()
-    if isinstance(p.source, FileSource) and isinstance(p.sink, DeltaSink)
+    if isinstance(p.source, FileSource) and isinstance(p.sink, DeltaSink) and not p.joins
 )
 """The pipelines that read only the input folder and write only Delta tables (random input
 files are enough for them)."""
@@ -347,8 +446,9 @@ on), while ``p0``, read long before, still has files waiting (never idle)."""
 
 
 def write_input(folder: Path, files: list[File], pipeline: Pipeline | None = None) -> None:
-    """File i as JSON lines, modified at second i (discovery order = list order); for a
-    pipeline with folder partitions, in ``p0/`` but for ``OTHER_PARTITION_FILE``."""
+    """File i as JSON lines, modified at second i (discovery order = list order), or at
+    ``INGESTED_AT[i]`` for ``ingestion_tumbling``; for a pipeline with folder partitions, in
+    ``p0/`` but for ``OTHER_PARTITION_FILE``."""
     by_folder = (
         pipeline is not None
         and isinstance(pipeline.source, FileSource)
@@ -360,6 +460,8 @@ def write_input(folder: Path, files: list[File], pipeline: Pipeline | None = Non
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(_line(r) + "\n" for r in rows))
         stamp = 1_700_000_000 + i
+        if pipeline is ingestion_tumbling:
+            stamp = int(T0.timestamp()) + INGESTED_AT[i]
         os.utime(path, (stamp, stamp))
 
 

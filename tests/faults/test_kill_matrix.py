@@ -1,11 +1,13 @@
 """The kill matrix: `lowmark run` SIGKILLed at every step, then run to completion.
 
-For each step of ``lowmark.batches.loop.faults.STEPS`` and each pipeline of ``MATRIX``
+For each step of ``lowmark.batches.loop.faults.STEPS`` (and, into a Kafka topic, the step
+inside its transaction) and each pipeline of ``MATRIX``
 (append mode with tumbling windows, update mode with sessions, a stateless
 append whose sink Spark writes; sessions over a Kafka topic, tumbling windows
 over a synthetic source, also with an idle timeout shorter than any batch
 (records waiting keep a partition in the watermark), sessions over a
-user-written source and over a Delta table, tumbling windows over a union), a
+user-written source and over a Delta table, tumbling windows over a union, on
+the files' ingestion clock and per a column a stream-table join brings), a
 subprocess dies at that step of batch 3 (late records, final windows, and
 windows and sessions open since earlier batches); a restart in this process
 runs to completion. Every table must equal the fault-free run's: nothing
@@ -26,7 +28,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from lowmark.batches.loop.faults import STEPS, KillPoint
+from lowmark.batches.loop.faults import SINK_STEPS, STEPS, KillPoint
+from lowmark.batches.pipeline import KafkaSink, Pipeline
 from tests.faults.conftest import (
     KILL_BATCH,
     KILLED_IN_MAKE_TEST,
@@ -52,6 +55,12 @@ def _in_make_test(step: str, name: str, jvm: str) -> bool:
     return jvm == "shared" and step in KILLED_IN_MAKE_TEST.get(name, ())
 
 
+def _steps(p: Pipeline) -> tuple[str, ...]:
+    """Every step of a batch, and a transactional sink's own (``SINK_STEPS``) for a pipeline
+    that writes one."""
+    return (*STEPS, *SINK_STEPS) if isinstance(p.sink, KafkaSink) else STEPS
+
+
 CASES = [
     pytest.param(
         step,
@@ -61,9 +70,9 @@ CASES = [
         id=f"{step}-{p.name}-{jvm}-jvm",
     )
     for jvm in ("shared", "own")
-    for step in STEPS
+    for step in (*STEPS, *SINK_STEPS)
     for p in MATRIX
-    if jvm == "shared" or p.name not in OTHER_SOURCES
+    if step in _steps(p) and (jvm == "shared" or p.name not in OTHER_SOURCES)
 ]
 
 

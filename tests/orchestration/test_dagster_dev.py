@@ -18,26 +18,19 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.instance.ref import InstanceRef
 from pyspark.sql import SparkSession
 
-from lowmark.orchestration.ui import free_port, live_group_members
 from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import delta_frame, tick, write_json_lines
+from tests.orchestration.dagster_dev import DagsterDev, command_line, start_ui, wait_for
 from tests.orchestration.pipelines import HOLD
 
-REPO = Path(__file__).resolve().parents[2]
-LOWMARK = Path(sys.executable).parent / "lowmark"
 CHROMIUM = shutil.which("chromium")
 TICKS = dg.AssetKey(["lowmark", "ticks"])
 SLOW = dg.AssetKey(["lowmark", "slow"])
@@ -45,112 +38,15 @@ SLOW = dg.AssetKey(["lowmark", "slow"])
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-@dataclass
-class DagsterDev:
-    ui: subprocess.Popen[bytes]
-    """``lowmark ui``."""
-    url: str
-    home: Path
-    data_root: Path
-    log: Path
-
-    def instance(self) -> dg.DagsterInstance:
-        return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(self.home)))
-
-    def runs(self, **filters: Any) -> list[dg.DagsterRun]:
-        """Runs matching ``filters`` (``dg.RunsFilter``'s), oldest first."""
-        with self.instance() as instance:
-            records = instance.get_run_records(dg.RunsFilter(**filters))
-        return [r.dagster_run for r in reversed(records)]
-
-    def materializations(self, key: dg.AssetKey) -> list[dg.EventLogRecord]:
-        """Unpartitioned materializations of ``key`` (one per batch), oldest first."""
-        with self.instance() as instance:
-            records = instance.fetch_materializations(key, limit=100).records
-        return [r for r in reversed(records) if r.partition_key is None]
-
-    def group(self) -> list[int]:
-        """The processes of ``dagster dev``'s group (it is the child of ``lowmark ui``)."""
-        return [pid for leader in children(self.ui.pid) for pid in live_group_members(leader)]
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def command_line(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def wait_for(what: str, ready: Callable[[], Any], dev: DagsterDev, seconds: float = 300) -> Any:
-    """Poll ``ready`` until it returns something truthy; fail with the server log's tail."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = ready()
-        if value:
-            return value
-        time.sleep(1)
-    tail = "\n".join(dev.log.read_text().splitlines()[-40:])
-    pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}; lowmark ui log:\n{tail}")
-
-
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
     base = tmp_path_factory.mktemp("dagster_dev")
-    home, data_root, log = base / "home", base / "data", base / "lowmark-ui.log"
-    data_root.mkdir()
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "DAGSTER_HOME": str(home),
-        "LOWMARK_DATA_ROOT": str(data_root),
-        "LOWMARK_SENSOR_INTERVAL_SECONDS": "5",
-        "LOWMARK_SENSORS": "running",
-        "LOWMARK_FOLLOW_SECONDS": "600",
-        # Each run starts a short-lived Spark JVM: faster without C2 (timing is not asserted).
-        "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-    }
-    with log.open("w") as out:
-        ui = subprocess.Popen(
-            [
-                str(LOWMARK),
-                "--pipelines",
-                "tests.orchestration.pipelines",
-                "ui",
-                "--port",
-                str(port),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    dev = DagsterDev(ui, f"http://127.0.0.1:{port}", home, data_root, log)
+    (base / "data").mkdir()
+    dev = start_ui(base / "home", base / "data", base / "lowmark-ui.log", {})
     try:
-        wait_for("the UI's address", lambda: dev.url in log.read_text(), dev, 180)
         yield dev
     finally:
-        if ui.poll() is None:
-            group = dev.group()
-            ui.send_signal(signal.SIGTERM)
-            try:
-                ui.wait(30)
-            except subprocess.TimeoutExpired:
-                for pid in [ui.pid, *group]:
-                    os.kill(pid, signal.SIGKILL)
+        dev.stop()
 
 
 def test_ticks_start_no_spark_and_a_following_run_takes_files_as_they_land(

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 from pyspark.sql import SparkSession
 
@@ -13,7 +14,8 @@ from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import EventTimePartitions
 from lowmark.orchestration.definitions import build_definitions
 from lowmark.orchestration.partitions import event_time_partitions
-from tests.helpers import write_json_lines
+from tests.batches.sinks.test_several_sinks import ORDERS_SERVED
+from tests.helpers import lowmark, write_json_lines
 from tests.orchestration.pipelines import ticks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +113,13 @@ def test_each_source_kind_loads_and_each_source_of_a_union_is_an_upstream_asset(
     graph = defs.resolve_asset_graph()
     parents = {
         name: {"/".join(k.path) for k in graph.get(dg.AssetKey(["lowmark", name])).parent_keys}
-        for name in ("kafka_orders", "synthetic_clicks", "clicks_two_regions", "clicks_per_hour")
+        for name in (
+            "kafka_orders",
+            "synthetic_clicks",
+            "clicks_two_regions",
+            "clicks_per_hour",
+            "revenue_per_segment",
+        )
     }
     # A Delta source that is another pipeline's sink is that sink's asset, not a source.
     assert not any(k.path[-1].startswith("delta_") for k in graph.get_all_asset_keys())
@@ -122,6 +130,11 @@ def test_each_source_kind_loads_and_each_source_of_a_union_is_an_upstream_asset(
         "clicks_two_regions": {
             "lowmark/sources/synthetic_seed_1",
             "lowmark/sources/synthetic_seed_2",
+        },
+        # A joined table is upstream too (an external asset, not observed).
+        "revenue_per_segment": {
+            "lowmark/sources/files_orders_incoming",
+            "lowmark/dimensions/users_current",
         },
     }
     assert {"kafka_orders_sensor", "clicks_two_regions_sensor"} <= {
@@ -155,14 +168,68 @@ def test_a_custom_sink_is_an_asset_that_names_its_factory_and_no_table(tmp_path:
     assert "exported_microbatches" in {j.name for j in defs.resolve_all_job_defs()}
 
 
-def test_a_postgres_sink_is_an_asset_that_names_its_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sink", "metadata", "listed"),
+    [
+        (
+            {"kind": "postgres", "table": "serving.orders", "mode": "upsert", "keys": ["id"]},
+            {"table": "serving.orders", "mode": "upsert"},
+            "postgres:serving.orders (upsert)",
+        ),
+        (
+            {"kind": "kafka", "topic": "orders-out", "bootstrap_servers": "kafka:9092"},
+            {"topic": "orders-out"},
+            "kafka:orders-out",
+        ),
+    ],
+    ids=["postgres", "kafka"],
+)
+def test_a_database_or_topic_sink_is_an_asset_of_its_kind_and_listed_by_name(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sink: dict[str, object],
+    metadata: dict[str, str],
+    listed: str,
+) -> None:
     pipelines = tmp_path / "pipelines.yaml"
-    sink = {"kind": "postgres", "table": "serving.orders", "mode": "upsert", "keys": ["id"]}
     source = {"kind": "synthetic", "total_rows": 10}
     pipelines.write_text(
         yaml.safe_dump({"pipelines": [{"name": "served", "source": source, "sink": sink}]})
     )
     defs = build_definitions(str(pipelines))
     asset = defs.resolve_asset_graph().get(dg.AssetKey(["lowmark", "served"]))
-    assert asset.metadata == {"table": "serving.orders", "mode": "upsert"}
-    assert asset.kinds == {"postgres", "spark"}
+    assert asset.metadata == metadata
+    assert asset.kinds == {str(sink["kind"]), "spark"}
+    code, out, _ = lowmark(capsys, tmp_path, "--pipelines", str(pipelines), "list")
+    assert code == 0 and listed in out
+
+
+def test_each_extra_sink_is_an_asset_beside_the_sink_with_the_same_inputs(tmp_path: Path) -> None:
+    pipelines = tmp_path / "pipelines.yaml"
+    pipelines.write_text(yaml.safe_dump({"pipelines": [ORDERS_SERVED]}))
+    graph = build_definitions(str(pipelines)).resolve_asset_graph()
+    sink = graph.get(dg.AssetKey(["lowmark", "orders"]))
+    serving = graph.get(dg.AssetKey(["lowmark", "orders_sink_serving"]))
+    assert serving.metadata == {"table": "orders_now", "mode": "upsert"}
+    assert serving.kinds == {"postgres", "spark"} and sink.kinds == {"delta", "spark"}
+    assert serving.parent_keys == sink.parent_keys != set()
+
+
+def test_a_table_another_pipeline_writes_is_joined_as_that_pipelines_sink_asset(
+    tmp_path: Path,
+) -> None:
+    pipelines = tmp_path / "pipelines.yaml"
+    source = {"kind": "synthetic", "total_rows": 10}
+    join = {"table": "keys/regions", "keys": ["key"], "how": "left"}
+    defined = [
+        {"name": "regions", "source": source, "sink": {"path": "keys/regions"}},
+        {"name": "enriched", "source": source, "sink": {"path": "out"}, "joins": [join]},
+    ]
+    pipelines.write_text(yaml.safe_dump({"pipelines": defined}))
+    graph = build_definitions(str(pipelines)).resolve_asset_graph()
+    parents = graph.get(dg.AssetKey(["lowmark", "enriched"])).parent_keys
+    assert {"/".join(k.path) for k in parents} == {
+        "lowmark/sources/synthetic_seed_0",
+        "lowmark/regions",
+    }
+    assert not any("dimensions" in k.path for k in graph.get_all_asset_keys())

@@ -45,6 +45,20 @@ def test_a_pipelines_file_is_relative_to_the_project_folder(project: Path) -> No
     assert loaded.data_root == project / "data"
 
 
+def test_a_spark_master_in_the_file_is_every_run_s_unless_the_environment_says_another(
+    project: Path,
+) -> None:
+    (project / "lowmark.toml").write_text(
+        'pipelines = "pipelines"\nspark_master = "spark://spark-master:7077"\n'
+    )
+    environ: dict[str, str] = {}
+    load_project(project).use(environ, [])
+    assert environ["LOWMARK_SPARK_MASTER"] == "spark://spark-master:7077"
+    environ = {"LOWMARK_SPARK_MASTER": "local[2]"}
+    load_project(project).use(environ, [])
+    assert environ["LOWMARK_SPARK_MASTER"] == "local[2]"
+
+
 def test_a_project_is_found_from_any_folder_below_it_and_not_beside_it(
     project: Path, tmp_path: Path
 ) -> None:

@@ -191,3 +191,53 @@ def test_a_state_with_a_ttl_reads_as_absent_once_its_ttl_passed_since_its_last_w
 
     assert _batches(_Counts, [(one, 2998)], before()) == [None]
     assert _batches(_Counts, [(one, 2997)], before()) == [(3,)]
+
+
+class _Seen(StatefulProcessor):
+    """Appends each record's ``x`` to a list state and sets it as an entry of a map state,
+    both with a TTL of a second; ``put`` replaces the list when ``x`` is 0. Yields what it
+    held before the batch."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.seen = handle.getListState("seen", "x long", ttlDurationMs=1000)
+        self.by_x = handle.getMapState("by_x", "x long", "n long", ttlDurationMs=1000)
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        held = ([x for (x,) in self.seen.get()], sorted(k for (k,), _ in self.by_x.iterator()))
+        for frame in rows:
+            for x in frame["x"]:
+                if x == 0:
+                    self.seen.put([(int(x),)])
+                else:
+                    self.seen.appendValue((int(x),))
+                self.by_x.updateValue((int(x),), (1,))
+        yield pd.DataFrame({"held": [held]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_list_elements_and_map_entries_expire_one_by_one_from_the_write_that_put_each() -> None:
+    def x(value: int) -> dict[Key, pd.DataFrame]:
+        return {("a",): pd.DataFrame({"x": [value]})}
+
+    stored: Stored = {}
+    # 1 is put at 0 (expires at 1000), 2 at 500 (1500), 3 at 1200 (2200); each is gone
+    # once its own second passed. 0 at 1600 by `put`, which replaces the list's elements
+    # but not the map's entries.
+    held = _batches(
+        _Seen, [(x(1), 0), (x(2), 500), (x(3), 1200), (x(0), 1600), (x(4), 2100)], stored
+    )
+    assert held == [([], []), ([1], [1]), ([2], [2]), ([3], [3]), ([0], [0, 3])]
+    # A row expires with the last of its elements (what maintenance and `keys_held` go by).
+    assert stored[("a",)]["seen"][1] == stored[("a",)]["by_x"][1] == 3100
+
+    # A list or map stored before expiries were kept per element expires with its row.
+    def before() -> Stored:
+        entry = '[{"key":{"x":7},"value":{"n":1}}]'
+        return {("a",): {"seen": ('[{"x":7}]', 1000), "by_x": (entry, 1000)}}
+
+    assert _batches(_Seen, [(x(1), 999)], before()) == [([7], [7])]
+    assert _batches(_Seen, [(x(1), 1000)], before()) == [([], [])]

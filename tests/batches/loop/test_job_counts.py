@@ -19,7 +19,7 @@ from lowmark.batches.expectations import Expectation
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Maintenance, Pipeline
-from lowmark.batches.windows import Session, Tumbling
+from lowmark.batches.windows import Aggregate, Session, Tumbling
 from tests.helpers import (
     T0,
     FakeClock,
@@ -110,13 +110,26 @@ def test_a_stateless_batch_an_expectation_can_fail_looks_first_in_at_most_four_s
     assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
 
 
+def _alerts_per_window() -> Pipeline:
+    """Tumbling windows over a keyed step's output: the silence alerts per user and window
+    of when they were raised."""
+    tumbling = windowed(Tumbling(size="10 seconds"), max_out_of_orderness="5 seconds")
+    assert tumbling.aggregation is not None
+    keyed = Keyed(
+        processor=SilenceAlert, keys=("user",), output_schema=ALERTS, output_event_time="alerted_at"
+    )
+    counts = tumbling.aggregation.model_copy(update={"aggregates": (Aggregate(fn="count"),)})
+    return tumbling.model_copy(update={"keyed": keyed, "aggregation": counts})
+
+
 @pytest.mark.parametrize(
     "windowing",
     [
         windowed(Tumbling(size="10 seconds"), max_out_of_orderness="5 seconds"),
         windowed(Session(gap="10 seconds"), "update", max_out_of_orderness="5 seconds"),
+        _alerts_per_window(),
     ],
-    ids=["tumbling-append", "session-update"],
+    ids=["tumbling-append", "session-update", "keyed-then-tumbling"],
 )
 def test_a_windowed_batch_with_state_late_rows_and_output_runs_at_most_eight_spark_jobs(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch, windowing: Pipeline
@@ -128,10 +141,12 @@ def test_a_windowed_batch_with_state_late_rows_and_output_runs_at_most_eight_spa
             [event("a", 14, 1), event("b", 30, 2)],
             # updates open windows, emits closed ones and holds one late record
             [event("a", 33, 3), event("b", 1, 9), event("c", 45, 4)],
+            # the same, for windows after a keyed step, which close a batch later
+            [event("a", 50, 1), event("b", 1, 9)],
         ],
     )
     runner = MicroBatchRunner(spark, windowing, data_root)
-    runner.run(max_batches=2)
+    runner.run(max_batches=3 if windowing.keyed else 2)
     result, counter = counted_batch(spark, runner, monkeypatch)
     assert (result.rows_late, result.rows_out > 0) == (1, True)
     assert counter.jobs() <= WINDOWED_LIMIT, counter.per_step

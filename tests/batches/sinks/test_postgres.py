@@ -4,7 +4,7 @@ bad setting stops the run in one line before anything is written."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
@@ -22,12 +22,12 @@ from lowmark.batches.errors import (
     SinkUnreachable,
     SinkWriteFailed,
 )
-from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.faults import KillPoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline, PostgresSink
 from lowmark.batches.sinks.postgres import PostgresFrameSink
 from lowmark.batches.windows import Session
-from tests.helpers import SCHEMA, drop_batches, event, reference, timed, windowed
+from tests.helpers import SCHEMA, drop_batches, event, reference, run_replaying, timed, windowed
 from tests.postgres_server import PostgresServer
 
 BATCHES = [
@@ -65,24 +65,6 @@ SESSION_COLUMNS = '"user", window_start, window_end, count, sum_amount, min_amou
 CHANGE_A = "UPDATE sessions SET max_amount = -1 WHERE \"user\" = 'a' RETURNING 1"
 
 
-def _run(
-    spark: SparkSession,
-    p: Pipeline,
-    root: Path,
-    crash: KillPoint | None = None,
-    after_crash: Callable[[], object] = lambda: None,
-) -> list[int]:
-    """Run ``p`` over ``BATCHES`` under ``root`` to the end (after ``crash``, if given, in an
-    earlier run, then ``after_crash``); the batches replayed."""
-    drop_batches(root, BATCHES)
-    if crash is not None:
-        with crash_at(crash), pytest.raises(InjectedCrash):
-            MicroBatchRunner(spark, p, root).run(max_batches=None)
-        after_crash()
-    results = MicroBatchRunner(spark, p, root).run(max_batches=None)
-    return [r.batch_id for r in results if r.replay]
-
-
 AFTER_POSTGRES_COMMIT = KillPoint("after_sink", 1)
 """Batch 1's transaction committed, lowmark's commit entry never written: batch 1 replays."""
 
@@ -91,7 +73,7 @@ AFTER_POSTGRES_COMMIT = KillPoint("after_sink", 1)
 def test_a_stateless_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
     spark: SparkSession, tmp_path: Path, postgres: PostgresServer, pg_database: str, mode: str
 ) -> None:
-    replayed = _run(spark, _stateless(mode), tmp_path, AFTER_POSTGRES_COMMIT)
+    replayed = run_replaying(spark, _stateless(mode), tmp_path, BATCHES, AFTER_POSTGRES_COMMIT)
 
     assert replayed == [1]
     expected = spark.read.schema(SCHEMA).json(str(tmp_path / "in"))
@@ -109,7 +91,7 @@ def test_a_windowed_pipeline_into_postgres_equals_a_plain_batch_even_replayed(
     # After the crash, someone changes the session batch 1 wrote (a's merged one, which no
     # later batch touches): a replay that wrote again would overwrite it.
     change = partial(postgres.rows, pg_database, CHANGE_A)
-    replayed = _run(spark, _sessions(), tmp_path, AFTER_POSTGRES_COMMIT, change)
+    replayed = run_replaying(spark, _sessions(), tmp_path, BATCHES, AFTER_POSTGRES_COMMIT, change)
 
     assert replayed == [1]
     found = _comparable(postgres.rows(pg_database, f"SELECT {SESSION_COLUMNS} FROM sessions"))

@@ -1,0 +1,128 @@
+"""``lowmark ui`` — a real ``dagster dev`` (webserver, daemon, code server) on a free loopback
+port — for the end-to-end Dagster tests: started over the test pipelines, watched through
+its instance and its log, stopped with its whole process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster._core.instance.ref import InstanceRef
+
+from lowmark.orchestration.ui import free_port, live_group_members
+
+REPO = Path(__file__).resolve().parents[2]
+LOWMARK = Path(sys.executable).parent / "lowmark"
+
+
+@dataclass
+class DagsterDev:
+    ui: subprocess.Popen[bytes]
+    """``lowmark ui``."""
+    url: str
+    home: Path
+    data_root: Path
+    log: Path
+
+    def instance(self) -> dg.DagsterInstance:
+        return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(self.home)))
+
+    def runs(self, **filters: Any) -> list[dg.DagsterRun]:
+        """Runs matching ``filters`` (``dg.RunsFilter``'s), oldest first."""
+        with self.instance() as instance:
+            records = instance.get_run_records(dg.RunsFilter(**filters))
+        return [r.dagster_run for r in reversed(records)]
+
+    def materializations(self, key: dg.AssetKey) -> list[dg.EventLogRecord]:
+        """Unpartitioned materializations of ``key`` (one per batch), oldest first."""
+        with self.instance() as instance:
+            records = instance.fetch_materializations(key, limit=100).records
+        return [r for r in reversed(records) if r.partition_key is None]
+
+    def group(self) -> list[int]:
+        """The processes of ``dagster dev``'s group (it is the child of ``lowmark ui``)."""
+        return [pid for leader in children(self.ui.pid) for pid in live_group_members(leader)]
+
+    def stop(self) -> None:
+        """SIGTERM ``lowmark ui`` (it stops its group); SIGKILL all of it if that hangs."""
+        if self.ui.poll() is not None:
+            return
+        group = self.group()
+        self.ui.send_signal(signal.SIGTERM)
+        try:
+            self.ui.wait(30)
+        except subprocess.TimeoutExpired:
+            for pid in [self.ui.pid, *group]:
+                os.kill(pid, signal.SIGKILL)
+
+
+def start_ui(home: Path, data_root: Path, log: Path, env: dict[str, str]) -> DagsterDev:
+    """``lowmark ui`` over ``tests.orchestration.pipelines`` with its instance in ``home``,
+    sensors running every 5 s and following for 10 minutes, its output appended to ``log``;
+    returns once it printed its address. ``env`` adds to this process's environment."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "DAGSTER_HOME": str(home),
+        "LOWMARK_DATA_ROOT": str(data_root),
+        "LOWMARK_SENSOR_INTERVAL_SECONDS": "5",
+        "LOWMARK_SENSORS": "running",
+        "LOWMARK_FOLLOW_SECONDS": "600",
+        # Each run starts a short-lived Spark JVM: faster without C2 (timing is not asserted).
+        "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        **env,
+    }
+    command = ["--pipelines", "tests.orchestration.pipelines", "ui", "--port", str(port)]
+    with log.open("a") as out:
+        ui = subprocess.Popen(
+            [str(LOWMARK), *command], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    dev = DagsterDev(ui, f"http://127.0.0.1:{port}", home, data_root, log)
+    try:
+        wait_for("the UI's address", lambda: dev.url in log.read_text(), dev, 180)
+    except BaseException:
+        dev.stop()
+        raise
+    return dev
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def wait_for(what: str, ready: Callable[[], Any], dev: DagsterDev, seconds: float = 300) -> Any:
+    """Poll ``ready`` until it returns something truthy; fail with the server log's tail."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = ready()
+        if value:
+            return value
+        time.sleep(1)
+    tail = "\n".join(dev.log.read_text().splitlines()[-40:])
+    pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}; lowmark ui log:\n{tail}")
