@@ -32,6 +32,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.expectations import Expectation, Quality, check_names, fingerprint_semantics
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.sql import SqlStep, Transform, apply_step, step_semantics
+from lowmark.batches.stream_join import StreamJoin
 from lowmark.batches.table_join import TableJoin, check_tables_distinct
 from lowmark.batches.windows import (
     MAX_FUTURE_MS,
@@ -1005,6 +1006,11 @@ class Pipeline(_Config):
         "(needs event_time; its output rows go to the sink, or into the windows of an "
         "`aggregation`); see Keyed state and timers.",
     )
+    stream_join: StreamJoin | None = Field(
+        default=None,
+        description="Join two sources of a `kind: union` source within an event-time bound "
+        "(needs event_time); see Joins.",
+    )
     post_aggregation: ImportString[Transform] | SqlStep | None = Field(
         default=None,
         description="Applied to the windows each batch emits, before the sink (filter or "
@@ -1109,6 +1115,43 @@ class Pipeline(_Config):
                 f"lacks {missing}: add them, or set `keyed.output_event_time` to the output "
                 "column that holds event time"
             )
+
+    @model_validator(mode="after")
+    def _stream_join_joins_two_sources(self) -> Pipeline:
+        join = self.stream_join
+        if join is None:
+            return self
+        if not isinstance(self.source, UnionSource):
+            raise ValueError(
+                "`stream_join` joins two sources of one pipeline: make `source` a "
+                "`kind: union` with the two sources it names"
+            )
+        unknown = [n for n in (join.left, join.right) if n not in self.source.sources]
+        if unknown:
+            raise ValueError(
+                f"`stream_join` names {unknown}, which the union's `sources` lack "
+                f"({sorted(self.source.sources)})"
+            )
+        if self.event_time is None or self.event_time.column != join.time.left:
+            raise ValueError(
+                "`stream_join` holds rows until the watermark passes them: set `event_time` "
+                f"with `column: {join.time.left}` (the left side's time; the right side's is "
+                f"`{join.time.right}`)"
+            )
+        taken = [
+            f"`{name}`"
+            for name in ("transform", "dedup", "aggregation", "keyed", "backfill")
+            if getattr(self, name) is not None
+        ]
+        if self.joins:
+            taken.append("`joins`")
+        if taken:
+            raise ValueError(
+                f"a pipeline with `stream_join` cannot have {', '.join(taken)} yet: transform "
+                "each side in the union's `transforms`, and aggregate the joined rows in "
+                "another pipeline reading the sink"
+            )
+        return self
 
     @model_validator(mode="after")
     def _source_watermarks_need_event_time(self) -> Pipeline:
@@ -1291,6 +1334,8 @@ class Pipeline(_Config):
             semantics["dedup"] = self.dedup.model_dump()
         if self.keyed is not None:
             semantics["keyed"] = self.keyed.semantics()
+        if self.stream_join is not None:  # absent otherwise, as for dedup
+            semantics["stream_join"] = self.stream_join.model_dump()
         if self.extra_sinks:  # absent otherwise, as for post_aggregation
             extra = sorted(self.extra_sinks.items())
             semantics["extra_sinks"] = {n: _sink_semantics(s) for n, s in extra}

@@ -25,6 +25,8 @@ from lowmark.batches.sources.base import describe_range
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import COUNTS, CommitEntry
 from lowmark.state.failures import FailureKind
+from lowmark.state.join_state import TABLE as JOIN_TABLE
+from lowmark.state.join_state import rows_held
 from lowmark.state.keyed_state import Held, held
 from lowmark.state.offset_log import OffsetEntry, Offsets
 from lowmark.state.session import SparkLike
@@ -134,6 +136,8 @@ class PipelineStatus:
     """None when the next batch has not failed."""
     keyed: Held | None = None
     """A keyed step's keys held, timers pending and the next timer (None: no keyed step)."""
+    join_held: dict[str, int] | None = None
+    """A stream-stream join's rows held, per source name (None: no join)."""
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data: ``lowmark status --json``, Dagster metadata."""
@@ -192,7 +196,17 @@ def pipeline_status(
             if pipeline.keyed is not None and checkpoint is not None
             else None
         ),
+        join_held=_join_held(pipeline, checkpoint),
     )
+
+
+def _join_held(pipeline: Pipeline, checkpoint: Checkpoint | None) -> dict[str, int] | None:
+    """The rows a stream-stream join holds, by the source names of its sides (None: no join)."""
+    join = pipeline.stream_join
+    if join is None:
+        return None
+    held = rows_held(f"{checkpoint.location}/{JOIN_TABLE}") if checkpoint is not None else {}
+    return {join.left: held.get("left", 0), join.right: held.get("right", 0)}
 
 
 @dataclass(frozen=True)
@@ -337,6 +351,8 @@ def _next_batch(
         reason = "a keyed step's timer is due, or its watermark closes windows: no new data"
         if planner.pipeline.aggregation is None:
             reason = "a keyed step's timer is due: it fires without new data"
+    elif planned.emit_only and planner.pipeline.stream_join is not None:
+        reason = "the watermark moved: the join lets held rows go without new data"
     elif planned.emit_only:
         reason = "the watermark moved: windows close without new data"
     else:
@@ -371,7 +387,9 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     stateless, ``in_sink``;
     windowed, in total, ``in_closed_windows + in_open_windows`` (the records
     in windows emitted as final, and in windows still in the state table);
-    keyed, ``into_processor``; a keyed step before windows, ``read +
+    keyed, ``into_processor``; a stream-stream join, ``into_join`` (the records it took,
+    held until the watermark passes them; the rows it emitted are ``rows_out``);
+    a keyed step before windows, ``read +
     emitted_by_processor = bad + dropped_by_transform + late + into_processor`` plus
     the windows' counts (which then count the processor's rows);
     windowed, of one batch, ``into_windows`` (which of them are still open is
@@ -386,6 +404,8 @@ def _accounting(pipeline: Pipeline, counts: dict[str, int], total: bool = True) 
     if pipeline.dedup is not None:
         went["duplicates"] = counts.get("rows_duplicate", 0)
     went["late"] = counts.get("rows_late", 0)
+    if pipeline.stream_join is not None:  # the records it took (its rows out: `rows_out`)
+        return went | {"into_join": counts.get("rows_keyed", 0)}
     if pipeline.keyed is not None:
         went["into_processor"] = counts.get("rows_keyed", 0)
         if pipeline.aggregation is None:

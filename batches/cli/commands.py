@@ -46,6 +46,7 @@ from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import BatchFailed, RunInFlight
 from lowmark.batches.loop.metrics import TEXTFILE_ENV
 from lowmark.batches.registry import get_pipeline, load_pipelines
+from lowmark.batches.stream_join import describe_join
 from lowmark.state.errors import LowmarkError, first_line
 
 # The engine (lowmark.batches.loop, the sources, lowmark.state.session) and PySpark are imported by
@@ -599,6 +600,10 @@ def status(
                 + (f", the next due at {iso_utc(due)}" if due is not None else ""),
             )
         )
+    if s.join_held is not None:
+        sides = (f"{side}: {rows} rows" for side, rows in s.join_held.items())
+        emitted = s.totals.get("rows_out", 0)
+        fields.append(("join state", ", ".join(sides) + f" held; {emitted} joined rows emitted"))
     if last:
         fields.append(("expectations", _violated(p, last.violations, s.violations)))
     print_fields(out, fields)
@@ -656,6 +661,7 @@ _WENT = {
     "late": "late",
     "in_sink": "in the sink",
     "into_processor": "into the keyed processor",
+    "into_join": "into the join",
     "into_windows": "into windows",
     "in_closed_windows": "in closed windows (the sink)",
     "in_open_windows": "in open windows (the state)",
@@ -765,6 +771,8 @@ def plan(
                 f"{p.keyed.time_mode.replace('_', '-')} timers{into}",
             )
         )
+    if p.stream_join is not None:
+        fields.append(("  stream join", describe_join(p.stream_join)))
     if p.keyed is not None and p.aggregation is not None and plan.batch_id is not None:
         windows_at = plan.window_watermark_ms
         fields.append(

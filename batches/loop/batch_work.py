@@ -23,6 +23,7 @@ from lowmark.batches.collect import collect, empty_of, observed, shuffle_partiti
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.dedup import DedupSeen, DedupStep, Judged
 from lowmark.batches.event_time.driver_merge import WindowChanges
+from lowmark.batches.event_time.interval_join import IntervalJoin, Joined
 from lowmark.batches.event_time.stage import (
     BatchFrames,
     ObservedRecords,
@@ -42,6 +43,7 @@ from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
 from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.join_state import TABLE
 from lowmark.state.keyed_state import Pinned
 from lowmark.state.window_state import LATEST
 
@@ -93,6 +95,7 @@ class BatchWork:
         dedup: DedupStep | None = None,
         keyed: KeyedStep | None = None,
         dimensions: Dimensions | None = None,
+        join: IntervalJoin | None = None,
     ) -> None:
         self._spark = spark
         self.pipeline = pipeline
@@ -103,11 +106,15 @@ class BatchWork:
         self.dedup = dedup
         self.keyed = keyed
         self.dimensions = dimensions
+        self.join = join
         self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
 
     def in_one_job(self, planned: PlannedBatch) -> bool:
         """Whether ``planned`` runs one Spark job: its sink's write, which looks at the batch
-        as it writes (``lowmark.batches.loop.one_job``)."""
+        as it writes (``lowmark.batches.loop.one_job``). A join's batch looks first: its sink
+        gets the join's rows, not the records."""
+        if self.join is not None:
+            return False
         return in_one_job(planned, self.stage is not None, self.sink, self.checks)
 
     def take(self, planned: PlannedBatch, one_job: bool = False, landed: bool = False) -> Taken:
@@ -196,6 +203,8 @@ class BatchWork:
                 out = emitted.records
             if self.stage is not None:
                 out = out.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
+        if self.join is not None:  # the watermark reads each side's own event time
+            timed = self.join.timed(out)
         if cache and not one_job and (judged is not None or processed is not None):
             # The sink write reads them again: verdicts (and a processor's rows) are worked
             # out once.
@@ -250,6 +259,8 @@ class BatchWork:
         if self.keyed is not None:
             tables = self.keyed.tables
             written.append((tables.state, f"{tables.app_id}:keyed_state"))
+        if self.join is not None:
+            written.append((self.join.state.table, self.join.state.app_id))
         if any(table.landed(app_id, batch_id) for table, app_id in written):
             return True
         return self.sink.landed(batch_id) is not False  # a sink that cannot tell may have
@@ -522,6 +533,24 @@ class BatchWork:
         # One job collects every table of the merge.
         tables = collect({f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)})
         return WindowChanges(**tables)
+
+    def joined(self, taken: Taken, planned: PlannedBatch) -> Joined:
+        """Step 5 of a join's batch: its records (collected in one Spark job over the cached
+        input) joined with each other and with the held rows, as of commit N-1
+        (``lowmark.batches.event_time.interval_join``); nothing is written."""
+        join = self.join
+        assert join is not None
+        with shuffle_partitions(self._spark(), taken.read.size_bytes):
+            new = explained(taken.read, lambda: collect({"new": join.records(taken.out)}))["new"]
+        recorded = planned.previous.table_versions.get(TABLE) if planned.previous else None
+        return join.joined(
+            self._spark(),
+            new,
+            planned.batch_id,
+            planned.watermark_ms,
+            planned.planned_at_ms,
+            join.state.version_for(recorded),
+        )
 
     def _seen_ids_as_of(self, planned: PlannedBatch) -> int | None:
         """The seen-ids version batch ``planned`` judges its records against (None: no ids

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from lowmark.batches.clock import Clock, SystemClock
@@ -48,6 +49,7 @@ from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import BatchCounts
 from lowmark.state.errors import first_line
 from lowmark.state.failures import FailureKind
+from lowmark.state.join_state import TABLE as JOIN_TABLE
 from lowmark.state.log import EPOCH
 from lowmark.state.offset_log import OffsetEntry, Offsets
 from lowmark.state.progress import ProgressEntry
@@ -376,7 +378,13 @@ class MicroBatchRunner:
         changes = (
             parts.work.windows(seen.partials, taken, planned) if seen.partials is not None else None
         )
+        joined = None
+        if parts.work.join is not None:  # a join's records meet the rows it holds
+            assert taken is not None  # a join's batch always reads its input itself
+            joined = parts.work.joined(taken, planned)
         rows_out = changes.output.num_rows if changes is not None else seen.rows_out
+        if joined is not None:
+            rows_out = joined.rows_out
         if seen.emitted is not None and changes is None:  # the sink gets the processor's rows
             rows_out = seen.emitted
         timer.lap("event_time")
@@ -384,6 +392,8 @@ class MicroBatchRunner:
         # Step 6. Writes: bad records, state, sink, late records.
         ckpt.fence()
         bad, late = bad_rows(seen.bad, seen.dropped, batch_id), seen.late
+        if joined is not None and joined.late is not None:  # a join's rows below the watermark
+            late = joined.late if late is None else pa.concat_tables([late, joined.late])
         if bad is not None:
             ckpt.bad_records.append_once(bad, ckpt.txn_app_id("bad_records"), batch_id)
         versions: dict[str, int] = {}
@@ -406,6 +416,12 @@ class MicroBatchRunner:
             keyed.tables.write(seen.keyed.files, batch_id, ran_at)
             versions.update(keyed.tables.versions())
             next_timer_ms = keyed.tables.next_pending(ran_at)
+        if joined is not None:
+            join_state = parts.work.join
+            assert join_state is not None
+            versions[JOIN_TABLE] = join_state.state.write(
+                joined.state, batch_id, joined.evict_below
+            )
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = parts.sink
@@ -419,7 +435,8 @@ class MicroBatchRunner:
             sink_version = written[2]
         else:
             assert taken is not None  # a stateless batch always reads its input itself
-            sink_rows, read = taken.out.drop(PARTITION_COLUMN), taken.read
+            read = taken.read
+            sink_rows = joined.output if joined is not None else taken.out.drop(PARTITION_COLUMN)
             sink_version = explained(read, lambda: sink.write(sink_rows, batch_id))
         if sink_version is not None:
             versions["sink"] = sink_version
@@ -456,7 +473,11 @@ class MicroBatchRunner:
             ),
             rows_closed=total(changes.closed, ROWS) if changes is not None else 0,
             rows_duplicate=duplicates,
-            rows_keyed=seen.keyed.records if seen.keyed is not None else 0,
+            rows_keyed=(
+                seen.keyed.records
+                if seen.keyed is not None
+                else (joined.records if joined is not None else 0)
+            ),
             rows_emitted=seen.emitted or 0,
         )
         commit = commit_batch(

@@ -17,7 +17,9 @@ from functools import partial
 from pathlib import Path
 
 from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.dedup import DedupStep
+from lowmark.batches.event_time.interval_join import IntervalJoin
 from lowmark.batches.event_time.stage import WindowedStage, window_state
 from lowmark.batches.keyed.step import KeyedStep
 from lowmark.batches.loop import faults
@@ -30,8 +32,11 @@ from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink, build_sink
 from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Source
+from lowmark.batches.sources.union import UnionStreamSource
 from lowmark.state import catalog
 from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.join_state import TABLE as JOIN_TABLE
+from lowmark.state.join_state import JoinState
 from lowmark.state.keyed_state import KeyedTables
 from lowmark.state.seen_ids import SeenIds
 from lowmark.state.session import SparkLike, provider
@@ -103,10 +108,12 @@ def _parts(
         _dedup(pipeline, checkpoint),
         _keyed(pipeline, checkpoint),
         dimensions,
+        _join(pipeline, checkpoint, source),
     )
     # A deduplicating batch judges its records against what the batches before it let
     # through, a keyed step runs on the state the batches before it left, and a joining
     # batch joins the dimensions' versions it is planned with: none is looked at ahead.
+    # (Nor is a stream-stream join's, which has no windows.)
     read_ahead = (
         ReadAhead(
             session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
@@ -175,3 +182,22 @@ def _keyed(pipeline: Pipeline, checkpoint: Checkpoint) -> KeyedStep | None:
     )
     tables.create()
     return KeyedStep(pipeline.keyed, pipeline.event_time.column, tables)
+
+
+def _join(pipeline: Pipeline, checkpoint: Checkpoint, source: Source) -> IntervalJoin | None:
+    """The stream-stream join of a pipeline with ``stream_join``, its held rows in
+    ``checkpoint`` (partitioned by event time in steps of the out-of-orderness)."""
+    if pipeline.stream_join is None or pipeline.event_time is None:
+        return None
+    if not isinstance(source, UnionStreamSource):
+        raise PipelineConfigInvalid(
+            f"pipeline {pipeline.name} joins two sources of a union, but runs with a "
+            f"{type(source).__name__}: give it the union's sources"
+        )
+    state = JoinState(
+        checkpoint.table(JOIN_TABLE),
+        checkpoint.txn_app_id(JOIN_TABLE),
+        slot_ms=pipeline.event_time.max_out_of_orderness,
+    )
+    state.create()
+    return IntervalJoin(pipeline.stream_join, pipeline.event_time, source, state)

@@ -376,12 +376,17 @@ class Planner:
         latest: OffsetEntry | None,
         window_watermark: int | None,
     ) -> bool:
-        """Whether a batch with no new input (and no timer due) closes windows: an
-        emit-only batch. Behind a keyed step it closes those under ``window_watermark``
-        (the last batch's watermark); and when only ``watermark`` would close some, it runs
+        """Whether a batch with no new input (and no timer due) closes windows, or lets a
+        stream-stream join's held rows go: an emit-only batch. Behind a keyed step it closes
+        those under ``window_watermark`` (the last batch's watermark); and when only
+        ``watermark`` would close some, it runs
         to record ``watermark``, which the batch after it closes them with: an idle
         stream's last windows close one batch later than without a keyed step."""
         previous_watermark = latest.batch_watermark_ms if latest else None
+        if self.pipeline.stream_join is not None:
+            # As Structured Streaming's batch with no data: a watermark that moved lets a
+            # join let go of held rows, and an outer join emit those that never matched.
+            return watermark is not None and watermark != previous_watermark
         if self.stage is None:
             return False
         state_version = LATEST if done and "state" in done.table_versions else None

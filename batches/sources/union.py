@@ -16,6 +16,7 @@ from functools import reduce
 
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.pipeline import UnionSource
@@ -56,6 +57,16 @@ class UnionStreamSource(Source):
     ) -> None:
         self.parts = dict(parts)
         self.transforms = dict(transforms)
+        self.joined = False
+        """Read for a stream-stream join (``join_sides``): the sources may differ in columns."""
+        self.schemas: dict[str, StructType] = {}
+        """Joined: each source's columns (after its transform), as the last read gave them."""
+
+    def join_sides(self) -> None:
+        """Read from now on for a stream-stream join: every source is read (a source with
+        nothing new gives no records, but its columns: ``schemas``), and the records are
+        unioned with the other sources' columns null."""
+        self.joined = True
 
     @classmethod
     def from_config(cls, config: UnionSource, context: SourceContext) -> UnionStreamSource:
@@ -104,13 +115,17 @@ class UnionStreamSource(Source):
         """The reads of the sources whose part of ``[start, end)`` moved (the first source's
         alone when none did), unioned by column name."""
         moved = [n for n in self.parts if own(start, n) != own(end, n)] or list(self.parts)[:1]
+        if self.joined:
+            moved = list(self.parts)
         reads = {
             name: self.parts[name].read(own(start, name), own(end, name), batch_id, cache, strict)
             for name in moved
         }
         frames = [self._records(name, read) for name, read in reads.items()]
         columns = {name: sorted(df.columns) for name, df in zip(reads, frames, strict=True)}
-        if len({tuple(c) for c in columns.values()}) > 1:
+        if self.joined:
+            self.schemas = {name: df.schema for name, df in zip(reads, frames, strict=True)}
+        elif len({tuple(c) for c in columns.values()}) > 1:
             shapes = "; ".join(f"{n}: {', '.join(c)}" for n, c in columns.items())
             raise PipelineConfigInvalid(
                 f"the union's sources give different columns ({shapes}): give each a transform "
@@ -123,7 +138,7 @@ class UnionStreamSource(Source):
             return next((e for r in reads.values() if (e := r.explain(exc)) is not None), None)
 
         return SourceRead(
-            records=reduce(DataFrame.unionByName, frames),
+            records=reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames),
             bad=reduce(DataFrame.unionByName, bads) if bads else None,
             counts=tuple(o for r in reads.values() for o in _observations(r)),
             cached=tuple(df for r in reads.values() for df in r.cached),

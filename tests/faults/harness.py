@@ -79,6 +79,7 @@ _CHECKPOINT_TABLES = (
     "dedup_ids",
     "keyed_state",
     "keyed_timers",
+    "join_state",
 )
 _INSERTED = ("numOutputRows", "numTargetRowsInserted", "num_added_rows", "num_target_rows_inserted")
 _UPDATED = ("numTargetRowsUpdated", "num_target_rows_updated")

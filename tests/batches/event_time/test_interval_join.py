@@ -1,0 +1,279 @@
+"""The stream-stream join (``stream_join``): each batch's orders and payments meet each other
+and the rows held from earlier batches. An inner join equals a plain Spark join over the
+whole input; inner and left outer joins equal Structured Streaming's stream-stream join with
+watermarks over the same batches; a run crashed at every step of a batch that matches, holds
+and lets rows go ends like a run never crashed; held rows go once the watermark passes them."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pydantic import ValidationError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+from pyspark.testing import assertDataFrameEqual
+
+from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.event_time.interval_join import IntervalJoin
+from lowmark.batches.loop.faults import STEPS, KillPoint
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
+from lowmark.batches.sources.union import UnionStreamSource
+from lowmark.batches.stream_join import JoinTime, StreamJoin
+from lowmark.batches.windows import EventTime
+from lowmark.state.join_state import JoinState
+from tests.faults.harness import (
+    Snapshot,
+    differences,
+    in_process_crash,
+    run_with_crashes,
+    snapshot,
+)
+from tests.helpers import delta_frame
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+T0_MS = int(T0.timestamp() * 1000)
+ORDERS = pa.schema(
+    [("order_id", pa.int64()), ("order_time", pa.timestamp("us", "UTC")), ("amount", pa.int64())]
+)
+PAYMENTS = pa.schema(
+    [("order_id", pa.int64()), ("paid_at", pa.timestamp("us", "UTC")), ("paid", pa.int64())]
+)
+
+
+def at(minute: float) -> datetime:
+    return T0 + timedelta(minutes=minute)
+
+
+# Per batch: (orders, payments) as (order_id, minute, amount). Out of order within the
+# 10 minutes' out-of-orderness, a payment before its order, one after the hour, a
+# payment twice, keys on one side only (order 10, passed by the watermark before the end;
+# order 11, not); nothing is behind the watermark.
+BATCHES: list[tuple[list[tuple[int, float, int]], list[tuple[int, float, int]]]] = [
+    ([(1, 0, 10), (2, 3, 20)], [(1, 5, 10)]),
+    ([(3, 8, 30), (4, 2, 40)], [(2, 70, 20), (4, 9, 40), (9, 9, 90)]),
+    ([(5, 20, 50)], [(3, 7, 30), (3, 30, 30), (5, 21, 50)]),
+    ([(6, 40, 60), (1, 35, 11), (10, 50, 100)], [(1, 36, 11), (6, 95, 60)]),
+    ([(7, 120, 70), (11, 150, 110)], [(7, 125, 70), (5, 118, 51)]),
+    ([(8, 200, 80)], [(8, 201, 80)]),
+]
+
+
+def write_versions(input_root: Path) -> None:
+    """The orders and payments tables, one Delta version per batch and side."""
+    for orders, payments in BATCHES:
+        for name, schema, rows in (("orders", ORDERS, orders), ("payments", PAYMENTS, payments)):
+            table = pa.Table.from_pylist(
+                [dict(zip(schema.names, (k, at(m), v), strict=True)) for k, m, v in rows],
+                schema=schema,
+            )
+            write_deltalake(str(input_root / name), table, mode="append")
+
+
+def joined(input_root: Path, how: str = "inner") -> Pipeline:
+    def side(name: str) -> DeltaSource:
+        path = str(input_root / name)
+        return DeltaSource(path=path, starting_version="earliest", max_versions_per_batch=1)
+
+    return Pipeline(
+        name="orders_payments",
+        source=UnionSource(sources={"orders": side("orders"), "payments": side("payments")}),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="order_time", max_out_of_orderness="10 minutes"),
+        stream_join=StreamJoin(
+            left="orders",
+            right="payments",
+            keys=("order_id",),
+            how=how,
+            time=JoinTime(left="order_time", right="paid_at", lower="0 s", upper="1 hour"),
+        ),
+    )
+
+
+CONDITION = (
+    "p.order_id = o.order_id AND p.paid_at BETWEEN o.order_time AND o.order_time + INTERVAL 1 HOUR"
+)
+
+
+def selected(joined: DataFrame, how: str) -> DataFrame:
+    """The join's rows as lowmark writes them: the keys once, then each side's columns."""
+    key = F.col("p.order_id") if how == "right" else F.col("o.order_id")
+    return joined.select(key.alias("order_id"), "o.order_time", "o.amount", "p.paid_at", "p.paid")
+
+
+def reference(spark: SparkSession, input_root: Path) -> DataFrame:
+    """The inner join as one plain Spark batch over every record."""
+    orders = spark.read.format("delta").load(str(input_root / "orders")).alias("o")
+    payments = spark.read.format("delta").load(str(input_root / "payments")).alias("p")
+    return selected(orders.join(payments, F.expr(CONDITION), "inner"), "inner")
+
+
+def structured_streaming(spark: SparkSession, input_root: Path, out: Path, how: str) -> DataFrame:
+    """The join as Structured Streaming runs it: each side a Delta stream taking one version
+    per batch, with a 10 minutes' watermark on its event time, until both are drained (the
+    batch with no data after the last one included)."""
+
+    def side(name: str, column: str, alias: str) -> DataFrame:
+        stream = spark.readStream.format("delta").option("maxFilesPerTrigger", 1)
+        return stream.load(str(input_root / name)).withWatermark(column, "10 minutes").alias(alias)
+
+    orders, payments = side("orders", "order_time", "o"), side("payments", "paid_at", "p")
+    spark_how = {"left": "left_outer", "right": "right_outer"}.get(how, how)
+    rows = selected(orders.join(payments, F.expr(CONDITION), spark_how), how)
+    name = f"structured_streaming_{how}"
+    query = (
+        rows.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(out / "_checkpoint"))
+        .start()
+    )
+    # Not `availableNow`, which ends without the batch with no data that a moved watermark
+    # asks for; processAllAvailable may return before that batch ran: it is waited for.
+    query.processAllAvailable()
+    deadline = time.monotonic() + 120
+    while not any(p["numInputRows"] == 0 and p["stateOperators"] for p in query.recentProgress):
+        assert time.monotonic() < deadline, "Structured Streaming ran no batch without data"
+        time.sleep(0.2)
+    query.stop()
+    return spark.table(name)
+
+
+@dataclass(frozen=True)
+class Run:
+    root: Path
+    results: list[BatchResult]
+    tables: Snapshot
+
+
+@pytest.fixture(scope="module")
+def input_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("orders_payments")
+    write_versions(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(
+    spark: SparkSession, input_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Run]:
+    """The fault-free run of each kind of join (``how``), run once."""
+    done: dict[str, Run] = {}
+
+    def run(how: str) -> Run:
+        if how not in done:
+            root = tmp_path_factory.mktemp(f"{how}_join")
+            pipeline = joined(input_root, how)
+            results = MicroBatchRunner(spark, pipeline, root).run(max_batches=None)
+            done[how] = Run(root, results, snapshot(pipeline, root))
+        return done[how]
+
+    return run
+
+
+def test_an_inner_join_over_several_batches_equals_one_spark_join_over_all_input(
+    spark: SparkSession, input_root: Path, runs: Callable[[str], Run]
+) -> None:
+    run = runs("inner")
+    # One batch per version of each side, then one with no input: the watermark moved.
+    assert [r.rows_in for r in run.results][-1:] == [0]
+    assert len(run.results) == len(BATCHES) + 1
+    assert sum(r.rows_late for r in run.results) == 0
+    assertDataFrameEqual(delta_frame(spark, run.root / "out"), reference(spark, input_root))
+
+
+# The right outer join is the left one mirrored: checked in `make test-integration` (suite time).
+@pytest.mark.parametrize(
+    "how", ["inner", "left", pytest.param("right", marks=pytest.mark.integration)]
+)
+def test_a_join_equals_structured_streamings_stream_stream_join_with_watermarks(
+    spark: SparkSession,
+    input_root: Path,
+    runs: Callable[[str], Run],
+    tmp_path: Path,
+    how: str,
+) -> None:
+    # An outer row is emitted once the watermark passes it, which both do in a batch of
+    # their own when the input ends: the final results are compared.
+    expected = structured_streaming(spark, input_root, tmp_path, how)
+    got = delta_frame(spark, runs(how).root / "out")
+    assertDataFrameEqual(got, expected)
+    if how == "left":  # order 2 and 10 never paid in time; order 11 may still be
+        lone = got.where(F.col("paid").isNull()).select("order_id")
+        assertDataFrameEqual(lone, spark.createDataFrame([(2,), (10,)], "order_id LONG"))
+
+
+def test_a_join_crashed_at_every_step_of_a_batch_ends_like_a_run_never_crashed(
+    spark: SparkSession, input_root: Path, runs: Callable[[str], Run], data_root: Path
+) -> None:
+    # Batch 4 matches order 7 with its payment, holds rows and lets payments go (the
+    # watermark is minute 30); batch 6 (no input) emits orders 2 and 10 with nulls.
+    pipeline = joined(input_root, "left")
+    schedule = [KillPoint(step, 4) for step in STEPS] + [KillPoint("after_sink", 6)]
+    crashes = run_with_crashes(
+        spark, pipeline, data_root, schedule, in_process_crash(spark, pipeline)
+    )
+    assert crashes == len(schedule)
+    assert differences(runs("left").tables, snapshot(pipeline, data_root)) == []
+
+
+def test_held_rows_go_once_the_watermark_passes_them(runs: Callable[[str], Run]) -> None:
+    path = runs("inner").root / "_lowmark/orders_payments/join_state"
+    state = DeltaTable(str(path)).to_pyarrow_table()
+    # The last batch (no input) has the watermark minute 200 - 10 = 190: orders before
+    # minute 130 and payments before minute 190 can match nothing to come. Their slots are
+    # deleted (ten minutes wide: the out-of-orderness); the rest are held.
+    held = sorted((r["side"], (r["time_ms"] - T0_MS) / 60_000) for r in state.to_pylist())
+    assert held == [("left", 150), ("left", 200), ("right", 201)]
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"source": DeltaSource(path="orders")}, "make `source` a `kind: union`"),
+        ({"stream_join": {"left": "orders", "right": "refunds"}}, "names ['refunds']"),
+        ({"event_time": EventTime(column="paid_at")}, "`column: order_time`"),
+        ({"transform": {"sql": "SELECT * FROM input"}}, "cannot have `transform`"),
+    ],
+)
+def test_a_join_defined_wrong_is_refused_in_one_line_before_any_batch(
+    tmp_path: Path, change: dict[str, Any], error: str
+) -> None:
+    pipeline = joined(tmp_path)
+    assert pipeline.stream_join is not None
+    definition = pipeline.model_dump() | change
+    if "stream_join" in change:
+        definition["stream_join"] = pipeline.stream_join.model_dump() | change["stream_join"]
+    with pytest.raises(ValidationError, match=re.escape(error)) as refused:
+        Pipeline.model_validate(definition)
+    assert len(refused.value.errors()) == 1
+
+
+def test_sides_with_another_column_of_the_same_name_are_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    source = UnionStreamSource({}, {})
+    join = IntervalJoin(
+        joined(tmp_path).stream_join,  # type: ignore[arg-type]
+        EventTime(column="order_time"),
+        source,
+        JoinState(str(tmp_path / "state"), "app:join_state", 60_000),
+    )
+
+    def side(time: str) -> StructType:
+        names = ("order_id", time, "amount")
+        types = (LongType(), TimestampType(), LongType())
+        return StructType([StructField(n, t) for n, t in zip(names, types, strict=True)])
+
+    source.schemas = {"orders": side("order_time"), "payments": side("paid_at")}
+    with pytest.raises(PipelineConfigInvalid, match=r"both sides of the join have \['amount'\]"):
+        join.sides()
