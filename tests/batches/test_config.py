@@ -32,7 +32,9 @@ def test_help_shows_every_field_with_its_description_near_the_top(model: type[Ba
 
 def test_the_signature_shows_the_keys_with_their_python_defaults() -> None:
     shown = str(inspect.signature(Pipeline))
-    assert shown.startswith("(*, name, description='', source, transform=None, joins=(), expectations=(), ")
+    assert shown.startswith(
+        "(*, name, description='', source, transform=None, joins=(), expectations=(), "
+    )
     assert "checks=HealthChecks()" in shown and "max_failed_attempts=3" in shown
     assert str(inspect.signature(EventTime)).endswith(
         "max_future='1 day', watermark=None, admission='fair')"

@@ -191,9 +191,15 @@ def test_an_inner_join_over_several_batches_equals_one_spark_join_over_all_input
     assertDataFrameEqual(delta_frame(spark, run.root / "out"), reference(spark, input_root))
 
 
-# The right outer join is the left one mirrored: checked in `make test-integration` (suite time).
+# `make test` compares the left outer join (the inner one is compared with a plain batch join
+# above; the right outer join is the left one mirrored): both in `make test-integration`.
 @pytest.mark.parametrize(
-    "how", ["inner", "left", pytest.param("right", marks=pytest.mark.integration)]
+    "how",
+    [
+        pytest.param("inner", marks=pytest.mark.integration),
+        "left",
+        pytest.param("right", marks=pytest.mark.integration),
+    ],
 )
 def test_a_join_equals_structured_streamings_stream_stream_join_with_watermarks(
     spark: SparkSession,
