@@ -46,7 +46,6 @@ from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import BatchFailed, RunInFlight
 from lowmark.batches.loop.metrics import TEXTFILE_ENV
 from lowmark.batches.registry import get_pipeline, load_pipelines
-from lowmark.batches.stream_join import describe_join
 from lowmark.state.errors import LowmarkError, first_line
 
 # The engine (lowmark.batches.loop, the sources, lowmark.state.session) and PySpark are imported by
@@ -772,6 +771,8 @@ def plan(
             )
         )
     if p.stream_join is not None:
+        from lowmark.batches.stream_join import describe_join  # pydantic: not for fast commands
+
         fields.append(("  stream join", describe_join(p.stream_join)))
     if p.keyed is not None and p.aggregation is not None and plan.batch_id is not None:
         windows_at = plan.window_watermark_ms
