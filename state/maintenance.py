@@ -64,6 +64,7 @@ STATE_TABLES = {
     "dedup_ids": "dedup",
     "keyed_state": "keyed_state",
     "keyed_timers": "keyed_timers",
+    "join_state": "join_state",
 }
 """A checkpoint's state tables (folder: the name a commit records its version under): each
 keeps the version the last commit recorded readable."""

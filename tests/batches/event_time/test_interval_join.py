@@ -7,6 +7,7 @@ and lets rows go ends like a run never crashed; held rows go once the watermark 
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,14 +27,17 @@ from pyspark.testing import assertDataFrameEqual
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.interval_join import IntervalJoin
 from lowmark.batches.loop.faults import STEPS, KillPoint
+from lowmark.batches.loop.maintenance import maintain_checkpoint
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, DeltaSource, Pipeline, UnionSource
 from lowmark.batches.sources.union import UnionStreamSource
 from lowmark.batches.stream_join import JoinTime, StreamJoin
 from lowmark.batches.windows import EventTime
+from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.join_state import JoinState
 from tests.faults.harness import (
     Snapshot,
+    an_hour_passes,
     differences,
     in_process_crash,
     run_with_crashes,
@@ -240,6 +244,33 @@ def test_held_rows_go_once_the_watermark_passes_them(runs: Callable[[str], Run])
     # deleted (ten minutes wide: the out-of-orderness); the rest are held.
     held = sorted((r["side"], (r["time_ms"] - T0_MS) / 60_000) for r in state.to_pylist())
     assert held == [("left", 150), ("left", 200), ("right", 201)]
+
+
+def test_maintenance_vacuums_the_held_rows_the_watermark_passed(
+    spark: SparkSession,
+    input_root: Path,
+    runs: Callable[[str], Run],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = tmp_path / "maintained"
+    shutil.copytree(runs("inner").root, root)
+    checkpoint = root / "_lowmark/orders_payments"
+    path = checkpoint / "join_state"
+    done = Checkpoint(str(checkpoint), "orders_payments").commits.get_latest()
+    assert done is not None
+    held = DeltaTable(str(path)).to_pyarrow_table().sort_by("time_ms")
+    files = len(list(path.rglob("*.parquet")))
+    an_hour_passes(str(checkpoint), monkeypatch)
+
+    assert maintain_checkpoint(spark, joined(input_root, "inner"), root) is not None
+
+    # The files of the slots the watermark passed are gone from disk; the rows held, and
+    # the version the last commit recorded, read as before.
+    assert len(list(path.rglob("*.parquet"))) < files
+    assert DeltaTable(str(path)).to_pyarrow_table().sort_by("time_ms") == held
+    version = done.table_versions["join_state"]
+    assert DeltaTable(str(path), version=version).to_pyarrow_table().sort_by("time_ms") == held
 
 
 @pytest.mark.parametrize(
