@@ -378,8 +378,8 @@ class MicroBatchRunner:
         changes = (
             parts.work.windows(seen.partials, taken, planned) if seen.partials is not None else None
         )
-        joined = None
-        if parts.work.join is not None:  # a join's records meet the rows it holds
+        join, joined = parts.work.join, None
+        if join is not None:  # a join's records meet the rows it holds
             assert taken is not None  # a join's batch always reads its input itself
             joined = parts.work.joined(taken, planned)
         rows_out = changes.output.num_rows if changes is not None else seen.rows_out
@@ -416,12 +416,8 @@ class MicroBatchRunner:
             keyed.tables.write(seen.keyed.files, batch_id, ran_at)
             versions.update(keyed.tables.versions())
             next_timer_ms = keyed.tables.next_pending(ran_at)
-        if joined is not None:
-            join_state = parts.work.join
-            assert join_state is not None
-            versions[JOIN_TABLE] = join_state.state.write(
-                joined.state, batch_id, joined.evict_below
-            )
+        if join is not None and joined is not None:
+            versions[JOIN_TABLE] = join.state.write(joined.state, batch_id, joined.evict_below)
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = parts.sink
