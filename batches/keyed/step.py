@@ -156,7 +156,9 @@ class KeyedStep:
             .withColumn(BUCKET, F.pmod(F.xxhash64(*keys), F.lit(BUCKETS)).cast("int"))
             .withColumn(MARKER, F.lit(None).cast("boolean"))
         )
-        markers = spark.range(BUCKETS).select(
+        # One partition: the markers are BUCKETS rows, not worth a task each of the
+        # session's parallelism.
+        markers = spark.range(0, BUCKETS, 1, numPartitions=1).select(
             F.col("id").cast("int").alias(BUCKET), F.lit(True).alias(MARKER)
         )
         rows = timely.unionByName(markers, allowMissingColumns=True)
