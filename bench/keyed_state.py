@@ -54,12 +54,11 @@ dataset. Scenarios:
     from "start the stream" to "caught up" (timer-only batches included).
 (c) state scaling, lowmark only (SSS would need as long to fill its state):
     the median of 5 small batches touching 200 users, once the state holds
-    10 000 users and once it holds 500 000 (filled by catch-up batches of
+    10 000 users and once it holds 1 000 000 (filled by catch-up batches of
     100 000 distinct users, one event each, their timers never due), and the
-    ratio large / small. 500 000, not 1 000 000: on 2 shared cores a keyed
-    batch took in about 1 100 new users a second (a ``--quick`` fill of 20 000
-    in 18 s; 130 s on a busier box), so 1 000 000 would take 15 minutes or more
-    to fill; ``--state-large`` sets it.
+    ratio large / small. Both states are filled first; then the touches of the
+    two alternate, batch for batch, so that whatever else the machine does
+    weighs on both alike. ``--state-large`` sets the larger size.
 
 Checked in the run (raises if not): in (a) and (b) each sink holds exactly the
 alerts of the rule over the whole input (every silence of more than 10 s
@@ -83,6 +82,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,6 +113,7 @@ from bench.streaming import (
 from examples.keyed import ALERTS, SILENCE_MS, SilenceAlert
 from lowmark.batches.durations import parse_duration_ms
 from lowmark.batches.keyed.definition import Keyed
+from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.windows import EventTime
 
@@ -153,7 +154,7 @@ class Sizes:
     touch_batches: int
 
 
-FULL = Sizes(5, 30, 300, 200_000, 40, 10, 10_000, 500_000, 200, 5)
+FULL = Sizes(5, 30, 300, 200_000, 40, 10, 10_000, 1_000_000, 200, 5)
 QUICK = Sizes(5, 5, 300, 3_000, 10, 5, 1_000, 20_000, 200, 3)
 
 
@@ -357,30 +358,59 @@ def check_sinks(spark: SparkSession, name: str, data: Dataset, sinks: dict[str, 
 
 def state_scaling(spark: SparkSession, work: Path, seed: int, sizes: Sizes) -> dict[int, float]:
     """(c): users held → lowmark's median seconds of a small batch touching
-    ``touched_users`` of them."""
-    medians = {}
-    for held in (sizes.state_small, sizes.state_large):
-        name = f"state_{held}"
-        folder = work / "data" / name
-        fills = state_data(folder, seed, held, sizes)
-        started = time.perf_counter()
-        pipeline = keyed_pipeline(f"keyed_{name}", folder, 1)
-        results, seconds = lowmark_batches(spark, pipeline, work / "lowmark" / name, name)
-        rows_in = sum(r.rows_in for r in results)
-        expected = held + sizes.touch_batches * min(held, sizes.touched_users)
-        alerts = sum(r.rows_out for r in results)
-        if rows_in != expected or alerts or len(results) != fills + sizes.touch_batches:
-            raise RuntimeError(
-                f"{name}: {len(results)} batches read {rows_in} of {expected} events and "
-                f"wrote {alerts} alerts (none expected)"
-            )
-        filled_s = sum(seconds[:fills])
-        medians[held] = statistics.median(seconds[fills:])
-        _say(
-            f"  {name}: filled {held:,} users in {filled_s:.1f} s; small batch median "
-            f"{medians[held]:.2f} s ({time.perf_counter() - started:.1f} s in all)"
-        )
+    ``touched_users`` of them. Each state is filled in turn; then their touch batches
+    alternate."""
+    held_sizes = (sizes.state_small, sizes.state_large)
+    seconds: dict[int, list[float]] = {held: [] for held in held_sizes}
+    with ExitStack() as stack:
+        runners = {}
+        for held in held_sizes:
+            name = f"state_{held}"
+            folder = work / "data" / name
+            fills = state_data(folder, seed, held, sizes)
+            pipeline = keyed_pipeline(f"keyed_{name}", folder, 1)
+            runner = stack.enter_context(MicroBatchRunner(spark, pipeline, work / "lowmark" / name))
+            started = time.perf_counter()
+            filled = [_touch(runner, name) for _ in range(fills)]
+            _say(f"  {name}: filled {held:,} users in {time.perf_counter() - started:.1f} s")
+            _check_state(name, filled, held)
+            runners[held] = runner
+        for _ in range(sizes.touch_batches):
+            for held, runner in runners.items():
+                began = time.perf_counter()
+                result = _touch(runner, f"state_{held}")
+                seconds[held].append(time.perf_counter() - began)
+                _check_state(f"state_{held}", [result], min(held, sizes.touched_users))
+        if any(runner.run_batch() is not None for runner in runners.values()):
+            raise RuntimeError("(c): a batch was left after the touches")
+    medians = {held: statistics.median(s) for held, s in seconds.items()}
+    for held, median in medians.items():
+        _say(f"  state_{held}: small batch median {median:.2f} s")
     return medians
+
+
+def _touch(runner: MicroBatchRunner, name: str) -> BatchResult:
+    """One batch of ``runner``, printed."""
+    began = time.perf_counter()
+    result = runner.run_batch()
+    if result is None:
+        raise RuntimeError(f"{name}: no batch to run")
+    _say(
+        f"  lowmark {name} batch {result.batch_id}: {result.rows_in:,} rows in, "
+        f"{result.rows_out:,} rows out, {time.perf_counter() - began:.2f} s"
+    )
+    return result
+
+
+def _check_state(name: str, results: list[BatchResult], events: int) -> None:
+    """Raise unless ``results`` read ``events`` events in all and wrote no alert (no
+    timer of (c) is ever due)."""
+    rows_in, alerts = sum(r.rows_in for r in results), sum(r.rows_out for r in results)
+    if rows_in != events or alerts:
+        raise RuntimeError(
+            f"{name}: {len(results)} batches read {rows_in} of {events} events and wrote "
+            f"{alerts} alerts (none expected)"
+        )
 
 
 # ---------------------------------------------------------------- report
