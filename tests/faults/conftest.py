@@ -132,8 +132,9 @@ other sources: sessions over a Kafka topic, tumbling windows over two synthetic 
 (also with an idle timeout shorter than any batch), sessions over a user-written source (an
 outbox table, ``examples.outbox_source``), sessions over a Delta table, tumbling windows
 over a union of the folder and the table, tumbling windows on the ingestion clock of the
-files' modification times (a fake, frozen processing time for the tail), and tumbling windows
-per region, a column a stream-table join brings (``make test-integration`` only)."""
+files' modification times (a fake, frozen processing time for the tail), tumbling windows
+per region, a column a stream-table join brings, and a left outer stream-stream join of the
+folder's views with a Delta table's clicks (the last two ``make test-integration`` only)."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
