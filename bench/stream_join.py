@@ -66,11 +66,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -78,17 +75,18 @@ from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench.side_by_side import Engine, Run, lowmark_batches, parser, report, scenarios, session
+from bench.side_by_side import (
+    Run,
+    iso_ms,
+    lowmark_batches,
+    main_of_two_scenarios,
+    parser,
+)
 from bench.streaming import (
     T0_S,
-    Measure,
-    Ratio,
     _say,
     land,
-    lowmark_over_sss,
-    run_meta,
     run_sss,
-    small_batch_measures,
 )
 from lowmark.batches.pipeline import DeltaSink, DeltaSource, FileSource, Pipeline, UnionSource
 from lowmark.batches.stream_join import JoinTime, StreamJoin
@@ -166,7 +164,7 @@ def generate(folder: Path, seed: int, dataset: str, files: int, impressions: int
         imp_ms = arrival - rng.randrange(DISORDER_S * 1000)
         ad = f"ad{rng.randrange(ads)}"
         imp_files[arrival // span_ms].append(
-            f'{{"imp_id": "i{n}", "ad_id": "{ad}", "imp_time": "{_iso(T0_MS + imp_ms)}"}}\n'
+            f'{{"imp_id": "i{n}", "ad_id": "{ad}", "imp_time": "{iso_ms(T0_MS + imp_ms)}"}}\n'
         )
         if rng.random() < CLICK_SHARE:
             delay_ms = min(round(rng.expovariate(1 / CLICK_DELAY_S) * 1000), RANGE_S * 1000)
@@ -190,12 +188,6 @@ def generate(folder: Path, seed: int, dataset: str, files: int, impressions: int
             str(table), pa.table([list(ids), list(ads_of), micros], CLICKS), mode="append"
         )
     return Dataset(imp_folder, table, impressions, clicks)
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + (
-        f".{ms % 1000:03d}Z"
-    )
 
 
 def datasets(folder: Path, seed: int, sizes: Sizes) -> dict[str, Dataset]:
@@ -314,65 +306,30 @@ def check_sinks(spark: SparkSession, name: str, data: Dataset, sinks: dict[str, 
     _say(f"  {name}: both sinks hold the {count:,} rows of a plain batch join, each once")
 
 
-def build_report(
-    small: dict[str, Run], catchup: dict[str, Run], catchup_events: int
-) -> tuple[list[Measure], list[Ratio]]:
-    def rate(engine: str) -> float:
-        return catchup_events / catchup[engine].seconds
-
-    measures = [
-        *small_batch_measures(small["lowmark"].batch_s, small["sss"].batch_s),
-        Measure("b_rate", "(b) catch-up: events/s", rate("lowmark"), rate("sss")),
-        Measure(
-            "b_seconds", "(b) catch-up: wall s", catchup["lowmark"].seconds, catchup["sss"].seconds
-        ),
-    ]
-    m = {x.key: x for x in measures}
-    ratios = [
-        lowmark_over_sss("a", "(a) small batch median", m["a_median"], "<= 1.0"),
-        lowmark_over_sss("b", "(b) catch-up events/s", m["b_rate"], ">= 1.0"),
-    ]
-    return measures, ratios
-
-
 # ---------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    started = time.monotonic()
     sizes = QUICK if args.quick else FULL
     overrides = {
         "small_batches": args.small_batches,
         "catchup_impressions": args.catchup_impressions,
     }
     sizes = dataclasses.replace(sizes, **{k: v for k, v in overrides.items() if v})
-    meta = run_meta(sizes, started, "bench.stream_join")  # load average before Spark starts
-    spark = session("lowmark-bench-stream-join")
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="lowmark-bench-stream-join-"))
-    try:
-        sets = datasets(work / "data", args.seed, sizes)
-        for name, d in sets.items():
-            _say(
-                f"[data] {name}: {d.impression_count:,} impressions, {d.click_count:,} "
-                f"clicks, {len(list(d.impressions.iterdir()))} files a side"
-            )
-        engines: dict[str, Engine[Dataset]] = {
-            "lowmark": run_lowmark,
-            "sss": run_structured_streaming,
-        }
-        small_runs, catchup_runs = scenarios(
-            spark, work, sets, sizes.files_per_batch, engines, check_sinks
-        )
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    measures, ratios = build_report(small_runs, catchup_runs, sets["catchup"].events)
-    note = (
-        "Both engines in one process, one after the other; see the docstring of "
-        "`bench/stream_join.py` for what each row measures."
+    main_of_two_scenarios(
+        args,
+        sizes,
+        "bench.stream_join",
+        lambda folder: datasets(folder, args.seed, sizes),
+        lambda d: (
+            f"{d.impression_count:,} impressions, {d.click_count:,} clicks, "
+            f"{len(list(d.impressions.iterdir()))} files a side"
+        ),
+        {"lowmark": run_lowmark, "sss": run_structured_streaming},
+        check_sinks,
+        lambda d: d.events,
     )
-    report(args, "bench/stream_join.py", meta, started, measures, ratios, note)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
