@@ -124,6 +124,7 @@ bench: test-setup
 	bash -o pipefail -c '$(BIN)/python -m bench.dedup $(BENCH_ARGS) | tee $(BENCH_OUT)/dedup.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.keyed_state $(BENCH_ARGS) | tee $(BENCH_OUT)/keyed_state.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.stream_join $(BENCH_ARGS) | tee $(BENCH_OUT)/stream_join.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.distributed $(BENCH_ARGS) | tee $(BENCH_OUT)/distributed.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.watermark_strategies | tee $(BENCH_OUT)/watermark_strategies.txt'
 	jvm/fetch-jars jvm/bench
 	bash -o pipefail -c '$(BIN)/python -m bench.postgres_sink | tee $(BENCH_OUT)/postgres_sink.txt'

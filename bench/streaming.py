@@ -195,8 +195,11 @@ def _child(spec_path: Path) -> None:
 
     spec = json.loads(spec_path.read_text())
     engine = spec["engine"]
-    confs = {"spark.sql.streaming.numRecentProgressUpdates": "10000"}
-    spark = get_spark(SparkSettings(app_name=f"lowmark-bench-{engine}", confs=confs))
+    confs = {"spark.sql.streaming.numRecentProgressUpdates": "10000", **spec.get("confs", {})}
+    settings = SparkSettings(app_name=f"lowmark-bench-{engine}", confs=confs)
+    if spec.get("master"):
+        settings = settings.model_copy(update={"master": spec["master"]})
+    spark = get_spark(settings)
     spark.sparkContext.setLogLevel("ERROR")
     run = {"lowmark": _lowmark_scenario, "sss": _sss_scenario, "plain": _plain_scenario}[engine]
     results = {name: run(spark, name, scenario) for name, scenario in spec["scenarios"].items()}
@@ -387,13 +390,27 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
 
 
-def run_engine(work: Path, engine: str, scenarios: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """Run ``engine``'s scenarios in a child process; its results and peak RSS (MiB)."""
-    result_path = work / f"{engine}.json"
-    spec = {"engine": engine, "scenarios": scenarios, "result": str(result_path)}
-    spec_path = work / f"{engine}.spec.json"
+def run_engine(
+    work: Path,
+    engine: str,
+    scenarios: dict[str, Any],
+    master: str | None = None,
+    confs: dict[str, str] | None = None,
+) -> tuple[dict[str, Any], float]:
+    """Run ``engine``'s scenarios in a child process (its Spark on ``master``, with
+    ``confs``; by default local); its results and the driver's peak RSS (MiB)."""
+    tag = f"{engine}-{master.split(':')[0]}" if master else engine
+    result_path = work / f"{tag}.json"
+    spec = {
+        "engine": engine,
+        "scenarios": scenarios,
+        "result": str(result_path),
+        "master": master,
+        "confs": confs or {},
+    }
+    spec_path = work / f"{tag}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    log_path = work / f"{engine}.stderr.log"
+    log_path = work / f"{tag}.stderr.log"
     _say(f"[{engine}] starting its own Spark process (stderr in {log_path})")
     with log_path.open("w") as log:
         proc = subprocess.Popen(

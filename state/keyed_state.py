@@ -48,6 +48,8 @@ TIMERS = "_lowmark_timers"
 BUCKETS = 16
 """Buckets of a new state table: a task reads the buckets of the keys it holds."""
 SLOT_MIN_MS = 60_000
+PENDING_PAGE = 1_000
+"""Rows that set a timer read at a time when looking for the next pending one."""
 STATE_TABLE, TIMER_TABLE = "keyed_state", "keyed_timers"
 """The tables' names in the checkpoint, and their roles in application transaction ids."""
 STATE_PARTITIONS, TIMER_PARTITIONS = (BUCKET,), (SLOT,)
@@ -246,11 +248,41 @@ class KeyedTables:
             if s >= after // self.slot_ms
         )
         for slot in slots:
-            rows = self.timers.read(f'"{SLOT}" = {slot} AND "timer_ms" > {after}')
-            rows = latest(rows, ("key", "timer_ms"))
-            pending = rows.filter(rows.column("pending")).column("timer_ms").to_pylist()
-            if pending:
-                return int(min(pending))
+            found = self._first_pending(f'"{SLOT}" = {slot} AND "timer_ms" > {after}')
+            if found is not None:
+                return found
+        return None
+
+    def _first_pending(self, where: str) -> int | None:
+        """The earliest pending timer of the rows ``where`` selects (None: none is pending).
+
+        A timer is pending if a row set it and no later row deleted it (fired or
+        cancelled). The deletions are read whole (a slot holds as many as timers fired
+        or were cancelled in its span); the rows that set a timer, earliest first, a
+        page at a time, until one has no later deletion: a slot of a million pending
+        timers costs one page, not a million rows brought to Python."""
+        deleted: dict[tuple[str, int], int] = {}
+        gone = self.timers.query(
+            "SELECT key, timer_ms, max(batch_id) AS batch_id FROM t "
+            f'WHERE {where} AND NOT "pending" GROUP BY key, timer_ms'
+        )
+        for key, timer_ms, batch_id in zip(
+            *(gone.column(c).to_pylist() for c in ("key", "timer_ms", "batch_id")), strict=True
+        ):
+            deleted[(key, timer_ms)] = batch_id
+        offset, page_rows = 0, PENDING_PAGE
+        while page_rows == PENDING_PAGE:  # a short page is the last
+            page = self.timers.query(
+                f'SELECT key, timer_ms, batch_id FROM t WHERE {where} AND "pending" '
+                f"ORDER BY timer_ms, key, batch_id LIMIT {PENDING_PAGE} OFFSET {offset}"
+            )
+            for key, timer_ms, batch_id in zip(
+                *(page.column(c).to_pylist() for c in ("key", "timer_ms", "batch_id")),
+                strict=True,
+            ):
+                if deleted.get((key, timer_ms), -1) < batch_id:
+                    return int(timer_ms)
+            offset, page_rows = offset + PENDING_PAGE, page.num_rows
         return None
 
     def versions(self) -> dict[str, int]:

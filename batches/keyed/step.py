@@ -156,7 +156,9 @@ class KeyedStep:
             .withColumn(BUCKET, F.pmod(F.xxhash64(*keys), F.lit(BUCKETS)).cast("int"))
             .withColumn(MARKER, F.lit(None).cast("boolean"))
         )
-        markers = spark.range(BUCKETS).select(
+        # One partition: the markers are BUCKETS rows, not worth a task each of the
+        # session's parallelism.
+        markers = spark.range(0, BUCKETS, 1, numPartitions=1).select(
             F.col("id").cast("int").alias(BUCKET), F.lit(True).alias(MARKER)
         )
         rows = timely.unionByName(markers, allowMissingColumns=True)
@@ -214,11 +216,19 @@ def _process(
     by_key: dict[Key, pd.DataFrame] = {}
     bucket_of: dict[str, int] = {}
     newest_ms: dict[Key, int] = {}
-    for key, group in frame.groupby(list(key_columns), sort=False, dropna=False):
+    # Per key, only a slice of the payload: what is worked out per group is worked out for
+    # all groups at once (the same groups in the same order), which is what keeps a task's
+    # cost per key to microseconds.
+    grouped = frame.groupby(list(key_columns), sort=False, dropna=False)
+    newest = grouped[EVENT_MS].max().tolist()
+    first_bucket = grouped[BUCKET].first().tolist()
+    slices = frame[payload].groupby(list(key_columns), sort=False, dropna=False)
+    for (key, group), ms, bucket in zip(slices, newest, first_bucket, strict=True):
         values = key if isinstance(key, tuple) else (key,)
-        by_key[values] = group[payload].reset_index(drop=True)
-        newest_ms[values] = int(group[EVENT_MS].max())
-        bucket_of[key_json(values)] = int(group[BUCKET].iloc[0])
+        group.index = pd.RangeIndex(len(group))
+        by_key[values] = group
+        newest_ms[values] = int(ms)
+        bucket_of[key_json(values)] = int(bucket)
     now = watermark_ms if time_mode == "event_time" else processing_ms
     due = pinned.due(buckets, now) if now is not None else None
     due_keys = {}

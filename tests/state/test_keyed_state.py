@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lowmark.state.keyed_state import BUCKET, STATE, Expiry, compact_latest, held, latest
+from lowmark.state.keyed_state import (
+    BUCKET,
+    STATE,
+    TIMER_CHANGE,
+    Expiry,
+    KeyedTables,
+    compact_latest,
+    held,
+    latest,
+)
 from lowmark.state.table import DriverTable
 
 
@@ -130,3 +139,41 @@ def test_compaction_drops_event_time_ttl_values_by_the_watermark(tmp_path: Path)
         table, Expiry(processing_ms=100, watermark_ms=60, by_event_time=frozenset({"by_event"}))
     )
     assert sorted(r["key"] for r in table.read().to_pylist()) == ["[1]", "[3]"]
+
+
+def test_the_next_pending_timer_is_the_earliest_set_and_not_deleted_since(tmp_path: Path) -> None:
+    """Timers set, deleted and set again over batches, with more deleted timers before the
+    first pending one than a page of ``next_pending``'s reads holds: the answer is the
+    plain simulation's (the latest row of each (key, timer) decides)."""
+    rng = random.Random(5)
+    tables = KeyedTables(str(tmp_path / "state"), str(tmp_path / "timers"), "app", 60_000)
+    tables.create()
+    pinned = tables.pinned({}, replay=False, batch_id=0)
+    pending: set[tuple[str, int]] = set()
+    # Batch 0 sets 2,500 early timers that batch 1 deletes, and later ones that stay, all in
+    # one slot (60 s).
+    early = [(f'["k{i}"]', 1_000 + i) for i in range(2_500)]
+    late = [(f'["k{i}"]', 20_000 + rng.randrange(30_000)) for i in range(300)]
+    plan = [(0, [(k, t, True) for k, t in early + late]), (1, [(k, t, False) for k, t in early])]
+    # Then batches that set, delete and set again a few timers at random.
+    for batch in range(2, 8):
+        changes = []
+        for key, timer in rng.sample(early + late, 40):
+            changes.append((key, timer, (key, timer) not in pending or rng.random() < 0.3))
+        plan.append((batch, list({(k, t): (k, t, p) for k, t, p in changes}.values())))
+    for batch, changes in plan:
+        timers = pa.Table.from_pylist(
+            [{"key": k, "timer_ms": t, BUCKET: 0, "pending": p, "batch_id": batch}
+             for k, t, p in changes],
+            schema=TIMER_CHANGE,
+        )  # fmt: skip
+        files = pinned.written(STATE.empty_table(), timers, batch)
+        tables.write(files, batch, now_ms=None)
+        for key, timer, is_pending in changes:
+            (pending.add if is_pending else pending.discard)((key, timer))
+        expected = min((t for _, t in pending), default=None)
+        assert tables.next_pending(None) == expected, batch
+        after = 10_000
+        assert tables.next_pending(after) == min(
+            (t for _, t in pending if t > after), default=None
+        ), batch
