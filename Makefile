@@ -105,11 +105,12 @@ soak: test-setup
 # next to Structured Streaming's Kafka source (bench/kafka.py), deduplication by record id
 # next to Structured Streaming's dropDuplicatesWithinWatermark (bench/dedup.py), and a keyed
 # step with timers next to Structured Streaming's transformWithStateInPandas (bench/keyed_state.py),
+# a stream-stream join next to Structured Streaming's stream-stream join (bench/stream_join.py),
 # the two watermark strategies on the same out-of-order data (bench/watermark_strategies.py),
 # and rows/s into Postgres next to Structured Streaming's foreachBatch + JDBC (bench/postgres_sink.py,
 # with PostgreSQL's JDBC driver from jvm/bench/pom.xml).
 # BENCH_ARGS=--quick for a smoke run of bench/state_scaling.py, bench/streaming.py (no
-# RESULTS.md), bench/dedup.py and bench/keyed_state.py.
+# RESULTS.md), bench/dedup.py, bench/keyed_state.py and bench/stream_join.py.
 # Never part of `make test`.
 BENCH_ARGS ?=
 BENCH_OUT := data/bench
@@ -122,6 +123,7 @@ bench: test-setup
 	bash -o pipefail -c '$(BIN)/python -m bench.kafka | tee $(BENCH_OUT)/kafka.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.dedup $(BENCH_ARGS) | tee $(BENCH_OUT)/dedup.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.keyed_state $(BENCH_ARGS) | tee $(BENCH_OUT)/keyed_state.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.stream_join $(BENCH_ARGS) | tee $(BENCH_OUT)/stream_join.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.distributed $(BENCH_ARGS) | tee $(BENCH_OUT)/distributed.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.watermark_strategies | tee $(BENCH_OUT)/watermark_strategies.txt'
 	jvm/fetch-jars jvm/bench

@@ -49,8 +49,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import shutil
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -61,24 +59,16 @@ from pyspark.sql import functions as F
 
 from bench.history import _iso
 from bench.side_by_side import (
-    Engine,
     Run,
     lowmark_batches,
+    main_of_two_scenarios,
     parser,
-    report,
-    scenarios,
-    session,
     sss_over_files,
 )
 from bench.streaming import (
     T0_S,
-    Measure,
-    Ratio,
     _say,
     land,
-    lowmark_over_sss,
-    run_meta,
-    small_batch_measures,
 )
 from lowmark.batches.dedup import Dedup
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
@@ -246,62 +236,27 @@ def check_sinks(spark: SparkSession, name: str, data: Dataset, sinks: dict[str, 
     _say(f"  {name}: both sinks hold the {data.distinct:,} distinct ids once each")
 
 
-def build_report(
-    small: dict[str, Run], catchup: dict[str, Run], catchup_events: int
-) -> tuple[list[Measure], list[Ratio]]:
-    def rate(engine: str) -> float:
-        return catchup_events / catchup[engine].seconds
-
-    measures = [
-        *small_batch_measures(small["lowmark"].batch_s, small["sss"].batch_s),
-        Measure("b_rate", "(b) catch-up: events/s", rate("lowmark"), rate("sss")),
-        Measure(
-            "b_seconds", "(b) catch-up: wall s", catchup["lowmark"].seconds, catchup["sss"].seconds
-        ),
-    ]
-    m = {x.key: x for x in measures}
-    ratios = [
-        lowmark_over_sss("a", "(a) small batch median", m["a_median"], "<= 1.0"),
-        lowmark_over_sss("b", "(b) catch-up events/s", m["b_rate"], ">= 1.0"),
-    ]
-    return measures, ratios
-
-
 # ---------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    started = time.monotonic()
     sizes = QUICK if args.quick else FULL
     overrides = {"small_batches": args.small_batches, "catchup_events": args.catchup_events}
     sizes = dataclasses.replace(sizes, **{k: v for k, v in overrides.items() if v})
-    meta = run_meta(sizes, started, "bench.dedup")  # load average before Spark starts
-    spark = session("lowmark-bench-dedup")
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="lowmark-bench-dedup-"))
-    try:
-        sets = datasets(work / "data", args.seed, sizes)
-        for name, d in sets.items():
-            _say(
-                f"[data] {name}: {d.events:,} events, {d.distinct:,} distinct ids, "
-                f"in {len(list(d.folder.iterdir()))} files"
-            )
-        engines: dict[str, Engine[Dataset]] = {
-            "lowmark": run_lowmark,
-            "sss": run_structured_streaming,
-        }
-        small_runs, catchup_runs = scenarios(
-            spark, work, sets, sizes.files_per_batch, engines, check_sinks
-        )
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    measures, ratios = build_report(small_runs, catchup_runs, sets["catchup"].events)
-    note = (
-        "Both engines in one process, one after the other; see the docstring of "
-        "`bench/dedup.py` for what each row measures."
+    main_of_two_scenarios(
+        args,
+        sizes,
+        "bench.dedup",
+        lambda folder: datasets(folder, args.seed, sizes),
+        lambda d: (
+            f"{d.events:,} events, {d.distinct:,} distinct ids, "
+            f"in {len(list(d.folder.iterdir()))} files"
+        ),
+        {"lowmark": run_lowmark, "sss": run_structured_streaming},
+        check_sinks,
+        lambda d: d.events,
     )
-    report(args, "bench/dedup.py", meta, started, measures, ratios, note)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

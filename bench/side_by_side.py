@@ -10,9 +10,12 @@ batch with ``MicroBatchRunner``, Structured Streaming (SSS) available-now with
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,9 +25,12 @@ from bench.streaming import (
     Measure,
     Ratio,
     _say,
+    lowmark_over_sss,
     markdown_header,
     markdown_tables,
+    run_meta,
     run_sss,
+    small_batch_measures,
     text_report,
 )
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
@@ -73,6 +79,43 @@ def scenarios(
     small = scenario("small", 1)
     _say(f"[b] catch-up: {files_per_batch} files per batch")
     return small, scenario("catchup", files_per_batch)
+
+
+def main_of_two_scenarios(
+    args: argparse.Namespace,
+    sizes: Any,
+    module: str,
+    datasets: Callable[[Path], dict[str, D]],
+    describe: Callable[[D], str],
+    engines: dict[str, Engine[D]],
+    check: Callable[[SparkSession, str, D, dict[str, Path]], None],
+    events: Callable[[D], int],
+) -> None:
+    """The run of a benchmark of (a) and (b) alone (``bench.dedup``, ``bench.stream_join``):
+    the datasets made (``datasets``, under the work folder; each described by ``describe``),
+    ``scenarios`` over them, and ``small_and_catchup``'s report (catch-up target ``>= 1.0``,
+    over ``events`` of the catch-up dataset). ``sizes`` (a dataclass with
+    ``files_per_batch``) go into the report's header."""
+    started = time.monotonic()
+    meta = run_meta(sizes, started, module)  # load average before Spark starts
+    name = module.replace(".", "-").replace("_", "-")
+    spark = session(f"lowmark-{name}")
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix=f"lowmark-{name}-"))
+    try:
+        sets = datasets(work / "data")
+        for kind, data in sets.items():
+            _say(f"[data] {kind}: {describe(data)}")
+        small, catchup = scenarios(spark, work, sets, sizes.files_per_batch, engines, check)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    measures, ratios = small_and_catchup(small, catchup, events(sets["catchup"]), ">= 1.0")
+    script = f"bench/{module.removeprefix('bench.')}.py"
+    note = (
+        "Both engines in one process, one after the other; see the docstring of "
+        f"`{script}` for what each row measures."
+    )
+    report(args, script, meta, started, measures, ratios, note)
 
 
 def parser(prog: str, doc: str | None, full: object, quick: object) -> argparse.ArgumentParser:
@@ -149,6 +192,39 @@ def sss_over_files(
     if rows_in != events:
         raise RuntimeError(f"SSS {name}: read {rows_in} of {events} events")
     return Run([p["durationMs"]["triggerExecution"] / 1000 for p in progress], total)
+
+
+def iso_ms(ms: int) -> str:
+    """Epoch milliseconds as an ISO-8601 UTC time to the millisecond, as the input files
+    hold event times."""
+    return datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + (
+        f".{ms % 1000:03d}Z"
+    )
+
+
+def small_and_catchup(
+    small: dict[str, Run], catchup: dict[str, Run], catchup_events: int, catchup_target: str
+) -> tuple[list[Measure], list[Ratio]]:
+    """(a)'s small-batch median and p95 and (b)'s catch-up events/s and wall seconds of each
+    engine, and the ratios lowmark / SSS: (a)'s median against ``<= 1.0``, (b)'s events/s
+    against ``catchup_target``."""
+
+    def rate(engine: str) -> float:
+        return catchup_events / catchup[engine].seconds
+
+    measures = [
+        *small_batch_measures(small["lowmark"].batch_s, small["sss"].batch_s),
+        Measure("b_rate", "(b) catch-up: events/s", rate("lowmark"), rate("sss")),
+        Measure(
+            "b_seconds", "(b) catch-up: wall s", catchup["lowmark"].seconds, catchup["sss"].seconds
+        ),
+    ]
+    m = {x.key: x for x in measures}
+    ratios = [
+        lowmark_over_sss("a", "(a) small batch median", m["a_median"], "<= 1.0"),
+        lowmark_over_sss("b", "(b) catch-up events/s", m["b_rate"], catchup_target),
+    ]
+    return measures, ratios
 
 
 def report(

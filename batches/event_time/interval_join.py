@@ -20,8 +20,10 @@ watermark W (``lowmark.batches.stream_join`` for the declaration):
    outer join's held rows that matched for the first time are marked
    ``matched``: the batch's state rows, appended in one idempotent commit.
 
-The output (matched pairs, then the outer rows) is a local frame of the two
-sides' columns, parsed back from the JSON; the sink writes it (append).
+The output (matched pairs, then the outer rows) is the two sides' columns,
+parsed back from the JSON by one Spark job over local data and brought to the
+driver as Arrow; the sink writes it from there (append), as a windowed
+pipeline's windows.
 A replay reads the same input and the same held rows, so it computes the same
 output, state rows and late rows, and each write lands once.
 """
@@ -36,7 +38,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from lowmark.batches.collect import to_frame
+from lowmark.batches.collect import collect, to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import FUTURE, LATE_RECORD, UNTIMED, late_table
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
@@ -62,8 +64,8 @@ _PAIRS = StructType([StructField("left_row", StringType()), StructField("right_r
 class Joined:
     """What a batch's join gives; nothing is written yet."""
 
-    output: DataFrame
-    """The rows for the sink (lazy, over local data)."""
+    output: pa.Table
+    """The rows for the sink."""
     rows_out: int
     records: int
     """The records the join took (the batch's records that were not late)."""
@@ -254,7 +256,7 @@ class IntervalJoin:
             [pairs.select(["left_row", "right_row"]).cast(lone.schema), lone.cast(lone.schema)]
         )
         return Joined(
-            self._output(spark, out),
+            collect({"output": self._output(spark, out)})["output"],
             out.num_rows,
             kept.num_rows,
             late_table(late, batch_id, watermark_ms) if late is not None else None,

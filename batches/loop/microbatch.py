@@ -421,7 +421,9 @@ class MicroBatchRunner:
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = parts.sink
-        if isinstance(sink, WindowedSink):
+        if isinstance(sink, WindowedSink) and joined is not None:  # on the driver already
+            sink_version = sink.write(joined.output, batch_id)
+        elif isinstance(sink, WindowedSink):
             assert changes is not None  # a windowed batch always has its window changes
             assert self.pipeline.aggregation is not None
             update = self.pipeline.aggregation.output_mode == "update"
@@ -432,7 +434,7 @@ class MicroBatchRunner:
         else:
             assert taken is not None  # a stateless batch always reads its input itself
             read = taken.read
-            sink_rows = joined.output if joined is not None else taken.out.drop(PARTITION_COLUMN)
+            sink_rows = taken.out.drop(PARTITION_COLUMN)
             sink_version = explained(read, lambda: sink.write(sink_rows, batch_id))
         if sink_version is not None:
             versions["sink"] = sink_version

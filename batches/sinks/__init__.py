@@ -41,15 +41,17 @@ def build_sink(
     transactional sink calls ``staged(batch_id)`` between a batch's records and its commit
     (a crash point).
 
-    One writer engine per Delta sink table: a windowed pipeline's few windows
-    are written from the driver (``WindowedSink``), a stateless pipeline's
-    records by Spark (``Sink``). A Postgres sink likewise: windows from the
-    driver, records streamed through it. A Kafka sink streams records through the driver
-    too (a ``Sink``: windows reach it as DataFrames, update-mode ones keyed by their
-    identity). A custom sink is a ``Sink``, a ``foreach_batch`` function is called by
-    one; a windowed pipeline hands any of these its windows as DataFrames.
+    One writer engine per Delta sink table: a windowed pipeline's few windows,
+    and a stream-stream join's rows, are on the driver and written from there
+    (``WindowedSink``), a stateless pipeline's records by Spark (``Sink``). A
+    Postgres sink likewise: driver rows from the driver, records streamed through it. A
+    Kafka sink streams records through the driver too (a ``Sink``: windows reach it as
+    DataFrames, update-mode ones keyed by their identity). A custom sink is a ``Sink``, a
+    ``foreach_batch`` function is called by one; a windowed or joining pipeline hands any
+    of these its rows as DataFrames.
     """
-    windowed = pipeline.aggregation is not None and pipeline.event_time is not None
+    on_driver = pipeline.aggregation is not None or pipeline.stream_join is not None
+    windowed = on_driver and pipeline.event_time is not None
     built = [
         _built(
             spark,

@@ -41,7 +41,8 @@ class Sink(ABC):
 
 
 class WindowedSink(ABC):
-    """A windowed pipeline's sink: the windows a batch emits, a few, on the driver.
+    """A windowed pipeline's sink: the windows a batch emits, a few, on the driver (and a
+    stream-stream join's: the joined rows, made on the driver).
 
     Contract as ``Sink``, over Arrow tables: ``write(rows, batch_id, retract)``
     may be called again for the same batch after a crash with the same rows

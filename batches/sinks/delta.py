@@ -8,7 +8,8 @@ sink table has one writer engine, fixed by the pipeline's kind:
   written by Spark's executors;
 - ``DeltaWindowSink``: a windowed pipeline's emitted windows, a few per batch,
   already on the driver, written there with delta-rs (no Spark job). Its
-  backfills write with delta-rs too.
+  backfills write with delta-rs too. A stream-stream join's rows, made on the
+  driver, are written the same way.
 
 A sink is the user's table, not a checkpoint table: either engine creates it
 with the properties of ``DeltaSink.properties`` and Delta's defaults for the

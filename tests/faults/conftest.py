@@ -42,6 +42,7 @@ from tests.faults.scenarios import (
     KAFKA_TOPIC,
     PIPELINES,
     RESENT_INPUT,
+    VIEWS,
     clock_of,
     dedup_tumbling,
     delta_update,
@@ -56,10 +57,12 @@ from tests.faults.scenarios import (
     postgres_append,
     postgres_update,
     session_update,
+    stream_joined,
     synthetic_append,
     synthetic_idle,
     tumbling_two_partitions,
     union_append,
+    write_clicks,
     write_dimension,
     write_input,
     write_outbox,
@@ -84,6 +87,7 @@ MATRIX = (
     ingestion_tumbling,
     kafka_append,
     joined_tumbling,
+    stream_joined,
 )
 OTHER_SOURCES = (
     "kafka_update",
@@ -128,8 +132,9 @@ other sources: sessions over a Kafka topic, tumbling windows over two synthetic 
 (also with an idle timeout shorter than any batch), sessions over a user-written source (an
 outbox table, ``examples.outbox_source``), sessions over a Delta table, tumbling windows
 over a union of the folder and the table, tumbling windows on the ingestion clock of the
-files' modification times (a fake, frozen processing time for the tail), and tumbling windows
-per region, a column a stream-table join brings (``make test-integration`` only)."""
+files' modification times (a fake, frozen processing time for the tail), tumbling windows
+per region, a column a stream-table join brings, and a left outer stream-stream join of the
+folder's views with a Delta table's clicks (the last two ``make test-integration`` only)."""
 KILL_BATCH = 3
 """A middle batch, with late and bad rows: windows and sessions from batches 0-2 are open
 across the kill, and batches after it close them."""
@@ -178,6 +183,10 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
         return pipeline
     if pipeline is joined_tumbling:
         write_dimension(folder / "dimension")
+    if pipeline is stream_joined:
+        write_input(folder / "input", VIEWS, pipeline)
+        write_clicks(folder / "clicks")
+        return pipeline
     if pipeline is not kafka_update:
         write_input(folder / "input", FIXED_INPUT, pipeline)
         return pipeline
@@ -240,16 +249,16 @@ class References(Mapping[str, Reference]):
             copy_run(root, folder / "template", pipeline)
             rest = runner.run(max_batches=None)
         # What the kill matrix relies on: the killed batch has output, bad rows and
-        # (windowed or keyed) late records, with windows or timers left open, and batches
-        # come after it.
-        windowed = pipeline.aggregation is not None or pipeline.keyed is not None
+        # (windowed, keyed or joined) late records, with windows, timers or join rows held,
+        # and batches come after it.
+        held = (pipeline.aggregation, pipeline.keyed, pipeline.stream_join) != (None,) * 3
         killed = rest[0]
         assert (
             killed.batch_id,
             killed.rows_late > 0,
             killed.rows_bad > 0,
             killed.rows_out > 0,
-        ) == (KILL_BATCH, windowed, pipeline.name not in NO_BAD_ROWS, True)
+        ) == (KILL_BATCH, held, pipeline.name not in NO_BAD_ROWS, True)
         assert len(rest) > 1
         batches = KILL_BATCH + len(rest)
         return Reference(pipeline, folder, snapshot(pipeline, root), batches)

@@ -321,7 +321,7 @@ def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> S
         result[name] = _as_json(rows)
         if name == "sink" and writes is not None:
             result["sink writes"] = _as_json(list(writes.values()))
-        elif name in ("sink", "state_windows"):
+        elif name in ("sink", "state_windows", "join_state"):
             result[f"{name} history"] = _as_json(_history(path))
     if isinstance(pipeline.sink, PostgresSink):
         for name, rows in _postgres_tables(pipeline, root).items():

@@ -42,6 +42,7 @@ from lowmark.batches.pipeline import (
     SyntheticSource,
     UnionSource,
 )
+from lowmark.batches.stream_join import JoinTime, StreamJoin
 from lowmark.batches.table_join import TableJoin
 from lowmark.batches.windows import (
     Aggregate,
@@ -324,6 +325,66 @@ def write_dimension(table: Path) -> None:
     write_deltalake(str(table), pa.table(USER_REGIONS))
 
 
+CLICKS = "../clicks"
+"""The stream join's right side, a Delta table beside the data roots like the input folder."""
+CLICKS_SCHEMA = pa.schema(
+    [("user", pa.string()), ("clicked_at", pa.timestamp("us", "UTC")), ("cost", pa.int64())]
+)
+
+stream_joined = Pipeline(
+    name="stream_joined",
+    source=UnionSource(
+        sources={
+            "views": _source(),
+            "clicks": DeltaSource(path=CLICKS, max_versions_per_batch=1),
+        }
+    ),
+    sink=DeltaSink(path=SINK),
+    event_time=EventTime(column="ts", max_out_of_orderness="50 seconds"),
+    stream_join=StreamJoin(
+        left="views",
+        right="clicks",
+        keys=("user",),
+        how="left",
+        time=JoinTime(left="ts", right="clicked_at", upper="100 seconds"),
+    ),
+)
+"""A left outer stream-stream join: views (``VIEWS``, a file a batch) with the clicks of the
+same user 0-100 seconds after them (``CLICK_VERSIONS``, a version of ``CLICKS`` a batch)."""
+
+VIEWS: list[File] = [
+    [("a", 10, 1), ("b", 20, 2)],
+    [("c", 300, 3), ("a", 70, 4)],
+    [("b", 180, 5), ("a", 140, 6), ("d", 120, 7)],
+    # The batch the kill matrix kills (watermark 250 s): a@40 is late, a line does not parse,
+    # a@280 matches a click of the same batch, b@330 is held unmatched, d@120 (never clicked)
+    # is passed by the watermark and emitted with nulls.
+    [("a", 40, 8), '{"user": "b", "ts": oops', ("a", 280, 9), ("b", 330, 10)],
+    [("c", 400, 11), ("a", 450, 12)],
+    [("c", 600, 13), ("a", 520, 14)],
+]
+"""``stream_joined``'s left side: six files, one per batch."""
+CLICK_VERSIONS: list[list[Event]] = [
+    [("a", 30, 100)],
+    [("b", 80, 101)],
+    [("a", 150, 102), ("c", 310, 103)],
+    # The killed batch: b@260 matches b@180, held since batch 2; e@270 (no view) is held.
+    [("b", 260, 104), ("e", 270, 105), ("a", 300, 106), ("c", 360, 107)],
+    [("b", 400, 108), ("a", 460, 109)],
+    [("c", 500, 110), ("b", 580, 111)],
+]
+"""``stream_joined``'s right side: (user, second after T0, cost), a table version per batch."""
+
+
+def write_clicks(table: Path) -> None:
+    """``stream_joined``'s clicks table: one version per ``CLICK_VERSIONS`` entry."""
+    for rows in CLICK_VERSIONS:
+        clicks = [(user, T0 + timedelta(seconds=second), cost) for user, second, cost in rows]
+        columns = list(zip(*clicks, strict=True))
+        data = pa.table(dict(zip(CLICKS_SCHEMA.names, columns, strict=True)), CLICKS_SCHEMA)
+        write_deltalake(str(table), data, mode="append")
+
+
 def clock_of(pipeline: Pipeline) -> FrozenClock | None:
     """The fake clock a run of ``pipeline`` reads (None: the wall clock)."""
     return FrozenClock(FROZEN_CLOCK_MS) if pipeline.name == ingestion_tumbling.name else None
@@ -353,6 +414,7 @@ PIPELINES = {
         union_append,
         ingestion_tumbling,
         joined_tumbling,
+        stream_joined,
     )
 }
 

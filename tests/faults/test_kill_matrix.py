@@ -7,9 +7,10 @@ append whose sink Spark writes; sessions over a Kafka topic, tumbling windows
 over a synthetic source, also with an idle timeout shorter than any batch
 (records waiting keep a partition in the watermark), sessions over a
 user-written source and over a Delta table, tumbling windows over a union, on
-the files' ingestion clock and per a column a stream-table join brings), a
-subprocess dies at that step of batch 3 (late records, final windows, and
-windows and sessions open since earlier batches); a restart in this process
+the files' ingestion clock and per a column a stream-table join brings, and a
+stream-stream join of the folder with a Delta table), a subprocess dies at
+that step of batch 3 (late records, final windows, and windows, sessions and
+join rows open since earlier batches); a restart in this process
 runs to completion. Every table must equal the fault-free run's: nothing
 lost, nothing duplicated. And a kill followed by `lowmark reset --truncate-sink`
 before any replay must end as a fault-free run from scratch.

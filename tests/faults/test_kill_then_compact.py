@@ -1,11 +1,14 @@
 """The kill matrix with checkpoint maintenance between a kill and its replay.
 
-`lowmark run` of sessions in update mode is SIGKILLed at a few steps of batch
-``KILL_BATCH`` (before its state write, after it, and after every write but
-the commit); an hour later (log files past their retention, removed data files
-past maintenance's), `lowmark compact` runs, and only then the replay. The
-tables must equal the fault-free run's: the replay reads the window state the
-last commit recorded, which the compaction must have kept.
+`lowmark run` of sessions in update mode, and of a stream-stream join, is
+SIGKILLed at a few steps of batch ``KILL_BATCH`` (before its state write, after
+it, and after every write but the commit); an hour later (log files past their
+retention, removed data files past maintenance's), `lowmark compact` runs, and
+only then the replay. The tables must equal the fault-free run's: the replay
+reads the window state, or the join's held rows, as of the version the last
+commit recorded, which the compaction must have kept readable (the join's
+killed batch deleted the slots the watermark passed: maintenance may vacuum
+their files only once no recorded version needs them).
 """
 
 from __future__ import annotations
@@ -27,21 +30,25 @@ from tests.faults.harness import (
     run_to_completion,
     snapshot,
 )
-from tests.faults.scenarios import session_update
+from tests.faults.scenarios import session_update, stream_joined
 
 pytestmark = [pytest.mark.slow]
 
-REFERENCE = session_update.name
-"""The pipeline whose fault-free run these tests start from."""
+STEPS = ("after_offset_log", "after_state", "before_commit")
+COMPACTED_AT = [
+    pytest.param(
+        step,
+        p.name,
+        marks=[] if (step, p) == ("after_state", session_update) else [pytest.mark.integration],
+        id=f"{step}-{p.name}",
+    )
+    for p in (session_update, stream_joined)
+    for step in STEPS
+]
+"""`make test` compacts the sessions after the state write; `make test-integration` at the
+other steps, and the join at every one."""
 
-COMPACTED_AT = (
-    pytest.param("after_offset_log", marks=pytest.mark.integration),
-    "after_state",
-    pytest.param("before_commit", marks=pytest.mark.integration),
-)
-"""`make test` compacts after the state write; `make test-integration` at the other two."""
-
-CHANGED_BY_MAINTENANCE = ("commits", "state_windows history")
+CHANGED_BY_MAINTENANCE = ("commits", "state_windows history", "join_state history")
 """What a compaction rightly changes: its OPTIMIZE commits are versions of the state table,
 so the state versions the commits record move too. Every row of every table stays."""
 
@@ -50,14 +57,15 @@ def _rows(tables: Snapshot) -> Snapshot:
     return {name: rows for name, rows in tables.items() if name not in CHANGED_BY_MAINTENANCE}
 
 
-@pytest.mark.parametrize("step", COMPACTED_AT)
+@pytest.mark.parametrize(("step", "name"), COMPACTED_AT)
 def test_a_checkpoint_compacted_between_a_kill_and_its_replay_ends_like_a_run_never_killed(
     spark: SparkSession,
     references: References,
     monkeypatch: pytest.MonkeyPatch,
     step: str,
+    name: str,
 ) -> None:
-    ref = references[REFERENCE]
+    ref = references[name]
     root = ref.folder / f"compacted_{step}"
     shutil.copytree(ref.folder / "template", root)
     killed = kill_run(root, ref.pipeline, KillPoint(step, KILL_BATCH), jvm=spark)

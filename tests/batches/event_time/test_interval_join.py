@@ -236,6 +236,18 @@ def test_a_join_crashed_at_every_step_of_a_batch_ends_like_a_run_never_crashed(
     assert differences(runs("left").tables, snapshot(pipeline, data_root)) == []
 
 
+def test_the_joined_rows_are_written_from_the_driver_and_a_batch_without_any_writes_none(
+    runs: Callable[[str], Run],
+) -> None:
+    run = runs("inner")
+    history = DeltaTable(str(run.root / "out")).history()
+    # One delta-rs write per batch that joined rows (the first one creates the table), none
+    # for the batch without input: no Spark write, whose job and commit a batch would pay.
+    assert [r.rows_out > 0 for r in run.results] == [True] * len(BATCHES) + [False]
+    assert len(history) == len(BATCHES)
+    assert all(c.get("clientVersion", "").startswith("delta-rs") for c in history)
+
+
 def test_held_rows_go_once_the_watermark_passes_them(runs: Callable[[str], Run]) -> None:
     path = runs("inner").root / "_lowmark/orders_payments/join_state"
     state = DeltaTable(str(path)).to_pyarrow_table()
