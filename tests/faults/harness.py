@@ -31,14 +31,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from deltalake import DeltaTable as RsDeltaTable
 from psycopg.rows import dict_row
 from pyspark.sql import SparkSession
 
 from lowmark.batches.cli import commands
 from lowmark.batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
-from lowmark.batches.pipeline import KafkaSink, Pipeline, PostgresSink, resolve
+from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline, PostgresSink, resolve
+from lowmark.state.storage import is_table, open_table
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.driver import attached_env
 from tests.faults.kafka_sink import at_root, copy_topic, kafka_sink_env, kafka_tables
@@ -306,11 +306,10 @@ def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> S
     reset --truncate-sink`` must agree on.
     """
     checkpoint = pipeline.checkpoint_location(root)
-    tables = {"sink": resolve(SINK, root)} | {
-        name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES
-    }
+    sink = resolve(pipeline.sink.path if isinstance(pipeline.sink, DeltaSink) else SINK, root)
+    tables = {"sink": sink} | {name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES}
     result: Snapshot = {name: Counter() for name in tables}
-    found = {name: path for name, path in tables.items() if RsDeltaTable.is_deltatable(path)}
+    found = {name: path for name, path in tables.items() if is_table(path)}
     writes = _sink_writes(found["sink"]) if as_from_scratch and "sink" in found else None
     for name, path in found.items():
         rows = _rows(path, _UNSTABLE.get(name, ()))
@@ -348,7 +347,7 @@ def differences(expected: Snapshot, actual: Snapshot) -> list[str]:
 
 def _rows(path: str, unstable: tuple[str, ...]) -> list[Row]:
     """The rows of the Delta table at ``path``, without the columns ``unstable``."""
-    table = RsDeltaTable(path).to_pyarrow_table()
+    table = open_table(path).to_pyarrow_table()
     return table.drop_columns([c for c in unstable if c in table.column_names]).to_pylist()
 
 
@@ -382,7 +381,7 @@ def _history(path: str) -> list[Row]:
             "operation": commit["operation"],
             "metrics": _row_counts(commit),
         }
-        for commit in RsDeltaTable(path).history()
+        for commit in open_table(path).history()
     ]
 
 
@@ -408,7 +407,7 @@ def _sink_writes(path: str) -> dict[int, Row]:
     table a run from scratch creates in its first batch or the reset's truncation
     (batch -1, ``lowmark.batches.admin.reset``), is left out too: it is no batch's output.
     """
-    commits = sorted(RsDeltaTable(path).history(), key=lambda c: int(c["version"]))
+    commits = sorted(open_table(path).history(), key=lambda c: int(c["version"]))
     ours = commits[_after_newest_reset(commits) :]
     writes = {int(c["version"]): {"batch_id": _writer_batch(c)} | _changed(c) for c in ours}
     return {v: w for v, w in writes.items() if any(w[k] for k in _CHANGES)}

@@ -1,0 +1,220 @@
+"""Checkpoints and sinks on an S3-compatible store (``lowmark.state.storage``), against a
+real server on loopback (``tests.s3_server``): the store refuses a second create of a
+commit, a windowed pipeline's tables on a bucket equal a local run's, two runners at once
+end as one, a SIGKILL is replayed, and maintenance works on the bucket.
+
+Each `lowmark run` is a subprocess with a JVM of its own, started with S3A's jars and
+settings (the test process's Spark has none); ``tests.faults.s3_scenarios`` puts the
+scenario's checkpoint and sink on the test's bucket.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from botocore.exceptions import ClientError
+from deltalake import write_deltalake
+from pyspark.sql import SparkSession
+
+from lowmark.batches.loop.faults import KILL_AT_ENV, KillPoint
+from lowmark.batches.loop.maintenance import maintain_checkpoint
+from lowmark.batches.pipeline import Pipeline
+from lowmark.state.storage import delta_rs_options, open_table
+from tests.faults.harness import (
+    ENGINE_CLI,
+    KILLED,
+    REPO,
+    Snapshot,
+    differences,
+    lowmark_env,
+    run_to_completion,
+    snapshot,
+)
+from tests.faults.s3_scenarios import PREFIX_ENV, on_bucket
+from tests.faults.scenarios import FIXED_INPUT, session_update, write_input
+from tests.s3_server import S3Server
+
+pytestmark = [pytest.mark.integration]
+
+COMMITS = "_lowmark/session_update/commits/_delta_log"
+
+
+@pytest.fixture(scope="module")
+def s3(spark: SparkSession) -> Iterator[S3Server]:
+    """The server, its settings in this process's environment (after the test process's
+    Spark started: it stays without S3)."""
+    server = S3Server.start()
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in server.env.items():
+            env.setenv(name, value)
+        yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Snapshot]:
+    """A folder with ``input/`` (six files, one per batch), and what a fault-free local run
+    of ``session_update`` (sessions in update mode: window state, a MERGE sink) writes."""
+    folder = tmp_path_factory.mktemp("s3")
+    write_input(folder / "input", FIXED_INPUT)
+    run_to_completion(spark, session_update, folder / "reference")
+    return folder, snapshot(session_update, folder / "reference")
+
+
+def _on_new_bucket(s3: S3Server, name: str) -> tuple[str, Pipeline]:
+    """A bucket for one test; its prefix and ``session_update`` on it."""
+    prefix = s3.create_bucket(name)
+    return prefix, on_bucket(session_update, prefix)
+
+
+def _run_args(root: Path) -> list[str]:
+    args = ["--pipelines", "tests.faults.s3_scenarios", "--data-root", str(root)]
+    return [*ENGINE_CLI, *args, "run", "session_update", "--until-caught-up"]
+
+
+def _env(s3: S3Server, prefix: str, **extra: str) -> dict[str, str]:
+    return lowmark_env(None, **s3.env, **{PREFIX_ENV: prefix}, **extra)
+
+
+def _run(s3: S3Server, prefix: str, root: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _run_args(root),
+        env=_env(s3, prefix, **extra),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_the_store_refuses_a_second_create_and_delta_rs_never_overwrites_a_commit(
+    s3: S3Server,
+) -> None:
+    client = s3.client()
+    client.create_bucket(Bucket="refuses")
+    client.put_object(Bucket="refuses", Key="k", Body=b"first", IfNoneMatch="*")
+    with pytest.raises(ClientError, match="PreconditionFailed"):
+        client.put_object(Bucket="refuses", Key="k", Body=b"second", IfNoneMatch="*")
+
+    # Another writer took version 1 of the table: delta-rs must not overwrite its commit
+    # (an unconditional put would), but lose, read it, and commit version 2.
+    table = "s3a://refuses/t"
+    options = delta_rs_options(table)
+    write_deltalake(table, pa.table({"x": [0]}), storage_options=options)
+    theirs = b'{"commitInfo":{"operation":"OTHER WRITER"}}\n'
+    client.put_object(Bucket="refuses", Key=f"t/_delta_log/{1:020d}.json", Body=theirs)
+    write_deltalake(table, pa.table({"x": [2]}), mode="append", storage_options=options)
+    kept = client.get_object(Bucket="refuses", Key=f"t/_delta_log/{1:020d}.json")["Body"]
+    assert kept.read() == theirs
+    assert open_table(table).version() == 2
+    assert sorted(open_table(table).to_pyarrow_table().column("x").to_pylist()) == [0, 2]
+
+
+def test_a_windowed_pipeline_on_a_bucket_writes_what_a_local_run_writes(
+    s3: S3Server, reference: tuple[Path, Snapshot]
+) -> None:
+    folder, expected = reference
+    prefix, p = _on_new_bucket(s3, "windowed")
+    done = _run(s3, prefix, folder / "windowed")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "batch 5 committed" in done.stdout
+    assert differences(expected, snapshot(p, folder / "windowed")) == []
+    assert any(k.startswith("out/_delta_log/") for k in s3.keys("windowed", "out/"))
+
+
+def test_of_two_runs_at_once_on_a_bucket_one_finishes_and_the_other_stops(
+    s3: S3Server, reference: tuple[Path, Snapshot]
+) -> None:
+    folder, expected = reference
+    prefix, p = _on_new_bucket(s3, "fence")
+    root = folder / "fence"
+    first = subprocess.Popen(
+        _run_args(root), env=_env(s3, prefix), cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
+    # Freeze the first runner as soon as it has claimed batch 0 (its offset log's
+    # version 1), let a second one run everything, then let the first go on.
+    claimed = f"_lowmark/session_update/offsets/_delta_log/{1:020d}.json"
+    deadline = time.monotonic() + 600
+    while first.poll() is None and time.monotonic() < deadline:
+        if claimed in set(s3.keys("fence", claimed)):
+            break
+        time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = _run(s3, prefix, root)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, first_err = first.communicate(timeout=900)
+
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "batch 0 replayed" in second.stdout and "batch 5 committed" in second.stdout
+    assert first.returncode == 2, first_err[-3000:]
+    [error] = [line for line in first_err.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: batch 0 in ") and "another `lowmark run`" in error
+    assert differences(expected, snapshot(p, root)) == []
+
+
+def test_a_run_killed_on_a_bucket_is_replayed_to_what_a_run_never_killed_writes(
+    s3: S3Server, reference: tuple[Path, Snapshot]
+) -> None:
+    folder, expected = reference
+    prefix, p = _on_new_bucket(s3, "killed")
+    root = folder / "killed"
+    # Killed with the batch's state and sink written and its commit not: the replay must
+    # restore the state and skip the sink write that landed.
+    killed = _run(s3, prefix, root, **{KILL_AT_ENV: str(KillPoint("before_commit", 3))})
+    assert killed.returncode == KILLED, killed.stderr[-3000:]
+    assert f"{3:020d}.json" not in " ".join(s3.keys("killed", COMMITS))
+    replayed = _run(s3, prefix, root)
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
+    assert "batch 3 replayed" in replayed.stdout
+    assert differences(expected, snapshot(p, root)) == []
+
+
+CHANGED_BY_MAINTENANCE = ("commits", "state_windows history")
+"""What maintenance rightly changes: its OPTIMIZE commits are versions of the state table,
+so the state versions the commits record move too. Every row of every table stays."""
+
+
+def test_maintenance_on_a_bucket_compacts_vacuums_and_drops_old_log_files(
+    spark: SparkSession,
+    s3: S3Server,
+    reference: tuple[Path, Snapshot],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    folder, expected = reference
+    prefix, p = _on_new_bucket(s3, "maintained")
+    root = folder / "maintained"
+    done = _run(s3, prefix, root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = "_lowmark/session_update/state_windows"
+    before = set(s3.keys("maintained", state))
+    # An hour later: every object is past the log retention (a minute), and data files
+    # removed from now on are past maintenance's retention.
+    assert s3.age("maintained", "", timedelta(hours=1)) > 0
+    monkeypatch.setattr("lowmark.state.maintenance.KEEP_HOURS", 0)
+
+    maintained = maintain_checkpoint(spark, p, root)
+
+    assert maintained is not None and maintained.tables > 0
+    after = set(s3.keys("maintained", state))
+    data = {k for k in after if k.endswith(".parquet") and "/_delta_log/" not in k}
+    # OPTIMIZE merged the state's files, VACUUM deleted the merged ones from the bucket,
+    # and the log files before the new checkpoint are gone.
+    assert len(data) == len(open_table(f"{prefix}/{state}").file_uris())
+    assert len(data) < len({k for k in before if k.endswith(".parquet") and "_delta_log" not in k})
+    logs = sorted(k for k in after if k.startswith(f"{state}/_delta_log/") and k.endswith(".json"))
+    assert f"{state}/_delta_log/{0:020d}.json" not in logs
+    assert any(k.endswith(".checkpoint.parquet") for k in after)
+    rows = {n: r for n, r in snapshot(p, root).items() if n not in CHANGED_BY_MAINTENANCE}
+    want = {n: r for n, r in expected.items() if n not in CHANGED_BY_MAINTENANCE}
+    assert differences(want, rows) == []
