@@ -35,12 +35,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from deltalake import DeltaTable
-from pyarrow import fs as pafs
 
 from lowmark.state.errors import LowmarkError
+
+if TYPE_CHECKING:
+    from pyarrow import fs as pafs
 
 SCHEMES = ("s3://", "s3a://")
 ENDPOINT_ENV = "LOWMARK_S3_ENDPOINT"
@@ -168,7 +171,10 @@ def not_on_object_storage(location: str, what: str, instead: str) -> NotOnObject
 
 def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     """The pyarrow file system ``location`` is on (local, or the S3 store) and
-    ``location``'s path in it."""
+    ``location``'s path in it. (pyarrow is imported here: ``lowmark show`` and ``sql``
+    import this module, and pyarrow would cost them a third of their time.)"""
+    from pyarrow import fs as pafs
+
     if not is_object_store(location):
         if "://" in location:  # file://, or another store pyarrow knows by its URL
             return pafs.FileSystem.from_uri(location)

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -61,8 +62,13 @@ class _Server:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         with self.lock:
             if environ["PATH_INFO"] == AGE_ROUTE:
-                query = {k: v[0] for k, v in parse_qs(environ["QUERY_STRING"]).items()}
-                aged = _age(query["bucket"], query["prefix"], float(query["seconds"]))
+                asked = parse_qs(environ["QUERY_STRING"], keep_blank_values=True)
+                query = {k: v[0] for k, v in asked.items()}
+                try:
+                    aged = _age(query["bucket"], query["prefix"], float(query["seconds"]))
+                except Exception:  # the test that asked sees why
+                    start_response("500 Internal Server Error", [("Content-Type", "text/plain")])
+                    return [traceback.format_exc().encode()]
                 start_response("200 OK", [("Content-Type", "application/json")])
                 return [json.dumps({"aged": aged}).encode()]
             return list(self.app(environ, start_response))
