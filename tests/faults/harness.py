@@ -225,6 +225,28 @@ def kill_run(
     )
 
 
+def two_runs_at_once(
+    args: list[str], env: dict[str, str], claimed: Callable[[], bool]
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """`lowmark run` ``args`` twice at once: the first frozen (SIGSTOP) as soon as
+    ``claimed()`` says it claimed its first batch (a runner stalled mid-batch), a second
+    one run to its end meanwhile, then the first let go on to its end. Both outcomes,
+    the first's first (its stdout not captured)."""
+    first = subprocess.Popen(args, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not claimed() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(
+            args, env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+        )
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, first_err = first.communicate(timeout=900)
+    return subprocess.CompletedProcess(args, first.returncode, None, first_err), second
+
+
 def subprocess_crash(pipeline: Pipeline) -> Crash:
     """Crashes by SIGKILL: `lowmark run --until-caught-up` with ``LOWMARK_KILL_AT``, each
     with a JVM of its own, which dies with it."""

@@ -11,11 +11,10 @@ scenario's checkpoint and sink on the test's bucket.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from tests.faults.harness import (
     lowmark_env,
     run_to_completion,
     snapshot,
+    two_runs_at_once,
 )
 from tests.faults.s3_scenarios import PREFIX_ENV, on_bucket
 from tests.faults.scenarios import FIXED_INPUT, session_update, write_input
@@ -84,10 +84,22 @@ def _tables(tables: Snapshot) -> Snapshot:
     return tables | {"offsets": offsets}
 
 
-def _on_new_bucket(s3: S3Server, name: str) -> tuple[str, Pipeline]:
-    """A bucket for one test; its prefix and ``session_update`` on it."""
+@dataclass(frozen=True)
+class Case:
+    """One test's bucket: ``session_update`` on it, its local data root, and what the
+    local reference run wrote (``_tables``)."""
+
+    prefix: str
+    pipeline: Pipeline
+    root: Path
+    expected: Snapshot
+
+
+def _on_new_bucket(s3: S3Server, reference: tuple[Path, Snapshot], name: str) -> Case:
+    """A bucket ``name`` for one test, and the test's data root beside the input."""
+    folder, local = reference
     prefix = s3.create_bucket(name)
-    return prefix, on_bucket(session_update, prefix)
+    return Case(prefix, on_bucket(session_update, prefix), folder / name, _tables(local))
 
 
 def _run_args(root: Path) -> list[str]:
@@ -136,66 +148,51 @@ def test_the_store_refuses_a_second_create_and_delta_rs_never_overwrites_a_commi
 def test_a_windowed_pipeline_on_a_bucket_writes_what_a_local_run_writes(
     s3: S3Server, reference: tuple[Path, Snapshot]
 ) -> None:
-    folder, local = reference
-    expected = _tables(local)
-    prefix, p = _on_new_bucket(s3, "windowed")
-    done = _run(s3, prefix, folder / "windowed")
+    case = _on_new_bucket(s3, reference, "windowed")
+    done = _run(s3, case.prefix, case.root)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "batch 5 committed" in done.stdout
-    assert differences(expected, _tables(snapshot(p, folder / "windowed"))) == []
+    assert differences(case.expected, _tables(snapshot(case.pipeline, case.root))) == []
     assert any(k.startswith("out/_delta_log/") for k in s3.keys("windowed", "out/"))
 
 
 def test_of_two_runs_at_once_on_a_bucket_one_finishes_and_the_other_stops(
     s3: S3Server, reference: tuple[Path, Snapshot]
 ) -> None:
-    folder, local = reference
-    expected = _tables(local)
-    prefix, p = _on_new_bucket(s3, "fence")
-    root = folder / "fence"
-    first = subprocess.Popen(
-        _run_args(root), env=_env(s3, prefix), cwd=REPO, stderr=subprocess.PIPE, text=True
-    )
-    # Freeze the first runner as soon as it has claimed batch 0 (its offset log's
-    # version 1), let a second one run everything, then let the first go on.
+    case = _on_new_bucket(s3, reference, "fence")
+    # The first runner is frozen right after it claimed batch 0 (its offset log's
+    # version 1 is on the bucket).
     claimed = f"_lowmark/session_update/offsets/_delta_log/{1:020d}.json"
-    deadline = time.monotonic() + 600
-    while first.poll() is None and time.monotonic() < deadline:
-        if claimed in set(s3.keys("fence", claimed)):
-            break
-        time.sleep(0.05)
-    first.send_signal(signal.SIGSTOP)
-    try:
-        second = _run(s3, prefix, root)
-    finally:
-        first.send_signal(signal.SIGCONT)
-    _, first_err = first.communicate(timeout=900)
+
+    def was_claimed() -> bool:
+        return claimed in set(s3.keys("fence", claimed))
+
+    first, second = two_runs_at_once(_run_args(case.root), _env(s3, case.prefix), was_claimed)
+    first_err = first.stderr
 
     assert second.returncode == 0, second.stderr[-3000:]
     assert "batch 0 replayed" in second.stdout and "batch 5 committed" in second.stdout
     assert first.returncode == 2, first_err[-3000:]
     [error] = [line for line in first_err.splitlines() if line.startswith("error:")]
     assert error.startswith("error: batch 0 in ") and "another `lowmark run`" in error
-    assert differences(expected, _tables(snapshot(p, root))) == []
+    assert differences(case.expected, _tables(snapshot(case.pipeline, case.root))) == []
 
 
 def test_a_run_killed_on_a_bucket_is_replayed_to_what_a_run_never_killed_writes(
     s3: S3Server, reference: tuple[Path, Snapshot]
 ) -> None:
-    folder, local = reference
-    expected = _tables(local)
-    prefix, p = _on_new_bucket(s3, "killed")
-    root = folder / "killed"
+    case = _on_new_bucket(s3, reference, "killed")
     # Killed with the batch's state and sink written and its commit not: the replay must
     # restore the state and skip the sink write that landed.
-    killed = _run(s3, prefix, root, **{KILL_AT_ENV: str(KillPoint("before_commit", 3))})
+    kill = {KILL_AT_ENV: str(KillPoint("before_commit", 3))}
+    killed = _run(s3, case.prefix, case.root, **kill)
     assert killed.returncode == KILLED, killed.stderr[-3000:]
-    commits = open_table(f"{prefix}/_lowmark/session_update/commits").to_pyarrow_table()
-    assert max(commits.column("batch_id").to_pylist()) == 2
-    replayed = _run(s3, prefix, root)
+    commits = open_table(f"{case.prefix}/_lowmark/session_update/commits")
+    assert max(commits.to_pyarrow_table().column("batch_id").to_pylist()) == 2
+    replayed = _run(s3, case.prefix, case.root)
     assert replayed.returncode == 0, replayed.stderr[-3000:]
     assert "batch 3 replayed" in replayed.stdout
-    assert differences(expected, _tables(snapshot(p, root))) == []
+    assert differences(case.expected, _tables(snapshot(case.pipeline, case.root))) == []
 
 
 CHANGED_BY_MAINTENANCE = ("commits", "state_windows history")
@@ -209,11 +206,8 @@ def test_maintenance_on_a_bucket_compacts_vacuums_and_drops_old_log_files(
     reference: tuple[Path, Snapshot],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    folder, local = reference
-    expected = _tables(local)
-    prefix, p = _on_new_bucket(s3, "maintained")
-    root = folder / "maintained"
-    done = _run(s3, prefix, root)
+    case = _on_new_bucket(s3, reference, "maintained")
+    done = _run(s3, case.prefix, case.root)
     assert done.returncode == 0, done.stderr[-3000:]
     state = "_lowmark/session_update/state_windows"
     before = set(s3.keys("maintained", state))
@@ -222,18 +216,19 @@ def test_maintenance_on_a_bucket_compacts_vacuums_and_drops_old_log_files(
     assert s3.age("maintained", "", timedelta(hours=1)) > 0
     monkeypatch.setattr("lowmark.state.maintenance.KEEP_HOURS", 0)
 
-    maintained = maintain_checkpoint(spark, p, root)
+    maintained = maintain_checkpoint(spark, case.pipeline, case.root)
 
     assert maintained is not None and maintained.tables > 0
     after = set(s3.keys("maintained", state))
     data = {k for k in after if k.endswith(".parquet") and "/_delta_log/" not in k}
     # OPTIMIZE merged the state's files, VACUUM deleted the merged ones from the bucket,
     # and the log files before the new checkpoint are gone.
-    assert len(data) == len(open_table(f"{prefix}/{state}").file_uris())
+    assert len(data) == len(open_table(f"{case.prefix}/{state}").file_uris())
     assert len(data) < len({k for k in before if k.endswith(".parquet") and "_delta_log" not in k})
     logs = sorted(k for k in after if k.startswith(f"{state}/_delta_log/") and k.endswith(".json"))
     assert f"{state}/_delta_log/{0:020d}.json" not in logs
     assert any(k.endswith(".checkpoint.parquet") for k in after)
-    rows = {n: r for n, r in _tables(snapshot(p, root)).items() if n not in CHANGED_BY_MAINTENANCE}
-    want = {n: r for n, r in expected.items() if n not in CHANGED_BY_MAINTENANCE}
-    assert differences(want, rows) == []
+    now = _tables(snapshot(case.pipeline, case.root))
+    kept = [n for n in case.expected.keys() | now.keys() if n not in CHANGED_BY_MAINTENANCE]
+    want = {n: case.expected.get(n, Counter()) for n in kept}
+    assert differences(want, {n: now.get(n, Counter()) for n in kept}) == []
