@@ -9,10 +9,14 @@ the check and the put of a request are then atomic, as on S3 itself.
 
 It runs in a process of its own (``python -m tests.s3_server PORT``): some delta-rs
 calls hold the GIL while they wait for the store, which a server in the caller's
-process could then never answer. One route of its own, ``POST /_test/age``, makes the
-objects under a prefix older (``S3Server.age``), as the local crash tests set a log
-file's time with ``os.utime``: S3 stamps an object with the time it was written, and
-maintenance deletes log files by their age.
+process could then never answer. Two routes of its own (under ``/_test/``):
+
+- ``age`` makes the objects under a prefix older (``S3Server.age``), as the local crash
+  tests set a log file's time with ``os.utime``: S3 stamps an object with the time it
+  was written, and maintenance deletes log files by their age;
+- ``race`` lets another writer win the race for a key (``S3Server.race``): its object
+  lands just before the next conditional put of that key, so the put must be refused,
+  as when two writers commit the same Delta version at once.
 """
 
 from __future__ import annotations
@@ -44,11 +48,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-AGE_ROUTE = "/_test/age"
+CONTROL = "/_test/"
+"""The server's own routes: ``age`` and ``race`` (``S3Server.age``, ``S3Server.race``)."""
 
 
 class _Server:
-    """moto's app, one request at a time, with the ``AGE_ROUTE`` of its own."""
+    """moto's app, one request at a time, with the ``CONTROL`` routes of its own."""
 
     def __init__(self) -> None:
         from moto.moto_server.werkzeug_app import (
@@ -58,29 +63,50 @@ class _Server:
 
         self.app = DomainDispatcherApplication(create_backend_app)
         self.lock = threading.Lock()
+        self.races: dict[str, bytes] = {}
+        """``/bucket/key`` → the body another writer puts there just before the next
+        conditional put of that key."""
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         with self.lock:
-            if environ["PATH_INFO"] == AGE_ROUTE:
+            path = environ["PATH_INFO"]
+            if path.startswith(CONTROL):
                 asked = parse_qs(environ["QUERY_STRING"], keep_blank_values=True)
                 query = {k: v[0] for k, v in asked.items()}
                 try:
-                    aged = _age(query["bucket"], query["prefix"], float(query["seconds"]))
+                    done = self._control(path.removeprefix(CONTROL), query, environ)
                 except Exception:  # the test that asked sees why
                     start_response("500 Internal Server Error", [("Content-Type", "text/plain")])
                     return [traceback.format_exc().encode()]
                 start_response("200 OK", [("Content-Type", "application/json")])
-                return [json.dumps({"aged": aged}).encode()]
+                return [json.dumps(done).encode()]
+            conditional = environ.get("HTTP_IF_NONE_MATCH") == "*"
+            if environ["REQUEST_METHOD"] == "PUT" and conditional and path in self.races:
+                bucket, _, key = path.removeprefix("/").partition("/")
+                _backend().put_object(bucket, key, self.races.pop(path))
             return list(self.app(environ, start_response))
+
+    def _control(self, route: str, query: dict[str, str], environ: dict[str, Any]) -> Any:
+        if route == "age":
+            return _age(query["bucket"], query["prefix"], float(query["seconds"]))
+        if route == "race":
+            body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            self.races[f"/{query['bucket']}/{query['key']}"] = body
+            return len(self.races)
+        raise ValueError(f"no route {route}")
+
+
+def _backend() -> Any:
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    return s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
 
 
 def _age(bucket: str, prefix: str, seconds: float) -> int:
     """Make the objects under ``prefix`` in ``bucket`` ``seconds`` older; how many."""
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.s3.models import s3_backends
-
     aged = 0
-    for key in s3_backends[DEFAULT_ACCOUNT_ID]["aws"].buckets[bucket].keys.values():
+    for key in _backend().buckets[bucket].keys.values():
         if key.name.startswith(prefix):
             key.last_modified -= timedelta(seconds=seconds)
             aged += 1
@@ -169,10 +195,19 @@ class S3Server:
 
     def age(self, bucket: str, prefix: str, by: timedelta) -> int:
         """Make the objects under ``prefix`` in ``bucket`` ``by`` older; how many there are."""
-        query = urlencode({"bucket": bucket, "prefix": prefix, "seconds": by.total_seconds()})
-        request = urllib.request.Request(f"{self.endpoint}{AGE_ROUTE}?{query}", method="POST")
+        seconds = by.total_seconds()
+        return int(self._control("age", {"bucket": bucket, "prefix": prefix, "seconds": seconds}))
+
+    def race(self, bucket: str, key: str, theirs: bytes) -> None:
+        """Another writer wins the race for ``key``: it puts ``theirs`` there just before the
+        next conditional put (``If-None-Match: *``) of ``key`` reaches the store."""
+        self._control("race", {"bucket": bucket, "key": key}, theirs)
+
+    def _control(self, route: str, query: dict[str, Any], body: bytes = b"") -> Any:
+        url = f"{self.endpoint}{CONTROL}{route}?{urlencode(query)}"
+        request = urllib.request.Request(url, data=body, method="POST")
         with urllib.request.urlopen(request, timeout=30) as response:
-            return int(json.loads(response.read())["aged"])
+            return json.loads(response.read())
 
 
 if __name__ == "__main__":

@@ -131,13 +131,14 @@ def test_the_store_refuses_a_second_create_and_delta_rs_never_overwrites_a_commi
     with pytest.raises(ClientError, match="PreconditionFailed"):
         client.put_object(Bucket="refuses", Key="k", Body=b"second", IfNoneMatch="*")
 
-    # Another writer took version 1 of the table: delta-rs must not overwrite its commit
-    # (an unconditional put would), but lose, read it, and commit version 2.
+    # Another writer commits version 1 between delta-rs's look at the table and its put
+    # of version 1: delta-rs must not overwrite that commit (an unconditional put would)
+    # but lose, read it, and commit version 2.
     table = "s3a://refuses/t"
     options = delta_rs_options(table)
     write_deltalake(table, pa.table({"x": [0]}), storage_options=options)
     theirs = b'{"commitInfo":{"operation":"OTHER WRITER"}}\n'
-    client.put_object(Bucket="refuses", Key=f"t/_delta_log/{1:020d}.json", Body=theirs)
+    s3.race("refuses", f"t/_delta_log/{1:020d}.json", theirs)
     write_deltalake(table, pa.table({"x": [2]}), mode="append", storage_options=options)
     kept = client.get_object(Bucket="refuses", Key=f"t/_delta_log/{1:020d}.json")["Body"]
     assert kept.read() == theirs
