@@ -7,8 +7,10 @@ commit file is created only if absent:
 
 - the driver's bookkeeping, with delta-rs (``lowmark.state.table``): ``delta_rs_options``
   gives its ``storage_options``. delta-rs commits a version with a conditional put
-  (``If-None-Match: *``, object_store's ``aws_conditional_put = "etag"``); the store
-  answers 412 to the second creator, which retries as after any lost commit. delta-rs
+  (``If-None-Match: *``, object_store's ``aws_conditional_put = "etag"``: its default in
+  the deltalake version pinned, set here all the same so that no ``AWS_CONDITIONAL_PUT``
+  in the environment turns it off); the store answers 412 to the second creator, which
+  retries as after any lost commit. delta-rs
   (1.x) has no other safe way on S3: its DynamoDB locking provider is gone, and
   ``AWS_S3_ALLOW_UNSAFE_RENAME`` is what it says.
 - Spark's writes (a stateless pipeline's sink, executors' data files), with delta-spark
