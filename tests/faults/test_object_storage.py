@@ -27,7 +27,10 @@ from pyspark.sql import SparkSession
 from lowmark.batches.loop.faults import KILL_AT_ENV, KillPoint
 from lowmark.batches.loop.maintenance import maintain_checkpoint
 from lowmark.batches.pipeline import Pipeline
+from lowmark.state.keyed_state import TIMER_INDEX, TIMER_PARTITIONS
 from lowmark.state.storage import delta_rs_options, open_table
+from lowmark.state.table import DriverTable
+from lowmark.state.task_appends import write_files
 from tests.faults.harness import (
     ENGINE_CLI,
     KILLED,
@@ -144,6 +147,27 @@ def test_the_store_refuses_a_second_create_and_delta_rs_never_overwrites_a_commi
     assert kept.read() == theirs
     assert open_table(table).version() == 2
     assert sorted(open_table(table).to_pyarrow_table().column("x").to_pylist()) == [0, 2]
+
+
+def test_files_tasks_write_into_a_table_on_a_bucket_are_committed_and_read_back(
+    s3: S3Server,
+) -> None:
+    # What a keyed step's and deduplication's tasks do (lowmark.state.task_appends), here
+    # on the driver: the store is reached the same way from an executor.
+    s3.create_bucket("appends")
+    table = DriverTable("s3a://appends/keyed_timers", TIMER_INDEX, partition_by=TIMER_PARTITIONS)
+    table.create()
+    rows = [
+        {"timer_ms": 1000 * i, "key": f"[{i}]", "_lowmark_bucket": i % 2, "pending": True,
+         "batch_id": 7, "_lowmark_slot": i % 3 - 1}
+        for i in range(6)
+    ]  # fmt: skip
+    files = write_files(
+        table.path, pa.Table.from_pylist(rows, schema=TIMER_INDEX), TIMER_PARTITIONS, 7
+    )
+    assert table.commit_files(files, "pipeline:keyed_timers", 7)
+    assert sorted(table.read().to_pylist(), key=lambda r: r["timer_ms"]) == rows
+    assert all(list(s3.keys("appends", f"keyed_timers/{f.path}")) for f in files)
 
 
 def test_a_windowed_pipeline_on_a_bucket_writes_what_a_local_run_writes(
