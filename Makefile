@@ -42,6 +42,11 @@ $(VENV)/.smoke: jvm/lib/.pom.sha
 jvm/kafka/lib/.pom.sha: jvm/kafka/pom.xml jvm/fetch-jars
 	jvm/fetch-jars jvm/kafka
 
+# S3A (hadoop-aws and the AWS SDK bundle, ~690 MB) for checkpoints and sinks on object
+# storage (docs/deploy.md, "Object storage"); `make integration-setup` fetches them.
+jvm/s3/lib/.pom.sha: jvm/s3/pom.xml jvm/fetch-jars
+	jvm/fetch-jars jvm/s3
+
 # The Dagster UI on http://127.0.0.1:3000 (LOWMARK_UI_PORT) with the project's instance
 # (SQLite in .dagster_home). Ctrl-C stops the webserver, daemon, code server and runs.
 ui: setup
@@ -137,4 +142,4 @@ docs: $(VENV)/.installed
 	$(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) jvm/lib jvm/kafka/lib jvm/bench/lib data .dagster_home site
+	rm -rf $(VENV) jvm/lib jvm/kafka/lib jvm/bench/lib jvm/s3/lib data .dagster_home site

@@ -21,10 +21,10 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from lowmark.batches.loop.backfill import final_at_ms
 from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
+from lowmark.state.storage import open_table
 
 HOURLY_KEY = "%Y-%m-%d-%H:%M"
 DAILY_KEY = "%Y-%m-%d"
@@ -59,7 +59,7 @@ def _first_window(pipeline: Pipeline, data_root: Path) -> datetime | None:
     if not isinstance(pipeline.sink, DeltaSink):  # a pipeline with partitions has a Delta sink
         return None
     try:
-        table = DeltaTable(resolve(pipeline.sink.path, data_root))
+        table = open_table(resolve(pipeline.sink.path, data_root))
     except Exception:  # no sink yet (or not readable here): the caller falls back to today
         return None
     actions = pa.table(table.get_add_actions(flatten=True))

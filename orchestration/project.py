@@ -11,6 +11,7 @@ pipelines       ``--pipelines``  LOWMARK_PIPELINES    the demo (``lowmark.batche
 data_root       ``--data-root``  LOWMARK_DATA_ROOT    ``./data``
 dagster_home    (none)           DAGSTER_HOME         unset (``lowmark ui``: ./.dagster_home)
 spark_master    ``--master``     LOWMARK_SPARK_MASTER ``local[*]``
+s3_endpoint     (none)           LOWMARK_S3_ENDPOINT  unset (no object storage)
 ==============  ===============  ===================  ================================
 
 so: flag > environment > ``lowmark.toml`` > lowmark's default. The file works by
@@ -71,6 +72,9 @@ class ProjectSettings:
     batches it runs there."""
     spark_master: str | None = None
     """The Spark master URL every run uses (``spark://host:7077``); unset: ``local[*]``."""
+    s3_endpoint: str | None = None
+    """The S3-compatible store's URL, for checkpoints and sinks at ``s3a://`` paths
+    (``lowmark.state.storage``); credentials come from the AWS variables, never this file."""
 
     @classmethod
     def parse(cls, doc: dict[str, Any]) -> ProjectSettings:
@@ -117,12 +121,15 @@ class Project:
 
     def environment(self) -> dict[str, str]:
         """The environment variables this project sets when they are unset."""
-        master = self.settings.spark_master
+        optional = {
+            "LOWMARK_SPARK_MASTER": self.settings.spark_master,
+            "LOWMARK_S3_ENDPOINT": self.settings.s3_endpoint,
+        }
         return {
             "LOWMARK_PIPELINES": self.pipelines,
             "LOWMARK_DATA_ROOT": str(self.data_root),
             "DAGSTER_HOME": str(self.dagster_home),
-        } | ({"LOWMARK_SPARK_MASTER": master} if master else {})
+        } | {name: value for name, value in optional.items() if value}
 
     def use(
         self, environ: MutableMapping[str, str] = os.environ, path: list[str] = sys.path

@@ -18,6 +18,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from lowmark.batches.pipeline import Pipeline
 from lowmark.state.keyed_state import Expiry, held
+from lowmark.state.storage import is_table, open_table
 from lowmark.state.table import query_rows
 
 ROW_COUNT = "dagster/row_count"
@@ -26,7 +27,7 @@ COLUMN_SCHEMA = "dagster/column_schema"
 
 def _open(path: str) -> DeltaTable | None:
     """The table at ``path``, or None when there is none yet (the first batch makes it)."""
-    return DeltaTable(path) if DeltaTable.is_deltatable(path) else None
+    return open_table(path) if is_table(path) else None
 
 
 def table_metadata(path: str) -> dict[str, dg.RawMetadataValue]:

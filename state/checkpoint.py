@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
+from pyarrow.fs import FileSelector, FileType
 
-from lowmark.state import late_records, quarantine
+from lowmark.state import late_records, quarantine, storage
 from lowmark.state.commit_log import CommitEntry, CommitLog
 from lowmark.state.errors import CheckpointMissing, CheckpointReplaced, LowmarkError
 from lowmark.state.failures import FailureLog
@@ -45,6 +46,7 @@ from lowmark.state.manifest import FileManifest
 from lowmark.state.offset_log import Identity, OffsetEntry, OffsetLog, Offsets
 from lowmark.state.progress import ProgressEntry, ProgressLog
 from lowmark.state.source_schema import SourceSchema
+from lowmark.state.storage import is_object_store, not_on_object_storage
 from lowmark.state.table import UTC_MICROS, DriverTable
 from lowmark.state.watermarks import WatermarkTable
 
@@ -224,7 +226,14 @@ class Checkpoint:
 def move_aside(location: str, why: str) -> str | None:
     """Rename the local checkpoint folder ``location`` to ``<location>.<why>-<UTC time>``
     (``time_stamp``), never deleting it; where it went (None: there was none). A runner still
-    on it stops at its next ``Checkpoint.fence``."""
+    on it stops at its next ``Checkpoint.fence``. Not on object storage, which has no
+    rename of a folder (``NotOnObjectStorage``)."""
+    if is_object_store(location):
+        raise not_on_object_storage(
+            location,
+            f"checkpoint {why}: lowmark moves a checkpoint aside by renaming its folder",
+            "copy it elsewhere and delete it with the store's own tools, then run again",
+        )
     if not os.path.exists(location):
         return None
     moved = f"{location}.{why}-{time_stamp()}"
@@ -246,17 +255,21 @@ class Found:
 
 
 def find_checkpoint(folder: str, pipeline_id: str) -> Found | None:
-    """The checkpoint with ``pipeline_id`` among the local folders in ``folder``
-    (checkpoints side by side, as every pipeline's under ``<data root>/_lowmark/``,
-    and the ones ``lowmark reset`` moved aside there); None if none is.
+    """The checkpoint with ``pipeline_id`` among the folders in ``folder``, local or on
+    object storage (checkpoints side by side, as every pipeline's under
+    ``<data root>/_lowmark/``, and the ones ``lowmark reset`` moved aside there); None if
+    none is.
 
     Reads only the metadata table of each: for telling whose writes a sink holds.
     """
-    if not os.path.isdir(folder):
+    store, root = storage.filesystem(folder)
+    if store.get_file_info(root).type != FileType.Directory:
         return None
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        table = DriverTable(f"{entry.path}/checkpoint", _METADATA_SCHEMA)
-        if not entry.is_dir() or not table.exists():
+    base = folder.rstrip("/")
+    for entry in sorted(store.get_file_info(FileSelector(root)), key=lambda e: e.base_name):
+        location = f"{base}/{entry.base_name}"
+        table = DriverTable(f"{location}/checkpoint", _METADATA_SCHEMA)
+        if entry.type != FileType.Directory or not table.exists():
             continue
         try:
             rows = table.read().to_pylist()
@@ -264,5 +277,5 @@ def find_checkpoint(folder: str, pipeline_id: str) -> Found | None:
             continue
         for row in rows:
             if row["pipeline_id"] == pipeline_id:
-                return Found(entry.path, str(row["pipeline_name"]))
+                return Found(location, str(row["pipeline_name"]))
     return None

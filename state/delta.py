@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from delta.tables import DeltaTable as SparkDeltaTable
-from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lowmark.state.conflicts import retry_conflicts
 from lowmark.state.ownership import writer_metadata
+from lowmark.state.storage import open_table
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -115,4 +115,4 @@ def upsert_once(
 
 def latest_version(path: str) -> int:
     """The newest version of the Delta table at ``path``, read from its log (no Spark job)."""
-    return int(DeltaTable(path).version())
+    return int(open_table(path).version())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deltalake import DeltaTable
+from lowmark.state.storage import is_table, open_table
 
 HISTORY = 100
 """Commits ``last_writer`` looks back over (OPTIMIZE, VACUUM and others' writes name no
@@ -40,9 +40,9 @@ class Writer:
 def last_writer(path: str) -> Writer | None:
     """The newest of the last ``HISTORY`` commits of the table at ``path`` that lowmark
     wrote; None if the table does not exist or none names a lowmark writer."""
-    if not DeltaTable.is_deltatable(path):
+    if not is_table(path):
         return None
-    for commit in DeltaTable(path).history(HISTORY):
+    for commit in open_table(path).history(HISTORY):
         try:
             meta = json.loads(commit.get("userMetadata") or "{}").get("lowmark")
         except (json.JSONDecodeError, AttributeError):

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from lowmark.state import jars
 from lowmark.state.errors import LowmarkError, first_line
+from lowmark.state.storage import S3Settings
 
 LOG4J_CONFIG = jars.JVM_DIR / "log4j2.properties"
 
@@ -138,7 +139,8 @@ class StartedOnUse:
 
 
 def get_spark(settings: SparkSettings | None = None) -> SparkSession:
-    """Return the process's SparkSession, creating it with Delta on first use.
+    """Return the process's SparkSession, creating it with Delta on first use (and S3A with
+    delta-spark's S3 log store when an S3 endpoint is set: ``lowmark.state.storage``).
 
     Later calls return the same session (Spark allows one per JVM); their
     settings are then ignored.
@@ -160,6 +162,7 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J_CONFIG}",
+        **(s3.spark_confs() if (s3 := S3Settings.from_env()) is not None else {}),
         **settings.confs,
     }
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)

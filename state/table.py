@@ -44,6 +44,7 @@ from deltalake.table import TableMerger
 
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict, first_line
 from lowmark.state.ownership import writer_metadata
+from lowmark.state.storage import delta_rs_options
 from lowmark.state.task_appends import WrittenFile
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,13 @@ class DriverTable:
         self.configuration = TABLE_CONFIGURATION if properties is None else properties
         self.hooks = HOOKS if properties is None else None
         self.partition_by = partition_by
+        self.storage = delta_rs_options(self.path)
+        """delta-rs's storage options: None for a local table, the store's for one on
+        object storage (``lowmark.state.storage``)."""
         self._handle: DeltaTable | None = None
 
     def exists(self) -> bool:
-        return bool(DeltaTable.is_deltatable(self.path))
+        return bool(DeltaTable.is_deltatable(self.path, self.storage))
 
     def create(self) -> None:
         """Create the table empty unless it exists (racing creators: one wins, none fails)."""
@@ -121,6 +125,7 @@ class DriverTable:
                 self.schema.empty_table(),
                 mode="ignore",
                 configuration=self.configuration,
+                storage_options=self.storage,
                 partition_by=list(self.partition_by) or None,
             )
         except (CommitFailedError, DeltaError):
@@ -131,9 +136,9 @@ class DriverTable:
         """The table at its newest ``version`` (or the one given); raises if missing or damaged."""
         try:
             if version is not None:
-                return DeltaTable(self.path, version=version)
+                return DeltaTable(self.path, version=version, storage_options=self.storage)
             if self._handle is None:
-                self._handle = DeltaTable(self.path)
+                self._handle = DeltaTable(self.path, storage_options=self.storage)
             else:
                 self._handle.update_incremental()
             return self._handle
@@ -241,6 +246,7 @@ class DriverTable:
                 table if table is not None else self.path,
                 rows,
                 configuration=self.configuration,
+                storage_options=self.storage if table is None else None,
                 commit_properties=commit,
                 post_commithook_properties=self.hooks,
                 **options,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -40,7 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
-from pyarrow import fs
+
+from lowmark.state import storage
 
 NULL_FOLDER = "__HIVE_DEFAULT_PARTITION__"
 """The folder of a partition column's null value, as Spark and delta-rs name it."""
@@ -93,7 +93,7 @@ def write_files(
     is committed. Runs where the rows are (a Spark task), with no Delta log read."""
     if not rows.num_rows:
         return []
-    filesystem, root = _filesystem(table_path)
+    filesystem, root = storage.filesystem(table_path)
     groups: list[tuple[tuple[tuple[str, str | None], ...], pa.Table]] = [((), rows)]
     for column in partition_by:
         groups = [
@@ -183,11 +183,3 @@ def _iso_ms(millis: int) -> str:
     """Epoch ``millis`` as Delta's statistics write a timestamp: ISO 8601, UTC, to the ms."""
     at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=millis)
     return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
-
-
-def _filesystem(table_path: str) -> tuple[fs.FileSystem, str]:
-    """The file system of ``table_path`` (a local path or a URI pyarrow can open) and the
-    table's root in it."""
-    if "://" in table_path:
-        return fs.FileSystem.from_uri(table_path)
-    return fs.LocalFileSystem(), os.path.abspath(table_path)

@@ -33,7 +33,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, write_deltalake
 
 from lowmark.batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from lowmark.batches.loop.sink_owner import held_elsewhere, sink_holder
@@ -45,6 +45,7 @@ from lowmark.state.offset_log import OffsetEntry, OffsetLog, Offsets
 from lowmark.state.ownership import last_writer, writer_metadata
 from lowmark.state.seen_ids import SLOT
 from lowmark.state.session import SparkLike, provider
+from lowmark.state.storage import delta_rs_options, is_table, open_table
 from lowmark.state.table import DriverTable
 
 Mode = Literal["truncate", "after"]
@@ -80,7 +81,7 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
     moved = move_aside(local, "reset")
     new = Checkpoint(location, pipeline.name)
     app_id = new.txn_app_id("sink")
-    if DeltaTable.is_deltatable(sink):
+    if is_table(sink):
         if pipeline.aggregation is not None:
             _truncate_window_sink(sink, writer_metadata(app_id, -1))
         else:
@@ -99,12 +100,18 @@ def _truncate_window_sink(sink: str, metadata: str) -> None:
     checkpoint's first batch would find the old checkpoint the sink's last writer.
     """
     commit = CommitProperties(custom_metadata={"userMetadata": metadata})
-    table = DeltaTable(sink)
+    table = open_table(sink)
     before = table.version()
     table.delete(commit_properties=commit)
-    if DeltaTable(sink).version() == before:
+    if open_table(sink).version() == before:
         empty = pa.schema(table.schema().to_arrow()).empty_table()
-        write_deltalake(sink, empty, mode="append", commit_properties=commit)
+        write_deltalake(
+            sink,
+            empty,
+            mode="append",
+            commit_properties=commit,
+            storage_options=delta_rs_options(sink),
+        )
 
 
 def _refuse_another_pipelines_sink(pipeline: Pipeline, location: str, sink: str) -> None:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from lowmark.batches.clock import Clock
 from lowmark.batches.errors import PipelineConfigInvalid
@@ -28,6 +27,7 @@ from lowmark.state import quarantine
 from lowmark.state.commit_log import BatchCounts
 from lowmark.state.errors import CheckpointCorrupt
 from lowmark.state.session import SparkLike
+from lowmark.state.storage import open_table
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def _restore_state(stage: WindowedStage | None, planned: PlannedBatch) -> int | 
     if stage is None or not stage.state.table.landed(stage.state.txn_app_id, planned.batch_id):
         return None
     recorded = planned.previous.table_versions.get("state") if planned.previous else None
-    table = DeltaTable(stage.state.path)
+    table = open_table(stage.state.path)
     if recorded is None:  # no state before this batch: it held no windows
         table.delete()
         return None

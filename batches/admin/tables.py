@@ -31,6 +31,7 @@ from lowmark.batches.errors import PipelineConfigInvalid, QueryFailed, TableNotF
 from lowmark.state import catalog
 from lowmark.state.catalog import CatalogEntry
 from lowmark.state.errors import LowmarkError, first_line
+from lowmark.state.storage import is_table, open_table
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def query(data_root: Path, sql: str, definitions: str | None) -> Rows:
 def _record(entry: CatalogEntry, data_root: Path) -> CatalogEntry:
     """``entry``, recorded in the catalog if its checkpoint exists (its pipeline has run) and
     the data root may be written (a look from a read-only one finds it the same way again)."""
-    if DeltaTable.is_deltatable(f"{entry.checkpoint}/offsets"):
+    if is_table(f"{entry.checkpoint}/offsets"):
         with contextlib.suppress(OSError):
             catalog.remember(data_root, entry)
     return entry
@@ -231,8 +232,8 @@ def _query(entries: Mapping[str, CatalogEntry], sql: str) -> Rows:
                 continue  # a custom sink has no table
             name = sql_name(entry.pipeline, kind.name)
             path = table_path(entry, kind)
-            if DeltaTable.is_deltatable(path):
-                found[name] = DeltaTable(path)
+            if is_table(path):
+                found[name] = open_table(path)
             else:
                 waiting[_unquoted(name)] = f"{name} does not exist yet ({path}): {kind.created}"
     return _run(_engine(found), sql, "fix the query", waiting)
@@ -241,11 +242,11 @@ def _query(entries: Mapping[str, CatalogEntry], sql: str) -> Rows:
 def _open(entry: CatalogEntry, kind: Table) -> DeltaTable:
     """``kind`` of ``entry``'s pipeline; ``TableNotFound`` if it does not exist yet."""
     path = table_path(entry, kind)
-    if not DeltaTable.is_deltatable(path):
+    if not is_table(path):
         raise TableNotFound(
             f"{sql_name(entry.pipeline, kind.name)} does not exist yet ({path}): {kind.created}"
         )
-    return DeltaTable(path)
+    return open_table(path)
 
 
 def _sink_order(entry: CatalogEntry, sink: DeltaTable) -> str:

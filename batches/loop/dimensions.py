@@ -21,6 +21,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.pipeline import Pipeline, resolve
 from lowmark.batches.table_join import BROADCAST_MAX_BYTES, TableJoin
 from lowmark.state.errors import first_line
+from lowmark.state.storage import is_table, open_table
 
 
 class Dimensions:
@@ -103,10 +104,10 @@ class Dimensions:
         """``join``'s table (as of ``version``; default its newest), with delta-rs."""
         path = self.paths[join.table]
         try:
-            return DeltaTable(path, version=version)
+            return open_table(path, version=version)
         except Exception as exc:  # delta-rs raises plain exceptions for what it cannot read
             what = f"pipeline {self.name} joins {join.table}, but {path} cannot be read"
-            if version is not None and DeltaTable.is_deltatable(path):
+            if version is not None and is_table(path):
                 raise PipelineConfigInvalid(
                     f"{what} as of version {version}, which the batch recorded "
                     f"({first_line(exc)}): restore the table's history (VACUUM or log "

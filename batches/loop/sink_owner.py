@@ -8,10 +8,12 @@ last writer is looked up among the checkpoints beside this one.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+from pyarrow.fs import FileType
 
 from lowmark.batches.errors import SinkHeldElsewhere, SinkNotATable
 from lowmark.batches.pipeline import Pipeline
+from lowmark.state import storage
 from lowmark.state.checkpoint import Checkpoint, Found, find_checkpoint
 from lowmark.state.ownership import Writer, last_writer
 
@@ -32,7 +34,8 @@ def check_sink_is_ours(pipeline: Pipeline, checkpoint: Checkpoint, sink: str) ->
 
 def sink_not_a_table(pipeline: Pipeline, sink: str) -> SinkNotATable | None:
     """Why ``sink`` cannot hold ``pipeline``'s Delta table (it is a file), or None."""
-    if not Path(sink).is_file():
+    store, path = storage.filesystem(sink)
+    if store.get_file_info(path).type != FileType.File:
         return None
     return SinkNotATable(
         f"sink {sink} of {pipeline.name} is a file, not a folder a Delta table can live "

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from deltalake import DeltaTable
 from pyarrow import fs
 from pyspark.sql.types import StructType
 
 from lowmark.batches.errors import SourceDataLost
+from lowmark.state.storage import open_table
 
 LOG = "_delta_log"
 KEPT_COMMITS = 256
@@ -160,7 +160,7 @@ class DeltaLog:
             action = json.loads(line) if line.strip() else {}
             if "metaData" in action:
                 return str(action["metaData"]["id"])
-        return str(DeltaTable(self.table).metadata().id)
+        return str(open_table(self.table).metadata().id)
 
     def cleaned_up(self, version: int) -> bool:
         """Whether log retention removed ``version``'s commit (it is at or below the newest
@@ -243,7 +243,7 @@ class DeltaLog:
 
     def _loaded_metadata(self, version: int) -> Metadata:
         """The metadata at ``version`` as delta-rs reads it (from a checkpoint)."""
-        table = DeltaTable(self.table, version=version)
+        table = open_table(self.table, version=version)
         meta = table.metadata()
         return Metadata(
             StructType.fromJson(json.loads(table.schema().to_json())),

@@ -31,14 +31,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from deltalake import DeltaTable as RsDeltaTable
 from psycopg.rows import dict_row
 from pyspark.sql import SparkSession
 
 from lowmark.batches.cli import commands
 from lowmark.batches.loop.faults import KILL_AT_ENV, STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
-from lowmark.batches.pipeline import KafkaSink, Pipeline, PostgresSink, resolve
+from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline, PostgresSink, resolve
+from lowmark.state.storage import is_table, open_table
 from tests.faults.class_archive import JVM_OPTIONS, subprocess_jvm_options
 from tests.faults.driver import attached_env
 from tests.faults.kafka_sink import at_root, copy_topic, kafka_sink_env, kafka_tables
@@ -225,6 +225,28 @@ def kill_run(
     )
 
 
+def two_runs_at_once(
+    args: list[str], env: dict[str, str], claimed: Callable[[], bool]
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """`lowmark run` ``args`` twice at once: the first frozen (SIGSTOP) as soon as
+    ``claimed()`` says it claimed its first batch (a runner stalled mid-batch), a second
+    one run to its end meanwhile, then the first let go on to its end. Both outcomes,
+    the first's first (its stdout not captured)."""
+    first = subprocess.Popen(args, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not claimed() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(
+            args, env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+        )
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, first_err = first.communicate(timeout=900)
+    return subprocess.CompletedProcess(args, first.returncode, None, first_err), second
+
+
 def subprocess_crash(pipeline: Pipeline) -> Crash:
     """Crashes by SIGKILL: `lowmark run --until-caught-up` with ``LOWMARK_KILL_AT``, each
     with a JVM of its own, which dies with it."""
@@ -306,11 +328,10 @@ def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> S
     reset --truncate-sink`` must agree on.
     """
     checkpoint = pipeline.checkpoint_location(root)
-    tables = {"sink": resolve(SINK, root)} | {
-        name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES
-    }
+    sink = resolve(pipeline.sink.path if isinstance(pipeline.sink, DeltaSink) else SINK, root)
+    tables = {"sink": sink} | {name: f"{checkpoint}/{name}" for name in _CHECKPOINT_TABLES}
     result: Snapshot = {name: Counter() for name in tables}
-    found = {name: path for name, path in tables.items() if RsDeltaTable.is_deltatable(path)}
+    found = {name: path for name, path in tables.items() if is_table(path)}
     writes = _sink_writes(found["sink"]) if as_from_scratch and "sink" in found else None
     for name, path in found.items():
         rows = _rows(path, _UNSTABLE.get(name, ()))
@@ -348,7 +369,7 @@ def differences(expected: Snapshot, actual: Snapshot) -> list[str]:
 
 def _rows(path: str, unstable: tuple[str, ...]) -> list[Row]:
     """The rows of the Delta table at ``path``, without the columns ``unstable``."""
-    table = RsDeltaTable(path).to_pyarrow_table()
+    table = open_table(path).to_pyarrow_table()
     return table.drop_columns([c for c in unstable if c in table.column_names]).to_pylist()
 
 
@@ -382,7 +403,7 @@ def _history(path: str) -> list[Row]:
             "operation": commit["operation"],
             "metrics": _row_counts(commit),
         }
-        for commit in RsDeltaTable(path).history()
+        for commit in open_table(path).history()
     ]
 
 
@@ -408,7 +429,7 @@ def _sink_writes(path: str) -> dict[int, Row]:
     table a run from scratch creates in its first batch or the reset's truncation
     (batch -1, ``lowmark.batches.admin.reset``), is left out too: it is no batch's output.
     """
-    commits = sorted(RsDeltaTable(path).history(), key=lambda c: int(c["version"]))
+    commits = sorted(open_table(path).history(), key=lambda c: int(c["version"]))
     ours = commits[_after_newest_reset(commits) :]
     writes = {int(c["version"]): {"batch_id": _writer_batch(c)} | _changed(c) for c in ours}
     return {v: w for v, w in writes.items() if any(w[k] for k in _CHANGES)}

@@ -3,9 +3,6 @@ nothing is lost or written twice."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +12,13 @@ from lowmark.batches.loop import faults
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.state.errors import ConcurrentRunner
 from tests.faults.harness import (
-    REPO,
     Snapshot,
     differences,
     lowmark_env,
     lowmark_run_args,
     run_to_completion,
     snapshot,
+    two_runs_at_once,
 )
 from tests.faults.scenarios import FIXED_INPUT, PIPELINES, plain_append, write_input
 from tests.helpers import drop_file, pipeline, sink_ids
@@ -79,23 +76,9 @@ def test_of_two_lowmark_runs_at_once_one_finishes_and_the_other_stops_with_a_cle
     folder, reference = plain
     root = folder / "two_runs"
     args = lowmark_run_args(root, plain_append, "--until-caught-up")
-    first = subprocess.Popen(
-        args, env=lowmark_env(spark), cwd=REPO, stderr=subprocess.PIPE, text=True
-    )
-    # Freeze the first runner as soon as it has claimed batch 0 (a runner stalled
-    # mid-batch), let a second one run everything, then let the first go on.
     claimed = root / "_lowmark" / "plain_append" / "offsets" / "_delta_log" / f"{1:020d}.json"
-    deadline = time.monotonic() + 600
-    while not claimed.exists() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    first.send_signal(signal.SIGSTOP)
-    try:
-        second = subprocess.run(
-            args, env=lowmark_env(spark), cwd=REPO, capture_output=True, text=True, timeout=900
-        )
-    finally:
-        first.send_signal(signal.SIGCONT)
-    _, first_err = first.communicate(timeout=900)
+    first, second = two_runs_at_once(args, lowmark_env(spark), claimed.exists)
+    first_err = first.stderr
 
     assert second.returncode == 0, second.stderr[-3000:]
     assert "batch 0 replayed" in second.stdout and "batch 1 committed" in second.stdout

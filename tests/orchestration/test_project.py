@@ -59,6 +59,20 @@ def test_a_spark_master_in_the_file_is_every_run_s_unless_the_environment_says_a
     assert environ["LOWMARK_SPARK_MASTER"] == "local[2]"
 
 
+def test_an_s3_endpoint_in_the_file_is_every_run_s_unless_the_environment_says_another(
+    project: Path,
+) -> None:
+    (project / "lowmark.toml").write_text(
+        'pipelines = "pipelines"\ns3_endpoint = "http://127.0.0.1:9000"\n'
+    )
+    environ: dict[str, str] = {}
+    load_project(project).use(environ, [])
+    assert environ["LOWMARK_S3_ENDPOINT"] == "http://127.0.0.1:9000"
+    environ = {"LOWMARK_S3_ENDPOINT": "https://s3.eu-west-1.amazonaws.com"}
+    load_project(project).use(environ, [])
+    assert environ["LOWMARK_S3_ENDPOINT"] == "https://s3.eu-west-1.amazonaws.com"
+
+
 def test_a_project_is_found_from_any_folder_below_it_and_not_beside_it(
     project: Path, tmp_path: Path
 ) -> None:
