@@ -449,6 +449,8 @@ class BatchWork:
         }
         if taken.processed is not None:
             parts["emitted"] = taken.out.agg(F.count(F.lit(1)).alias("rows"))
+        if self.join is not None:  # what the join takes, in the same job
+            parts["join"] = self.join.records(taken.out)
         if read.bad is not None:
             parts["bad"] = read.bad
         if late is not None:
@@ -490,6 +492,7 @@ class BatchWork:
             judged,
             keyed,
             total(seen["emitted"], "rows") if "emitted" in seen else None,
+            seen.get("join"),
         )
 
     def windows(
@@ -534,14 +537,12 @@ class BatchWork:
         tables = collect({f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)})
         return WindowChanges(**tables)
 
-    def joined(self, taken: Taken, planned: PlannedBatch) -> Joined:
-        """Step 5 of a join's batch: its records (collected in one Spark job over the cached
-        input) joined with each other and with the held rows, as of commit N-1
+    def joined(self, seen: Seen, planned: PlannedBatch) -> Joined:
+        """Step 5 of a join's batch: its records (collected by its look, ``Seen.join_records``)
+        joined with each other and with the held rows, as of commit N-1
         (``lowmark.batches.event_time.interval_join``); nothing is written."""
-        join = self.join
-        assert join is not None
-        with shuffle_partitions(self._spark(), taken.read.size_bytes):
-            new = explained(taken.read, lambda: collect({"new": join.records(taken.out)}))["new"]
+        join, new = self.join, seen.join_records
+        assert join is not None and new is not None  # a join's batch looks at its records
         recorded = planned.previous.table_versions.get(TABLE) if planned.previous else None
         return join.joined(
             self._spark(),

@@ -121,6 +121,9 @@ class Seen:
     ``late``)."""
     emitted: int | None = None
     """With ``keyed``: the processor's output rows (``rows_out`` counts its input)."""
+    join_records: pa.Table | None = None
+    """With ``stream_join``: the batch's records as the join takes them
+    (``IntervalJoin.records``), collected by the same job."""
 
 
 @dataclass(frozen=True)

@@ -380,8 +380,7 @@ class MicroBatchRunner:
         )
         join, joined = parts.work.join, None
         if join is not None:  # a join's records meet the rows it holds
-            assert taken is not None  # a join's batch always reads its input itself
-            joined = parts.work.joined(taken, planned)
+            joined = parts.work.joined(seen, planned)
         rows_out = changes.output.num_rows if changes is not None else seen.rows_out
         if joined is not None:
             rows_out = joined.rows_out
