@@ -8,12 +8,12 @@ Everything else a batch writes is small and goes through ``lowmark.state.table``
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lowmark.state.conflicts import retry_conflicts
@@ -72,19 +72,20 @@ def upsert_once(
     identity: tuple[str, ...],
     app_id: str,
     version: int,
-    target_filter: Column | None = None,
     properties: dict[str, str] | None = None,
 ) -> None:
     """One idempotent MERGE on ``identity``: upsert ``upserts``, delete rows matching ``deletes``.
 
     ``deletes`` holds identity columns only and must not share an identity
     with ``upserts``. The table is created empty from ``upserts``' schema
-    (with table ``properties``) if absent. ``target_filter``, over target
-    columns aliased ``t``, must hold for every row a change can match: it
-    joins the MERGE condition, where Delta uses it to skip target files by
-    their statistics. Skipped by Delta when (app_id, version) already landed.
+    (with table ``properties``) if absent. Skipped by Delta when (app_id,
+    version) already landed.
+
+    A SQL ``MERGE INTO delta.`path```: the same statement in a local session
+    and over Spark Connect (where Delta's Python ``DeltaTable`` needs Delta's
+    Connect server plugin, which no Delta release for Spark 4.2 has).
     """
-    if not SparkDeltaTable.isDeltaTable(spark, path):
+    if not DeltaTable.is_deltatable(path):
         # An empty first commit gives MERGE a target; racing creators are harmless.
         create = upserts.limit(0).write.format("delta").mode("append")
         create.options(**(properties or {})).save(path)
@@ -93,24 +94,34 @@ def upsert_once(
         changes = changes.unionByName(
             deletes.withColumn("_op", F.lit("delete")), allowMissingColumns=True
         )
-    on = F.expr(" AND ".join(f"t.`{c}` <=> s.`{c}`" for c in identity))
-    if target_filter is not None:
-        on = target_filter & on
-    columns: dict[str, str | Column] = {c: f"s.`{c}`" for c in upserts.columns}
+    # A global temporary view: ``spark`` may be a session of its own (its own txn confs),
+    # which sees neither the changes' session's temporary views nor, over Spark Connect,
+    # the relations that session holds; every session of the Spark sees a global one.
+    view = f"lowmark_changes_{uuid.uuid4().hex}"
+    columns = [_quoted(c) for c in upserts.columns]
+    on = " AND ".join(f"t.{c} <=> s.{c}" for c in map(_quoted, identity))
+    statement = (
+        f"MERGE INTO delta.{_quoted(path)} AS t USING global_temp.{view} AS s ON {on}\n"
+        "WHEN MATCHED AND s._op = 'delete' THEN DELETE\n"
+        f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)}\n"
+        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({', '.join(columns)}) "
+        f"VALUES ({', '.join(f's.{c}' for c in columns)})"
+    )
 
     def merge() -> None:
         with idempotent_dml(spark, app_id, version):
-            (
-                SparkDeltaTable.forPath(spark, path)
-                .alias("t")
-                .merge(changes.alias("s"), on)
-                .whenMatchedDelete(condition="s._op = 'delete'")
-                .whenMatchedUpdate(set=columns)
-                .whenNotMatchedInsert(condition="s._op = 'upsert'", values=columns)
-                .execute()
-            )
+            spark.sql(statement)  # a command: runs now
 
-    retry_conflicts(merge, path, version)
+    changes.createGlobalTempView(view)
+    try:
+        retry_conflicts(merge, path, version)
+    finally:
+        spark.catalog.dropGlobalTempView(view)
+
+
+def _quoted(name: str) -> str:
+    """``name`` as a SQL identifier in backquotes."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def latest_version(path: str) -> int:

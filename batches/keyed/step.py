@@ -181,7 +181,12 @@ class KeyedStep:
             .mapInArrow(process, output)
             .observe(changes, F.collect_list(F.col(CHANGE)).alias(CHANGES))
         )
-        output_rows = processed.where(F.col(CHANGE).isNull()).drop(CHANGE)
+        # Each column cast to its type by name: over Spark Connect, mapInArrow's strings come
+        # back explicitly collated, which Delta would write as `string collate UTF8_BINARY`
+        # (a type delta-rs cannot read). Locally the casts are no-ops Spark drops.
+        output_rows = processed.where(F.col(CHANGE).isNull()).select(
+            *(F.col(f"`{f.name}`").cast(f.dataType.simpleString()) for f in declared.fields)
+        )
         return Processed(output_rows, seen, changes, batch_id)
 
 
