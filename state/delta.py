@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from deltalake import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
 
 from lowmark.state.conflicts import retry_conflicts
 from lowmark.state.ownership import writer_metadata
+from lowmark.state.session import is_remote_session
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -31,9 +33,11 @@ def append_once(
     this creates gets the table ``properties`` (``delta.*`` options: Delta applies them when
     a write creates the table)."""
 
+    rows = _uncollated(df)
+
     def append() -> None:
         (
-            df.write.format("delta")
+            rows.write.format("delta")
             .mode("append")
             .options(**(properties or {}))
             .option("txnAppId", app_id)
@@ -85,6 +89,7 @@ def upsert_once(
     and over Spark Connect (where Delta's Python ``DeltaTable`` needs Delta's
     Connect server plugin, which no Delta release for Spark 4.2 has).
     """
+    upserts = _uncollated(upserts)
     if not DeltaTable.is_deltatable(path):
         # An empty first commit gives MERGE a target; racing creators are harmless.
         create = upserts.limit(0).write.format("delta").mode("append")
@@ -117,6 +122,33 @@ def upsert_once(
         retry_conflicts(merge, path, version)
     finally:
         spark.catalog.dropGlobalTempView(view)
+
+
+def _uncollated(df: DataFrame) -> DataFrame:
+    """``df``, its string columns of Spark's default collation cast to plain strings over
+    Spark Connect.
+
+    A Python UDF's output (``mapInArrow``, ``applyInPandas``: a keyed step, a
+    transform) comes back from a Spark Connect server with its strings
+    explicitly collated, which Delta writes into the table's schema as
+    ``string collate UTF8_BINARY``: a type delta-rs (lowmark's own reads of the
+    sink) cannot read. Locally nothing changes. Nested strings are left as they are.
+    """
+    if not is_remote_session(df.sparkSession):
+        return df
+    plain = {
+        f.name
+        for f in df.schema.fields
+        if isinstance(f.dataType, StringType) and f.dataType.collation == "UTF8_BINARY"
+    }
+    if not plain:
+        return df
+
+    def column(name: str) -> Column:
+        col = F.col(_quoted(name))
+        return col.cast("string").alias(name) if name in plain else col
+
+    return df.select(*map(column, df.columns))
 
 
 def _quoted(name: str) -> str:

@@ -2,7 +2,9 @@
 
 Local by default (``local[*]``) with Delta configured from the jars ``lowmark.state.jars``
 finds (or fetches on first use); the master and any Spark conf can be overridden, so a
-cluster master or another deployment needs no code change.
+cluster master or another deployment needs no code change. A Spark Connect endpoint
+(``sc://host:port``) gives a remote session: the server's JVM has Delta, this process
+starts none and sends only session confs.
 """
 
 from __future__ import annotations

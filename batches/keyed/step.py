@@ -181,12 +181,7 @@ class KeyedStep:
             .mapInArrow(process, output)
             .observe(changes, F.collect_list(F.col(CHANGE)).alias(CHANGES))
         )
-        # Each column cast to its type by name: over Spark Connect, mapInArrow's strings come
-        # back explicitly collated, which Delta would write as `string collate UTF8_BINARY`
-        # (a type delta-rs cannot read). Locally the casts are no-ops Spark drops.
-        output_rows = processed.where(F.col(CHANGE).isNull()).select(
-            *(F.col(f"`{f.name}`").cast(f.dataType.simpleString()) for f in declared.fields)
-        )
+        output_rows = processed.where(F.col(CHANGE).isNull()).drop(CHANGE)
         return Processed(output_rows, seen, changes, batch_id)
 
 
@@ -219,11 +214,19 @@ def _process(
     by_key: dict[Key, pd.DataFrame] = {}
     bucket_of: dict[str, int] = {}
     newest_ms: dict[Key, int] = {}
-    for key, group in frame.groupby(list(key_columns), sort=False, dropna=False):
+    # Per key, only a slice of the payload: what is worked out per group is worked out for
+    # all groups at once (the same groups in the same order), which is what keeps a task's
+    # cost per key to microseconds.
+    grouped = frame.groupby(list(key_columns), sort=False, dropna=False)
+    newest = grouped[EVENT_MS].max().tolist()
+    first_bucket = grouped[BUCKET].first().tolist()
+    slices = frame[payload].groupby(list(key_columns), sort=False, dropna=False)
+    for (key, group), ms, bucket in zip(slices, newest, first_bucket, strict=True):
         values = key if isinstance(key, tuple) else (key,)
-        by_key[values] = group[payload].reset_index(drop=True)
-        newest_ms[values] = int(group[EVENT_MS].max())
-        bucket_of[key_json(values)] = int(group[BUCKET].iloc[0])
+        group.index = pd.RangeIndex(len(group))
+        by_key[values] = group
+        newest_ms[values] = int(ms)
+        bucket_of[key_json(values)] = int(bucket)
     now = watermark_ms if time_mode == "event_time" else processing_ms
     due = pinned.due(buckets, now) if now is not None else None
     due_keys = {}
