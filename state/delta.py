@@ -86,8 +86,8 @@ def upsert_once(
     version) already landed.
 
     A SQL ``MERGE INTO delta.`path```: the same statement in a local session
-    and over Spark Connect (where Delta's Python ``DeltaTable`` needs Delta's
-    Connect server plugin, which no Delta release for Spark 4.2 has).
+    and over Spark Connect, where Delta's Python ``DeltaTable`` needs Delta's
+    Connect plugin in the server (lowmark asks for Delta's jars only).
     """
     upserts = _uncollated(upserts)
     if not DeltaTable.is_deltatable(path):
