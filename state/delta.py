@@ -8,7 +8,7 @@ Everything else a batch writes is small and goes through ``lowmark.state.table``
 
 from __future__ import annotations
 
-import uuid
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -102,7 +102,9 @@ def upsert_once(
     # A global temporary view: ``spark`` may be a session of its own (its own txn confs),
     # which sees neither the changes' session's temporary views nor, over Spark Connect,
     # the relations that session holds; every session of the Spark sees a global one.
-    view = f"lowmark_changes_{uuid.uuid4().hex}"
+    # Named after the write: a Spark Connect server outlives a killed client, and the
+    # replay of its batch replaces the view that client left.
+    view = "lowmark_changes_" + re.sub(r"\W", "_", f"{app_id}_{version}")
     columns = [_quoted(c) for c in upserts.columns]
     on = " AND ".join(f"t.{c} <=> s.{c}" for c in map(_quoted, identity))
     statement = (
@@ -117,7 +119,7 @@ def upsert_once(
         with idempotent_dml(spark, app_id, version):
             spark.sql(statement)  # a command: runs now
 
-    changes.createGlobalTempView(view)
+    changes.createOrReplaceGlobalTempView(view)
     try:
         retry_conflicts(merge, path, version)
     finally:

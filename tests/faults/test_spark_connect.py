@@ -113,11 +113,12 @@ def test_a_client_killed_while_the_server_writes_its_sink_replays_exactly_once(
 
 
 def _sink_batches(sink: Path) -> set[int]:
-    """The batches whose sink writes the sink's Delta log holds (its ``txn`` actions)."""
+    """The batches whose writes the sink's Delta log holds, as each commit names its writer
+    (``lowmark.state.ownership``: the batch id in its user metadata)."""
     batches = set()
     for commit in (sink / "_delta_log").glob("*.json"):
         for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "txn" in action:
-                batches.add(int(action["txn"]["version"]))
+            info = json.loads(line).get("commitInfo", {})
+            if "userMetadata" in info:
+                batches.add(int(json.loads(info["userMetadata"])["lowmark"]["batch_id"]))
     return batches
