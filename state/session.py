@@ -9,6 +9,7 @@ starts none and sends only session confs.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -202,7 +203,11 @@ def own_session(spark: SparkSession) -> SparkSession:
     clone of the server-side session, made with the confs ``spark`` has now.
     """
     if is_remote_session(spark):
-        return spark.cloneSession()  # type: ignore[attr-defined]
+        clone = spark.cloneSession()  # type: ignore[attr-defined]
+        # Its gRPC channel closed while Python still runs: left to the garbage collector at
+        # exit, grpc's close waits forever and the process never ends.
+        atexit.register(clone.client.close)
+        return clone
     return spark.newSession()
 
 

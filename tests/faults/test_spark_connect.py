@@ -16,11 +16,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable as RsDeltaTable
 
 from lowmark.batches.loop.faults import KILL_AT_ENV, KillPoint
 from lowmark.batches.pipeline import resolve
@@ -110,6 +112,22 @@ def test_a_client_killed_while_the_server_writes_its_sink_replays_exactly_once(
     code, err = _finished(_client(server, root, plain_append.name))
     assert code == 0, err
     assert differences(ref.tables, snapshot(ref.pipeline, root)) == []
+
+
+def test_a_merge_sink_through_spark_connect_skips_a_replayed_batch(
+    server: ConnectServer, tmp_path: Path
+) -> None:
+    """A stateless pipeline's MERGE sink: SQL MERGE in a session of its own (a clone of the
+    client's server-side session), its transaction skipping the replay, nothing left behind."""
+    table = tmp_path / "merged"
+    client_env = lowmark_env(None)
+    args = [sys.executable, "-m", "tests.faults.connect_merge", server.url, str(table)]
+    done = subprocess.run(args, env=client_env, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert found == {"rows": [[1, "a2"], [3, "c"]], "txn_conf_left": None, "views_left": []}
+    assert RsDeltaTable(str(table)).version() == 2  # created, batch 0, batch 1
 
 
 def _sink_batches(sink: Path) -> set[int]:
