@@ -83,6 +83,8 @@ def observed(
             for key, value in (metrics or {}).items():
                 summed[key] = summed.get(key, 0) + (value or 0)
         return summed or None
+    if not hasattr(observation, "_jo"):  # Spark Connect's: filled in by the action's reply
+        return observation.get or None
     jo: Any = observation._jo  # the JVM observation: its future can be polled
     if jo is None:
         return None

@@ -76,6 +76,8 @@ class SqlStep(UserConfig):
         ``what`` names the step in errors ("the transform of pipeline p")."""
         from pyspark.errors import PySparkException
 
+        from lowmark.state.session import is_remote_session
+
         escaped = self.text.replace("{", "{{").replace("}", "}}")
         query = _PREFIX.format(relation=relation) + escaped + "\n)"
         try:
@@ -86,7 +88,9 @@ class SqlStep(UserConfig):
                 f"{what}: its SQL fails: {_user_lines(first_line(exc))}: correct the query "
                 f"(a SELECT over `{relation}`)"
             ) from exc
-        if not out._jdf.queryExecution().analyzed().deterministic():
+        # Over Spark Connect the client sees no analysed plan: the check is not made there.
+        remote = is_remote_session(out.sparkSession)
+        if not remote and not out._jdf.queryExecution().analyzed().deterministic():
             raise PipelineConfigInvalid(
                 f"{what}: its SQL is not deterministic (rand(), uuid(), shuffle()...), so a "
                 "replay would write other rows: compute from the records' own columns"

@@ -8,16 +8,18 @@ Everything else a batch writes is small and goes through ``lowmark.state.table``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from delta.tables import DeltaTable as SparkDeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
 
 from lowmark.state.conflicts import retry_conflicts
 from lowmark.state.ownership import writer_metadata
-from lowmark.state.storage import open_table
+from lowmark.state.session import is_remote_session
+from lowmark.state.storage import is_table, open_table
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -31,9 +33,11 @@ def append_once(
     this creates gets the table ``properties`` (``delta.*`` options: Delta applies them when
     a write creates the table)."""
 
+    rows = _uncollated(df)
+
     def append() -> None:
         (
-            df.write.format("delta")
+            rows.write.format("delta")
             .mode("append")
             .options(**(properties or {}))
             .option("txnAppId", app_id)
@@ -72,19 +76,21 @@ def upsert_once(
     identity: tuple[str, ...],
     app_id: str,
     version: int,
-    target_filter: Column | None = None,
     properties: dict[str, str] | None = None,
 ) -> None:
     """One idempotent MERGE on ``identity``: upsert ``upserts``, delete rows matching ``deletes``.
 
     ``deletes`` holds identity columns only and must not share an identity
     with ``upserts``. The table is created empty from ``upserts``' schema
-    (with table ``properties``) if absent. ``target_filter``, over target
-    columns aliased ``t``, must hold for every row a change can match: it
-    joins the MERGE condition, where Delta uses it to skip target files by
-    their statistics. Skipped by Delta when (app_id, version) already landed.
+    (with table ``properties``) if absent. Skipped by Delta when (app_id,
+    version) already landed.
+
+    A SQL ``MERGE INTO delta.`path```: the same statement in a local session
+    and over Spark Connect, where Delta's Python ``DeltaTable`` needs Delta's
+    Connect plugin in the server (lowmark asks for Delta's jars only).
     """
-    if not SparkDeltaTable.isDeltaTable(spark, path):
+    upserts = _uncollated(upserts)
+    if not is_table(path):
         # An empty first commit gives MERGE a target; racing creators are harmless.
         create = upserts.limit(0).write.format("delta").mode("append")
         create.options(**(properties or {})).save(path)
@@ -93,24 +99,63 @@ def upsert_once(
         changes = changes.unionByName(
             deletes.withColumn("_op", F.lit("delete")), allowMissingColumns=True
         )
-    on = F.expr(" AND ".join(f"t.`{c}` <=> s.`{c}`" for c in identity))
-    if target_filter is not None:
-        on = target_filter & on
-    columns: dict[str, str | Column] = {c: f"s.`{c}`" for c in upserts.columns}
+    # A global temporary view: ``spark`` may be a session of its own (its own txn confs),
+    # which sees neither the changes' session's temporary views nor, over Spark Connect,
+    # the relations that session holds; every session of the Spark sees a global one.
+    # Named after the write: a Spark Connect server outlives a killed client, and the
+    # replay of its batch replaces the view that client left.
+    view = "lowmark_changes_" + re.sub(r"\W", "_", f"{app_id}_{version}")
+    columns = [_quoted(c) for c in upserts.columns]
+    on = " AND ".join(f"t.{c} <=> s.{c}" for c in map(_quoted, identity))
+    statement = (
+        f"MERGE INTO delta.{_quoted(path)} AS t USING global_temp.{view} AS s ON {on}\n"
+        "WHEN MATCHED AND s._op = 'delete' THEN DELETE\n"
+        f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)}\n"
+        f"WHEN NOT MATCHED AND s._op = 'upsert' THEN INSERT ({', '.join(columns)}) "
+        f"VALUES ({', '.join(f's.{c}' for c in columns)})"
+    )
 
     def merge() -> None:
         with idempotent_dml(spark, app_id, version):
-            (
-                SparkDeltaTable.forPath(spark, path)
-                .alias("t")
-                .merge(changes.alias("s"), on)
-                .whenMatchedDelete(condition="s._op = 'delete'")
-                .whenMatchedUpdate(set=columns)
-                .whenNotMatchedInsert(condition="s._op = 'upsert'", values=columns)
-                .execute()
-            )
+            spark.sql(statement)  # a command: runs now
 
-    retry_conflicts(merge, path, version)
+    changes.createOrReplaceGlobalTempView(view)
+    try:
+        retry_conflicts(merge, path, version)
+    finally:
+        spark.catalog.dropGlobalTempView(view)
+
+
+def _uncollated(df: DataFrame) -> DataFrame:
+    """``df``, its string columns of Spark's default collation cast to plain strings over
+    Spark Connect.
+
+    A Python UDF's output (``mapInArrow``, ``applyInPandas``: a keyed step, a
+    transform) comes back from a Spark Connect server with its strings
+    explicitly collated, which Delta writes into the table's schema as
+    ``string collate UTF8_BINARY``: a type delta-rs (lowmark's own reads of the
+    sink) cannot read. Locally nothing changes. Nested strings are left as they are.
+    """
+    if not is_remote_session(df.sparkSession):
+        return df
+    plain = {
+        f.name
+        for f in df.schema.fields
+        if isinstance(f.dataType, StringType) and f.dataType.collation == "UTF8_BINARY"
+    }
+    if not plain:
+        return df
+
+    def column(name: str) -> Column:
+        col = F.col(_quoted(name))
+        return col.cast("string").alias(name) if name in plain else col
+
+    return df.select(*map(column, df.columns))
+
+
+def _quoted(name: str) -> str:
+    """``name`` as a SQL identifier in backquotes."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def latest_version(path: str) -> int:

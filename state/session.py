@@ -2,11 +2,14 @@
 
 Local by default (``local[*]``) with Delta configured from the jars ``lowmark.state.jars``
 finds (or fetches on first use); the master and any Spark conf can be overridden, so a
-cluster master or another deployment needs no code change.
+cluster master or another deployment needs no code change. A Spark Connect endpoint
+(``sc://host:port``) gives a remote session: the server's JVM has Delta, this process
+starts none and sends only session confs.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -46,21 +49,26 @@ LOG4J_CONFIG = jars.JVM_DIR / "log4j2.properties"
 #   a Spark job of that many tasks (default 10 000): 20-26 s for a small
 #   checkpoint table on 2 cores, 1-2 s with 4. Raise it for large tables on a
 #   cluster.
-_LOCAL_DEFAULTS = {
-    # Local mode runs every task in the driver; Spark's 1 GB default heap ran
-    # out in long-lived processes (a Dagster code server, the test suite).
-    "spark.driver.memory": "4g",
+_SESSION_DEFAULTS = {
     "spark.sql.shuffle.partitions": "4",
-    "spark.default.parallelism": "4",
     "spark.databricks.delta.snapshotPartitions": "1",
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "1024",
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
-    "spark.python.sql.dataFrameDebugging.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.databricks.delta.retentionDurationCheck.enabled": "true",
 }
+"""The defaults a session takes at any time: what a Spark Connect client sets too."""
+_LOCAL_DEFAULTS = {
+    **_SESSION_DEFAULTS,
+    # Local mode runs every task in the driver; Spark's 1 GB default heap ran
+    # out in long-lived processes (a Dagster code server, the test suite).
+    "spark.driver.memory": "4g",
+    "spark.default.parallelism": "4",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.python.sql.dataFrameDebugging.enabled": "false",  # static: set when Spark starts
+}
+CONNECT_SCHEME = "sc://"
 
 
 class SparkSettings(BaseModel):
@@ -70,7 +78,8 @@ class SparkSettings(BaseModel):
 
     master: str = Field(
         default_factory=lambda: os.environ.get("LOWMARK_SPARK_MASTER", "local[*]"),
-        description="Spark master URL: local[*], spark://host:port, ...",
+        description="Spark master URL: local[*], spark://host:port, ..., or a Spark Connect "
+        "endpoint: sc://host:port",
     )
     app_name: str = Field(default="lowmark", description="Spark application name.")
     ui: bool = Field(default=False, description="Start the Spark web UI.")
@@ -81,6 +90,12 @@ class SparkSettings(BaseModel):
     confs: dict[str, str] = Field(
         default_factory=dict, description="Extra Spark confs; they win over lowmark's defaults."
     )
+
+    @property
+    def remote(self) -> bool:
+        """True for a Spark Connect endpoint: the JVM is the server's, so no jars and no
+        JVM confs go from here, only session confs."""
+        return self.master.startswith(CONNECT_SCHEME)
 
 
 class SparkNotStarted(LowmarkError):
@@ -98,9 +113,9 @@ def provider(spark: SparkLike) -> Callable[[], SparkSession]:
     What reads the checkpoint and lists folders (``lowmark status``, a Dagster
     sensor tick) then never starts a JVM unless it must touch Spark.
     """
-    if isinstance(spark, SparkSession):
-        return lambda: spark
-    return spark
+    if callable(spark):
+        return spark
+    return lambda: spark  # a session: classic, or Spark Connect's (no subclass of it)
 
 
 class StartedOnUse:
@@ -149,6 +164,8 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
     if active is not None:
         return active
     settings = settings or SparkSettings()
+    if settings.remote:
+        return _connect(settings)
     if settings.master.startswith("local"):
         # Bind to loopback: no other host is ever involved in local mode.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -171,3 +188,33 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _connect(settings: SparkSettings) -> SparkSession:
+    """A Spark Connect session at ``settings.master``, with lowmark's session defaults and
+    ``settings.confs``. The server was started with Delta (docs/deploy.md#spark-connect)."""
+    builder = SparkSession.builder.remote(settings.master).appName(settings.app_name)
+    for key, value in {**_SESSION_DEFAULTS, **settings.confs}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def own_session(spark: SparkSession) -> SparkSession:
+    """A session of its own on ``spark``'s Spark: its own SQL confs and temporary views.
+
+    Locally ``newSession``; over Spark Connect (which has no ``newSession``) a
+    clone of the server-side session, made with the confs ``spark`` has now.
+    """
+    if is_remote_session(spark):
+        clone = spark.cloneSession()  # type: ignore[attr-defined]
+        # Its gRPC channel closed while Python still runs: left to the garbage collector at
+        # exit, grpc's close waits forever and the process never ends.
+        atexit.register(clone.client.close)
+        return clone
+    return spark.newSession()
+
+
+def is_remote_session(spark: SparkSession) -> bool:
+    """True for a Spark Connect session: no JVM of its own here, so no ``sparkContext``,
+    no ``_jdf`` and no py4j."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")

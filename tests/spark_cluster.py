@@ -30,7 +30,8 @@ SPARK_HOME = Path(pyspark.__file__).parent
 WORKERS = 2
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -62,7 +63,7 @@ class SparkCluster:
     @classmethod
     def start(cls, folder: Path) -> SparkCluster:
         """The master, then the workers; returns once the master lists every worker alive."""
-        cluster = cls(folder, _free_port(), _free_port())
+        cluster = cls(folder, free_port(), free_port())
         folder.mkdir(parents=True, exist_ok=True)
         master = ("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1")
         cluster._daemon(
@@ -73,7 +74,7 @@ class SparkCluster:
                 f"worker{i}",
                 "org.apache.spark.deploy.worker.Worker",
                 *("--host", "127.0.0.1", "--cores", "1", "--memory", "1g"),
-                *("--webui-port", str(_free_port()), "--work-dir", str(folder / f"work{i}")),
+                *("--webui-port", str(free_port()), "--work-dir", str(folder / f"work{i}")),
                 cluster.master_url,
             )
         cluster._wait_for_workers(timeout_s=120)

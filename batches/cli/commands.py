@@ -115,8 +115,8 @@ class Context:
 
         settings = SparkSettings(master=self.master) if self.master else SparkSettings()
         send_pyspark_logs()
-        if SparkSession.getActiveSession() is not None:
-            return get_spark(settings)
+        if settings.remote or SparkSession.getActiveSession() is not None:
+            return get_spark(settings)  # no JVM starts here
         # Jars fetched on first use say so on the console, before the JVM's output goes to
         # the log file instead (lowmark.batches.cli.logs).
         delta_jars(settings.jars_dir)

@@ -81,6 +81,7 @@ from lowmark.batches.sources.base import (
 )
 from lowmark.batches.windows import Tumbling
 from lowmark.state.errors import LowmarkError
+from lowmark.state.session import is_remote_session
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +164,10 @@ def row_by_row(records: DataFrame, read: DataFrame) -> bool:
     batch's records read are its records out (its aggregation counts them).
     Any other (a filter, a join, an aggregation, ``dropDuplicates``, a limit,
     a window function, an explode or table function, ``rand()``) is given one
-    batch at a time.
+    batch at a time. Over Spark Connect, whose client sees no analysed plan, every
+    transform is given one batch at a time.
     """
-    if BATCH_COLUMN not in records.columns:
+    if BATCH_COLUMN not in records.columns or is_remote_session(records.sparkSession):
         return False
     plan = records._jdf.queryExecution().analyzed()
     source = read._jdf.queryExecution().analyzed()

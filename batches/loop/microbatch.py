@@ -53,7 +53,7 @@ from lowmark.state.join_state import TABLE as JOIN_TABLE
 from lowmark.state.log import EPOCH
 from lowmark.state.offset_log import OffsetEntry, Offsets
 from lowmark.state.progress import ProgressEntry
-from lowmark.state.session import SparkLike, StartedOnUse
+from lowmark.state.session import SparkLike, StartedOnUse, is_remote_session
 from lowmark.state.window_state import ROWS
 
 log = logging.getLogger(__name__)
@@ -583,8 +583,13 @@ class MicroBatchRunner:
         starts no batch after it. The next run replays the batch with the same offsets
         (every write is idempotent: what it wrote is kept, never written twice)."""
         self._interrupted = True
-        if self._spark.session is not None:  # else no job runs: none to cancel
-            self._spark.session.sparkContext.cancelAllJobs()
+        session = self._spark.session
+        if session is None:  # no job runs: none to cancel
+            return
+        if is_remote_session(session):
+            session.interruptAll()  # the session's operations on the Spark Connect server
+        else:
+            session.sparkContext.cancelAllJobs()
 
     def interrupted(self) -> Interrupted:
         """The error a run stops with after an interrupt (``interrupt``, or Ctrl-C)."""

@@ -27,7 +27,7 @@ from lowmark.batches.errors import SinkWriteFailed
 from lowmark.batches.pipeline import DeltaSink
 from lowmark.batches.sinks.base import Sink, WindowedSink
 from lowmark.state.delta import append_once, latest_version, upsert_once
-from lowmark.state.session import SparkLike, provider
+from lowmark.state.session import SparkLike, own_session, provider
 from lowmark.state.table import DriverTable
 
 
@@ -52,7 +52,7 @@ class DeltaTableSink(Sink):
     def session(self) -> SparkSession:
         """The session this sink's MERGEs run in (its own, made on first use)."""
         if self._session is None:
-            self._session = self._spark().newSession()
+            self._session = own_session(self._spark())
         return self._session
 
     def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> int:

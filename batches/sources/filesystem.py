@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.state.errors import LowmarkError
 from lowmark.state.manifest import ManifestFile
+from lowmark.state.session import is_remote_session
 
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/._:=-]*")
 
@@ -173,8 +174,16 @@ class SourceFolder:
         return int(status.getLen()), int(status.getModificationTime())
 
     def _hadoop_path(self, path: str) -> tuple[Any, Any]:
-        """(FileSystem, Path) of ``path``: works for local folders and object stores alike."""
-        sc = self._spark().sparkContext
+        """(FileSystem, Path) of ``path``: works for local folders and object stores alike.
+        Not over Spark Connect, whose client has no JVM: there the folder must be a path
+        the client sees (a local or mounted folder)."""
+        spark = self._spark()
+        if is_remote_session(spark):
+            raise PipelineConfigInvalid(
+                f"file source path {path}: over Spark Connect the file source lists and moves "
+                "files from lowmark's process, without Hadoop: give a local or mounted folder"
+            )
+        sc = spark.sparkContext
         jvm: Any = sc._jvm
         hpath = jvm.org.apache.hadoop.fs.Path(path)
         return hpath.getFileSystem(sc._jsc.hadoopConfiguration()), hpath
@@ -183,7 +192,14 @@ class SourceFolder:
         """``path`` as Spark names a record's file (``_metadata.file_path``): its URI."""
         if _PLAIN_PATH.fullmatch(path):
             return path  # nothing a URI escapes
-        jvm: Any = self._spark().sparkContext._jvm
+        spark = self._spark()
+        if is_remote_session(spark):
+            raise PipelineConfigInvalid(
+                f"file {path}: over Spark Connect the file source takes only file names of "
+                "letters, digits and / . _ : = - (Hadoop escapes the others, in the JVM): "
+                "rename it"
+            )
+        jvm: Any = spark.sparkContext._jvm
         return str(jvm.org.apache.hadoop.fs.Path(path).toUri().toString())
 
 

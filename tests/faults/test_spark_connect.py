@@ -1,0 +1,142 @@
+"""The same pipelines through a real Spark Connect server (``tests.spark_connect``: Delta in
+its JVM, on loopback): `lowmark --master sc://…` runs them as a Spark Connect client, whose
+process is SIGKILLed in batch 3 and run again to completion through the server; every
+table equals the fault-free local run's (the kill matrix's reference,
+``tests.faults.conftest``).
+
+A killed client leaves its server running: what the client had asked for may still
+finish there. The stateless pipeline's client is killed while the server writes its sink
+(Spark's write of batch 3: its data files landing, its commit not yet), and the server
+commits that write after the client is dead; the replay's write of batch 3 carries the
+same Delta transaction (``txnAppId``/``txnVersion``) and is skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable as RsDeltaTable
+
+from lowmark.batches.loop.faults import KILL_AT_ENV, KillPoint
+from lowmark.batches.pipeline import resolve
+from tests.faults.conftest import KILL_BATCH, References
+from tests.faults.harness import (
+    KILLED,
+    REPO,
+    copy_run,
+    differences,
+    lowmark_env,
+    lowmark_run_args,
+    snapshot,
+)
+from tests.faults.scenarios import PIPELINES, SINK, plain_append
+from tests.spark_connect import ConnectServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    started = ConnectServer.start(tmp_path_factory.mktemp("spark_connect"))
+    yield started
+    started.stop()
+
+
+def _client(
+    server: ConnectServer, root: Path, name: str, *options: str, **env: str
+) -> subprocess.Popen[str]:
+    """`lowmark run name --until-caught-up` (or with ``options``) as a Spark Connect client
+    of ``server`` (``LOWMARK_SPARK_MASTER=sc://…``): no JVM in its process."""
+    client_env = lowmark_env(None, LOWMARK_SPARK_MASTER=server.url, **env)
+    args = lowmark_run_args(root, PIPELINES[name], *(options or ("--until-caught-up",)))
+    return subprocess.Popen(
+        args, env=client_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finished(client: subprocess.Popen[str]) -> tuple[int, str]:
+    _, err = client.communicate(timeout=900)
+    return client.returncode, err[-3000:]
+
+
+@pytest.mark.parametrize("name", ["tumbling_two_partitions", "keyed_alerts"])
+def test_a_pipeline_through_spark_connect_killed_and_run_again_ends_like_a_local_run(
+    references: References, server: ConnectServer, name: str
+) -> None:
+    ref = references[name]
+    root = ref.folder / "through_connect"  # beside the shared input folder
+    point = KillPoint("after_sink", KILL_BATCH)
+    assert _finished(_client(server, root, name, **{KILL_AT_ENV: str(point)}))[0] == KILLED
+    code, err = _finished(_client(server, root, name))
+    assert code == 0, err
+
+    assert differences(ref.tables, snapshot(ref.pipeline, root)) == []
+
+
+def test_a_client_killed_while_the_server_writes_its_sink_replays_exactly_once(
+    references: References, server: ConnectServer
+) -> None:
+    ref = references[plain_append.name]
+    root = ref.folder / "through_connect"
+    copy_run(ref.folder / "template", root, ref.pipeline)  # batches 0-2 done
+    # Batch 3 (its malformed line fails a first write attempt, whose data files stay as
+    # garbage), then batch 4: no malformed line, so its first data file is its one write's.
+    code, err = _finished(_client(server, root, plain_append.name, "--max-batches", "1"))
+    assert code == 0, err
+    killed = KILL_BATCH + 1
+    sink = Path(resolve(SINK, root))
+    before = set(sink.glob("*.parquet"))
+
+    client = _client(server, root, plain_append.name)
+    while not set(sink.glob("*.parquet")) - before:  # batch 4's first data file landed
+        assert client.poll() is None, client.communicate()[1][-3000:]
+        time.sleep(0.002)
+    os.kill(client.pid, signal.SIGKILL)
+    assert _finished(client)[0] == KILLED
+    committed_at_kill = _sink_batches(sink)
+
+    # The server goes on with the dead client's write and commits it.
+    deadline = time.monotonic() + 60
+    while killed not in _sink_batches(sink) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert killed not in committed_at_kill
+    assert killed in _sink_batches(sink)
+
+    code, err = _finished(_client(server, root, plain_append.name))
+    assert code == 0, err
+    assert differences(ref.tables, snapshot(ref.pipeline, root)) == []
+
+
+def test_a_merge_sink_through_spark_connect_skips_a_replayed_batch(
+    server: ConnectServer, tmp_path: Path
+) -> None:
+    """A stateless pipeline's MERGE sink: SQL MERGE in a session of its own (a clone of the
+    client's server-side session), its transaction skipping the replay, nothing left behind."""
+    table = tmp_path / "merged"
+    client_env = lowmark_env(None)
+    args = [sys.executable, "-m", "tests.faults.connect_merge", server.url, str(table)]
+    done = subprocess.run(args, env=client_env, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert found == {"rows": [[1, "a2"], [3, "c"]], "txn_conf_left": None, "views_left": []}
+    assert RsDeltaTable(str(table)).version() == 2  # created, batch 0, batch 1
+
+
+def _sink_batches(sink: Path) -> set[int]:
+    """The batches whose writes the sink's Delta log holds, as each commit names its writer
+    (``lowmark.state.ownership``: the batch id in its user metadata)."""
+    batches = set()
+    for commit in (sink / "_delta_log").glob("*.json"):
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo", {})
+            if "userMetadata" in info:
+                batches.add(int(json.loads(info["userMetadata"])["lowmark"]["batch_id"]))
+    return batches
