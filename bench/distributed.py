@@ -14,13 +14,17 @@ Deployments:
 - ``standalone``: a real standalone cluster started by this script on loopback, one master
   and two workers of one core each (``tests/spark_cluster.py``), the driver taking both
   executors; the data and tables in local folders every process sees, as a cluster's
-  shared file system.
+  shared file system;
+- ``connect``: a real Spark Connect server started by this script (``tests/spark_connect.py``:
+  ``local[2]`` and Delta in its own JVM), each engine's process its client (lowmark's
+  catch-up then reads no batches ahead: docs/deploy.md#spark-connect).
 
 Measured per deployment and engine: (a) the median and p95 seconds of one-file batches
 (lowmark: wall time of ``run_batch``; SSS: ``triggerExecution``), (b) events/s of the
 catch-up from start to caught up. Ratios: lowmark / SSS on each deployment (the same
-targets as ``bench/streaming.py``), and each engine's standalone / local (the cost of the
-cluster: executors in other JVMs, tasks shipped to them, results shipped back).
+targets as ``bench/streaming.py``), and each engine's standalone / local and connect / local
+(the cost of executors in other JVMs, tasks shipped to them, results shipped back; over
+Connect, every plan and result through gRPC).
 
 Checked in the run (raises if not): every engine on every deployment writes the same
 windows with the same counts. Timings are wall-clock on whatever else the machine is doing
@@ -56,6 +60,7 @@ from bench.streaming import (
     run_meta,
 )
 from tests.spark_cluster import SparkCluster
+from tests.spark_connect import ConnectServer
 
 ENGINES = ("lowmark", "sss")
 
@@ -101,7 +106,7 @@ def run_deployments(work: Path, sizes: Sizes, seed: int) -> dict[str, dict[str, 
         sizes.catchup_events,
         sizes.users,
     )
-    results: dict[str, dict[str, Any]] = {"local": {}, "standalone": {}}
+    results: dict[str, dict[str, Any]] = {"local": {}, "standalone": {}, "connect": {}}
     _say("[local] local[2]")
     for engine in ENGINES:
         scenarios = engine_scenarios(work, "local", engine, sizes)
@@ -116,6 +121,14 @@ def run_deployments(work: Path, sizes: Sizes, seed: int) -> dict[str, dict[str, 
             )
     finally:
         cluster.stop()
+    _say("[connect] a Spark Connect server (local[2] in its own JVM), each engine its client")
+    server = ConnectServer.start(work / "connect")
+    try:
+        for engine in ENGINES:
+            scenarios = engine_scenarios(work, "connect", engine, sizes)
+            results["connect"][engine], _ = run_engine(work, engine, scenarios, server.url)
+    finally:
+        server.stop()
     _check_outputs(results)
     return results
 
@@ -182,24 +195,23 @@ def build_report(
                 ">= 1.0",
             ),
         ]
-    for engine in ENGINES:
-        name = "lowmark" if engine == "lowmark" else "SSS"
-        ratios += [
-            Ratio(
-                f"a_cost_{engine}",
-                f"(a) small batch median, {name}: standalone / local",
-                _div(
-                    getattr(m["a_median_standalone"], engine), getattr(m["a_median_local"], engine)
+    for d in (d for d in results if d != "local"):
+        for engine in ENGINES:
+            name = "lowmark" if engine == "lowmark" else "SSS"
+            ratios += [
+                Ratio(
+                    f"a_cost_{d}_{engine}",
+                    f"(a) small batch median, {name}: {d} / local",
+                    _div(getattr(m[f"a_median_{d}"], engine), getattr(m["a_median_local"], engine)),
+                    "<= 1.5",
                 ),
-                "<= 1.5",
-            ),
-            Ratio(
-                f"b_cost_{engine}",
-                f"(b) catch-up events/s, {name}: standalone / local",
-                _div(getattr(m["b_rate_standalone"], engine), getattr(m["b_rate_local"], engine)),
-                ">= 0.5",
-            ),
-        ]
+                Ratio(
+                    f"b_cost_{d}_{engine}",
+                    f"(b) catch-up events/s, {name}: {d} / local",
+                    _div(getattr(m[f"b_rate_{d}"], engine), getattr(m["b_rate_local"], engine)),
+                    ">= 0.5",
+                ),
+            ]
     return measures, ratios
 
 
