@@ -300,7 +300,10 @@ def run_sss(
         .start(str(out))
     )
     query.awaitTermination()
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    # Over Spark Connect a progress's ``numInputRows`` item is null: its property adds up
+    # the sources' (as the JVM's does).
+    every = [{**p, "numInputRows": p.numInputRows} for p in query.recentProgress]
+    progress = [p for p in every if p["numInputRows"] > 0]
     for p in progress:
         _say(
             f"  SSS {name} batch {p['batchId']}: {p['numInputRows']:,} rows in, "
