@@ -222,8 +222,7 @@ def _process(
     grouped = frame.groupby(list(key_columns), sort=False, dropna=False)
     newest = grouped[EVENT_MS].max().tolist()
     first_bucket = grouped[BUCKET].first().tolist()
-    slices = frame[payload].groupby(list(key_columns), sort=False, dropna=False)
-    for (key, group), ms, bucket in zip(slices, newest, first_bucket, strict=True):
+    for (key, group), ms, bucket in zip(grouped[payload], newest, first_bucket, strict=True):
         values = key if isinstance(key, tuple) else (key,)
         group.index = pd.RangeIndex(len(group))
         by_key[values] = group
