@@ -44,7 +44,7 @@ from deltalake.table import TableMerger
 
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict, first_line
 from lowmark.state.ownership import writer_metadata
-from lowmark.state.storage import delta_rs_options
+from lowmark.state.storage import delta_rs_options, is_table, open_table
 from lowmark.state.task_appends import WrittenFile
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class DriverTable:
         self._handle: DeltaTable | None = None
 
     def exists(self) -> bool:
-        return bool(DeltaTable.is_deltatable(self.path, self.storage))
+        return is_table(self.path)
 
     def create(self) -> None:
         """Create the table empty unless it exists (racing creators: one wins, none fails)."""
@@ -136,9 +136,9 @@ class DriverTable:
         """The table at its newest ``version`` (or the one given); raises if missing or damaged."""
         try:
             if version is not None:
-                return DeltaTable(self.path, version=version, storage_options=self.storage)
+                return open_table(self.path, version)
             if self._handle is None:
-                self._handle = DeltaTable(self.path, storage_options=self.storage)
+                self._handle = open_table(self.path)
             else:
                 self._handle.update_incremental()
             return self._handle
