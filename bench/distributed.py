@@ -15,8 +15,9 @@ Deployments:
   and two workers of one core each (``tests/spark_cluster.py``), the driver taking both
   executors; the data and tables in local folders every process sees, as a cluster's
   shared file system;
-- ``connect``: a real Spark Connect server started by this script (``tests/spark_connect.py``:
-  ``local[2]`` and Delta in its own JVM), each engine's process its client (lowmark's
+- ``connect``: a real Spark Connect server started by this script
+  (``lowmark.state.connect_server``, what ``lowmark ui`` shares: ``local[2]`` here, Delta and
+  a local session's confs in its own JVM), each engine's process its client (lowmark's
   catch-up then reads no batches ahead: docs/deploy.md#spark-connect).
 
 Measured per deployment and engine: (a) the median and p95 seconds of one-file batches
@@ -59,8 +60,8 @@ from bench.streaming import (
     run_engine,
     run_meta,
 )
+from lowmark.state.connect_server import ConnectServer
 from tests.spark_cluster import SparkCluster
-from tests.spark_connect import ConnectServer
 
 ENGINES = ("lowmark", "sss")
 
@@ -122,8 +123,9 @@ def run_deployments(work: Path, sizes: Sizes, seed: int) -> dict[str, dict[str, 
     finally:
         cluster.stop()
     _say("[connect] a Spark Connect server (local[2] in its own JVM), each engine its client")
-    server = ConnectServer.start(work / "connect")
+    server = ConnectServer.start(work / "connect" / "server.log", cores="2")
     try:
+        server.wait_until_up()
         for engine in ENGINES:
             scenarios = engine_scenarios(work, "connect", engine, sizes)
             results["connect"][engine], _ = run_engine(work, engine, scenarios, server.url)

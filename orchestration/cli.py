@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from lowmark.batches.cli import commands, look  # noqa: F401 (look registers `show` and `sql`)
+# Imported for what they register: look `show` and `sql`, spark_server `spark-connect`.
+from lowmark.batches.cli import commands, look, spark_server  # noqa: F401
 from lowmark.batches.cli.display import print_json
 from lowmark.batches.registry import load_pipelines
 from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 from lowmark.orchestration.instance import POSTGRES_VARIABLES, DagsterStorage
 from lowmark.orchestration.project import find_project
+from lowmark.state.errors import LowmarkError
 
 # Dagster (and, through the engine, PySpark) is imported by what needs it: reporting a
 # batch, `lowmark ui`, `init`. `lowmark --help`, `list`, `show`, `sql`, `status` and
@@ -113,12 +115,25 @@ def ui(
         bool,
         typer.Option(
             "--json",
-            help="Once the UI is up, print one line of JSON: url, dagster_home, pipelines.",
+            help="Once the UI is up, print one line of JSON: url, dagster_home, pipelines, "
+            "spark (the Spark master its runs use; null: each starts its own).",
         ),
     ] = False,
+    shared_spark: Annotated[
+        bool | None,
+        typer.Option(
+            "--shared-spark/--no-shared-spark",
+            help="Start one Spark (a Spark Connect server on loopback) that every run, tick "
+            "and backfill uses, so a run's start costs no JVM. Default: on, unless a Spark "
+            "master is set (--master, LOWMARK_SPARK_MASTER, lowmark.toml): then the runs use "
+            "that.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Open the Dagster UI over the pipelines: webserver, daemon (sensors, schedules, run
-    queue) and code server, with the instance in DAGSTER_HOME (default ./.dagster_home).
+    queue) and code server, with the instance in DAGSTER_HOME (default ./.dagster_home),
+    and the Spark its runs share.
 
     Ctrl-C or SIGTERM stops all of it, runs and their Spark included, within
     about 10 s: a run following the source finishes its batch first.
@@ -130,12 +145,22 @@ def ui(
     env = {"LOWMARK_DATA_ROOT": str(c.data_root)}
     if c.pipelines:
         env["LOWMARK_PIPELINES"] = c.pipelines
+    master = c.master or os.environ.get("LOWMARK_SPARK_MASTER")
+    if master:
+        env["LOWMARK_SPARK_MASTER"] = master
+    if shared_spark and master:
+        raise LowmarkError(
+            f"--shared-spark: a Spark master is set ({master}); the runs use it. Unset it "
+            "(--master, LOWMARK_SPARK_MASTER, lowmark.toml's spark_master) for a shared one"
+        )
     names = list(load_pipelines(c.pipelines))
     if workspace is None:
         project = find_project(Path.cwd())
         workspace = project.workspace if project else PROJECT / "workspace.yaml"
-    commands.err.print(f"starting the Dagster UI (instance {home})…")
-    dev = DagsterDev.start(home, port, host, workspace, env)
+    share = master is None and shared_spark is not False
+    spark_note = " and a shared Spark" if share else ""
+    commands.err.print(f"starting the Dagster UI{spark_note} (instance {home})…")
+    dev = DagsterDev.start(home, port, host, workspace, env, shared_spark=share)
     stopping: list[str] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -143,12 +168,18 @@ def ui(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    if not dev.wait_until_up() and not stopping:
+    try:
+        up = dev.wait_until_up()
+    except LowmarkError:
+        dev.stop()
+        raise
+    if not up and not stopping:
         dev.stop()
         raise typer.Exit(1)
+    spark = dev.spark.url if dev.spark else master
     if not stopping and as_json:
-        up = {"url": dev.url, "dagster_home": str(home), "pipelines": names}
-        print_json(commands.out, up, indent=None)
+        ready = {"url": dev.url, "dagster_home": str(home), "pipelines": names, "spark": spark}
+        print_json(commands.out, ready, indent=None)
     elif not stopping:
         example = names[0] if names else "<pipeline>"
         commands.out.print(
@@ -158,10 +189,15 @@ def ui(
             f"  Automation → {example}_sensor: starts a run when files land; the run follows "
             "the source\n"
             "  Runs: every batch, one log line each\n"
+            f"Spark: {spark or 'started by each run (local)'}"
+            f"{' (shared: started with the UI)' if dev.spark else ''}\n"
             "Ctrl-C stops the UI, its runs and their Spark.\n",
             soft_wrap=True,
         )
     while not stopping and dev.process.poll() is None:
+        if dev.spark is not None and dev.spark.process.poll() is not None:
+            commands.err.print(f"the shared Spark exited (its log: {dev.spark.log}): stopping")
+            break
         time.sleep(0.5)
     took = dev.stop()
     commands.err.print(f"stopped the Dagster UI and its runs in {took:.1f} s")

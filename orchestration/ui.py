@@ -1,13 +1,20 @@
-"""The Dagster UI (``dagster dev``) with a clean start and a clean stop.
+"""The Dagster UI (``dagster dev``) with a clean start and a clean stop, and the Spark its
+runs share.
 
 ``dagster dev`` runs a webserver, a daemon, a code server and, per run, a
-process with its own Spark JVM. Sent SIGTERM or SIGINT, it does not stop them
-all: with Dagster 1.13 the runs end, but ``dagster dev``, its webserver,
-daemon and code server stay up. So lowmark starts it in a process group of
-its own and stops the group itself: SIGTERM to every process in it (a run
-following the source finishes its batch and ends), then SIGKILL to what is
-left after ``grace`` seconds. A batch killed then is replayed by the next
-run with the same offsets, as after any crash.
+process. Sent SIGTERM or SIGINT, it does not stop them all: with Dagster 1.13
+the runs end, but ``dagster dev``, its webserver, daemon and code server stay
+up. So lowmark starts it in a process group of its own and stops the group
+itself: SIGTERM to every process in it (a run following the source finishes
+its batch and ends), then SIGKILL to what is left after ``grace`` seconds. A
+batch killed then is replayed by the next run with the same offsets, as after
+any crash.
+
+With a shared Spark (``lowmark ui``'s default when no Spark master is set), a
+Spark Connect server (``lowmark.state.connect_server``) starts beside it and
+every run, sensor tick and backfill connects to it (``LOWMARK_SPARK_MASTER``):
+a run's start costs no JVM. It stops after the runs, which may need it to
+finish their batch.
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,17 +35,11 @@ import dagster as dg
 from dagster._core.instance.ref import InstanceRef
 
 from lowmark.orchestration.runs import IN_FLIGHT
+from lowmark.state.connect_server import ConnectServer
 
 DAGSTER = Path(sys.executable).parent / "dagster"
 PROJECT = Path(__file__).resolve().parents[1]
 """The lowmark project: its ``dagster.yaml`` is the default instance configuration."""
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def prepare_home(home: Path) -> Path:
@@ -66,6 +66,8 @@ class DagsterDev:
     process: subprocess.Popen[bytes]
     url: str
     home: Path
+    spark: ConnectServer | None = None
+    """The shared Spark its runs connect to; None: each run starts its own."""
 
     @classmethod
     def start(
@@ -76,18 +78,27 @@ class DagsterDev:
         workspace: Path = PROJECT / "workspace.yaml",
         env: dict[str, str] | None = None,
         output: IO[str] | None = None,
+        shared_spark: bool = False,
     ) -> DagsterDev:
         """Start ``dagster dev`` over ``workspace`` with its instance in ``home``; its output
-        goes to ``output`` (default: this process's)."""
+        goes to ``output`` (default: this process's). With ``shared_spark``, a Spark Connect
+        server on loopback too (its log: ``home``/spark-connect.log), which every process
+        ``dagster dev`` starts is pointed at."""
+        env = {**os.environ, **(env or {}), "DAGSTER_HOME": str(prepare_home(home))}
+        spark = None
+        if shared_spark:
+            folders = [Path.cwd(), workspace.parent]  # the runs' Python finds the project here
+            spark = ConnectServer.start(home / "spark-connect.log", python_path=folders)
+            env["LOWMARK_SPARK_MASTER"] = spark.url
         process = subprocess.Popen(
             [str(DAGSTER), "dev", "-w", str(workspace), "-h", host, "-p", str(port)],
             cwd=workspace.parent,
-            env={**os.environ, **(env or {}), "DAGSTER_HOME": str(prepare_home(home))},
+            env=env,
             stdout=output,
             stderr=subprocess.STDOUT if output is not None else None,
             start_new_session=True,  # its own group: a terminal's Ctrl-C reaches lowmark only
         )
-        return cls(process, f"http://{host}:{port}", home)
+        return cls(process, f"http://{host}:{port}", home, spark)
 
     def answers(self) -> bool:
         """True once the webserver serves requests."""
@@ -98,9 +109,12 @@ class DagsterDev:
             return False
 
     def wait_until_up(self, timeout_s: float = 180) -> bool:
-        """Wait for the webserver; False if it did not answer in time or ``dagster dev``
-        exited."""
+        """Wait for the webserver (and the shared Spark); False if it did not answer in
+        time or ``dagster dev`` exited. Raises ``ServerDidNotStart`` when the shared Spark
+        did not start."""
         deadline = time.monotonic() + timeout_s
+        if self.spark is not None:
+            self.spark.wait_until_up(timeout_s)
         while time.monotonic() < deadline and self.process.poll() is None:
             if self.answers():
                 return True
@@ -119,7 +133,8 @@ class DagsterDev:
 
     def stop(self, grace_s: float = 10, idle_grace_s: float = 2) -> float:
         """SIGTERM the whole group, SIGKILL what is left after ``grace_s`` (``idle_grace_s``
-        when no run is in flight); the seconds it took until no process was left."""
+        when no run is in flight), then stop the shared Spark; the seconds it took until no
+        process was left."""
         started = time.monotonic()
         if not self.runs_in_flight():
             grace_s = idle_grace_s
@@ -134,6 +149,8 @@ class DagsterDev:
             if not self.processes():
                 break
         self.process.wait()
+        if self.spark is not None:
+            self.spark.stop(grace_s)
         return time.monotonic() - started
 
 

@@ -172,7 +172,20 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
         # Python tasks (deduplication, users' UDFs) run in this interpreter, whose packages
         # (pyarrow, numpy, lowmark) they need, not in whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    confs = {
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for key, value in jvm_confs(settings).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def jvm_confs(settings: SparkSettings) -> dict[str, str]:
+    """The confs of a Spark JVM lowmark starts: a local session's, a cluster driver's, or a
+    Spark Connect server's (``lowmark.state.connect_server``). Delta's jars, extension and
+    catalog; S3A with delta-spark's S3 log store when an S3 endpoint is set
+    (``lowmark.state.storage``); lowmark's defaults; ``settings.confs`` win over them all."""
+    return {
         **_LOCAL_DEFAULTS,
         "spark.ui.enabled": str(settings.ui).lower(),
         "spark.jars": ",".join(jars.delta_jars(settings.jars_dir)),
@@ -182,12 +195,6 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
         **(s3.spark_confs() if (s3 := S3Settings.from_env()) is not None else {}),
         **settings.confs,
     }
-    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
-    for key, value in confs.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def _connect(settings: SparkSettings) -> SparkSession:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from lowmark.state.connect_server import free_port
 
 USER = "lowmark"
 """The server's superuser, which tests connect as."""
@@ -40,12 +41,6 @@ def binaries() -> Path:
     return Path(initdb).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class PostgresServer:
     folder: Path
@@ -61,7 +56,7 @@ class PostgresServer:
     def start(cls) -> PostgresServer:
         """initdb a new cluster in a temporary folder and start it (a few seconds)."""
         folder = Path(tempfile.mkdtemp(prefix="lowmark-postgres-"))
-        server = cls(folder, _free_port(), binaries())
+        server = cls(folder, free_port(), binaries())
         if os.geteuid() == 0:
             shutil.chown(folder, "postgres", "postgres")
         server._as_owner(

@@ -37,15 +37,11 @@ from urllib.parse import parse_qs, urlencode
 
 import boto3
 
+from lowmark.state.connect_server import free_port
+
 ACCESS_KEY = "lowmark-test"
 SECRET_KEY = "lowmark-test-secret"
 REGION = "us-east-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 CONTROL = "/_test/"
@@ -136,7 +132,7 @@ class S3Server:
 
     @classmethod
     def start(cls) -> S3Server:
-        port = _free_port()
+        port = free_port()
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.s3_server", str(port)],
             stdout=subprocess.DEVNULL,

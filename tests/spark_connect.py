@@ -1,99 +1,51 @@
-"""A real Spark Connect server on loopback for tests, with Delta in it.
+"""A real Spark Connect server on loopback for tests, started as a user starts one:
+``lowmark spark-connect`` (``lowmark.state.connect_server``) in a process of its own, with
+two local cores, a 1 GB heap and queries evaluated without generated code (as in the
+suite's own session); its log under ``folder``.
 
-Started from the pyspark package's own ``bin/spark-submit`` running
-``SparkConnectServer`` (its jar, ``spark-connect_2.13``, ships in pyspark's
-``jars/``), with lowmark's Delta jars, Delta's session extension and catalog, and
-local executors: a JVM of its own, in its own process group, bound to 127.0.0.1 on a
-free port. Its Python workers run this interpreter, which sees the same folders.
-
-    server = ConnectServer.start(tmp_path)
+    server = start_server(tmp_path)
     try: ...  # lowmark --master server.url ...
     finally: server.stop()
 """
 
 from __future__ import annotations
 
-import os
+import json
 import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lowmark.state import jars
+from lowmark.state.connect_server import free_port
 from tests.helpers import INTERPRETED
-from tests.spark_cluster import SPARK_HOME, free_port
 
-SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+LOWMARK = Path(sys.executable).parent / "lowmark"
 
 
 @dataclass
-class ConnectServer:
-    folder: Path
-    port: int
-    process: subprocess.Popen[bytes]
+class RunningServer:
+    """``lowmark spark-connect`` running, and the address it printed."""
 
-    @property
-    def url(self) -> str:
-        return f"sc://127.0.0.1:{self.port}"
-
-    @classmethod
-    def start(cls, folder: Path, cores: int = 2) -> ConnectServer:
-        """The server, returned once it takes connections on its port."""
-        folder.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        confs = {
-            **INTERPRETED,
-            "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.connect.grpc.binding.port": str(port),
-            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-            "spark.sql.session.timeZone": "UTC",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.ui.enabled": "false",
-            "spark.driver.memory": "1g",
-        }
-        args = [
-            str(SPARK_HOME / "bin" / "spark-submit"),
-            *("--master", f"local[{cores}]", "--class", SERVER_CLASS),
-            *("--jars", ",".join(jars.delta_jars(jars.jars_dir()))),
-            *(arg for k, v in confs.items() for arg in ("--conf", f"{k}={v}")),
-            "spark-internal",
-        ]
-        env = {
-            **os.environ,
-            "SPARK_HOME": str(SPARK_HOME),
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            # The server's Python workers (a keyed step, deduplication) run this interpreter.
-            "PYSPARK_PYTHON": sys.executable,
-        }
-        log = (folder / "connect_server.log").open("wb")
-        process = subprocess.Popen(
-            args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        server = cls(folder, port, process)
-        server._wait_for_port(timeout_s=120)
-        return server
-
-    def _wait_for_port(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        log = (self.folder / "connect_server.log").read_text(errors="replace")[-2000:]
-        self.stop()
-        raise RuntimeError(f"the Spark Connect server did not come up: {log}")
+    command: subprocess.Popen[str]
+    url: str
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        """SIGTERM the command (it stops its server), as Ctrl-C does."""
+        self.command.send_signal(signal.SIGTERM)
+        self.command.wait(timeout=60)
+
+
+def start_server(folder: Path) -> RunningServer:
+    """The server, returned once it takes connections (the command printed its JSON)."""
+    confs = {**INTERPRETED, "spark.driver.memory": "1g"}
+    args = [str(LOWMARK), "--data-root", str(folder), "spark-connect", "--json"]
+    args += ["--port", str(free_port()), "--cores", "2"]
+    args += [arg for k, v in confs.items() for arg in ("--conf", f"{k}={v}")]
+    command = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert command.stdout is not None
+    line = command.stdout.readline()  # the JSON once up; nothing if it exited
+    if not line:
+        _, error = command.communicate(timeout=60)
+        raise RuntimeError(f"lowmark spark-connect did not start: {error[-2000:]}")
+    return RunningServer(command, json.loads(line)["url"])

@@ -165,7 +165,7 @@ def lowmark_command() -> click.Group:
 
 def test_every_lowmark_command_and_option_the_docs_name_exists() -> None:
     group = lowmark_command()
-    shared = {opt for param in group.params for opt in param.opts}
+    shared = {opt for param in group.params for opt in _flags(param)}
     unknown = []
     for path in [README, *PAGES]:
         for code in code_in(path):
@@ -178,7 +178,7 @@ def test_every_lowmark_command_and_option_the_docs_name_exists() -> None:
                     if command is None:
                         unknown.append(f"{path.name}: lowmark {name}")
                         continue
-                    options = shared | {opt for param in command.params for opt in param.opts}
+                    options = shared | {opt for param in command.params for opt in _flags(param)}
                     unknown += [
                         f"{path.name}: lowmark {name} {option}"
                         for option in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
@@ -199,7 +199,7 @@ def test_the_cli_synopsis_lists_every_command_with_real_options() -> None:
             listed.setdefault(entry.group(1), set()).update(options)
     assert set(listed) == set(group.commands)
     for name, options in listed.items():
-        real = {opt for param in group.commands[name].params for opt in param.opts}
+        real = {opt for param in group.commands[name].params for opt in _flags(param)}
         assert options <= real, (name, options - real)
 
 
@@ -220,3 +220,8 @@ def test_a_page_names_ideas_not_documents_and_one_word_for_maintenance(path: Pat
     text = path.read_text()
     assert not re.search(r"\bseeds? \d{3}|\bissue #?\d+", text, re.IGNORECASE)
     assert not re.search(r"\b(tidy|tidies|tidied|upkeep|compaction)\b", text, re.IGNORECASE)
+
+
+def _flags(param: click.Parameter) -> list[str]:
+    """Every flag of ``param``: ``--x`` and, for an on/off flag, ``--no-x`` too."""
+    return [*param.opts, *param.secondary_opts]

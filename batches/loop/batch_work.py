@@ -45,6 +45,7 @@ from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, 
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.join_state import TABLE
 from lowmark.state.keyed_state import Pinned
+from lowmark.state.session import is_remote_session
 from lowmark.state.window_state import LATEST
 
 T = TypeVar("T")
@@ -271,12 +272,15 @@ class BatchWork:
         """Step 3 with no watermark and nothing observed, as the catch-up read-ahead looks:
         of one batch, or of several in one read, each record tagged with its batch. None
         when the source cannot tag, or the transform may not keep the tag row by row
-        (``catch_up.row_by_row``): each batch is then looked at on its own."""
+        (``catch_up.row_by_row``; never known over Spark Connect, so not read there): each
+        batch is then looked at on its own."""
         assert self.stage is not None
         if len(batches) == 1:
             taken = self._take(batches[0], None, now_ms, observe=False, expect=False)
             assert taken.frames is not None
             return taken.read, taken.frames
+        if is_remote_session(self._spark()):
+            return None
         read = self.source.read_batches(batches)
         if read is None:
             return None

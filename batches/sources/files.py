@@ -53,7 +53,7 @@ from lowmark.batches.sources.base import (
     read_counts,
 )
 from lowmark.batches.sources.context import SourceContext
-from lowmark.batches.sources.filesystem import SourceFolder
+from lowmark.batches.sources.filesystem import SourceFolder, literal
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.errors import CheckpointMissing, LowmarkError
 from lowmark.state.manifest import FileManifest, ManifestFile, numbered
@@ -331,7 +331,7 @@ class FileStreamSource(Source):
             tag = F.element_at(F.create_map(*by_uri), file_path)
         size = sum(f.size for f in files)
         if self.config.format == "parquet":
-            records = self.spark.read.schema(schema).parquet(*paths)
+            records = self.spark.read.schema(schema).parquet(*map(literal, paths))
             if tag is not None:
                 records = records.withColumn(BATCH_COLUMN, tag)
             records = records.withColumn(PARTITION_COLUMN, self._partition_of(file_path)).observe(
@@ -358,7 +358,7 @@ class FileStreamSource(Source):
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", CORRUPT)
             .schema(with_corrupt)
-            .load(paths)
+            .load([literal(p) for p in paths])
             .withColumn("_source_file", file_path)
         )
         if tag is not None:
@@ -542,7 +542,8 @@ class FileStreamSource(Source):
         return self._fixed_schema
 
     def _infer(self, paths: list[str]) -> str:
-        inferred = self.spark.read.format(self.config.format).options(**self.options).load(paths)
+        reader = self.spark.read.format(self.config.format).options(**self.options)
+        inferred = reader.load([literal(p) for p in paths])
         fields = [f for f in inferred.schema.fields if f.name != CORRUPT]
         return self.schema_store.fix(StructType(fields).json())
 

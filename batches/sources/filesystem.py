@@ -25,6 +25,15 @@ from lowmark.state.manifest import ManifestFile
 from lowmark.state.session import is_remote_session
 
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/._:=-]*")
+_GLOB_CHARACTER = re.compile(r"([\\\[\]{}*?])")
+
+
+def literal(path: str) -> str:
+    """``path`` as Spark's file readers take it literally. They expand Hadoop glob patterns
+    in the paths they are given, so a file named ``a[1].json`` would be read as the pattern
+    ``a[1].json`` (which matches ``a1.json``, not itself): its glob characters
+    (``[ ] { } * ? \\``) are escaped with a backslash."""
+    return _GLOB_CHARACTER.sub(r"\\\1", path)
 
 
 class SourceFolder:

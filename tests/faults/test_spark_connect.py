@@ -1,5 +1,5 @@
-"""The same pipelines through a real Spark Connect server (``tests.spark_connect``: Delta in
-its JVM, on loopback): `lowmark --master sc://…` runs them as a Spark Connect client, whose
+"""The same pipelines through a real Spark Connect server (``tests.spark_connect``: Delta
+in its JVM, on loopback): `lowmark --master sc://…` runs them as a Spark Connect client, whose
 process is SIGKILLed in batch 3 and run again to completion through the server; every
 table equals the fault-free local run's (the kill matrix's reference,
 ``tests.faults.conftest``).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,21 +37,21 @@ from tests.faults.harness import (
     lowmark_run_args,
     snapshot,
 )
-from tests.faults.scenarios import PIPELINES, SINK, plain_append
-from tests.spark_connect import ConnectServer
+from tests.faults.scenarios import PIPELINES, SINK, plain_append, session_update
+from tests.spark_connect import RunningServer, start_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
-    started = ConnectServer.start(tmp_path_factory.mktemp("spark_connect"))
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    started = start_server(tmp_path_factory.mktemp("spark_connect"))
     yield started
     started.stop()
 
 
 def _client(
-    server: ConnectServer, root: Path, name: str, *options: str, **env: str
+    server: RunningServer, root: Path, name: str, *options: str, **env: str
 ) -> subprocess.Popen[str]:
     """`lowmark run name --until-caught-up` (or with ``options``) as a Spark Connect client
     of ``server`` (``LOWMARK_SPARK_MASTER=sc://…``): no JVM in its process."""
@@ -68,7 +69,7 @@ def _finished(client: subprocess.Popen[str]) -> tuple[int, str]:
 
 @pytest.mark.parametrize("name", ["tumbling_two_partitions", "keyed_alerts"])
 def test_a_pipeline_through_spark_connect_killed_and_run_again_ends_like_a_local_run(
-    references: References, server: ConnectServer, name: str
+    references: References, server: RunningServer, name: str
 ) -> None:
     ref = references[name]
     root = ref.folder / "through_connect"  # beside the shared input folder
@@ -81,7 +82,7 @@ def test_a_pipeline_through_spark_connect_killed_and_run_again_ends_like_a_local
 
 
 def test_a_client_killed_while_the_server_writes_its_sink_replays_exactly_once(
-    references: References, server: ConnectServer
+    references: References, server: RunningServer
 ) -> None:
     ref = references[plain_append.name]
     root = ref.folder / "through_connect"
@@ -114,8 +115,34 @@ def test_a_client_killed_while_the_server_writes_its_sink_replays_exactly_once(
     assert differences(ref.tables, snapshot(ref.pipeline, root)) == []
 
 
+def test_a_catch_up_over_files_named_with_spaces_and_symbols_ends_like_a_local_run(
+    references: References, server: RunningServer, tmp_path: Path
+) -> None:
+    """Spark names a record's file by its URI ("a b.json" is "a%20b.json"), which only the
+    JVM's Hadoop computes; a catch-up over Connect reads each batch on its own and never
+    needs it, whatever the files are called."""
+    ref = references[session_update.name]
+    folder = tmp_path / "odd_names"
+    shutil.copytree(ref.folder / "input", folder / "input")
+    for path in sorted((folder / "input").glob("*.json")):
+        path.rename(path.with_name(f"{path.stem} #1 [ä%20b].json"))  # same order, same times
+    root = folder / "run"
+    code, err = _finished(_client(server, root, session_update.name))
+    assert code == 0, err
+
+    actual, expected = snapshot(ref.pipeline, root), ref.tables
+    assert (
+        actual["sink"]
+        and differences(
+            {"sink": expected["sink"], "sink history": expected["sink history"]},
+            {"sink": actual["sink"], "sink history": actual["sink history"]},
+        )
+        == []
+    )
+
+
 def test_a_merge_sink_through_spark_connect_skips_a_replayed_batch(
-    server: ConnectServer, tmp_path: Path
+    server: RunningServer, tmp_path: Path
 ) -> None:
     """A stateless pipeline's MERGE sink: SQL MERGE in a session of its own (a clone of the
     client's server-side session), its transaction skipping the replay, nothing left behind."""

@@ -18,9 +18,12 @@ import dagster as dg
 import pytest
 from dagster._core.instance.ref import InstanceRef
 
-from lowmark.orchestration.ui import free_port, live_group_members
+from lowmark.orchestration.ui import live_group_members
+from lowmark.state.connect_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+SHARED_SPARK = "SparkConnectServer"
+"""In the command line of the shared Spark ``lowmark ui`` starts (its JVM)."""
 LOWMARK = Path(sys.executable).parent / "lowmark"
 
 
@@ -49,8 +52,14 @@ class DagsterDev:
         return [r for r in reversed(records) if r.partition_key is None]
 
     def group(self) -> list[int]:
-        """The processes of ``dagster dev``'s group (it is the child of ``lowmark ui``)."""
+        """Every process ``lowmark ui`` started, with theirs: ``dagster dev``'s group and the
+        shared Spark's (each a child of ``lowmark ui`` leading a group of its own)."""
         return [pid for leader in children(self.ui.pid) for pid in live_group_members(leader)]
+
+    def dagster_group(self) -> list[int]:
+        """``dagster dev``'s group only: its webserver, daemon, code server and runs."""
+        leaders = [p for p in children(self.ui.pid) if SHARED_SPARK not in command_line(p)]
+        return [pid for leader in leaders for pid in live_group_members(leader)]
 
     def stop(self) -> None:
         """SIGTERM ``lowmark ui`` (it stops its group); SIGKILL all of it if that hangs."""

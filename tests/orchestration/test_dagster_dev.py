@@ -2,7 +2,8 @@
 server) on a free loopback port — and Debian's Chromium driven by Playwright:
 
 - sensor ticks start no Spark; the run a tick launches commits the new file, then follows
-  the source, so a file that lands later is committed by the same run;
+  the source, so a file that lands later is committed by the same run; the runs use the
+  Spark ``lowmark ui`` shares (a Spark Connect server) and start no JVM of their own;
 - a SIGKILLed run's batch is replayed by the next run;
 - the UI: the asset page shows the watermark as a time and the sensor as the asset's
   automation, the input folder's page the sensor's observation of what waits there,
@@ -28,12 +29,19 @@ from pyspark.sql import SparkSession
 
 from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import delta_frame, tick, write_json_lines
-from tests.orchestration.dagster_dev import DagsterDev, command_line, start_ui, wait_for
+from tests.orchestration.dagster_dev import (
+    SHARED_SPARK,
+    DagsterDev,
+    command_line,
+    start_ui,
+    wait_for,
+)
 from tests.orchestration.pipelines import HOLD
 
 CHROMIUM = shutil.which("chromium")
 TICKS = dg.AssetKey(["lowmark", "ticks"])
 SLOW = dg.AssetKey(["lowmark", "slow"])
+STARTED = dg.DagsterRunStatus.STARTED
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -56,7 +64,8 @@ def test_ticks_start_no_spark_and_a_following_run_takes_files_as_they_land(
     wait_for(
         "two sensor ticks", lambda: dev.log.read_text().count("ticks_sensor skipped") >= 2, dev
     )
-    assert [p for p in dev.group() if "java" in command_line(p)] == []
+    assert [p for p in dev.dagster_group() if "java" in command_line(p)] == []
+    assert any(SHARED_SPARK in command_line(p) for p in dev.group())
 
     write_json_lines(dev.data_root / "ticks/in", "f0.json", [tick("a", 1, 1), tick("a", 30, 2)], 1)
     first = wait_for("batch 0 of ticks", lambda: dev.materializations(TICKS), dev)
@@ -73,6 +82,8 @@ def test_ticks_start_no_spark_and_a_following_run_takes_files_as_they_land(
     )
     assert {r.run_id for r in landed} == {first[0].run_id}  # the same run: no new Spark start
     assert [r.run_id for r in dev.runs(tags={"lowmark/pipeline": "ticks"})] == [run.run_id]
+    # The run took both batches through the shared Spark: no JVM in its process.
+    assert [p for p in dev.dagster_group() if "java" in command_line(p)] == []
 
     def materialized_partitions() -> set[str]:
         with dev.instance() as instance:
@@ -195,14 +206,15 @@ def test_the_ui_shows_readable_assets_and_launches_batches_and_backfills(
 def test_sigterm_stops_the_ui_its_runs_and_their_spark_within_15_seconds(
     dev: DagsterDev,
 ) -> None:
-    # A new file starts a run that then follows ticks: its Spark JVM is one of the
-    # processes to stop.
+    # A new file starts a run that then follows ticks; it and the shared Spark's JVM are
+    # among the processes to stop.
     write_json_lines(dev.data_root / "ticks/in", "f2.json", [tick("c", 10_900, 8)], 3)
     wait_for(
-        "a following run's Spark",
-        lambda: any("java" in command_line(p) for p in dev.group()),
+        "a following run",
+        lambda: dev.runs(tags={"lowmark/pipeline": "ticks"}, statuses=[STARTED]),
         dev,
     )
+    assert any("java" in command_line(p) for p in dev.group())
     group = dev.group()
     started = time.monotonic()
     dev.ui.send_signal(signal.SIGTERM)

@@ -27,7 +27,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lowmark.orchestration.cli import main
-from lowmark.orchestration.ui import free_port
+from lowmark.state.connect_server import free_port
 from tests.helpers import write_json_lines
 
 LOWMARK = Path(sys.executable).parent / "lowmark"

@@ -7,6 +7,8 @@ import shutil
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
@@ -111,6 +113,31 @@ def test_malformed_json_rows_are_quarantined_with_file_and_raw_text(
     assert {r.batch_id for r in bad} == {0}
     assert all("malformed json" in r.reason for r in bad)
     assert sink_ids(spark, data_root) == [1]
+
+
+@pytest.mark.parametrize("fmt", ["json", "parquet"])
+def test_files_named_with_glob_characters_are_read_as_themselves(
+    spark: SparkSession, data_root: Path, fmt: str
+) -> None:
+    # Spark's readers expand glob patterns: "a[1]" alone would match "a1", not itself.
+    folder = data_root / "in"
+    folder.mkdir()
+    names = ["a[1]", "a1", "b{x,y}", "c*", "d?", "e\\f", "g %20 #ü"]
+    for i, name in enumerate(names):
+        if fmt == "json":
+            (folder / f"{name}.json").write_text(f'{{"id": {i}, "amount": {10 * i}}}\n')
+        else:
+            table = pa.table({"id": [i], "amount": [10 * i]})
+            pq.write_table(table, folder / f"{name}.parquet")
+    if fmt == "json":  # a malformed line names its file
+        (folder / "h[2].json").write_text("oops\n")
+    src = FileSource(path="in", format=fmt, schema_ddl=SCHEMA if fmt == "json" else None)
+    runner = MicroBatchRunner(spark, pipeline(source=src), data_root)
+    runner.run(max_batches=None)
+    assert sink_ids(spark, data_root) == list(range(len(names)))
+    if fmt == "json":
+        bad = delta_frame(spark, runner.checkpoint.table("bad_records")).collect()
+        assert [r.source_file.rsplit("/", 1)[-1] for r in bad] == ["h%5B2%5D.json"]
 
 
 def test_malformed_csv_rows_are_quarantined_and_the_batch_goes_on(

@@ -1,0 +1,156 @@
+"""A Spark Connect server with Delta: one long-lived Spark that lowmark's processes share.
+
+Each local lowmark process otherwise starts a Spark JVM of its own, which
+costs tens of seconds (a Dagster run's start, every Materialize, every
+backfill). A server started once takes their work instead: a process that
+connects to it (``LOWMARK_SPARK_MASTER=sc://host:port``) starts no JVM, and
+its session is ready in well under a second.
+
+The server is pyspark's own ``bin/spark-submit`` running ``SparkConnectServer``
+(its jar, ``spark-connect_2.13``, ships in pyspark's ``jars/``) in local mode,
+with the confs a local lowmark session has (``lowmark.state.session.jvm_confs``:
+Delta's jars, extension and catalog, the driver memory, S3A when an S3
+endpoint is set). It is a JVM in a process group of its own, bound to one
+interface and port. Its Python workers (a keyed step, deduplication, a UDF)
+run this interpreter, with ``python_path`` first on their ``PYTHONPATH``, so
+they import a project's modules as the client does.
+
+``lowmark ui`` starts one for the runs it launches (docs/dagster.md, "A shared
+Spark"); ``lowmark spark-connect`` runs one in the foreground for a deployment
+(docs/deploy.md). What lowmark does differently over Spark Connect is in
+docs/deploy.md, "Spark Connect".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyspark
+
+from lowmark.state.errors import LowmarkError
+from lowmark.state.session import CONNECT_SCHEME, SparkSettings, jvm_confs
+
+SPARK_HOME = Path(pyspark.__file__).parent
+"""pyspark's folder: its ``bin/`` and ``jars/`` are a Spark distribution's."""
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` nobody listens on now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ConnectServer:
+    """A Spark Connect server process (``start``), its address and its log."""
+
+    process: subprocess.Popen[bytes]
+    host: str
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        """The address clients are given (``LOWMARK_SPARK_MASTER``)."""
+        return f"{CONNECT_SCHEME}{self.host}:{self.port}"
+
+    @classmethod
+    def start(
+        cls,
+        log: Path,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        cores: str = "*",
+        confs: dict[str, str] | None = None,
+        python_path: Sequence[Path] = (),
+    ) -> ConnectServer:
+        """Start a server on ``host``:``port`` (default: a free one) running ``cores``
+        local cores; its output goes to ``log``. Returns at once: ``wait_until_up`` waits
+        for it. ``confs`` win over lowmark's."""
+        port = port or free_port(host)
+        settings = SparkSettings(confs=confs or {})
+        server_confs = {
+            **jvm_confs(settings),
+            "spark.connect.grpc.binding.address": host,
+            "spark.connect.grpc.binding.port": str(port),
+        }
+        args = [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            *("--master", f"local[{cores}]", "--name", "lowmark-spark-connect"),
+            *("--class", SERVER_CLASS),
+            *(arg for k, v in server_confs.items() for arg in ("--conf", f"{k}={v}")),
+            "spark-internal",
+        ]
+        inherited = os.environ.get("PYTHONPATH")
+        env = {
+            **os.environ,
+            "SPARK_HOME": str(SPARK_HOME),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join(
+                [*map(str, python_path), *([inherited] if inherited else [])]
+            ),
+        }
+        if host in ("127.0.0.1", "localhost"):
+            env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                args,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a terminal's Ctrl-C reaches its starter only
+            )
+        return cls(process, host, port, log)
+
+    def answers(self) -> bool:
+        """True once the server takes connections."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def wait_until_up(self, timeout_s: float = 180) -> None:
+        """Return once the server takes connections; raise ``ServerDidNotStart`` with the
+        end of its log if it exited or did not answer within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if self.answers():
+                return
+            time.sleep(0.5)
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
+        self.stop()
+        raise ServerDidNotStart(
+            f"the Spark Connect server at {self.url} did not start (log {self.log}): "
+            + " | ".join(tail)
+        )
+
+    def stop(self, grace_s: float = 30) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``grace_s``."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=grace_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.process.wait()
+
+
+class ServerDidNotStart(LowmarkError):
+    """The Spark Connect server exited or did not answer in time."""
