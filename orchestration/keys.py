@@ -21,6 +21,10 @@ from lowmark.batches.table_join import TableJoin
 GROUP = "lowmark"
 PIPELINE_TAG = "lowmark/pipeline"
 """Every run of a pipeline the sensor or a job launches carries ``lowmark/pipeline=<name>``."""
+YIELDED_TO_TAG = "lowmark/yielded_to"
+"""On a following run that stopped for a run of its pipeline queued behind it: that run's id."""
+FOLLOW_UNTIL_TAG = "lowmark/follow_until"
+"""Beside ``YIELDED_TO_TAG``: when the run's follow window would have ended (ISO 8601 UTC)."""
 
 
 def sink_key(pipeline: Pipeline) -> dg.AssetKey:
@@ -100,6 +104,12 @@ def batch_run_key(pipeline: Pipeline, pipeline_id: str | None, batch_id: int) ->
     checkpoint ``lowmark reset`` created a key no earlier checkpoint used.
     """
     return f"{pipeline.name}:{pipeline_id or 'new'}:batch-{batch_id}"
+
+
+def resume_run_key(pipeline: Pipeline, yielded_run_id: str) -> str:
+    """The sensor's ``run_key`` for the run that follows the rest of the window of the run
+    ``yielded_run_id``, which yielded its slot: one resuming run per yield."""
+    return f"{pipeline.name}:resume-after-{yielded_run_id}"
 
 
 def asset_op(pipeline: Pipeline) -> str:

@@ -6,10 +6,14 @@ is logged as one readable line and reported as materializations
 when it appended to them, and of every event-time partition that became final
 with it.
 
-A run that follows the source holds the pipeline's pool slot; it stops
-following (after the batch in progress) as soon as another run of the
-pipeline is queued — a backfill, a Materialize — so that one runs next, and
-the sensor starts a new follower after it.
+A run that follows the source holds the pipeline's pool slot; as soon as
+another run of the pipeline is queued — a backfill, a Materialize — it ends
+after the batch in progress so that one runs next, and records on its own
+Dagster run that it yielded, to which run and until when it would have
+followed (``lowmark.orchestration.yields``). The sensor's next tick after the
+queued run resumes following for the rest of that window, new data or not. A
+run that ends for any other reason (a terminate, a failure, its time limit,
+its window's end) records nothing and is not resumed.
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -23,9 +27,11 @@ import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
 
+from lowmark.batches.cli.display import iso_utc
+from lowmark.batches.clock import SystemClock
 from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed
 from lowmark.batches.loop.backfill import backfill_partition
-from lowmark.batches.loop.follow import follow
+from lowmark.batches.loop.follow import FollowResult, follow
 from lowmark.batches.loop.metrics import exported_metrics, textfile_dir_from_env
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline
@@ -33,6 +39,7 @@ from lowmark.orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, 
 from lowmark.orchestration.metadata import batch_line
 from lowmark.orchestration.reporting import BatchReports
 from lowmark.orchestration.tables import ROW_COUNT
+from lowmark.orchestration.yields import Yielded
 
 
 class RunConfig(dg.Config):
@@ -137,28 +144,61 @@ def _drain_then_follow(
         len(results) < config.max_batches and time.monotonic() - started < config.max_seconds
     )
     if config.follow_seconds > 0 and caught_up:
-        run_id = context.run.run_id
-        last = {"at": 0.0, "queued": False}
-
-        def queued_behind() -> bool:
-            # follow asks every 0.2 s while idle: read the run queue every few seconds, and
-            # give the last answer between reads (follow asks again before it stops).
-            if time.monotonic() - last["at"] >= QUEUE_CHECK_S:
-                last["at"] = time.monotonic()
-                queued = runs_of(context.instance, pipeline, [dg.DagsterRunStatus.QUEUED])
-                last["queued"] = any(r.run_id != run_id for r in queued)
-            return bool(last["queued"])
-
-        followed = follow(
-            runner,
-            config.poll_interval_seconds,
-            config.follow_seconds,
-            on_batch=record,
-            should_stop=queued_behind,
-        )
-        context.log.info(f"{pipeline.name} followed the source: {followed.describe()}")
-        return len(results) + len(followed.batches)
+        return len(results) + len(_follow(context, pipeline, runner, config, record).batches)
     return len(results)
+
+
+def _follow(
+    context: dg.AssetExecutionContext,
+    pipeline: Pipeline,
+    runner: MicroBatchRunner,
+    config: RunConfig,
+    on_batch: Callable[[BatchResult], None],
+) -> FollowResult:
+    """Follow the source for ``config.follow_seconds``, or until a run of ``pipeline`` is
+    queued behind this one: then the run records that it yielded, to which run and until
+    when it would have followed, for the sensor to resume (``lowmark.orchestration.yields``)."""
+    queued_behind = QueuedBehind(context.instance, pipeline, context.run.run_id)
+    until_ms = SystemClock().now_ms() + round(config.follow_seconds * 1000)
+    followed = follow(
+        runner,
+        config.poll_interval_seconds,
+        config.follow_seconds,
+        on_batch=on_batch,
+        should_stop=queued_behind,
+    )
+    context.log.info(f"{pipeline.name} followed the source: {followed.describe()}")
+    if followed.stopped_by == "should_stop" and queued_behind.run_id is not None:
+        yielded = Yielded(queued_behind.run_id, until_ms)
+        context.instance.add_run_tags(context.run.run_id, yielded.tags())
+        context.log.info(
+            f"{pipeline.name} yielded to run {yielded.to_run_id}: the sensor resumes following "
+            f"after it, until {iso_utc(until_ms)}"
+        )
+    return followed
+
+
+class QueuedBehind:
+    """A following run's ``should_stop``: another run of its pipeline is queued.
+
+    ``follow`` asks every 0.2 s while idle: the run queue is read every
+    ``QUEUE_CHECK_S``, and the last answer given between reads (``follow``
+    asks again before it stops). ``run_id`` is the queued run found by the
+    last read (the oldest, which leaves the queue first), or None.
+    """
+
+    def __init__(self, instance: dg.DagsterInstance, pipeline: Pipeline, own_run_id: str) -> None:
+        self.instance, self.pipeline, self.own_run_id = instance, pipeline, own_run_id
+        self.read_at = -QUEUE_CHECK_S
+        self.run_id: str | None = None
+
+    def __call__(self) -> bool:
+        if time.monotonic() - self.read_at >= QUEUE_CHECK_S:
+            self.read_at = time.monotonic()
+            queued = runs_of(self.instance, self.pipeline, [dg.DagsterRunStatus.QUEUED])
+            others = [r.run_id for r in queued if r.run_id != self.own_run_id]
+            self.run_id = others[-1] if others else None
+        return self.run_id is not None
 
 
 def backfill(

@@ -6,7 +6,13 @@ otherwise it asks ``lowmark.batches.admin.status`` what is pending: an uncommitt
 (replayed first) or files past the committed end. The run it requests drains
 the backlog and then follows the source for ``LOWMARK_FOLLOW_SECONDS``, so
 files landing meanwhile are in the sink within a poll and a batch, with no
-Spark start each. The ``run_key`` carries the checkpoint's pipeline id and the
+Spark start each. A follower that made way for a run queued behind it (a
+Materialize, a backfill) recorded that it yielded
+(``lowmark.orchestration.yields``): once that run is over, a tick with no new
+data requests a run that follows for the rest of the yielded run's window
+(``keys.resume_run_key`` names the yielded run, so each yield is resumed
+once); with new data the usual run follows for ``LOWMARK_FOLLOW_SECONDS``.
+The usual run's ``run_key`` carries the checkpoint's pipeline id and the
 batch id (``keys.batch_run_key``), so Dagster launches one run per batch no
 matter how many ticks see it, and again after ``lowmark reset``; a replay's
 key also names the run that left the batch behind, so each failure gets its
@@ -25,7 +31,7 @@ when what waits there changed (``lowmark.orchestration.observations``).
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -33,12 +39,17 @@ from lowmark.batches.admin.status import PipelineStatus, pending_work, pipeline_
 from lowmark.batches.cli.display import iso_utc
 from lowmark.batches.pipeline import Pipeline
 from lowmark.orchestration.jobs import microbatch_job_name
-from lowmark.orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key
+from lowmark.orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key, resume_run_key
 from lowmark.orchestration.observations import backlog_cursor, input_observations
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.runs import IN_FLIGHT, runs_of
+from lowmark.orchestration.yields import Yielded
 
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+FOLLOWERS_LOOKED_AT = 20
+"""A tick looks for the newest run that was to follow among this many finished runs of the
+micro-batch job (the others, launched by hand without ``follow_seconds``, are few)."""
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import (
@@ -115,6 +126,15 @@ def _decide(
         return dg.SkipReason(status.blocked)
     work = pending_work(status, sensor_interval_seconds() * 1000)
     if work is None:
+        resume = _open_yield(context.instance, pipeline, status.as_of_ms)
+        if resume is not None:
+            run, yielded = resume
+            seconds = (yielded.until_ms - status.as_of_ms) / 1000
+            context.log.info(
+                f"{pipeline.name} resumes following for {seconds:.0f} s after run {run.run_id} "
+                f"yielded to run {yielded.to_run_id}"
+            )
+            return _follow_request(pipeline, resume_run_key(pipeline, run.run_id), seconds)
         at = status.last_committed_batch
         return dg.SkipReason(
             f"{pipeline.name} is caught up (last committed batch {at}): no new data"
@@ -133,8 +153,41 @@ def _decide(
         after = finished[0].run_id if finished else "none"
         run_key += f":replay-after-{after}"
     context.log.info(f"{pipeline.name}: {work.reason}")
+    return _follow_request(pipeline, run_key, follow_seconds())
+
+
+def _follow_request(pipeline: Pipeline, run_key: str, seconds: float) -> dg.RunRequest:
+    """A run of ``pipeline`` that drains, then follows the source ``seconds``."""
     return dg.RunRequest(
         run_key=run_key,
         tags={PIPELINE_TAG: pipeline.name},
-        run_config={"ops": {asset_op(pipeline): {"config": {"follow_seconds": follow_seconds()}}}},
+        run_config={"ops": {asset_op(pipeline): {"config": {"follow_seconds": seconds}}}},
     )
+
+
+def _open_yield(
+    instance: dg.DagsterInstance, pipeline: Pipeline, now_ms: int
+) -> tuple[dg.DagsterRun, Yielded] | None:
+    """The yield to resume at ``now_ms``: that of the newest finished run of ``pipeline``
+    that was to follow the source (``follow_seconds`` > 0), when it succeeded after yielding
+    and its window is still open. None otherwise: a run that ended by a terminate, a
+    failure, its time limit or its window's end is not resumed, nor an older yield behind
+    it."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=microbatch_job_name(pipeline), statuses=FINISHED),
+        limit=FOLLOWERS_LOOKED_AT,
+    )
+    follower = next((r.dagster_run for r in records if _follows(r.dagster_run, pipeline)), None)
+    if follower is None or follower.status != dg.DagsterRunStatus.SUCCESS:
+        return None
+    yielded = Yielded.of(follower)
+    if yielded is None or yielded.until_ms <= now_ms:
+        return None
+    return follower, yielded
+
+
+def _follows(run: dg.DagsterRun, pipeline: Pipeline) -> bool:
+    """Whether ``run`` was configured to follow the source once caught up."""
+    run_config: Mapping[str, Any] = run.run_config
+    op = run_config.get("ops", {}).get(asset_op(pipeline), {})
+    return bool(op.get("config", {}).get("follow_seconds", 0) > 0)

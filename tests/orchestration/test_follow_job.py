@@ -19,11 +19,29 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pyspark.sql import SparkSession
 
+from lowmark.batches.clock import SystemClock
 from lowmark.batches.loop.follow import FollowResult
 from lowmark.orchestration import runs
 from lowmark.orchestration.assets import pipeline_assets
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
+from lowmark.orchestration.yields import Yielded
 from tests.helpers import drop_file, pipeline, sink_ids
+
+
+def materialize(
+    instance: dg.DagsterInstance, data_root: Path, name: str, **config: float
+) -> tuple[dg.ExecuteInProcessResult, DagsterRun]:
+    """Materialize pipeline ``name``'s assets on ``instance`` with the op ``config``: the
+    result, and the run as the instance holds it after."""
+    result = dg.materialize(
+        [pipeline_assets(pipeline(name=name), data_root)],
+        instance=instance,
+        resources={"spark": SparkResource(), "lowmark": LowmarkResource(data_root=str(data_root))},
+        run_config={"ops": {f"{name}_batches": {"config": config}}},
+    )
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None
+    return result, run
 
 
 @pytest.mark.slow
@@ -40,15 +58,10 @@ def test_a_run_with_follow_seconds_takes_a_file_that_lands_after_it_caught_up(
         return followed[-1]
 
     monkeypatch.setattr(runs, "follow", land_a_file_then_follow)
-    result = dg.materialize(
-        [pipeline_assets(pipeline(name="followed"), data_root)],
-        resources={"spark": SparkResource(), "lowmark": LowmarkResource(data_root=str(data_root))},
-        run_config={
-            "ops": {
-                "followed_batches": {"config": {"follow_seconds": 1, "poll_interval_seconds": 0.1}}
-            }
-        },
-    )
+    with dg.instance_for_test() as instance:
+        result, run = materialize(
+            instance, data_root, "followed", follow_seconds=1, poll_interval_seconds=0.1
+        )
 
     assert result.success
     materializations = result.asset_materializations_for_node("followed_batches")
@@ -59,6 +72,7 @@ def test_a_run_with_follow_seconds_takes_a_file_that_lands_after_it_caught_up(
     ]
     assert [b.batch_id for b in followed[0].batches] == [1]
     assert followed[0].stopped_by == "max_seconds"
+    assert Yielded.of(run) is None  # its window ended: nothing to resume
     assert sink_ids(spark, data_root) == [0, 1, 2, 100, 101, 102]
 
 
@@ -69,16 +83,18 @@ def test_a_following_run_makes_way_for_a_queued_run_of_its_pipeline(
     drop_file(data_root, 0)
     real_follow = runs.follow
     followed: list[FollowResult] = []
+    queued: list[str] = []
     sink = dg.AssetKey(["lowmark", "yielding"])
 
     with dg.instance_for_test() as instance:
 
         def queue_a_materialize_then_follow(*args: Any, **kwargs: Any) -> FollowResult:
             # What the UI's Materialize leaves in the queue: no lowmark tag, the sink selected.
+            queued.append(str(uuid.uuid4()))
             instance.add_run(
                 DagsterRun(
                     job_name="__ASSET_JOB",
-                    run_id=str(uuid.uuid4()),
+                    run_id=queued[-1],
                     status=dg.DagsterRunStatus.QUEUED,
                     asset_selection=frozenset({sink}),
                     remote_job_origin=RemoteJobOrigin(
@@ -95,16 +111,16 @@ def test_a_following_run_makes_way_for_a_queued_run_of_its_pipeline(
 
         monkeypatch.setattr(runs, "follow", queue_a_materialize_then_follow)
         started = time.monotonic()
-        result = dg.materialize(
-            [pipeline_assets(pipeline(name="yielding"), data_root)],
-            instance=instance,
-            resources={
-                "spark": SparkResource(),
-                "lowmark": LowmarkResource(data_root=str(data_root)),
-            },
-            run_config={"ops": {"yielding_batches": {"config": {"follow_seconds": 120}}}},
-        )
+        before_ms = SystemClock().now_ms()
+        result, run = materialize(instance, data_root, "yielding", follow_seconds=120)
+        after_ms = SystemClock().now_ms()
 
     assert result.success
     assert followed[0].stopped_by == "should_stop"
     assert time.monotonic() - started < 60  # not the 120 s it would follow otherwise
+    # The run records the yield, for the sensor to resume following after the queued run.
+    yielded = Yielded.of(run)
+    assert yielded is not None
+    assert yielded.to_run_id == queued[0]
+    # Its 120 s follow window began once caught up; the tag is to the second.
+    assert before_ms + 120_000 - 1_000 <= yielded.until_ms <= after_ms + 120_000

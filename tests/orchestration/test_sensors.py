@@ -1,4 +1,5 @@
-"""Sensor ticks: new data, no data, an uncommitted batch, a run in flight, and no Spark."""
+"""Sensor ticks: new data, no data, an uncommitted batch, a run in flight, no Spark, and a
+following run that yielded to a queued run."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.storage.dagster_run import DagsterRun
 from dagster._core.storage.tags import RUN_KEY_TAG
 from dagster._core.test_utils import create_run_for_test
 from pyspark.sql import SparkSession
 
 from lowmark.batches.admin.reset import reset
+from lowmark.batches.clock import SystemClock
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.orchestration.definitions import build_definitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
+from lowmark.orchestration.yields import Yielded
 from tests.helpers import write_json_lines
 from tests.orchestration.conftest import PIPELINES
 from tests.orchestration.pipelines import slow
@@ -194,3 +198,101 @@ def test_observe_sources_records_what_waits_for_each_pipeline_reading_an_input(
     observation = event.asset_observation
     assert observation is not None
     assert observation.metadata["slow/waiting_files"] == dg.IntMetadataValue(2)
+
+
+def follower(
+    instance: dg.DagsterInstance,
+    status: dg.DagsterRunStatus = dg.DagsterRunStatus.SUCCESS,
+    yielded: Yielded | None = None,
+    run_key: str | None = None,
+) -> DagsterRun:
+    """A finished run of slow's micro-batch job that was to follow the source, as the sensor
+    launches them; ``yielded``: it recorded that it made way for a queued run."""
+    tags = {"lowmark/pipeline": "slow", **(yielded.tags() if yielded else {})}
+    return create_run_for_test(
+        instance,
+        job_name="slow_microbatches",
+        tags={**tags, RUN_KEY_TAG: run_key} if run_key else tags,
+        status=status,
+        run_config={"ops": {"slow_batches": {"config": {"follow_seconds": 3600}}}},
+    )
+
+
+def materialize_run(instance: dg.DagsterInstance) -> DagsterRun:
+    """The finished UI Materialize a follower yielded to."""
+    return create_run_for_test(instance, job_name="__ASSET_JOB", status=dg.DagsterRunStatus.SUCCESS)
+
+
+def test_after_a_yield_a_tick_without_new_data_resumes_following_for_the_rest_of_the_window(
+    defs: dg.Definitions, instance: dg.DagsterInstance, data_root: Path
+) -> None:
+    no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
+    materialize = materialize_run(instance)
+    yielded = follower(
+        instance, yielded=Yielded(materialize.run_id, SystemClock().now_ms() + 600_000)
+    )
+    materialize_run(instance)  # the newest finished run is the one it yielded to
+
+    [request] = tick(defs, instance, no_spark).run_requests
+    assert request.run_key == f"slow:resume-after-{yielded.run_id}"
+    assert request.tags["lowmark/pipeline"] == "slow"
+    seconds = request.run_config["ops"]["slow_batches"]["config"]["follow_seconds"]
+    assert 590 < seconds <= 600  # the window's rest, not LOWMARK_FOLLOW_SECONDS
+    # Each yield is resumed once: every tick asks under the same key, and Dagster launches one.
+    assert [r.run_key for r in tick(defs, instance, no_spark).run_requests] == [request.run_key]
+
+    follower(instance, run_key=request.run_key)  # the resuming run, ended with its window
+    data = tick(defs, instance, no_spark)
+    assert not data.run_requests
+    assert "caught up" in (data.skip_message or "")
+
+
+@pytest.mark.parametrize(
+    ("status", "window_left_ms"),
+    [
+        pytest.param(dg.DagsterRunStatus.SUCCESS, -1_000, id="window-passed"),
+        pytest.param(dg.DagsterRunStatus.SUCCESS, None, id="ended-without-yielding"),
+        pytest.param(dg.DagsterRunStatus.FAILURE, 600_000, id="failed-after-yielding"),
+        pytest.param(dg.DagsterRunStatus.CANCELED, 600_000, id="terminated-after-yielding"),
+    ],
+)
+def test_a_follower_that_did_not_end_by_yielding_in_an_open_window_is_not_resumed(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    data_root: Path,
+    status: dg.DagsterRunStatus,
+    window_left_ms: int | None,
+) -> None:
+    no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
+    materialize = materialize_run(instance)
+    until_ms = None if window_left_ms is None else SystemClock().now_ms() + window_left_ms
+    follower(instance, status, Yielded(materialize.run_id, until_ms) if until_ms else None)
+    data = tick(defs, instance, no_spark)
+    assert not data.run_requests
+    assert "caught up" in (data.skip_message or "")
+
+
+def test_an_older_yield_behind_a_newer_follower_is_not_resumed(
+    defs: dg.Definitions, instance: dg.DagsterInstance, data_root: Path
+) -> None:
+    no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
+    materialize = materialize_run(instance)
+    follower(instance, yielded=Yielded(materialize.run_id, SystemClock().now_ms() + 600_000))
+    follower(instance, dg.DagsterRunStatus.CANCELED)  # launched after it, then terminated
+    assert not tick(defs, instance, no_spark).run_requests
+
+
+def test_with_new_data_after_a_yield_the_usual_run_follows_for_lowmark_follow_seconds(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    data_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOWMARK_FOLLOW_SECONDS", "900")
+    no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
+    materialize = materialize_run(instance)
+    follower(instance, yielded=Yielded(materialize.run_id, SystemClock().now_ms() + 600_000))
+    drop(data_root, 0)
+    [request] = tick(defs, instance, no_spark).run_requests
+    assert request.run_key == "slow:new:batch-0"
+    assert request.run_config["ops"]["slow_batches"]["config"]["follow_seconds"] == 900
