@@ -43,9 +43,12 @@ jvm/kafka/lib/.pom.sha: jvm/kafka/pom.xml jvm/fetch-jars
 	jvm/fetch-jars jvm/kafka
 
 # S3A (hadoop-aws and the AWS SDK bundle, ~690 MB) for checkpoints and sinks on object
-# storage (docs/deploy.md, "Object storage"); `make integration-setup` fetches them.
-jvm/s3/lib/.pom.sha: jvm/s3/pom.xml jvm/fetch-jars
+# storage (docs/deploy.md, "Object storage"), and lowmark's Delta log store for S3 (built
+# from jvm/s3/src against them); `make integration-setup` fetches and builds them.
+jvm/s3/lib/.pom.sha: jvm/s3/pom.xml jvm/fetch-jars jvm/s3/build-log-store \
+		$(wildcard jvm/s3/src/dev/lowmark/delta/*.java) jvm/lib/.pom.sha
 	jvm/fetch-jars jvm/s3
+	PYTHON=$(BIN)/python jvm/s3/build-log-store
 
 # The Dagster UI on http://127.0.0.1:3000 (LOWMARK_UI_PORT) with the project's instance
 # (SQLite in .dagster_home). Ctrl-C stops the webserver, daemon, code server and runs.

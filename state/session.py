@@ -185,14 +185,15 @@ def jvm_confs(settings: SparkSettings) -> dict[str, str]:
     Spark Connect server's (``lowmark.state.connect_server``). Delta's jars, extension and
     catalog; S3A with delta-spark's S3 log store when an S3 endpoint is set
     (``lowmark.state.storage``); lowmark's defaults; ``settings.confs`` win over them all."""
+    delta = jars.delta_jars(settings.jars_dir)
     return {
         **_LOCAL_DEFAULTS,
         "spark.ui.enabled": str(settings.ui).lower(),
-        "spark.jars": ",".join(jars.delta_jars(settings.jars_dir)),
+        "spark.jars": ",".join(delta),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J_CONFIG}",
-        **(s3.spark_confs() if (s3 := S3Settings.from_env()) is not None else {}),
+        **(s3.spark_confs(delta) if (s3 := S3Settings.from_env()) is not None else {}),
         **settings.confs,
     }
 

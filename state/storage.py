@@ -14,13 +14,15 @@ commit file is created only if absent:
   (1.x) has no other safe way on S3: its DynamoDB locking provider is gone, and
   ``AWS_S3_ALLOW_UNSAFE_RENAME`` is what it says.
 - Spark's writes (a stateless pipeline's sink, executors' data files), with delta-spark
-  through Hadoop's S3A file system (``spark_confs``, ``spark_jars``). delta-spark's log
-  store for ``s3a://`` is ``S3SingleDriverLogStore``: it checks that a commit file is
-  absent under a lock of its own JVM, then creates it. S3A (Hadoop 3.5.0) sends that
-  create as a plain PUT: it adds ``If-None-Match: *`` only for ``createFile`` with
-  ``fs.option.create.conditional.overwrite``, which the log store does not use (tested
-  against the store). So a table Spark writes is safe with one writing JVM at a time;
-  in lowmark that is a stateless pipeline's sink, written only by its pipeline's runner.
+  through Hadoop's S3A file system (``spark_confs``, ``spark_jars``). delta-spark's own
+  log store for ``s3a://``, ``S3SingleDriverLogStore``, checks that a commit file is
+  absent under a lock of its own JVM, then creates it with a plain PUT: safe with one
+  writing JVM only. lowmark's ``dev.lowmark.delta.S3ConditionalLogStore``
+  (``jvm/s3/src``, built into ``jvm/s3/lib`` by ``make integration-setup``) creates it
+  with S3A's ``createFile`` and ``fs.option.create.conditional.overwrite`` instead: a
+  conditional put, which the store refuses with 412 when another writer created that
+  version first, and Delta retries on the next. So both engines are safe with any
+  number of writers, on a store that honours ``If-None-Match``.
 
 Settings come from the environment (``lowmark.toml``'s ``s3_endpoint`` sets the first
 when unset): ``LOWMARK_S3_ENDPOINT`` (the store's URL; for Amazon S3 itself
@@ -53,6 +55,9 @@ PATH_STYLE_ENV = "LOWMARK_S3_PATH_STYLE"
 JARS_ENV = "LOWMARK_S3_JARS_DIR"
 SOURCE_TREE_JARS = Path(__file__).resolve().parent.parent / "jvm" / "s3" / "lib"
 HADOOP_AWS_JAR = "hadoop-aws-"
+LOG_STORE = "dev.lowmark.delta.S3ConditionalLogStore"
+"""Delta's log store on S3 for Spark's writes: commits as conditional puts."""
+LOG_STORE_JAR = "lowmark-delta-log-store.jar"
 
 
 class ObjectStoreNotConfigured(LowmarkError):
@@ -115,23 +120,32 @@ class S3Settings:
                 options[name] = value
         return options
 
-    def spark_jars(self) -> list[str]:
+    def spark_jars(self) -> tuple[list[str], str]:
         """The jars S3A needs (hadoop-aws, the AWS SDK), for the driver's and executors'
-        class path; raises naming the fix when they are not there."""
+        class path, and lowmark's log store's jar, for ``spark.jars`` (beside Delta's, whose
+        classes it extends: a class on the class path would not see them); raises naming
+        the fix when they are not there."""
         jars = sorted(str(p) for p in self.jars_dir.glob("*.jar"))
-        if not any(Path(j).name.startswith(HADOOP_AWS_JAR) for j in jars):
+        names = {Path(j).name for j in jars}
+        if not any(n.startswith(HADOOP_AWS_JAR) for n in names) or LOG_STORE_JAR not in names:
             raise ObjectStoreNotConfigured(
-                f"no hadoop-aws jar in {self.jars_dir} ({JARS_ENV}): run `jvm/fetch-jars "
-                f"jvm/s3` in lowmark's source tree, or point {JARS_ENV} at a folder with "
-                "hadoop-aws 3.5.0 and its AWS SDK bundle"
+                f"no hadoop-aws jar or no {LOG_STORE_JAR} in {self.jars_dir} ({JARS_ENV}): "
+                "run `make integration-setup` in lowmark's source tree, or point "
+                f"{JARS_ENV} at a folder with hadoop-aws 3.5.0, its AWS SDK bundle and "
+                f"the jar jvm/s3/build-log-store makes"
             )
-        return jars
+        log_store = str(self.jars_dir / LOG_STORE_JAR)
+        return [j for j in jars if j != log_store], log_store
 
-    def spark_confs(self) -> dict[str, str]:
-        """Spark confs for ``s3a://`` and ``s3://`` (both S3A) with delta-spark's log store."""
-        jars = ":".join(self.spark_jars())
+    def spark_confs(self, delta_jars: list[str]) -> dict[str, str]:
+        """Spark confs for ``s3a://`` and ``s3://`` (both S3A) with lowmark's log store;
+        ``delta_jars``: the ``spark.jars`` Spark is given for Delta, which these confs add
+        the log store's jar to."""
+        class_path, log_store = self.spark_jars()
+        jars = ":".join(class_path)
         s3a = "org.apache.hadoop.fs.s3a.S3AFileSystem"
         return {
+            "spark.jars": ",".join([*delta_jars, log_store]),
             "spark.driver.extraClassPath": jars,
             "spark.executor.extraClassPath": jars,
             "spark.hadoop.fs.s3.impl": s3a,
@@ -140,8 +154,8 @@ class S3Settings:
             "spark.hadoop.fs.s3a.endpoint.region": self.region,
             "spark.hadoop.fs.s3a.path.style.access": str(self.path_style).lower(),
             "spark.hadoop.fs.s3a.connection.ssl.enabled": str(self.secure).lower(),
-            "spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore",
-            "spark.delta.logStore.s3.impl": "io.delta.storage.S3SingleDriverLogStore",
+            "spark.delta.logStore.s3a.impl": LOG_STORE,
+            "spark.delta.logStore.s3.impl": LOG_STORE,
         }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -144,6 +145,29 @@ def test_the_store_refuses_a_second_create_and_delta_rs_never_overwrites_a_commi
     s3.race("refuses", f"t/_delta_log/{1:020d}.json", theirs)
     write_deltalake(table, pa.table({"x": [2]}), mode="append", storage_options=options)
     kept = client.get_object(Bucket="refuses", Key=f"t/_delta_log/{1:020d}.json")["Body"]
+    assert kept.read() == theirs
+    assert open_table(table).version() == 2
+    assert sorted(open_table(table).to_pyarrow_table().column("x").to_pylist()) == [0, 2]
+
+
+def test_spark_never_overwrites_a_commit_another_writer_made_on_a_bucket(s3: S3Server) -> None:
+    # What delta-rs does above, for Spark's writes (a stateless pipeline's sink): another
+    # writer commits version 1 between Spark's look at the table and its put of version 1.
+    # lowmark's log store puts conditionally, loses, and Delta commits version 2; delta-spark's
+    # own S3SingleDriverLogStore would put unconditionally and overwrite the other commit.
+    client = s3.client()
+    client.create_bucket(Bucket="spark-refused")
+    table = "s3a://spark-refused/t"
+    write_deltalake(table, pa.table({"x": [0]}), storage_options=delta_rs_options(table))
+    theirs = b'{"commitInfo":{"operation":"OTHER WRITER","isBlindAppend":true}}\n'
+    s3.race("spark-refused", f"t/_delta_log/{1:020d}.json", theirs)
+    args = [sys.executable, "-m", "tests.faults.spark_append", table, "2"]
+    done = subprocess.run(
+        args, env=lowmark_env(None, **s3.env), cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    kept = client.get_object(Bucket="spark-refused", Key=f"t/_delta_log/{1:020d}.json")["Body"]
     assert kept.read() == theirs
     assert open_table(table).version() == 2
     assert sorted(open_table(table).to_pyarrow_table().column("x").to_pylist()) == [0, 2]

@@ -49,8 +49,8 @@ def test_delta_rs_commits_on_the_store_with_conditional_puts_and_the_aws_credent
 def test_spark_gets_s3a_and_delta_s_s3_log_store_and_never_the_credentials(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "hadoop-aws-3.5.0.jar").touch()
-    (tmp_path / "bundle-2.35.4.jar").touch()
+    for jar in ("hadoop-aws-3.5.0.jar", "bundle-2.35.4.jar", "lowmark-delta-log-store.jar"):
+        (tmp_path / jar).touch()
     env = {
         "LOWMARK_S3_ENDPOINT": "https://s3.eu-west-1.amazonaws.com",
         "LOWMARK_S3_PATH_STYLE": "false",
@@ -60,13 +60,17 @@ def test_spark_gets_s3a_and_delta_s_s3_log_store_and_never_the_credentials(
     }
     settings = S3Settings.from_env(env)
     assert settings is not None
-    confs = settings.spark_confs()
+    confs = settings.spark_confs(["delta-spark.jar"])
     assert confs["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
     assert confs["spark.hadoop.fs.s3a.path.style.access"] == "false"
     assert confs["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
     assert confs["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
-    assert confs["spark.delta.logStore.s3a.impl"] == "io.delta.storage.S3SingleDriverLogStore"
+    assert confs["spark.delta.logStore.s3a.impl"] == "dev.lowmark.delta.S3ConditionalLogStore"
     assert str(tmp_path / "hadoop-aws-3.5.0.jar") in confs["spark.driver.extraClassPath"]
+    # The log store extends Delta's classes: it is loaded beside them, not from the class path.
+    log_store = str(tmp_path / "lowmark-delta-log-store.jar")
+    assert confs["spark.jars"].split(",") == ["delta-spark.jar", log_store]
+    assert log_store not in confs["spark.driver.extraClassPath"]
     assert not any("secret" in value for value in confs.values())
 
 
@@ -74,8 +78,11 @@ def test_without_the_s3_jars_spark_s_settings_say_how_to_fetch_them(tmp_path: Pa
     env = {"LOWMARK_S3_ENDPOINT": "http://minio:9000", "LOWMARK_S3_JARS_DIR": str(tmp_path)}
     settings = S3Settings.from_env(env)
     assert settings is not None
-    with pytest.raises(ObjectStoreNotConfigured, match="jvm/fetch-jars jvm/s3"):
-        settings.spark_confs()
+    with pytest.raises(ObjectStoreNotConfigured, match="make integration-setup"):
+        settings.spark_confs(["delta-spark.jar"])
+    (tmp_path / "hadoop-aws-3.5.0.jar").touch()  # lowmark's log store still missing
+    with pytest.raises(ObjectStoreNotConfigured, match=r"lowmark-delta-log-store\.jar"):
+        settings.spark_confs(["delta-spark.jar"])
     with pytest.raises(ObjectStoreNotConfigured, match="not an http"):
         S3Settings.from_env({"LOWMARK_S3_ENDPOINT": "minio:9000"})
     assert S3Settings.from_env({}) is None
