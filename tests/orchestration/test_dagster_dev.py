@@ -8,7 +8,8 @@ server) on a free loopback port — and Debian's Chromium driven by Playwright:
 - the UI: the asset page shows the watermark as a time and the sensor as the asset's
   automation, the input folder's page the sensor's observation of what waits there,
   Materialize launches a micro-batch run, and a backfill of two partitions launched from
-  the UI runs (the following run makes way for it);
+  the UI runs (the following run makes way for it, and the sensor resumes following
+  after it);
 - SIGTERM to ``lowmark ui`` stops the server, its runs and their Spark within 15 s.
 
 The tests share one server and run in file order; the last one stops it.
@@ -27,6 +28,8 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
+from lowmark.orchestration.keys import YIELDED_TO_TAG
+from lowmark.orchestration.runs import IN_FLIGHT
 from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import delta_frame, tick, write_json_lines
 from tests.orchestration.dagster_dev import (
@@ -201,6 +204,18 @@ def test_the_ui_shows_readable_assets_and_launches_batches_and_backfills(
         "2026-01-01-00:00",
         "2026-01-01-01:00",
     }
+    # ticks' following run made way for the backfill, recording the yield; with no new
+    # data, the sensor resumes following for the rest of that run's window.
+    ticks_runs = dev.runs(tags={"lowmark/pipeline": "ticks"})
+    *_, yielded = [r for r in ticks_runs if YIELDED_TO_TAG in r.tags]
+    assert yielded.tags[YIELDED_TO_TAG] in {r.run_id for r in backfilled}
+    resumed = wait_for(
+        "a run resuming ticks' following",
+        lambda: dev.runs(tags={"dagster/run_key": f"ticks:resume-after-{yielded.run_id}"}),
+        dev,
+        seconds=120,
+    )
+    assert resumed[0].status in IN_FLIGHT  # following, not a run that ended at once
 
 
 def test_sigterm_stops_the_ui_its_runs_and_their_spark_within_15_seconds(
