@@ -76,9 +76,8 @@ class SessionWindows:
         if nearby is None:
             return partials, partials.select(*self.identity).limit(0)
         keys = partials.select(*self.keys).distinct()
-        stored = nearby.drop("updated_batch").join(
-            keys, null_safe_match(nearby, keys, self.keys), "left_semi"
-        )
+        current = nearby.drop("updated_batch")
+        stored = current.join(keys, null_safe_match(current, keys, self.keys), "left_semi")
 
         def as_intervals(windows: DataFrame, fresh: int) -> DataFrame:
             return (
@@ -125,7 +124,11 @@ def _islands(intervals: DataFrame, keys: tuple[str, ...]) -> DataFrame:
 
 
 def null_safe_match(left: DataFrame, right: DataFrame, columns: tuple[str, ...]) -> Column:
-    """Join condition: ``left`` and ``right`` agree on ``columns`` (nulls equal nulls)."""
+    """Join condition: ``left`` and ``right`` agree on ``columns`` (nulls equal nulls).
+
+    ``left`` and ``right`` must be the very frames joined: over Spark Connect a column is
+    bound to its frame's plan, and one of a frame the join's side was derived from (a
+    ``drop`` of it, say) does not resolve there."""
     cond = F.lit(True)
     for c in columns:
         cond = cond & left[c].eqNullSafe(right[c])

@@ -501,8 +501,9 @@ class WindowedStage:
             # A merged window is never final (it holds an accepted record), but a
             # final stored session that an accepted record bridged into a longer
             # one is replaced, not emitted.
-            final = final.drop("updated_batch").join(
-                replaced, null_safe_match(final, replaced, self.identity), "left_anti"
+            stored = final.drop("updated_batch")
+            final = stored.join(
+                replaced, null_safe_match(stored, replaced, self.identity), "left_anti"
             )
         emitted = final if self.aggregation.output_mode == "append" else merged
         output = self._finish(emitted)
@@ -586,9 +587,8 @@ class WindowedStage:
         if nearby is None:
             return partials, none
         keys = partials.select(*self.identity)
-        touched = nearby.drop("updated_batch").join(
-            keys, null_safe_match(nearby, keys, self.identity), "left_semi"
-        )
+        current = nearby.drop("updated_batch")
+        touched = current.join(keys, null_safe_match(current, keys, self.identity), "left_semi")
         merged = partials.unionByName(touched).groupBy(*self.identity).agg(*self._merges())
         return merged, none
 

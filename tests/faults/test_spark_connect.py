@@ -67,7 +67,7 @@ def _finished(client: subprocess.Popen[str]) -> tuple[int, str]:
     return client.returncode, err[-3000:]
 
 
-@pytest.mark.parametrize("name", ["tumbling_two_partitions", "keyed_alerts"])
+@pytest.mark.parametrize("name", ["tumbling_two_partitions", "session_update", "keyed_alerts"])
 def test_a_pipeline_through_spark_connect_killed_and_run_again_ends_like_a_local_run(
     references: References, server: RunningServer, name: str
 ) -> None:
