@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,16 +28,21 @@ from deltalake import DeltaTable as RsDeltaTable
 
 from lowmark.batches.loop.faults import KILL_AT_ENV, KillPoint
 from lowmark.batches.pipeline import resolve
-from tests.faults.conftest import KILL_BATCH, References
+from tests.faults.conftest import KILL_BATCH, MATRIX, References
 from tests.faults.harness import (
     KILLED,
     REPO,
+    Snapshot,
+    clock_env,
     copy_run,
+    create_database,
     differences,
     lowmark_env,
     lowmark_run_args,
+    postgres_env,
     snapshot,
 )
+from tests.faults.kafka_sink import at_root, kafka_sink_env
 from tests.faults.scenarios import PIPELINES, SINK, plain_append, session_update
 from tests.spark_connect import RunningServer, start_server
 
@@ -67,7 +73,14 @@ def _finished(client: subprocess.Popen[str]) -> tuple[int, str]:
     return client.returncode, err[-3000:]
 
 
-@pytest.mark.parametrize("name", ["tumbling_two_partitions", "session_update", "keyed_alerts"])
+KILLED_THROUGH_CONNECT = ("tumbling_two_partitions", "session_update", "keyed_alerts")
+RUN_THROUGH_CONNECT = tuple(p.name for p in MATRIX if p.name not in KILLED_THROUGH_CONNECT)
+"""The kill matrix's other pipelines (every source, sink, join and step lowmark has): each run
+through Connect once, with no kill (the Dagster runs ``lowmark ui`` starts are Connect
+clients)."""
+
+
+@pytest.mark.parametrize("name", KILLED_THROUGH_CONNECT)
 def test_a_pipeline_through_spark_connect_killed_and_run_again_ends_like_a_local_run(
     references: References, server: RunningServer, name: str
 ) -> None:
@@ -79,6 +92,36 @@ def test_a_pipeline_through_spark_connect_killed_and_run_again_ends_like_a_local
     assert code == 0, err
 
     assert differences(ref.tables, snapshot(ref.pipeline, root)) == []
+
+
+@pytest.mark.parametrize("name", RUN_THROUGH_CONNECT)
+def test_every_other_matrix_pipeline_through_spark_connect_ends_like_a_local_run(
+    references: References, server: RunningServer, name: str
+) -> None:
+    ref = references[name]
+    root = ref.folder / "run_through_connect"
+    create_database(root, ref.pipeline)
+    at_root(ref.pipeline, root)  # a Kafka sink's topic for this run, created
+    env = {
+        **postgres_env(root, ref.pipeline),
+        **kafka_sink_env(root, ref.pipeline),
+        **clock_env(ref.pipeline),
+    }
+    code, err = _finished(_client(server, root, name, **env))
+    assert code == 0, err
+
+    expected, actual = ref.tables, snapshot(ref.pipeline, root)
+    assert differences(_fence_anywhere(expected), _fence_anywhere(actual)) == []
+
+
+def _fence_anywhere(tables: Snapshot) -> Snapshot:
+    """``tables`` with a Postgres sink's fence rows not naming their checkpoint: a new run's
+    checkpoint has a pipeline id of its own, which its fence rows' ``app_id`` holds."""
+    fence = Counter(
+        json.dumps({k: v for k, v in json.loads(row).items() if k != "app_id"}, sort_keys=True)
+        for row in tables.get("sink fence", Counter()).elements()
+    )
+    return tables | {"sink fence": fence} if fence else tables
 
 
 def test_a_client_killed_while_the_server_writes_its_sink_replays_exactly_once(
