@@ -198,17 +198,13 @@ class SourceFolder:
         return hpath.getFileSystem(sc._jsc.hadoopConfiguration()), hpath
 
     def uri(self, path: str) -> str:
-        """``path`` as Spark names a record's file (``_metadata.file_path``): its URI."""
+        """``path`` as Spark names a record's file (``_metadata.file_path``): its URI, which
+        Hadoop computes in the JVM. Not asked over Spark Connect, whose client has none: the
+        read-ahead that tags records with their file's batch does not run there
+        (``BatchWork.unwatermarked``)."""
         if _PLAIN_PATH.fullmatch(path):
             return path  # nothing a URI escapes
-        spark = self._spark()
-        if is_remote_session(spark):
-            raise PipelineConfigInvalid(
-                f"file {path}: over Spark Connect the file source takes only file names of "
-                "letters, digits and / . _ : = - (Hadoop escapes the others, in the JVM): "
-                "rename it"
-            )
-        jvm: Any = spark.sparkContext._jvm
+        jvm: Any = self._spark().sparkContext._jvm
         return str(jvm.org.apache.hadoop.fs.Path(path).toUri().toString())
 
 
