@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lowmark.state.keyed_state import latest
+from lowmark.state.state_table import StateTable
 from lowmark.state.table import DriverTable
 
 SLOT = "_lowmark_slot"
@@ -56,17 +57,13 @@ class JoinState:
         ``slot_ms``: the partition step (at least a minute)."""
         self.table = DriverTable(path, STORED, "join state table", partition_by=("side", SLOT))
         self.app_id = app_id
+        self.contract = StateTable(TABLE, self.table, app_id, base=0)
+        """How a batch reads, records and writes it (``lowmark.state.state_table``)."""
         self.slot_ms = max(slot_ms, SLOT_MIN_MS)
 
     def create(self) -> None:
         """The table, empty, unless it exists: version 0 is what the first batch reads."""
         self.table.create()
-
-    def version_for(self, recorded: int | None) -> int:
-        """The version a batch reads: the one commit N-1 recorded (``recorded``; every later
-        write is this batch's own, which a replay must not see), else the newest (no batch
-        committed since the table was made)."""
-        return recorded if recorded is not None else self.table.version()
 
     def candidates(
         self, side: str, keys: pa.Array, lo_ms: int, hi_ms: int, version: int

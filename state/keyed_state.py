@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import write_deltalake
 
+from lowmark.state.state_table import StateTable
 from lowmark.state.table import HOOKS, DriverTable
 from lowmark.state.task_appends import WrittenFile, write_files
 
@@ -191,6 +192,11 @@ class KeyedTables:
             timers_path, TIMER_INDEX, "keyed timer table", partition_by=TIMER_PARTITIONS
         )
         self.app_id = pipeline_id
+        self.contracts = {
+            name: StateTable(name, table, f"{pipeline_id}:{name}", base=0)
+            for name, table in ((STATE_TABLE, self.state), (TIMER_TABLE, self.timers))
+        }
+        """How a batch reads, records and writes each (``lowmark.state.state_table``)."""
         self.slot_ms = max(slot_ms, SLOT_MIN_MS)
 
     def create(self) -> None:
@@ -199,25 +205,14 @@ class KeyedTables:
         self.state.create()
         self.timers.create()
 
-    def pinned(self, recorded: dict[str, int], replay: bool, batch_id: int) -> Pinned:
-        """The versions batch ``batch_id`` reads: for a replay whose own append landed the
-        ones commit N-1 recorded (``recorded``; version 0 when no batch committed before),
-        else the newest."""
-
-        def version(table: DriverTable, name: str) -> int | None:
-            if not table.exists():
-                return None
-            if replay and table.landed(f"{self.app_id}:{name}", batch_id):
-                return recorded.get(name, 0)
-            return table.version()
-
-        return Pinned(
-            self.state.path,
-            version(self.state, STATE_TABLE),
-            self.timers.path,
-            version(self.timers, TIMER_TABLE),
-            self.slot_ms,
+    def pinned(self, recorded: Mapping[str, int], replay: bool, batch_id: int) -> Pinned:
+        """The versions batch ``batch_id`` reads (``StateTable.read_version``; ``recorded``:
+        commit N-1's versions)."""
+        state, timers = (
+            self.contracts[name].read_version(recorded, replay, batch_id)
+            for name in (STATE_TABLE, TIMER_TABLE)
         )
+        return Pinned(self.state.path, state, self.timers.path, timers, self.slot_ms)
 
     def write(
         self, files: Mapping[str, Sequence[WrittenFile]], batch_id: int, now_ms: int | None
@@ -225,9 +220,9 @@ class KeyedTables:
         """Commit the data files batch ``batch_id``'s tasks wrote (``Pinned.written``, by
         table name) once per table, then delete the timer slots below ``now_ms`` (none of
         their timers is pending any more; None: no time yet)."""
-        for name, table in ((STATE_TABLE, self.state), (TIMER_TABLE, self.timers)):
+        for name, contract in self.contracts.items():
             if files.get(name):
-                table.commit_files(files[name], f"{self.app_id}:{name}", batch_id)
+                contract.table.commit_files(files[name], contract.app_id, batch_id)
         if now_ms is None:
             return
         below = now_ms // self.slot_ms
@@ -284,10 +279,6 @@ class KeyedTables:
                     return int(timer_ms)
             offset, page_rows = offset + PENDING_PAGE, page.num_rows
         return None
-
-    def versions(self) -> dict[str, int]:
-        """The tables' versions now: what the commit records."""
-        return {STATE_TABLE: self.state.version(), TIMER_TABLE: self.timers.version()}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ rewritten, as a duplicate is never let through.
 
 An id is live while ``event_time >= watermark - within`` (``live_from_us``).
 The batch's Spark tasks read the live ids on the executors, with delta-rs, as
-of a version the driver pins (``SeenIds.version_for``): a new batch the
+of a version the driver pins (``StateTable.read_version``): a new batch the
 newest, a replay whose own append landed the one commit N-1 recorded, so a
 replay judges every record exactly as the first attempt did. Ids below the
 horizon are left out of every read; whole slots below it are deleted as the
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from lowmark.state.state_table import StateTable
 from lowmark.state.table import UTC_MICROS, DriverTable, floor_div, micros_literal
 from lowmark.state.task_appends import WrittenFile, write_files
 
@@ -50,6 +51,8 @@ class SeenIds:
         self.table = DriverTable(path, SCHEMA, "deduplication table", partition_by=PARTITIONS)
         self.path = self.table.path
         self.txn_app_id = txn_app_id
+        self.contract = StateTable("dedup", self.table, txn_app_id, base=0)
+        """How a batch reads, records and writes it (``lowmark.state.state_table``)."""
         self.within_us = within_us
         self.slot_us = max(within_us, SLOT_MIN_US)
 
@@ -60,18 +63,8 @@ class SeenIds:
 
     def create(self) -> None:
         """Create the table, empty, unless it exists: before a checkpoint's first batch, so
-        that version 0 is what its replay reads (``version_for``)."""
+        that version 0 is what its replay reads (``StateTable.read_version``)."""
         self.table.create()
-
-    def version_for(self, recorded: int | None, replay: bool, batch_id: int) -> int | None:
-        """The version batch ``batch_id`` judges its records against: for a replay whose own
-        append landed, ``recorded`` (commit N-1's), or version 0 (``create``) when no batch
-        committed before it; else the newest. None: no table (nothing held)."""
-        if not self.table.exists():
-            return None
-        if replay and self.table.landed(self.txn_app_id, batch_id):
-            return recorded if recorded is not None else 0
-        return self.table.version()
 
     def commit(self, files: Sequence[WrittenFile], batch_id: int) -> None:
         """Add the data files of the ids batch ``batch_id`` let through (``write_ids``),
@@ -89,10 +82,6 @@ class SeenIds:
         held = {int(p[SLOT]) for p in self.table.open().partitions()}
         if any(slot < below for slot in held):
             self.table.delete(f'"{SLOT}" < {below}', batch_id)
-
-    def after(self) -> int | None:
-        """The table's version now (None: it does not exist): what the commit records."""
-        return self.table.version() if self.table.exists() else None
 
 
 def write_ids(

@@ -35,10 +35,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing
+from lowmark.state.state_table import NEWEST, StateTable
 from lowmark.state.table import DriverTable, floor_div, micros_literal
 
 WINDOW_COLUMNS = ("window_start", "window_end")
-LATEST = -1
+LATEST = NEWEST
 """As a version to read: the newest (what a new batch reads, see above)."""
 ROWS = "_lowmark_rows"
 """State column: the records a window holds (null in windows stored before it existed)."""
@@ -55,6 +56,8 @@ class WindowState:
         self.table = DriverTable(path, None, "window state table", partition_by=(SLOT,))
         self.path = self.table.path
         self.txn_app_id = txn_app_id
+        self.contract = StateTable("state", self.table, txn_app_id, base=None)
+        """How a batch reads, records and writes it (``lowmark.state.state_table``)."""
         self.identity = (*key_columns, *WINDOW_COLUMNS)
         self.slot_us = slot_us
 

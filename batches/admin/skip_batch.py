@@ -1,8 +1,9 @@
 """``lowmark skip-batch``: commit a poison batch without its input, on purpose.
 
 The batch's input is recorded in ``bad_records`` (one row per input item,
-with the reason), its window state is put back as the commit before it left
-it, and an empty commit (the one commit path, ``lowmark.batches.loop.commit``) lets
+with the reason), every state table (window state, seen ids, keyed state and
+timers, join state: ``lowmark.state.state_table``) is put back as the commit
+before it left it, and an empty commit (the one commit path, ``lowmark.batches.loop.commit``) lets
 the pipeline go on. Nothing is dropped silently: the rows say which input
 was set aside and why, to be reprocessed once the transform is fixed
 (``lowmark.batches.loop.poison``, docs/guarantees.md).
@@ -18,16 +19,12 @@ import pyarrow as pa
 
 from lowmark.batches.clock import Clock
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.loop.commit import commit_batch
 from lowmark.batches.loop.parts import build_parts
-from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.pipeline import Pipeline
 from lowmark.state import quarantine
 from lowmark.state.commit_log import BatchCounts
-from lowmark.state.errors import CheckpointCorrupt
 from lowmark.state.session import SparkLike
-from lowmark.state.storage import open_table
 
 
 @dataclass(frozen=True)
@@ -36,8 +33,9 @@ class SetAside:
 
     batch_id: int
     inputs: list[str]
-    state_restored_to: int | None
-    """The window state version put back (None: the batch wrote no state)."""
+    restored: dict[str, int | None]
+    """Each state table the batch had changed, by role, and the version put back (None:
+    the table holds nothing now)."""
 
 
 def set_aside(
@@ -65,7 +63,12 @@ def set_aside(
             f"batch {batch_id} of {name} already wrote its sink: its input did not stop it; "
             f"run `lowmark run {name}` to finish it"
         )
-    restored = _restore_state(parts.stage, planned)
+    recorded = planned.previous.table_versions if planned.previous else {}
+    restored = {
+        state.role: state.restore(recorded, batch_id)
+        for state in parts.work.state_tables
+        if state.landed(batch_id) or state.version_after() != state.recorded(recorded)
+    }
     inputs = parts.source.inputs(planned.start, planned.end)
     rows = [
         {
@@ -79,9 +82,11 @@ def set_aside(
     table = pa.Table.from_pylist(rows, schema=quarantine.SCHEMA)
     ckpt.bad_records.append_once(table, ckpt.txn_app_id("skipped"), batch_id)
     previous = planned.previous
-    versions = dict(previous.table_versions) if previous else {}
-    if parts.stage is not None and parts.stage.state.table.exists():
-        versions["state"] = parts.stage.state.table.version()
+    versions = {
+        state.role: version
+        for state in parts.work.state_tables
+        if (version := state.version_after()) is not None
+    }
     # The partition times stay as the batch before left them: it saw no event time.
     times = (
         parts.planner.partition_times(previous)
@@ -89,28 +94,17 @@ def set_aside(
         else None
     )
     runner_id = str(uuid.uuid4())
+    # A keyed step's timers stay due as the batch before left them.
+    next_timer = previous.next_timer_ms if previous is not None else None
     commit_batch(
-        ckpt, pipeline, planned, runner_id, planned.watermark_ms, versions, times, BatchCounts()
+        ckpt,
+        pipeline,
+        planned,
+        runner_id,
+        planned.watermark_ms,
+        versions,
+        times,
+        BatchCounts(),
+        next_timer,
     )
     return SetAside(batch_id, inputs, restored)
-
-
-def _restore_state(stage: WindowedStage | None, planned: PlannedBatch) -> int | None:
-    """Put the window state back as commit N-1 left it, if batch N's state write landed."""
-    if stage is None or not stage.state.table.landed(stage.state.txn_app_id, planned.batch_id):
-        return None
-    recorded = planned.previous.table_versions.get("state") if planned.previous else None
-    table = open_table(stage.state.path)
-    if recorded is None:  # no state before this batch: it held no windows
-        table.delete()
-        return None
-    try:
-        table.restore(recorded)
-    except Exception as exc:  # delta-rs raises plain exceptions for a log or files gone
-        raise CheckpointCorrupt(
-            f"window state table {stage.state.path} no longer has version {recorded}, the "
-            f"state batch {planned.batch_id} is set aside to (a VACUUM with a retention shorter "
-            "than the time since the crash removed its files): restore them from backup, or "
-            "start over with `lowmark reset`"
-        ) from exc
-    return recorded

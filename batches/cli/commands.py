@@ -882,7 +882,8 @@ def skip_batch(
     """Set aside the input of PIPELINE's uncommitted BATCH (a poison batch) and go on.
 
     Its files are recorded in the checkpoint's bad_records table with the
-    reason, its window state is put back as the batch before left it, and an
+    reason, every state table it changed (windows, seen ids, keyed state and
+    timers, join rows) is put back as the batch before left it, and an
     empty commit lets the next batch run. Reprocess the files once the
     transform is fixed (docs/guarantees.md, "Poison batches"). Starts no Spark.
     """
@@ -897,8 +898,12 @@ def skip_batch(
         )
         return
     restored = (
-        f"; window state put back to version {done.state_restored_to}"
-        if done.state_restored_to is not None
+        "; put back as the batch before left it: "
+        + ", ".join(
+            f"{role} (version {version})" if version is not None else f"{role} (empty)"
+            for role, version in done.restored.items()
+        )
+        if done.restored
         else ""
     )
     out.print(

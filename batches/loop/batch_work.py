@@ -43,10 +43,9 @@ from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
 from lowmark.state.checkpoint import Checkpoint
-from lowmark.state.join_state import TABLE
 from lowmark.state.keyed_state import Pinned
 from lowmark.state.session import is_remote_session
-from lowmark.state.window_state import LATEST
+from lowmark.state.state_table import StateTable
 
 T = TypeVar("T")
 
@@ -109,6 +108,13 @@ class BatchWork:
         self.dimensions = dimensions
         self.join = join
         self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
+        self.state_tables: tuple[StateTable, ...] = (
+            *((stage.state.contract,) if stage is not None else ()),
+            *((dedup.seen_ids.contract,) if dedup is not None else ()),
+            *(keyed.tables.contracts.values() if keyed is not None else ()),
+            *((join.state.contract,) if join is not None else ()),
+        )
+        """Every state table the batches write (``lowmark.state.state_table``)."""
 
     def in_one_job(self, planned: PlannedBatch) -> bool:
         """Whether ``planned`` runs one Spark job: its sink's write, which looks at the batch
@@ -253,16 +259,9 @@ class BatchWork:
             (ckpt.late, ckpt.txn_app_id("late")),
             (ckpt.watermarks.table, ckpt.txn_app_id("watermarks")),
         ]
-        if self.stage is not None:
-            written.append((self.stage.state.table, self.stage.state.txn_app_id))
-        if self.dedup is not None:
-            written.append((self.dedup.seen_ids.table, self.dedup.seen_ids.txn_app_id))
-        if self.keyed is not None:
-            tables = self.keyed.tables
-            written.append((tables.state, f"{tables.app_id}:keyed_state"))
-        if self.join is not None:
-            written.append((self.join.state.table, self.join.state.app_id))
         if any(table.landed(app_id, batch_id) for table, app_id in written):
+            return True
+        if any(state.landed(batch_id) for state in self.state_tables):
             return True
         return self.sink.landed(batch_id) is not False  # a sink that cannot tell may have
 
@@ -547,14 +546,15 @@ class BatchWork:
         (``lowmark.batches.event_time.interval_join``); nothing is written."""
         join, new = self.join, seen.join_records
         assert join is not None and new is not None  # a join's batch looks at its records
-        recorded = planned.previous.table_versions.get(TABLE) if planned.previous else None
+        version = _as_of(join.state.contract, planned)
+        assert version is not None  # the table is made before the first batch
         return join.joined(
             self._spark(),
             new,
             planned.batch_id,
             planned.watermark_ms,
             planned.planned_at_ms,
-            join.state.version_for(recorded),
+            version,
         )
 
     def _seen_ids_as_of(self, planned: PlannedBatch) -> int | None:
@@ -562,28 +562,32 @@ class BatchWork:
         yet, or the pipeline does not deduplicate): see ``lowmark.state.seen_ids``."""
         if self.dedup is None:
             return None
-        recorded = planned.previous.table_versions.get("dedup") if planned.previous else None
-        return self.dedup.seen_ids.version_for(recorded, planned.replay, planned.batch_id)
+        return _as_of(self.dedup.seen_ids.contract, planned)
 
     def _keyed_as_of(self, planned: PlannedBatch) -> Pinned | None:
         """Where batch ``planned``'s keyed step reads its state and timers (None: the pipeline
         has no keyed step): see ``lowmark.state.keyed_state``."""
         if self.keyed is None:
             return None
-        recorded = planned.previous.table_versions if planned.previous else {}
-        return self.keyed.tables.pinned(recorded, planned.replay, planned.batch_id)
+        return self.keyed.tables.pinned(_recorded(planned), planned.replay, planned.batch_id)
 
     def _state_as_of(self, planned: PlannedBatch) -> int | None:
         """The state version batch ``planned`` starts from: the newest (``LATEST``), or, for
         a replay whose own state write landed, the one commit N-1 recorded (None: no state
         yet). See ``lowmark.state.window_state``."""
-        recorded = planned.previous.table_versions.get("state") if planned.previous else None
-        if recorded is None or self.stage is None:
+        if self.stage is None:
             return None
-        state = self.stage.state
-        if planned.replay and state.table.landed(state.txn_app_id, planned.batch_id):
-            return recorded
-        return LATEST
+        return _as_of(self.stage.state.contract, planned, pin=False)
+
+
+def _recorded(planned: PlannedBatch) -> dict[str, int]:
+    """The table versions the commit before ``planned`` recorded (none before batch 0)."""
+    return planned.previous.table_versions if planned.previous else {}
+
+
+def _as_of(table: StateTable, planned: PlannedBatch, pin: bool = True) -> int | None:
+    """The version of ``table`` batch ``planned`` reads (``StateTable.read_version``)."""
+    return table.read_version(_recorded(planned), planned.replay, planned.batch_id, pin)
 
 
 def _judged(taken: Taken) -> DedupSeen | None | Literal[False]:

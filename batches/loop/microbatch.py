@@ -49,7 +49,6 @@ from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import BatchCounts
 from lowmark.state.errors import first_line
 from lowmark.state.failures import FailureKind
-from lowmark.state.join_state import TABLE as JOIN_TABLE
 from lowmark.state.log import EPOCH
 from lowmark.state.offset_log import OffsetEntry, Offsets
 from lowmark.state.progress import ProgressEntry
@@ -395,28 +394,27 @@ class MicroBatchRunner:
             late = joined.late if late is None else pa.concat_tables([late, joined.late])
         if bad is not None:
             ckpt.bad_records.append_once(bad, ckpt.txn_app_id("bad_records"), batch_id)
-        versions: dict[str, int] = {}
         if parts.stage is not None and changes is not None:
-            state = parts.stage.state
-            state_version = state.apply(changes.upserts, changes.deletes, batch_id)
-            if state_version is not None:
-                versions["state"] = state_version
+            parts.stage.state.apply(changes.upserts, changes.deletes, batch_id)
         dedup = parts.work.dedup
         if dedup is not None and seen.judged is not None:
             if seen.judged.id_files:
                 dedup.seen_ids.commit(seen.judged.id_files, batch_id)
             dedup.seen_ids.purge(planned.watermark_ms, batch_id)
-            ids_version = dedup.seen_ids.after()
-            if ids_version is not None:
-                versions["dedup"] = ids_version
         keyed, next_timer_ms = parts.work.keyed, None
         if keyed is not None and seen.keyed is not None:
             ran_at = keyed.ran_at(planned.watermark_ms, planned.planned_at_ms)
             keyed.tables.write(seen.keyed.files, batch_id, ran_at)
-            versions.update(keyed.tables.versions())
             next_timer_ms = keyed.tables.next_pending(ran_at)
         if join is not None and joined is not None:
-            versions[JOIN_TABLE] = join.state.write(joined.state, batch_id, joined.evict_below)
+            join.state.write(joined.state, batch_id, joined.evict_below)
+        # The commit records every state table's version after the batch: what the next
+        # batch's replay reads (lowmark.state.state_table).
+        versions = {
+            state.role: version
+            for state in parts.work.state_tables
+            if (version := state.version_after()) is not None
+        }
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink = parts.sink

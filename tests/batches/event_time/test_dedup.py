@@ -28,7 +28,7 @@ def test_a_batchs_new_ids_reach_the_driver_as_a_few_file_descriptors_whatever_th
     twins = rows[:10]
     records = spark.createDataFrame(rows + twins, "id string, ts timestamp")
 
-    judged = step.judged(records, None, seen_ids.version_for(None, False, 0), 0)
+    judged = step.judged(records, None, seen_ids.contract.read_version({}, False, 0), 0)
     kept = sorted(r.id for r in judged.kept.collect())
     metrics = observed(judged.seen)
     assert metrics is not None
@@ -46,7 +46,7 @@ def test_a_batchs_new_ids_reach_the_driver_as_a_few_file_descriptors_whatever_th
     held = seen_ids.table.read()
     assert sorted(held.column("id").to_pylist()) == sorted(f'{{"id":"{i}"}}' for i, _ in rows)
     # The next batch judges against them: every record of it is a duplicate.
-    again = step.judged(records, None, seen_ids.version_for(None, False, 1), 1)
+    again = step.judged(records, None, seen_ids.contract.read_version({}, False, 1), 1)
     assert again.kept.collect() == []
     assert (judged_again := observed(again.seen)) is not None
     assert again.observed(judged_again).duplicates == len(rows) + len(twins)

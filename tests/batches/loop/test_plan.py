@@ -214,7 +214,7 @@ def test_the_plan_of_a_poison_batch_says_why_it_is_blocked_until_skip_batch_sets
         "pipeline": "dividing",
         "batch_id": 1,
         "inputs": plan["inputs"],
-        "state_restored_to": None,
+        "restored": {},
         "next_batch": 2,
     }
     plan = plan_json(capsys, data_root, "--pipelines", POISON, "plan", "dividing")

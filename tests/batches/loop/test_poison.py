@@ -119,7 +119,7 @@ def test_set_aside_puts_the_window_state_back_as_the_batch_before_left_it(
     with pytest.raises(faults.InjectedCrash), faults.crash_at(faults.KillPoint("after_state", 2)):
         MicroBatchRunner(spark, p, skipped_root).run(max_batches=None)
     done = set_aside(spark, p, skipped_root, 2, "test")
-    assert done.state_restored_to is not None
+    assert done.restored.get("state") is not None
     MicroBatchRunner(spark, p, skipped_root).run(max_batches=None)
     # The sink is what the input without batch 2's file gives.
     assertDataFrameEqual(sink(spark, skipped_root), reference(spark, reference_root, window))

@@ -1,0 +1,136 @@
+"""The one exactly-once contract of every state table a batch writes.
+
+Window state (``state_windows``), the ids deduplication let through
+(``dedup_ids``), a keyed step's state and timers (``keyed_state``,
+``keyed_timers``) and a stream-stream join's held rows (``join_state``) are
+each a ``StateTable``: a Delta table of the checkpoint, written from the
+driver with delta-rs, under one rule:
+
+- **Write.** Batch N's changes commit with the application transaction
+  (``<pipeline id>:<role>``, N): a repeat of the batch finds it there and
+  skips the write (``landed``). Deletes of whole slots the watermark passed
+  carry no transaction: repeating one is harmless.
+- **Record.** Commit N records the table's version after the batch under
+  ``role`` (``CommitEntry.table_versions``; ``version_after``).
+- **Read.** Batch N reads as of ``read_version``: a replay whose own write
+  landed reads the version commit N-1 recorded (``base`` when it recorded
+  none), so it sees what its first attempt saw; any other batch the newest.
+- **skip-batch** puts the table back as commit N-1 left it (``restore``).
+- **reset --after-sink** copies the rows as of the version the sink's last
+  batch recorded into the new checkpoint (``carry_over``).
+- **Maintenance** keeps the version the last commit recorded readable
+  (``lowmark.state.maintenance``), the one a pending replay reads.
+
+``STATE_TABLES`` lists them: the one registration maintenance, skip-batch
+and reset go through. A new stateful feature adds its table there and builds
+its ``StateTable`` handles in its own module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lowmark.state.errors import CheckpointCorrupt
+from lowmark.state.storage import open_table
+from lowmark.state.table import DriverTable
+
+STATE_TABLES = {
+    "state_windows": "state",
+    "dedup_ids": "dedup",
+    "keyed_state": "keyed_state",
+    "keyed_timers": "keyed_timers",
+    "join_state": "join_state",
+}
+"""Every state table of a checkpoint: its folder and its role (the name commit N records its
+version under, and the last part of its application transaction id)."""
+
+NEWEST = -1
+"""As a version to read: the newest, whatever it is when read (``read_version``)."""
+CARRIED = "lowmark:reset"
+"""The application transaction of the rows ``carry_over`` copies into a new checkpoint."""
+
+
+@dataclass(frozen=True)
+class StateTable:
+    """One state table of a checkpoint under the contract above."""
+
+    role: str
+    """Its name in ``CommitEntry.table_versions`` (a value of ``STATE_TABLES``)."""
+    table: DriverTable
+    app_id: str
+    """The application transaction of its writes: ``<pipeline id>:<role>``."""
+    base: int | None
+    """The version a batch reads when no commit before it recorded one: 0 for a table
+    created empty before the checkpoint's first batch, None (nothing held) for one its
+    first write creates."""
+
+    def landed(self, batch_id: int) -> bool:
+        """Whether batch ``batch_id``'s write (or a later batch's) committed here."""
+        return self.table.landed(self.app_id, batch_id)
+
+    def recorded(self, versions: Mapping[str, int]) -> int | None:
+        """Its version in a commit's ``versions`` (``base`` if that commit recorded none)."""
+        return versions.get(self.role, self.base)
+
+    def read_version(
+        self, recorded: Mapping[str, int], replay: bool, batch_id: int, pin: bool = True
+    ) -> int | None:
+        """The version batch ``batch_id`` reads, ``recorded`` being commit N-1's versions:
+        for a replay whose own write landed, the one recorded; else the newest (its number,
+        or ``NEWEST`` unless ``pin``: between two batches only maintenance commits here,
+        which changes files, not rows). None: no rows are held (no table yet)."""
+        if not self.table.exists():
+            return None
+        if replay and self.landed(batch_id):
+            return self.recorded(recorded)
+        return self.table.version() if pin else NEWEST
+
+    def version_after(self) -> int | None:
+        """The version now (None: no table): what the batch's commit records."""
+        return self.table.version() if self.table.exists() else None
+
+    def restore(self, recorded: Mapping[str, int], batch_id: int) -> int | None:
+        """Put the table back as the commit before batch ``batch_id`` left it (``recorded``,
+        that commit's versions): what ``lowmark skip-batch`` does to a batch it sets aside.
+        Returns the version restored (None: the table holds nothing now). A table nothing
+        changed since is left alone."""
+        if not self.table.exists():
+            return None
+        target = self.recorded(recorded)
+        table = open_table(self.table.path)
+        if target is None:  # nothing was held before the batch
+            if table.to_pyarrow_dataset().count_rows():
+                table.delete()
+            return None
+        if table.version() == target:
+            return target
+        try:
+            table.restore(target)
+        except Exception as exc:  # delta-rs raises plain exceptions for a log or files gone
+            raise CheckpointCorrupt(
+                f"{self.table.what} {self.table.path} no longer has version {target}, the "
+                f"state batch {batch_id} is set aside to (a VACUUM with a retention shorter "
+                "than the time since the crash removed its files): restore them from backup, "
+                "or start over with `lowmark reset`"
+            ) from exc
+        return target
+
+    def carry_over(self, recorded: Mapping[str, int], location: str) -> int | None:
+        """Copy the rows this table held as of ``recorded`` (a commit's versions) into the
+        same table of the checkpoint at ``location``: what ``lowmark reset --after-sink``
+        carries into the new checkpoint. Returns the new table's version (None: nothing was
+        held, no table made)."""
+        version = self.recorded(recorded)
+        if version is None or not self.table.exists():
+            return None
+        rows = self.table.read(None, version)
+        folder = self.table.path.rsplit("/", 1)[-1]
+        copy = DriverTable(
+            f"{location.rstrip('/')}/{folder}",
+            None,
+            self.table.what,
+            partition_by=self.table.partition_by,
+        )
+        copy.append_once(rows, CARRIED, 0)
+        return copy.version()
