@@ -58,6 +58,7 @@ _METADATA_SCHEMA = pa.schema(
         pa.field("start_offsets", pa.string(), nullable=True),
         pa.field("adopted_from", pa.string(), nullable=True),
         pa.field("start_identity", pa.string(), nullable=True),
+        pa.field("start_commit", pa.string(), nullable=True),
     ]
 )
 """``start_offsets`` (JSON): where batch 0 starts, set by ``lowmark reset``
@@ -65,8 +66,9 @@ _METADATA_SCHEMA = pa.schema(
 Kafka's latest, retention; a backfill reads from here); ``adopted_from``: the pipeline id of the
 checkpoint whose sink writes this one continues, set by ``lowmark reset``; ``start_identity``
 (JSON): the identity of the source ``start_offsets`` were read from (``lowmark reset
---after-sink``), which batch 0 checks. Checkpoints written before they existed have none of
-them."""
+--after-sink``), which batch 0 checks; ``start_commit`` (a ``CommitEntry`` of batch -1, JSON):
+what batch 0 builds on after ``lowmark reset --after-sink`` (the state tables it carried over,
+the watermark, the next timer). Checkpoints written before they existed have none of them."""
 
 
 class Checkpoint:
@@ -79,9 +81,11 @@ class Checkpoint:
         start_offsets: Offsets | None = None,
         adopted_from: str | None = None,
         start_identity: Identity | None = None,
+        start_commit: CommitEntry | None = None,
     ) -> None:
-        """Open the checkpoint, or create it (``start_offsets``, ``adopted_from`` and
-        ``start_identity`` are recorded only by a creation: see ``_METADATA_SCHEMA``)."""
+        """Open the checkpoint, or create it (``start_offsets``, ``adopted_from``,
+        ``start_identity`` and ``start_commit`` are recorded only by a creation: see
+        ``_METADATA_SCHEMA``)."""
         self.location = location.rstrip("/")
         self.pipeline_name = pipeline_name
         self.metadata = DriverTable(self.table("checkpoint"), _METADATA_SCHEMA)
@@ -89,6 +93,7 @@ class Checkpoint:
         self.start_offsets = start_offsets
         self.adopted_from = adopted_from
         self.start_identity = start_identity or {}
+        self.start_commit = start_commit
         self._handles("")
         self.pipeline_id = self._open_or_create()
         self._handles(self.pipeline_id)
@@ -169,6 +174,9 @@ class Checkpoint:
             else None,
             "adopted_from": self.adopted_from,
             "start_identity": json.dumps(self.start_identity) if self.start_identity else None,
+            "start_commit": (
+                self.start_commit.model_dump_json() if self.start_commit is not None else None
+            ),
         }
         # Two runners creating at once: transaction version 0 lets only the first row land.
         rows = pa.Table.from_pylist([row], schema=_METADATA_SCHEMA)
@@ -220,6 +228,8 @@ class Checkpoint:
         self.adopted_from = row.get("adopted_from")
         identity = row.get("start_identity")  # no such column in older checkpoints
         self.start_identity = json.loads(identity) if identity else {}
+        carried = row.get("start_commit")
+        self.start_commit = CommitEntry.model_validate_json(carried) if carried else None
         return str(row["pipeline_id"])
 
 

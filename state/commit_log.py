@@ -76,6 +76,9 @@ class CommitEntry(LogEntry, BatchCounts):
         {"table_versions", "totals", "violations", "violation_totals"}
     )
 
+    batch_id: int = Field(ge=-1)
+    """-1: the commit a checkpoint made by ``lowmark reset --after-sink`` starts from
+    (``Checkpoint.start_commit``; never in the log)."""
     next_watermark_ms: int | None = None
     next_timer_ms: int | None = None
     """A keyed step's earliest pending timer after the batch (None: none, or no keyed step):

@@ -43,6 +43,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.keyed_state import Expiry, compact_latest
+from lowmark.state.state_table import state_tables
 from lowmark.state.table import DriverTable
 
 log = logging.getLogger(__name__)
@@ -59,17 +60,6 @@ class KeptBatches:
     progress_batches: int
 
 
-STATE_TABLES = {
-    "state_windows": "state",
-    "dedup_ids": "dedup",
-    "keyed_state": "keyed_state",
-    "keyed_timers": "keyed_timers",
-    "join_state": "join_state",
-}
-"""A checkpoint's state tables (folder: the name a commit records its version under): each
-keeps the version the last commit recorded readable."""
-
-
 def maintain(
     checkpoint: Checkpoint,
     batch_id: int,
@@ -81,9 +71,9 @@ def maintain(
     maintained.
 
     ``recorded`` are the table versions that commit recorded: each state table
-    (``STATE_TABLES``) keeps its version readable (``DriverTable.maintain``) for a replay
-    of the next batch and for a backfill, whatever was written to the table since. A keyed
-    step's state first sheds the values later ones replaced and those expired by
+    (``lowmark.state.state_table``) keeps its version readable (``DriverTable.maintain``)
+    for a replay of the next batch and for a backfill, whatever was written to the table
+    since. A keyed step's state first sheds the values later ones replaced and those expired by
     ``expiry`` (the committed batch's processing time and the watermark it left: later
     batches run at no earlier ones; ``compact_latest``).
     """
@@ -99,10 +89,8 @@ def maintain(
         (checkpoint.bad_records, None, None),
         (checkpoint.late, None, None),
     ]
-    for folder, name in STATE_TABLES.items():
-        table = DriverTable(checkpoint.table(folder), None, f"{folder} table")
-        if table.exists():
-            plan.append((table, None, recorded.get(name)))
+    for state in state_tables(checkpoint.location, checkpoint.pipeline_id):
+        plan.append((state.table, None, recorded.get(state.role)))
     maintained = 0
     for table, drop_where, keep_version in plan:
         try:

@@ -36,14 +36,14 @@ from lowmark.state.storage import open_table
 from lowmark.state.table import DriverTable
 
 STATE_TABLES = {
-    "state_windows": "state",
-    "dedup_ids": "dedup",
-    "keyed_state": "keyed_state",
-    "keyed_timers": "keyed_timers",
-    "join_state": "join_state",
+    "state_windows": ("state", None),
+    "dedup_ids": ("dedup", 0),
+    "keyed_state": ("keyed_state", 0),
+    "keyed_timers": ("keyed_timers", 0),
+    "join_state": ("join_state", 0),
 }
-"""Every state table of a checkpoint: its folder and its role (the name commit N records its
-version under, and the last part of its application transaction id)."""
+"""Every state table of a checkpoint: its folder, its role (the name commit N records its
+version under, and the last part of its application transaction id) and its ``base``."""
 
 NEWEST = -1
 """As a version to read: the newest, whatever it is when read (``read_version``)."""
@@ -134,3 +134,17 @@ class StateTable:
         )
         copy.append_once(rows, CARRIED, 0)
         return copy.version()
+
+
+def state_tables(location: str, pipeline_id: str) -> list[StateTable]:
+    """The state tables the checkpoint at ``location`` (of ``pipeline_id``) holds, whatever
+    step wrote them: what maintenance and ``lowmark reset --after-sink`` go through."""
+    found = []
+    for folder, (role, base) in STATE_TABLES.items():
+        path = f"{location.rstrip('/')}/{folder}"
+        table = DriverTable(path, None, f"{folder} table")
+        if table.exists():
+            partitions = tuple(table.open().metadata().partition_columns)
+            table = DriverTable(path, None, f"{folder} table", partition_by=partitions)
+            found.append(StateTable(role, table, f"{pipeline_id}:{role}", base))
+    return found

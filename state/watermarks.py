@@ -37,9 +37,13 @@ class WatermarkTable:
 
     def write(self, batch_id: int, rows: list[Row]) -> int:
         """Record batch ``batch_id``'s rows once; the table's version after it."""
-        names = SCHEMA.names[1:]
-        data = [{"batch_id": batch_id, **dict(zip(names, row, strict=True))} for row in rows]
-        self.table.append_once(pa.Table.from_pylist(data, schema=SCHEMA), self.txn_app_id, batch_id)
+        self.table.append_once(_rows(batch_id, rows), self.txn_app_id, batch_id)
+        return self.table.version()
+
+    def start_with(self, rows: list[Row]) -> int:
+        """Record ``rows`` as batch -1's, in a checkpoint that has no batch yet (what
+        ``lowmark reset --after-sink`` carries over); the table's version after it."""
+        self.table.append(_rows(-1, rows))
         return self.table.version()
 
     def at(self, batch_id: int) -> list[Row]:
@@ -49,3 +53,10 @@ class WatermarkTable:
             (r["partition"], r["max_event_time_ms"], r["watermark_ms"], r["last_seen_ms"])
             for r in rows
         )
+
+
+def _rows(batch_id: int, rows: list[Row]) -> pa.Table:
+    """``rows`` as batch ``batch_id``'s rows of the table."""
+    names = SCHEMA.names[1:]
+    data = [{"batch_id": batch_id, **dict(zip(names, row, strict=True))} for row in rows]
+    return pa.Table.from_pylist(data, schema=SCHEMA)

@@ -13,10 +13,12 @@ reset offers the two safe ways on:
 - ``after``: the new checkpoint starts right after the data the sink holds:
   the end offsets of the newest batch that wrote the sink (the old
   checkpoint's offset log) and, for a file source, the old file manifest up to
-  there, and the ids a deduplicating pipeline let through up to there (their
-  repeats stay duplicates). Only where the sink holds every record a batch read: a windowed
-  pipeline's open windows hold records the sink has not got yet, so it is
-  refused there (truncate, and the windows are recomputed from the source).
+  there. Every state table (``lowmark.state.state_table``: open windows, the
+  ids deduplication let through, a keyed step's state and timers, a join's
+  held rows) is carried over as that batch's commit recorded it, with the
+  watermark, per-partition times and next timer it left (the new checkpoint's
+  ``start_commit``): the records the sink has not got yet (open windows, rows
+  waiting for their match) are emitted as if the pipeline had never stopped.
 
 Neither is offered for a sink another pipeline wrote last (its rows are not
 ours to empty or to go on after). Either way the old checkpoint is moved aside
@@ -37,16 +39,19 @@ from deltalake import CommitProperties, write_deltalake
 
 from lowmark.batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
 from lowmark.batches.loop.sink_owner import held_elsewhere, sink_holder
-from lowmark.batches.pipeline import Pipeline, resolve
+from lowmark.batches.pipeline import FileSource, Pipeline, UnionSource, resolve
+from lowmark.batches.sources.union import own
 from lowmark.state.checkpoint import Checkpoint, move_aside, time_stamp
+from lowmark.state.commit_log import CommitEntry, CommitLog
 from lowmark.state.delta import USER_METADATA_CONF
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkError
 from lowmark.state.offset_log import OffsetEntry, OffsetLog, Offsets
 from lowmark.state.ownership import last_writer, writer_metadata
-from lowmark.state.seen_ids import SLOT
 from lowmark.state.session import SparkLike, provider
+from lowmark.state.state_table import CARRIED, state_tables
 from lowmark.state.storage import delta_rs_options, is_table, open_table
 from lowmark.state.table import DriverTable
+from lowmark.state.watermarks import WatermarkTable
 
 Mode = Literal["truncate", "after"]
 
@@ -124,12 +129,6 @@ def _refuse_another_pipelines_sink(pipeline: Pipeline, location: str, sink: str)
 
 
 def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
-    if pipeline.aggregation is not None:
-        raise PipelineConfigInvalid(
-            f"{pipeline.name} aggregates windows: records of windows still open at its last "
-            "commit are not in the sink, and starting after the sink's data would lose them; "
-            f"run `lowmark reset {pipeline.name} --truncate-sink` to recompute every window"
-        )
     writer = last_writer(sink)
     if writer is None:
         raise PipelineConfigInvalid(
@@ -140,18 +139,16 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
     entry = _offsets_of(old, writer.batch_id)
     end = entry.end_offsets
     staging = f"{location}.new-{time_stamp()}"
-    taken = _taken_files(f"{old}/files", end)
+    files_end = _file_offsets(pipeline, end)
+    taken = _taken_files(f"{old}/files", files_end)
     if taken is not None:
         files = DriverTable(f"{staging}/files", taken.schema, "file manifest")
-        files.append_once(taken, "lowmark:reset", 0)
-    retired = _taken_files(f"{old}/files_history", end)
+        files.append_once(taken, CARRIED, 0)
+    retired = _taken_files(f"{old}/files_history", files_end)
     if retired is not None and retired.num_rows:
         history = DriverTable(f"{staging}/files_history", retired.schema, "manifest history")
-        history.append_once(retired, "lowmark:reset", 0)
-    held = _held_ids(f"{old}/dedup_ids", writer.batch_id)
-    if held is not None:  # the ids the sink's records hold: their repeats stay duplicates
-        ids = DriverTable(f"{staging}/dedup_ids", held.schema, "deduplication table", None, (SLOT,))
-        ids.append_once(held, "lowmark:reset", 0)
+        history.append_once(retired, CARRIED, 0)
+    start_commit = _carry_over(pipeline, old, writer.pipeline_id, writer.batch_id, staging)
     schema = _schema_json(old)
     # The old source's identity goes with its offsets: batch 0 refuses a replaced source.
     new = Checkpoint(
@@ -160,6 +157,7 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
         start_offsets=end,
         adopted_from=writer.pipeline_id,
         start_identity=entry.source_identity,
+        start_commit=start_commit,
     )
     if schema is not None:
         new.schema.fix(schema)
@@ -218,13 +216,49 @@ def _taken_files(path: str, end: Offsets) -> pa.Table | None:
     return pa.Table.from_pylist(keep, schema=rows.schema)
 
 
-def _held_ids(path: str, last_batch: int) -> pa.Table | None:
-    """The ids the old seen-ids table at ``path`` held, let through by batches up to
-    ``last_batch`` (None: the pipeline did not deduplicate)."""
-    table = DriverTable(path, None, "deduplication table")
-    if not table.exists():
+def _file_offsets(pipeline: Pipeline, end: Offsets) -> Offsets:
+    """The part of ``end`` the checkpoint's file manifest numbers: a union's folder member
+    keeps its files under its own partition names (``<member>/<partition>`` in the union's
+    offsets)."""
+    source = pipeline.source
+    if not isinstance(source, UnionSource):
+        return end
+    folders = [name for name, part in source.sources.items() if isinstance(part, FileSource)]
+    return {p: n for name in folders for p, n in own(end, name).items()}
+
+
+def _carry_over(
+    pipeline: Pipeline, old: str, pipeline_id: str, batch_id: int, staging: str
+) -> CommitEntry | None:
+    """Every state table of the old checkpoint at ``old`` as commit ``batch_id`` recorded it,
+    copied into ``staging``, and the commit the new checkpoint starts from: the watermark,
+    per-partition times and next timer that commit left (None: a pipeline with neither
+    state nor event time, which starts from nothing)."""
+    tables = state_tables(old, pipeline_id)
+    if not tables and pipeline.event_time is None:
         return None
-    return table.read(f'"batch_id" <= {last_batch}')
+    done = CommitLog(f"{old}/commits", CommitEntry, "").get(batch_id)
+    if done is None:
+        raise CheckpointMissing(
+            f"batch {batch_id} of {pipeline.name} wrote its sink but did not commit, so the "
+            f"state it leaves is not recorded: run `lowmark run {pipeline.name}` to finish it, "
+            "then reset again"
+        )
+    versions: dict[str, int] = {}
+    for state in tables:
+        version = state.carry_over(done.table_versions, staging)
+        if version is not None:
+            versions[state.role] = version
+    if "watermarks" in done.table_versions:
+        times = WatermarkTable(f"{old}/watermarks", "").at(batch_id)
+        versions["watermarks"] = WatermarkTable(f"{staging}/watermarks", "").start_with(times)
+    return CommitEntry(
+        batch_id=-1,
+        runner_id="lowmark reset",
+        next_watermark_ms=done.next_watermark_ms,
+        next_timer_ms=done.next_timer_ms,
+        table_versions=versions,
+    )
 
 
 def _schema_json(location: str) -> str | None:

@@ -202,9 +202,12 @@ class Planner:
     def _plan(self, dry_run: bool) -> PlannedBatch | None:
         """The recovery rule (``next_batch``)."""
         latest, done = self.position()
+        if done is None and self.checkpoint is not None:
+            # After `lowmark reset --after-sink`: the state, watermark and timers it carried.
+            done = self.checkpoint.start_commit
         done_id = done.batch_id if done else None
         if latest is None:
-            if done is not None:
+            if done is not None and done_id != -1:
                 raise CheckpointCorrupt(
                     f"commit log of {self.location} has batch {done_id} but the "
                     "offset log is empty: restore offsets/ or start over with `lowmark reset`"
@@ -215,7 +218,7 @@ class Planner:
             fixes = not dry_run or self.source.start_moves()
             if fixes and (self.checkpoint is None or self.checkpoint.start_offsets is None):
                 start = self._fix_start(start)
-            return self._plan_new(0, start, None, None, dry_run)
+            return self._plan_new(0, start, None, done, dry_run)
         # Before the first commit a run starts a changed pipeline over
         # (``lowmark.batches.loop.start_over``): a dry run answers with the batch 0 it replaces.
         first = done is None and latest.batch_id == 0 and latest.pipeline_definition is not None

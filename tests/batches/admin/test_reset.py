@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.reset import reset
-from lowmark.batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
+from lowmark.batches.errors import SinkHeldElsewhere
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.follow import follow
 from lowmark.batches.loop.microbatch import MicroBatchRunner
@@ -29,6 +29,7 @@ from lowmark.batches.windows import Tumbling
 from lowmark.state.errors import CheckpointReplaced
 from lowmark.state.ownership import last_writer
 from tests.helpers import (
+    delta_frame,
     drop_batches,
     drop_file,
     event,
@@ -111,11 +112,33 @@ def test_truncate_sink_of_a_windowed_pipeline_recomputes_every_window(
     )
     p = windowed(window, "update")
     MicroBatchRunner(spark, p, data_root).run(max_batches=3)
-    with pytest.raises(PipelineConfigInvalid, match="--truncate-sink"):
-        reset(spark, p, data_root, "after")
     reset(spark, p, data_root, "truncate")
     MicroBatchRunner(spark, p, data_root).run(max_batches=None)
     assertDataFrameEqual(sink(spark, data_root), reference(spark, data_root, window))
+
+
+@pytest.mark.parametrize("mode", ["append", "update"])
+def test_after_sink_of_a_windowed_pipeline_carries_its_open_windows_and_watermark(
+    spark: SparkSession, data_root: Path, mode: str
+) -> None:
+    window = Tumbling(size="10 seconds")
+    # Windows open across the reset; a@2 in batch 3 is late by the watermark batch 2 left.
+    batches = [[event("a", 10 * i + 1, i), event("b", 10 * i + 7, i)] for i in range(5)]
+    batches[3].append(event("a", 2, 99))
+    fault_free = data_root.parent / "fault_free"
+    for root in (data_root, fault_free):
+        drop_batches(root, batches)
+    p = windowed(window, mode, max_out_of_orderness="5 seconds")
+    MicroBatchRunner(spark, p, fault_free).run(max_batches=None)
+    MicroBatchRunner(spark, p, data_root).run(max_batches=3)
+
+    done = reset(spark, p, data_root, "after")
+
+    assert done.continues is not None and done.continues.endswith("batch 2")
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    assertDataFrameEqual(sink(spark, data_root), sink(spark, fault_free))
+    late = delta_frame(spark, data_root / "_lowmark" / "w" / "late").collect()
+    assert ['"amount":99' in row.record for row in late] == [True]
 
 
 def test_truncate_sink_of_a_windowed_sink_without_rows_yet_names_the_new_checkpoint(
