@@ -296,7 +296,7 @@ def test_every_lowmark_class_a_docs_example_uses_is_imported_on_its_page(path: P
 def test_every_self_contained_docs_example_builds_its_pipeline() -> None:
     """Each example that uses nothing it does not define runs, and the ones that make a
     ``Pipeline`` make a valid one (the stream-stream join's among them)."""
-    built = {}
+    built: dict[str, Pipeline] = {}
     for path in [README, *PAGES]:
         for example in python_examples(path):
             if lowmark_imports(example) and not free_names(example):
