@@ -4,6 +4,11 @@ What a pipeline module imports::
 
     from lowmark import Aggregate, DeltaSink, EventTime, FileSource, Pipeline, Tumbling
 
+Every model a pipeline is built from (each section of the configuration reference), the
+contracts a user implements (``Source``, ``Sink``, ``PipelineListener``) and the runner
+that runs a pipeline from Python (``MicroBatchRunner``) are here, and the docs import
+them from here only (tests/test_api.py).
+
 Every module of lowmark is under this one name (``lowmark.batches``, ``lowmark.state``,
 ``lowmark.orchestration``: the repository's top-level folders, linked here), so a project's
 own ``state.py`` or ``batches.py`` never stands in for one of them.
@@ -19,8 +24,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lowmark.batches.dedup import Dedup
     from lowmark.batches.expectations import Expectation, Quality
+    from lowmark.batches.keyed.definition import Keyed
     from lowmark.batches.loop.listeners import PipelineListener
+    from lowmark.batches.loop.microbatch import MicroBatchRunner
     from lowmark.batches.pipeline import (
         CustomSink,
         CustomSource,
@@ -41,10 +49,12 @@ if TYPE_CHECKING:
     from lowmark.batches.sinks import Sink
     from lowmark.batches.sources import Source, SourceRead
     from lowmark.batches.sql import SqlStep
+    from lowmark.batches.stream_join import JoinTime, StreamJoin
     from lowmark.batches.table_join import TableJoin
     from lowmark.batches.windows import (
         Aggregate,
         EventTime,
+        IngestionWatermark,
         Session,
         Sliding,
         Tumbling,
@@ -53,9 +63,12 @@ if TYPE_CHECKING:
     )
 
 _HOME = {
+    "Dedup": "lowmark.batches.dedup",
     "Expectation": "lowmark.batches.expectations",
     "Quality": "lowmark.batches.expectations",
+    "Keyed": "lowmark.batches.keyed.definition",
     "PipelineListener": "lowmark.batches.loop.listeners",
+    "MicroBatchRunner": "lowmark.batches.loop.microbatch",
     **dict.fromkeys(
         (
             "CustomSink",
@@ -80,11 +93,14 @@ _HOME = {
     "Source": "lowmark.batches.sources",
     "SourceRead": "lowmark.batches.sources",
     "SqlStep": "lowmark.batches.sql",
+    "JoinTime": "lowmark.batches.stream_join",
+    "StreamJoin": "lowmark.batches.stream_join",
     "TableJoin": "lowmark.batches.table_join",
     **dict.fromkeys(
         (
             "Aggregate",
             "EventTime",
+            "IngestionWatermark",
             "Session",
             "Sliding",
             "Tumbling",
@@ -101,6 +117,7 @@ __all__ = [
     "Aggregate",
     "CustomSink",
     "CustomSource",
+    "Dedup",
     "DeltaSink",
     "DeltaSource",
     "EventTime",
@@ -109,9 +126,13 @@ __all__ = [
     "FileSource",
     "ForeachBatchSink",
     "HealthChecks",
+    "IngestionWatermark",
+    "JoinTime",
     "KafkaSink",
     "KafkaSource",
+    "Keyed",
     "Maintenance",
+    "MicroBatchRunner",
     "Pipeline",
     "PipelineListener",
     "PostgresSink",
@@ -122,6 +143,7 @@ __all__ = [
     "Source",
     "SourceRead",
     "SqlStep",
+    "StreamJoin",
     "SyntheticSource",
     "TableJoin",
     "Tumbling",

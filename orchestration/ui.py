@@ -12,8 +12,9 @@ any crash.
 
 With a shared Spark (``lowmark ui``'s default when no Spark master is set), a
 Spark Connect server (``lowmark.state.connect_server``) starts beside it and
-every run, sensor tick and backfill connects to it (``LOWMARK_SPARK_MASTER``):
-a run's start costs no JVM. It stops after the runs, which may need it to
+every run, sensor tick and backfill connects to it (``LOWMARK_SPARK_MASTER``,
+and its token in their environment, never on a command line): a run's start
+costs no JVM. It stops after the runs, which may need it to
 finish their batch.
 """
 
@@ -83,13 +84,13 @@ class DagsterDev:
         """Start ``dagster dev`` over ``workspace`` with its instance in ``home``; its output
         goes to ``output`` (default: this process's). With ``shared_spark``, a Spark Connect
         server on loopback too (its log: ``home``/spark-connect.log), which every process
-        ``dagster dev`` starts is pointed at."""
+        ``dagster dev`` starts is pointed at and given the token of."""
         env = {**os.environ, **(env or {}), "DAGSTER_HOME": str(prepare_home(home))}
         spark = None
         if shared_spark:
             folders = [Path.cwd(), workspace.parent]  # the runs' Python finds the project here
             spark = ConnectServer.start(home / "spark-connect.log", python_path=folders)
-            env["LOWMARK_SPARK_MASTER"] = spark.url
+            env.update(spark.client_env())
         process = subprocess.Popen(
             [str(DAGSTER), "dev", "-w", str(workspace), "-h", host, "-p", str(port)],
             cwd=workspace.parent,

@@ -6,6 +6,17 @@ backfill). A server started once takes their work instead: a process that
 connects to it (``LOWMARK_SPARK_MASTER=sc://host:port``) starts no JVM, and
 its session is ready in well under a second.
 
+A server runs Python as whoever started it, so it serves only clients that
+present its token (Spark Connect's pre-shared token: the server reads it from
+``SPARK_CONNECT_AUTHENTICATE_TOKEN``, its pyspark clients from the same
+variable). Each server gets a random one, kept off every command line (``ps``
+shows those to every local account): the server's environment holds it, its
+clients are handed it in theirs (``client_env``), and ``lowmark spark-connect``
+keeps it in a file only its owner reads (``token_from_file``). pyspark sends a
+token without TLS only to the host name ``localhost`` (gRPC's local
+credentials, which check that the peer is on this machine), so the address
+given to clients of a server on loopback names ``localhost``.
+
 The server is pyspark's own ``bin/spark-submit`` running ``SparkConnectServer``
 (its jar, ``spark-connect_2.13``, ships in pyspark's ``jars/``) in local mode,
 with the confs a local lowmark session has (``lowmark.state.session.jvm_confs``:
@@ -24,6 +35,7 @@ docs/deploy.md, "Spark Connect".
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,6 +53,41 @@ from lowmark.state.session import CONNECT_SCHEME, SparkSettings, jvm_confs
 SPARK_HOME = Path(pyspark.__file__).parent
 """pyspark's folder: its ``bin/`` and ``jars/`` are a Spark distribution's."""
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+"""Where the server (Spark's ``Connect.getAuthenticateToken``) and its pyspark clients
+(``ChannelBuilder.token``) read the token when no conf or URL gives one."""
+TOKEN_CONF = "spark.connect.authenticate.token"
+_THIS_MACHINE = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
+"""Bind addresses a client on this machine reaches as ``localhost``."""
+
+
+def new_token() -> str:
+    """A random token for one server (256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def token_from_file(path: Path) -> str:
+    """The token ``path`` holds; when there is no such file, a new one written there, readable
+    by its owner only (mode 0600). Raises ``TokenFileExposed`` when group or others may read
+    ``path`` or it holds no token."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise TokenFileExposed(
+                f"{path}: group or others may read this Spark Connect token file "
+                f"(mode {mode:o}): chmod 600 {path}, or delete it for a new token"
+            ) from None
+        token = path.read_text().strip()
+        if not token:
+            raise TokenFileExposed(f"{path}: no token in it: delete it for a new one") from None
+        return token
+    token = new_token()
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,11 +105,20 @@ class ConnectServer:
     host: str
     port: int
     log: Path
+    token: str
 
     @property
     def url(self) -> str:
-        """The address clients are given (``LOWMARK_SPARK_MASTER``)."""
-        return f"{CONNECT_SCHEME}{self.host}:{self.port}"
+        """The address clients are given (``LOWMARK_SPARK_MASTER``): ``localhost`` for a server
+        this machine reaches on loopback, as pyspark sends a token without TLS there only.
+        It holds no token, so it may be shown."""
+        host = "localhost" if self.host in _THIS_MACHINE else self.host
+        return f"{CONNECT_SCHEME}{host}:{self.port}"
+
+    def client_env(self) -> dict[str, str]:
+        """The environment a lowmark process needs to be this server's client: its address
+        and its token."""
+        return {"LOWMARK_SPARK_MASTER": self.url, TOKEN_ENV: self.token}
 
     @classmethod
     def start(
@@ -73,11 +129,20 @@ class ConnectServer:
         cores: str = "*",
         confs: dict[str, str] | None = None,
         python_path: Sequence[Path] = (),
+        token: str | None = None,
     ) -> ConnectServer:
         """Start a server on ``host``:``port`` (default: a free one) running ``cores``
         local cores; its output goes to ``log``. Returns at once: ``wait_until_up`` waits
-        for it. ``confs`` win over lowmark's."""
+        for it. ``confs`` win over lowmark's. It serves only clients presenting ``token``
+        (default: a new random one), which its environment holds; ``TokenOnCommandLine``
+        when ``confs`` would put a token on its command line instead."""
+        if TOKEN_CONF in (confs or {}):
+            raise TokenOnCommandLine(
+                f"{TOKEN_CONF}: a conf goes on the server's command line, which ps shows to "
+                "every local account: leave it out (lowmark spark-connect --token-file)"
+            )
         port = port or free_port(host)
+        token = token or new_token()
         settings = SparkSettings(confs=confs or {})
         server_confs = {
             **jvm_confs(settings),
@@ -95,6 +160,7 @@ class ConnectServer:
         env = {
             **os.environ,
             "SPARK_HOME": str(SPARK_HOME),
+            TOKEN_ENV: token,
             "PYSPARK_PYTHON": sys.executable,
             "PYTHONPATH": os.pathsep.join(
                 [*map(str, python_path), *([inherited] if inherited else [])]
@@ -112,7 +178,7 @@ class ConnectServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a terminal's Ctrl-C reaches its starter only
             )
-        return cls(process, host, port, log)
+        return cls(process, host, port, log, token)
 
     def answers(self) -> bool:
         """True once the server takes connections."""
@@ -154,3 +220,11 @@ class ConnectServer:
 
 class ServerDidNotStart(LowmarkError):
     """The Spark Connect server exited or did not answer in time."""
+
+
+class TokenOnCommandLine(LowmarkError):
+    """The server's token was given as a conf, which its command line would show."""
+
+
+class TokenFileExposed(LowmarkError):
+    """A Spark Connect token file others may read, or one without a token."""

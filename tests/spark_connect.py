@@ -4,7 +4,7 @@ two local cores, a 1 GB heap and queries evaluated without generated code (as in
 suite's own session); its log under ``folder``.
 
     server = start_server(tmp_path)
-    try: ...  # lowmark --master server.url ...
+    try: ...  # lowmark with server.client_env() in its environment
     finally: server.stop()
 """
 
@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lowmark.state.connect_server import free_port
+from lowmark.state.connect_server import TOKEN_ENV, free_port
 from tests.helpers import INTERPRETED
 
 LOWMARK = Path(sys.executable).parent / "lowmark"
@@ -25,10 +25,17 @@ LOWMARK = Path(sys.executable).parent / "lowmark"
 
 @dataclass
 class RunningServer:
-    """``lowmark spark-connect`` running, and the address it printed."""
+    """``lowmark spark-connect`` running, the address it printed and the token in the file
+    it named."""
 
     command: subprocess.Popen[str]
     url: str
+    token_file: Path
+    token: str
+
+    def client_env(self) -> dict[str, str]:
+        """What a client's environment needs: the address and the token."""
+        return {"LOWMARK_SPARK_MASTER": self.url, TOKEN_ENV: self.token}
 
     def stop(self) -> None:
         """SIGTERM the command (it stops its server), as Ctrl-C does."""
@@ -48,4 +55,7 @@ def start_server(folder: Path) -> RunningServer:
     if not line:
         _, error = command.communicate(timeout=60)
         raise RuntimeError(f"lowmark spark-connect did not start: {error[-2000:]}")
-    return RunningServer(command, json.loads(line)["url"])
+    token_file = Path(json.loads(line)["token_file"])
+    return RunningServer(
+        command, json.loads(line)["url"], token_file, token_file.read_text().strip()
+    )

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import lowmark
+from lowmark.batches.pipeline import Pipeline
+from scripts import config_reference
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,3 +41,17 @@ def test_importing_lowmark_loads_no_spark() -> None:
     code = "import sys, lowmark; print(lowmark.__version__, 'pyspark' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == [lowmark.__version__, "False"]
+
+
+def test_every_model_a_pipeline_is_built_from_is_public() -> None:
+    """Each section of the configuration reference is a class ``from lowmark import`` finds."""
+    models = {m.__name__: m for m in config_reference.reachable(Pipeline)}
+    assert {name: getattr(lowmark, name, None) for name in models} == models
+
+
+def test_every_public_name_is_named_in_the_docs() -> None:
+    """``__all__`` is the documented API: no public name the docs never mention (the docs'
+    examples import only public names: tests/test_docs.py)."""
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *(REPO / "docs").rglob("*.md")])
+    words = set(re.findall(r"\w+", text))
+    assert [n for n in lowmark.__all__ if n != "__version__" and n not in words] == []

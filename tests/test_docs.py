@@ -7,6 +7,8 @@ All quick: one ``mkdocs build`` (about a second), the rest reads files.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import os
 import re
 import subprocess
@@ -19,6 +21,9 @@ import pytest
 import typer
 from markdown.extensions.toc import slugify
 
+import lowmark
+from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.registry import load_pipelines
 from scripts import config_reference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +36,47 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 """A Markdown link or image: ``[text](target)``."""
 CODE = re.compile(r"```.*?```|``.+?``|`[^`]+`", re.DOTALL)
 """A fenced code block or a code span: where commands are written."""
+
+
+PYTHON = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+"""A fenced Python block of a page."""
+
+
+def python_examples(path: Path) -> list[ast.Module]:
+    """The Python blocks of a Markdown file, parsed (a block that is not Python fails here)."""
+    return [
+        ast.parse(m.group(1), filename=f"{path.name}:{m.start()}")
+        for m in PYTHON.finditer(path.read_text())
+    ]
+
+
+def lowmark_imports(example: ast.Module) -> list[ast.ImportFrom]:
+    return [
+        n
+        for n in ast.walk(example)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "lowmark"
+    ]
+
+
+def bound_names(example: ast.Module) -> set[str]:
+    """The names an example binds: imports, definitions, assignments, arguments."""
+    bound = set()
+    for node in ast.walk(example):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+    return bound
+
+
+def free_names(example: ast.Module) -> set[str]:
+    """The names an example uses without binding them (nor being builtins)."""
+    used = {n.id for n in ast.walk(example) if isinstance(n, ast.Name)}
+    return used - bound_names(example) - set(dir(builtins))
 
 
 def code_in(path: Path) -> list[str]:
@@ -225,3 +271,54 @@ def test_a_page_names_ideas_not_documents_and_one_word_for_maintenance(path: Pat
 def _flags(param: click.Parameter) -> list[str]:
     """Every flag of ``param``: ``--x`` and, for an on/off flag, ``--no-x`` too."""
     return [*param.opts, *param.secondary_opts]
+
+
+@pytest.mark.parametrize("path", [README, *PAGES], ids=lambda p: str(p.relative_to(REPO)))
+def test_a_docs_example_imports_only_public_names_and_from_lowmark_itself(path: Path) -> None:
+    for example in python_examples(path):
+        for node in lowmark_imports(example):
+            names = [a.name for a in node.names]
+            assert node.module == "lowmark", f"{path.name}: from {node.module} import {names}"
+            assert set(names) <= set(lowmark.__all__), f"{path.name}: {names}"
+
+
+@pytest.mark.parametrize("path", [README, *PAGES], ids=lambda p: str(p.relative_to(REPO)))
+def test_every_lowmark_class_a_docs_example_uses_is_imported_on_its_page(path: Path) -> None:
+    """A reader copying a page's examples gets every lowmark class they use (an example may
+    use what an earlier block of the page imported or defined)."""
+    bound: set[str] = set()
+    for example in python_examples(path):
+        missing = (free_names(example) - bound) & set(lowmark.__all__)
+        assert missing == set(), f"{path.name}: {sorted(missing)} used, not imported"
+        bound |= bound_names(example)
+
+
+def test_every_self_contained_docs_example_builds_its_pipeline() -> None:
+    """Each example that uses nothing it does not define runs, and the ones that make a
+    ``Pipeline`` make a valid one (the stream-stream join's among them)."""
+    built: dict[str, Pipeline] = {}
+    for path in [README, *PAGES]:
+        for example in python_examples(path):
+            if lowmark_imports(example) and not free_names(example):
+                namespace: dict[str, object] = {}
+                exec(compile(example, path.name, "exec"), namespace)
+                built |= {
+                    f"{path.name}:{name}": value
+                    for name, value in namespace.items()
+                    if isinstance(value, Pipeline)
+                }
+    assert {"joins.md:paid_orders", "getting-started.md:orders"} <= set(built)
+
+
+def test_the_python_stream_join_example_is_the_yaml_one(tmp_path: Path) -> None:
+    text = (DOCS / "joins.md").read_text()
+    section = text[text.index("{#stream-stream-joins}") :]
+    yaml_example = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert yaml_example is not None
+    (tmp_path / "join.yaml").write_text(yaml_example.group(1))
+    from_yaml = load_pipelines(str(tmp_path / "join.yaml"))["paid_orders"]
+    (python_example,) = [e for e in python_examples(DOCS / "joins.md") if lowmark_imports(e)]
+    namespace: dict[str, object] = {}
+    exec(compile(python_example, "joins.md", "exec"), namespace)
+
+    assert namespace["paid_orders"] == from_yaml

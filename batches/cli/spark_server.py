@@ -3,6 +3,8 @@
 Runs ``lowmark.state.connect_server.ConnectServer`` in the foreground until
 Ctrl-C or SIGTERM: a deployment's Spark for its Dagster runs (docs/deploy.md,
 "A long-lived Spark"). ``lowmark ui`` starts one itself when no master is set.
+Its clients need its token, which it keeps in a file only its owner reads
+(``--token-file``) and never prints.
 
 Registered on the ``lowmark`` app of ``lowmark.batches.cli.commands`` when imported
 (``lowmark.orchestration.cli``, the console entry point, does).
@@ -27,7 +29,11 @@ from lowmark.batches.cli.logs import log_file
 def spark_connect(
     ctx: typer.Context,
     host: Annotated[
-        str, typer.Option(help="Interface to serve on (0.0.0.0: every one; no auth).")
+        str,
+        typer.Option(
+            help="Interface to serve on (0.0.0.0: every one). pyspark sends the token "
+            "without TLS only to localhost: remote clients need a TLS proxy or a tunnel."
+        ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to serve on (Spark Connect's own).")] = 15002,
     cores: Annotated[str, typer.Option(help="Local cores its tasks run on: a number or *.")] = "*",
@@ -38,21 +44,36 @@ def spark_connect(
             "repeatable. They win over lowmark's.",
         ),
     ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="The file holding the token clients must present; a new random one is "
+            "written there (mode 0600) when it does not exist. Default: "
+            "<data root>/_lowmark/spark-connect.token.",
+        ),
+    ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Once up, print one line of JSON: url, log.")
+        bool,
+        typer.Option("--json", help="Once up, print one line of JSON: url, token_file, log."),
     ] = False,
 ) -> None:
     """Run a Spark Connect server with Delta and lowmark's jars and confs until Ctrl-C.
 
-    Point lowmark at it with --master sc://HOST:PORT (or LOWMARK_SPARK_MASTER): a run
-    then starts no JVM of its own. Its log goes to <data root>/_lowmark/_logs/.
+    Point lowmark at it with --master sc://HOST:PORT (or LOWMARK_SPARK_MASTER) and its
+    token in SPARK_CONNECT_AUTHENTICATE_TOKEN (read from --token-file): a run then starts
+    no JVM of its own. A client without the token is refused. Its log goes to
+    <data root>/_lowmark/_logs/.
     """
-    from lowmark.state.connect_server import ConnectServer
+    from lowmark.state.connect_server import ConnectServer, token_from_file
 
     c: Context = ctx.obj
     confs = dict(_key_value(item) for item in conf or [])
     log = log_file(c.data_root).with_name("spark-connect.log")
-    server = ConnectServer.start(log, host, port, cores, confs, python_path=[Path.cwd()])
+    token_file = token_file or c.data_root / "_lowmark" / "spark-connect.token"
+    token = token_from_file(token_file)
+    server = ConnectServer.start(
+        log, host, port, cores, confs, python_path=[Path.cwd()], token=token
+    )
     stopping: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -63,9 +84,16 @@ def spark_connect(
     err.print(f"starting Spark Connect on {server.url} (log {log})…")
     server.wait_until_up()
     if as_json:
-        print_json(out, {"url": server.url, "log": str(log)}, indent=None)
+        ready = {"url": server.url, "token_file": str(token_file), "log": str(log)}
+        print_json(out, ready, indent=None)
     else:
-        out.print(f"Spark Connect: {server.url} (lowmark --master {server.url}); Ctrl-C stops it")
+        out.print(
+            f"Spark Connect: {server.url}; its clients need the token in {token_file}:\n"
+            f"  export SPARK_CONNECT_AUTHENTICATE_TOKEN=$(cat {token_file})\n"
+            f"  lowmark --master {server.url} …\n"
+            "Ctrl-C stops it",
+            soft_wrap=True,
+        )
     while not stopping and server.process.poll() is None:
         time.sleep(0.5)
     exited = server.process.poll()

@@ -61,7 +61,7 @@ def _client(
 ) -> subprocess.Popen[str]:
     """`lowmark run name --until-caught-up` (or with ``options``) as a Spark Connect client
     of ``server`` (``LOWMARK_SPARK_MASTER=sc://…``): no JVM in its process."""
-    client_env = lowmark_env(None, LOWMARK_SPARK_MASTER=server.url, **env)
+    client_env = lowmark_env(None, **server.client_env(), **env)
     args = lowmark_run_args(root, PIPELINES[name], *(options or ("--until-caught-up",)))
     return subprocess.Popen(
         args, env=client_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -190,7 +190,7 @@ def test_a_merge_sink_through_spark_connect_skips_a_replayed_batch(
     """A stateless pipeline's MERGE sink: SQL MERGE in a session of its own (a clone of the
     client's server-side session), its transaction skipping the replay, nothing left behind."""
     table = tmp_path / "merged"
-    client_env = lowmark_env(None)
+    client_env = lowmark_env(None, **server.client_env())
     args = [sys.executable, "-m", "tests.faults.connect_merge", server.url, str(table)]
     done = subprocess.run(args, env=client_env, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
