@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from lowmark.state.errors import CheckpointCorrupt
 from lowmark.state.state_table import StateTable
 from lowmark.state.table import UTC_MICROS, DriverTable, floor_div, micros_literal
 from lowmark.state.task_appends import WrittenFile, write_files
@@ -112,3 +113,40 @@ def live_ids(path: str, slot_us: int, version: int | None, from_us: int | None) 
         where = f'"{SLOT}" >= {from_us // slot_us} AND "event_time" >= {micros_literal(from_us)}'
     table = DriverTable(path, SCHEMA, "deduplication table")
     return table.read(where, version).column("id").combine_chunks()
+
+
+def let_through(
+    ids: SeenIds, batch_id: int, watermark_ms: int | None, from_us: int | None
+) -> pa.Table | None:
+    """``id`` and ``event_time`` of every record batches up to ``batch_id`` let through, from
+    event time ``from_us`` on (None: all); ``watermark_ms``: the newest watermark a batch
+    may have run with (a purge's horizon is below it).
+
+    Read as of the newest version, and, for the ids a purge deleted, as of the version
+    before each delete (a batch after ``batch_id`` that did not commit may have written
+    both: its rows are left out by their ``batch_id``). None when some of them can no
+    longer be read: the log no longer reaches back to the table's first version, or the
+    files of such a version were vacuumed (maintenance).
+    """
+    if not ids.table.exists():
+        return pa.table({"id": pa.array([], pa.string()), "event_time": pa.array([], UTC_MICROS)})
+    where = f'"batch_id" <= {batch_id}'
+    if from_us is not None:
+        where += f' AND "{SLOT}" >= {from_us // ids.slot_us}'
+        where += f' AND "event_time" >= {micros_literal(from_us)}'
+    newest = ids.table.open()
+    reads = [ids.table.read(where, newest.version())]
+    live_from = ids.live_from_us(watermark_ms)
+    slot = from_us // ids.slot_us if from_us is not None else None
+    if live_from is not None and (slot is None or slot < live_from // ids.slot_us):
+        # Some were purged: every version before a delete holds what the delete took.
+        history = newest.history()
+        if min((h["version"] for h in history), default=0) > 0:
+            return None
+        deletes = sorted(h["version"] for h in history if h["operation"] == "DELETE")
+        try:
+            reads += [ids.table.read(where, version - 1) for version in deletes]
+        except CheckpointCorrupt:
+            return None
+    rows = pa.concat_tables(r.select(["id", "event_time"]) for r in reads)
+    return rows.group_by(["id", "event_time"]).aggregate([])

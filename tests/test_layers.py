@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -20,6 +21,34 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     lint = Path(sys.executable).parent / "lint-imports"
     done = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_every_module_and_folder_of_batches_is_in_a_layer() -> None:
+    """A module in no layer may import anything: the contract names each of them."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    named = {name.strip() for layer in layers for name in layer.split("|")}
+    modules = {
+        f"lowmark.batches.{path.stem}"
+        for path in (REPO / "batches").iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    }
+    assert sorted(modules - named) == []
+
+
+def test_lowmark_links_the_top_level_folders_so_each_file_has_one_module_name() -> None:
+    """``lowmark/`` holds ``__init__.py`` and links only (docs/development.md, "The
+    package"): a checkout on ``PYTHONPATH`` imports its own files, and tools that do not
+    follow links (ruff, git) see each file once, under its top-level folder."""
+    real = sorted(p.name for p in (REPO / "lowmark").iterdir() if not p.is_symlink())
+    assert real in (["__init__.py"], ["__init__.py", "__pycache__"])
+    for folder in FOLDERS:
+        assert (REPO / "lowmark" / folder).readlink() == Path("..", folder)
+    ruff = Path(sys.executable).parent / "ruff"
+    shown = subprocess.run(
+        [str(ruff), "check", "--show-files", "."], cwd=REPO, capture_output=True, text=True
+    ).stdout.split()
+    assert [f for f in shown if "/lowmark/" in f] == [str(REPO / "lowmark" / "__init__.py")]
 
 
 def test_no_import_circle() -> None:

@@ -35,6 +35,7 @@ import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ByteType, StringType, StructField, StructType
 
 from lowmark.batches.dedup import Dedup
-from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.errors import BackfillHistoryLost, PipelineConfigInvalid
 from lowmark.batches.event_time.stage import UNTIMED as NO_EVENT_TIME
 from lowmark.batches.event_time.stage import late_struct
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
@@ -158,17 +159,39 @@ class DedupStep:
         return late_struct(F.col(EVENT_US), reason, payload)
 
 
-def first_of_each_id(records: DataFrame, dedup: Dedup, column: str) -> DataFrame:
-    """Of a whole history of ``records`` at once (a backfill), the first record of each id
-    in event time, ties broken as a batch breaks them (``_judge``); records without event
-    time are left out (a batch sends them to the late table)."""
+def as_let_through(records: DataFrame, dedup: Dedup, column: str, ids: pa.Table) -> DataFrame:
+    """Of a whole history of ``records`` at once (a backfill), the ones the stream's batches
+    let through: ``ids`` (``id``, ``event_time``: ``lowmark.state.seen_ids.let_through``)
+    names each by id and event time, and of the copies with both, a batch let through the
+    first in its order (``_judge``). Raises ``BackfillHistoryLost`` when such copies differ
+    (they came in different batches or one: the ids cannot tell)."""
     payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
-    order = F.xxhash64(F.to_json(F.struct(*payload)))
-    rank = F.row_number().over(
-        Window.partitionBy(*[F.col(c) for c in dedup.columns]).orderBy(F.col(column), order)
+    verdicts = records.sparkSession.createDataFrame(ids).select(
+        F.col("id").alias(KEY), F.unix_micros("event_time").alias(EVENT_US)
     )
-    timed = records.where(F.col(column).isNotNull())
-    return timed.withColumn(VERDICT, rank).where(F.col(VERDICT) == 1).drop(VERDICT)
+    keyed = (
+        records.withColumn(KEY, F.to_json(F.struct(*[F.col(c) for c in dedup.columns])))
+        .withColumn(EVENT_US, F.unix_micros(F.col(column)))
+        .withColumn(ORDER, F.xxhash64(F.to_json(F.struct(*payload))))
+        .join(F.broadcast(verdicts), [KEY, EVENT_US])
+    )
+    differing = (
+        keyed.groupBy(KEY, EVENT_US)
+        .agg(F.count_distinct(ORDER).alias(VERDICT))
+        .where(F.col(VERDICT) > 1)
+        .head()
+    )
+    if differing is not None:
+        at = datetime.fromtimestamp(differing[EVENT_US] / 1e6, UTC).isoformat()
+        raise BackfillHistoryLost(
+            f"id {differing[KEY]} at {at} has {differing[VERDICT]} different records in the "
+            "history and the seen-ids table names only the id and event time of the one a "
+            "batch let through, so a backfill cannot tell which: the windows the stream "
+            "wrote stay as they are"
+        )
+    first = F.row_number().over(Window.partitionBy(KEY, EVENT_US).orderBy(ORDER))
+    kept = keyed.withColumn(VERDICT, first).where(F.col(VERDICT) == 1)
+    return kept.drop(KEY, EVENT_US, ORDER, VERDICT)
 
 
 def _judge(

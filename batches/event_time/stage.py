@@ -35,7 +35,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.aggregates import AggregatePlan, plan_aggregate
 from lowmark.batches.event_time.driver_merge import DriverMerge, WindowChanges
 from lowmark.batches.event_time.sessions import SessionWindows, null_safe_match
-from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
+from lowmark.batches.records import BATCH_COLUMN, PARTITION_COLUMN, UNTIMED, late_struct
 from lowmark.batches.windows import (
     EventTime,
     Session,
@@ -51,7 +51,6 @@ from lowmark.state.window_state import ROWS, WINDOW_COLUMNS, WindowState
 
 _ET_MS = "_lowmark_event_ms"
 CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"
-UNTIMED = "no event time: the event-time column is null"
 FUTURE = "event time more than max_future ahead of the batch's processing time"
 """Reasons in the late table."""
 REJECTED = "_lowmark_rejected"
@@ -171,16 +170,6 @@ def window_state(checkpoint: Checkpoint, aggregation: WindowedAggregation) -> Wi
         checkpoint.txn_app_id("state"),
         aggregation.keys,
         slot_us=max(period, STATE_SLOT_MIN_MS) * 1000,
-    )
-
-
-def late_struct(event_us: Column, reason: Column, payload: list[str]) -> Column:
-    """A record's ``LATE_RECORD``: its event time (epoch µs), ``reason``, and its ``payload``
-    columns as JSON."""
-    return F.struct(
-        event_us.alias("event_us"),
-        reason.alias("reason"),
-        F.to_json(F.struct(*payload)).alias("record"),
     )
 
 

@@ -42,11 +42,10 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
 
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.event_time.stage import UNTIMED, late_struct
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.keyed.runtime import Key, KeyedRun, TimeMode
 from lowmark.batches.keyed.state_values import held_values
-from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
+from lowmark.batches.records import BATCH_COLUMN, PARTITION_COLUMN, UNTIMED, late_struct
 from lowmark.state.keyed_state import (
     BUCKET,
     BUCKETS,

@@ -45,7 +45,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
-from lowmark.batches.event_time.dedup import first_of_each_id
+from lowmark.batches.event_time.dedup import as_let_through
 from lowmark.batches.event_time.stage import WindowedStage, window_state
 from lowmark.batches.expectations import Checks
 from lowmark.batches.pipeline import Pipeline, resolve
@@ -54,6 +54,7 @@ from lowmark.batches.sources.base import Range
 from lowmark.batches.windows import Session
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.offset_log import Offsets
+from lowmark.state.seen_ids import SeenIds, let_through
 from lowmark.state.table import DriverTable, micros_literal
 
 
@@ -95,7 +96,8 @@ def backfill_partition(
             whose windows are still in state.
     Step 3. Read the committed history from the source (refused, the sink unchanged, when
             the source no longer holds all of it), transform it and leave out what the
-            ``drop`` expectations drop (and, deduplicating, each id's repeats).
+            ``drop`` expectations drop (and, deduplicating, the records no batch let
+            through: the seen-ids table as of the versions the commits recorded).
     Step 4. Aggregate it as one batch; keep the windows that start in the partition.
     Step 5. Replace the slice of the sink, idempotently.
     """
@@ -158,8 +160,24 @@ def backfill_partition(
     checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
     if checks.drops:  # what the stream's batches dropped never counted in a window
         records = records.where(~checks.dropped())
-    if pipeline.dedup is not None:  # each id once in the whole history, as the stream keeps it
-        records = first_of_each_id(records, pipeline.dedup, event_time.column)
+    if pipeline.dedup is not None:  # the records the stream's batches let through
+        ids = let_through(
+            SeenIds(
+                ckpt.table("dedup_ids"), ckpt.txn_app_id("dedup"), pipeline.dedup.within * 1000
+            ),
+            done.batch_id,
+            watermark,
+            None if isinstance(aggregation.window, Session) else start_ms * 1000,
+        )
+        if ids is None:
+            raise BackfillHistoryLost(
+                f"{partition} not backfilled, the sink is unchanged: the ids its records' "
+                "batches let through were purged from the seen-ids table and maintenance has "
+                "since removed the versions that held them, so a backfill cannot keep the "
+                "records the stream kept: the windows the stream wrote stay as they are (a "
+                "longer dedup.within keeps ids for later backfills)"
+            )
+        records = as_let_through(records, pipeline.dedup, event_time.column, ids)
 
     # Step 4. One batch aggregation, sliced.
     stage = WindowedStage(event_time, aggregation, state)

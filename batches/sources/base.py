@@ -18,13 +18,12 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from lowmark.batches.errors import SourceReplaced
+
+# A source's own columns, named here too: a custom source imports them from this module.
+from lowmark.batches.records import BATCH_COLUMN
+from lowmark.batches.records import PARTITION_COLUMN as PARTITION_COLUMN
 from lowmark.state.errors import LowmarkError
 from lowmark.state.offset_log import Identity, Offsets
-
-PARTITION_COLUMN = "_lowmark_partition"
-"""Every record a source returns names its source partition here (a string)."""
-BATCH_COLUMN = "_lowmark_batch"
-"""The batch of a record in a read of several batches (``Source.read_batches``)."""
 
 Clocks: TypeAlias = Mapping[str, int]
 """Per source partition, its watermark input in epoch millis (aligned admission): the lowest

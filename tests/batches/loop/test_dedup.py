@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
@@ -177,6 +177,53 @@ def test_the_example_dedup_in_front_of_windows_equals_a_plain_batch_that_dedups_
         )
     assert commits[-1].totals["rows_duplicate"] == 6
     assert commits[-1].totals["rows_windowed"] == kept.count()
+
+
+def _arrival_order_revenue(spark: SparkSession, folder: Path) -> DataFrame:
+    """A plain Spark batch's revenue per user and minute of the orders in ``folder``, each
+    order id counted once: its copy in the first file (the files arrive in name order)."""
+    schema = "order_id STRING, user STRING, amount LONG, ts TIMESTAMP"
+    orders = spark.read.schema(schema).json(str(folder)).withColumn("file", F.input_file_name())
+    first = F.row_number().over(Window.partitionBy("order_id").orderBy("file"))
+    kept = orders.withColumn("n", first).where("n = 1").drop("n", "file")
+    return per_window(
+        kept,
+        "user",
+        F.window("ts", "1 minute"),
+        F.count(F.lit(1)).alias("count"),
+        F.sum("amount").alias("revenue"),
+    )
+
+
+@pytest.mark.parametrize("within", ["1 hour", "1 minute"])
+def test_a_backfill_with_no_new_input_keeps_the_copies_the_stream_let_through_not_the_earliest(
+    spark: SparkSession, tmp_path: Path, within: str
+) -> None:
+    # Order x arrives at 00:01:10, then again with an earlier event time (00:00:30): the
+    # stream keeps the first to arrive, in the 00:01 window. A last order an hour on
+    # closes the first hour. Within a minute, x's id is purged by then.
+    files = [
+        [_event("x", "a", 70, 5), _event("y", "b", 20)],
+        [_event("x", "a", 30, 5)],
+        [_event("z", "a", 3700)],
+        [_event("w", "b", 3710)],  # runs with the watermark z moved: purges below it
+    ]
+    orders = [[{"order_id": r.pop("id"), **r} for r in rows] for rows in files]
+    pipeline = get_pipeline("unique_orders", str(REPO / "examples" / "pipelines.yaml"))
+    pipeline = pipeline.model_copy(update={"dedup": Dedup(columns=("order_id",), within=within)})
+    for i, rows in enumerate(orders):  # one batch per file, in this order
+        write_json_lines(tmp_path / "orders" / "incoming", f"f{i}.json", rows, 1_700_000_000 + i)
+        MicroBatchRunner(spark, pipeline, tmp_path, FakeClock()).run(max_batches=None)
+    revenue = delta_frame(spark, tmp_path / "orders" / "revenue_per_minute")
+    expected = _arrival_order_revenue(spark, tmp_path / "orders" / "incoming")
+    assertDataFrameEqual(revenue, expected)
+    held = DeltaTable(str(tmp_path / "_lowmark" / "unique_orders" / "dedup_ids"))
+    assert ('{"order_id":"x"}' in held.to_pyarrow_table()["id"].to_pylist()) == (within == "1 hour")
+
+    first_hour = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 1, tzinfo=UTC)
+    assert not backfill_partition(spark, pipeline, tmp_path, *first_hour).skipped
+    revenue = delta_frame(spark, tmp_path / "orders" / "revenue_per_minute")
+    assertDataFrameEqual(revenue, expected)
 
 
 def test_records_older_than_the_horizon_go_to_the_late_table_and_their_ids_are_purged(

@@ -1,0 +1,28 @@
+"""What every record carries through a batch's steps, whichever source read it and whichever
+step judges it: the columns a source adds, and the shape of a record set aside as late.
+
+Sources (``lowmark.batches.sources``) add the columns; the event-time stages, deduplication
+and keyed steps read them and build late records: this module sits below all of them.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+PARTITION_COLUMN = "_lowmark_partition"
+"""Every record a source returns names its source partition here (a string)."""
+BATCH_COLUMN = "_lowmark_batch"
+"""The batch of a record in a read of several batches (``Source.read_batches``)."""
+UNTIMED = "no event time: the event-time column is null"
+"""The late table's reason for a record without event time."""
+
+
+def late_struct(event_us: Column, reason: Column, payload: list[str]) -> Column:
+    """A record's ``LATE_RECORD``: its event time (epoch µs), ``reason``, and its ``payload``
+    columns as JSON."""
+    return F.struct(
+        event_us.alias("event_us"),
+        reason.alias("reason"),
+        F.to_json(F.struct(*payload)).alias("record"),
+    )
