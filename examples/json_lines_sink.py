@@ -1,10 +1,10 @@
 """A user-written sink: one JSON-lines file per batch in a folder (``kind: custom``).
 
 Exactly once because its write is idempotent per batch: batch N of a checkpoint
-lands as ``<app_id>-<N>.jsonl``, written under a hidden name and renamed, so a
+lands as ``<txn_app_id>-<N>.jsonl``, written under a hidden name and renamed, so a
 replay of N (after a crash before its commit) finds the file and writes
 nothing, and a crash in the middle of a write leaves only a hidden file the
-replay writes again. ``app_id`` names the checkpoint, so a pipeline started
+replay writes again. ``txn_app_id`` names the checkpoint, so a pipeline started
 over on a new checkpoint writes its batches anew. A windowed pipeline in
 update mode also hands it the windows a batch retracts: those lines carry
 ``"_retract": true``.
@@ -33,11 +33,11 @@ from lowmark.state.session import SparkLike
 
 
 class JsonLinesSink(Sink):
-    """Batches of one checkpoint (``app_id``) as JSON-lines files in ``folder``."""
+    """Batches of one checkpoint (``txn_app_id``) as JSON-lines files in ``folder``."""
 
-    def __init__(self, options: dict[str, Any], data_root: Path, app_id: str) -> None:
+    def __init__(self, options: dict[str, Any], data_root: Path, txn_app_id: str) -> None:
         self.folder = Path(resolve(str(options["folder"]), data_root))
-        self.prefix = app_id.replace(":", "-")
+        self.prefix = txn_app_id.replace(":", "-")
 
     def path(self, batch_id: int) -> Path:
         """Where batch ``batch_id`` lands."""
@@ -70,6 +70,8 @@ def _iso(value: object) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def build(spark: SparkLike, options: dict[str, Any], data_root: Path, app_id: str) -> JsonLinesSink:
+def build(
+    spark: SparkLike, options: dict[str, Any], data_root: Path, txn_app_id: str
+) -> JsonLinesSink:
     """The factory a pipeline names: ``factory: examples.json_lines_sink:build``."""
-    return JsonLinesSink(options, data_root, app_id)
+    return JsonLinesSink(options, data_root, txn_app_id)

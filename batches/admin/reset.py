@@ -37,9 +37,9 @@ from urllib.parse import urlparse
 import pyarrow as pa
 from deltalake import CommitProperties, write_deltalake
 
-from lowmark.batches.errors import PipelineConfigInvalid, SinkHeldElsewhere
-from lowmark.batches.loop.sink_owner import held_elsewhere, sink_holder
+from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.pipeline import FileSource, Pipeline, UnionSource, resolve
+from lowmark.batches.sinks.owner import held_elsewhere, sink_holder
 from lowmark.batches.sources.union import own
 from lowmark.state.checkpoint import Checkpoint, move_aside, time_stamp
 from lowmark.state.commit_log import CommitEntry, CommitLog
@@ -123,9 +123,9 @@ def _refuse_another_pipelines_sink(pipeline: Pipeline, location: str, sink: str)
     """Neither way on is ``pipeline``'s to take when another pipeline wrote the sink
     last: truncating would delete that pipeline's rows."""
     writer = last_writer(sink)
-    holder = sink_holder(location, writer) if writer is not None else None
+    holder = sink_holder(location, writer.pipeline_id) if writer is not None else None
     if writer is not None and holder is not None and holder.pipeline_name != pipeline.name:
-        raise SinkHeldElsewhere(held_elsewhere(pipeline, location, sink, writer, holder))
+        raise held_elsewhere(pipeline, location, sink, writer.pipeline_id, writer.batch_id)
 
 
 def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:

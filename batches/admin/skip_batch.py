@@ -22,6 +22,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.commit import commit_batch
 from lowmark.batches.loop.parts import build_parts
 from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.sinks.fan_out import landed_in
 from lowmark.state import quarantine
 from lowmark.state.commit_log import BatchCounts
 from lowmark.state.session import SparkLike
@@ -58,10 +59,13 @@ def set_aside(
             "only a batch that was planned and never committed can be set aside"
         )
     ckpt = parts.checkpoint
-    if parts.sink.landed(batch_id):
+    if landed := landed_in(parts.sink, batch_id):
+        sinks = pipeline.sinks()
+        held = ", ".join(f"{each} ({sinks[each].label})" for each in landed)
         raise PipelineConfigInvalid(
-            f"batch {batch_id} of {name} already wrote its sink: its input did not stop it; "
-            f"run `lowmark run {name}` to finish it"
+            f"batch {batch_id} of {name} already landed in {held}: set aside, its rows would "
+            "stay there and land again when its input is fed anew; fix what stopped it and run "
+            f"`lowmark run {name} --retry` to finish it"
         )
     recorded = planned.previous.table_versions if planned.previous else {}
     restored = {

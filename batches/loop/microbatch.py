@@ -37,12 +37,8 @@ from lowmark.batches.loop.parts import BatchParts, build_parts
 from lowmark.batches.loop.plan import PlannedBatch, Planner
 from lowmark.batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
 from lowmark.batches.loop.preflight import check_definition
-from lowmark.batches.loop.sink_owner import check_sink_is_ours
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink
-from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
-from lowmark.batches.sinks.fan_out import each_sink
-from lowmark.batches.sinks.postgres import PostgresFrameSink, PostgresWindowSink
 from lowmark.batches.sources import Source
 from lowmark.batches.sources.base import PARTITION_COLUMN
 from lowmark.state.checkpoint import Checkpoint
@@ -300,12 +296,8 @@ class MicroBatchRunner:
             dimension_versions=planned.dimension_versions,
         )
         if not planned.replay:
-            # A custom sink's history is not lowmark's to read: the sink checks its own.
-            for sink in each_sink(parts.sink) if batch_id == 0 else ():
-                if isinstance(sink, DeltaTableSink | DeltaWindowSink):
-                    check_sink_is_ours(self.pipeline, ckpt, sink.path)
-                if isinstance(sink, PostgresFrameSink | PostgresWindowSink):
-                    sink.table.check_ours(self.pipeline.name)
+            if batch_id == 0:  # every sink (a fan-out: each) holds no other checkpoint's writes
+                parts.sink.check_ours(self.pipeline, ckpt)
             ckpt.fence()
             ckpt.offsets.claim(offsets)
             if planned.skipped is not None:

@@ -58,7 +58,6 @@ from lowmark.batches.errors import (
     SinkUnreachable,
     SourceFileUnreadable,
 )
-from lowmark.batches.loop.sink_owner import sink_not_a_table
 from lowmark.batches.pipeline import (
     DeltaSink,
     DeltaSource,
@@ -71,6 +70,7 @@ from lowmark.batches.pipeline import (
     resolve,
 )
 from lowmark.batches.sinks.kafka_topic import KafkaTopic
+from lowmark.batches.sinks.owner import sink_not_a_table
 from lowmark.batches.sinks.postgres_db import PostgresTable
 from lowmark.batches.sources.base import Source
 from lowmark.batches.sources.delta_table import CHANGE_FIELDS
@@ -406,10 +406,10 @@ def _check_sinks(pipeline: Pipeline, data_root: Path) -> None:
 
 def _check_sink(pipeline: Pipeline, config: SinkKind, data_root: Path) -> None:
     if isinstance(config, PostgresSink):
-        PostgresTable(config, app_id="").check()
+        PostgresTable(config, txn_app_id="").check()
         return
     if isinstance(config, KafkaSink):
-        KafkaTopic(config, app_id="").check()
+        KafkaTopic(config, txn_app_id="").check()
         return
     if not isinstance(config, DeltaSink):
         return

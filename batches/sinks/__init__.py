@@ -32,12 +32,12 @@ def build_sink(
     spark: SparkLike,
     pipeline: Pipeline,
     data_root: Path,
-    app_id: str,
+    txn_app_id: str,
     staged: Callable[[int], None] = lambda _batch_id: None,
 ) -> Sink | WindowedSink:
-    """The runtime sink of ``pipeline``; ``app_id`` is its idempotency key (the checkpoint's
-    ``txn_app_id("sink")``), written with each batch id. With ``extra_sinks``, a fan-out
-    (``fan_out``) of the sink and each extra one, under ``<app_id>:<name>``. A
+    """The runtime sink of ``pipeline``; ``txn_app_id`` is its idempotency key (the
+    checkpoint's ``txn_app_id("sink")``), written with each batch id. With ``extra_sinks``, a
+    fan-out (``fan_out``) of the sink and each extra one, under ``<txn_app_id>:<name>``. A
     transactional sink calls ``staged(batch_id)`` between a batch's records and its commit
     (a crash point).
 
@@ -52,23 +52,23 @@ def build_sink(
     """
     on_driver = pipeline.aggregation is not None or pipeline.stream_join is not None
     windowed = on_driver and pipeline.event_time is not None
-    built = [
-        _built(
+    built = {
+        name: _built(
             spark,
             pipeline,
             pipeline.written_as(config),
             data_root,
-            app_id if name == PRIMARY_SINK else f"{app_id}:{name}",
+            txn_app_id if name == PRIMARY_SINK else f"{txn_app_id}:{name}",
             windowed,
             staged,
         )
         for name, config in pipeline.sinks().items()
-    ]
+    }
     if len(built) == 1:
-        return built[0]
+        return built[PRIMARY_SINK]
     if windowed:
-        return FanOutWindows([s for s in built if isinstance(s, WindowedSink)])
-    return FanOut([s for s in built if isinstance(s, Sink)])
+        return FanOutWindows({n: s for n, s in built.items() if isinstance(s, WindowedSink)})
+    return FanOut({n: s for n, s in built.items() if isinstance(s, Sink)})
 
 
 def _built(
@@ -76,7 +76,7 @@ def _built(
     pipeline: Pipeline,
     config: SinkKind,
     data_root: Path,
-    app_id: str,
+    txn_app_id: str,
     windowed: bool,
     staged: Callable[[int], None],
 ) -> Sink | WindowedSink:
@@ -84,14 +84,16 @@ def _built(
     if isinstance(config, DeltaSink):
         path = resolve(config.path, data_root)
         if windowed:
-            return DeltaWindowSink(config, path, app_id)
-        return DeltaTableSink(spark, config, path, app_id)
+            return DeltaWindowSink(config, path, txn_app_id)
+        return DeltaTableSink(spark, config, path, txn_app_id)
     if isinstance(config, PostgresSink):
-        return PostgresWindowSink(config, app_id) if windowed else PostgresFrameSink(config, app_id)
+        if windowed:
+            return PostgresWindowSink(config, txn_app_id)
+        return PostgresFrameSink(config, txn_app_id)
     if isinstance(config, KafkaSink):
-        sink: Sink = KafkaFrameSink(config, app_id, pipeline.window_identity, staged)
+        sink: Sink = KafkaFrameSink(config, txn_app_id, pipeline.window_identity, staged)
     elif isinstance(config, ForeachBatchSink):
         sink = ForeachBatch(config.function)
     else:
-        sink = from_factory(spark, config, pipeline.name, data_root, app_id)
+        sink = from_factory(spark, config, pipeline.name, data_root, txn_app_id)
     return WindowsAsFrames(spark, sink) if windowed else sink

@@ -8,16 +8,17 @@ import pyarrow as pa
 
 from lowmark.batches.collect import frame_of
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.pipeline import CustomSink
+from lowmark.batches.pipeline import CustomSink, Pipeline
 from lowmark.batches.sinks.base import Sink, WindowedSink
+from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.session import SparkLike, provider
 
 
 def from_factory(
-    spark: SparkLike, config: CustomSink, pipeline: str, data_root: Path, app_id: str
+    spark: SparkLike, config: CustomSink, pipeline: str, data_root: Path, txn_app_id: str
 ) -> Sink:
-    """``config.factory(spark, options, data_root, app_id)``, checked to be a ``Sink``."""
-    sink = config.factory(spark, config.options, data_root, app_id)
+    """``config.factory(spark, options, data_root, txn_app_id)``, checked to be a ``Sink``."""
+    sink = config.factory(spark, config.options, data_root, txn_app_id)
     if not isinstance(sink, Sink):
         raise PipelineConfigInvalid(
             f"pipeline {pipeline}: sink factory {config.label} returned "
@@ -52,3 +53,6 @@ class WindowsAsFrames(WindowedSink):
 
     def begin(self, batch_id: int, replay: bool) -> None:
         self.sink.begin(batch_id, replay)
+
+    def check_ours(self, pipeline: Pipeline, checkpoint: Checkpoint) -> None:
+        self.sink.check_ours(pipeline, checkpoint)

@@ -24,14 +24,30 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from lowmark.batches.errors import SinkWriteFailed
-from lowmark.batches.pipeline import DeltaSink
-from lowmark.batches.sinks.base import Sink, WindowedSink
+from lowmark.batches.pipeline import DeltaSink, Pipeline
+from lowmark.batches.sinks.base import Sink, SinkFence, WindowedSink
+from lowmark.batches.sinks.owner import check_sink_is_ours
+from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.delta import append_once, latest_version, upsert_once
 from lowmark.state.session import SparkLike, own_session, provider
 from lowmark.state.table import DriverTable
 
 
-class DeltaTableSink(Sink):
+class _DeltaFence(SinkFence):
+    """A Delta sink's fence: the app transactions of its commits, and their writers."""
+
+    path: str
+    txn_app_id: str
+
+    def landed(self, batch_id: int) -> bool:
+        return DriverTable(self.path, None, "sink").landed(self.txn_app_id, batch_id)
+
+    def check_ours(self, pipeline: Pipeline, checkpoint: Checkpoint) -> None:
+        """The table's last lowmark writer (``lowmark.state.ownership``) is ours."""
+        check_sink_is_ours(pipeline, checkpoint, self.path)
+
+
+class DeltaTableSink(_DeltaFence, Sink):
     """A stateless pipeline's sink, written by Spark.
 
     An append carries its transaction as write options; a MERGE takes it from
@@ -79,11 +95,8 @@ class DeltaTableSink(Sink):
             ) from exc
         return latest_version(self.path)
 
-    def landed(self, batch_id: int) -> bool:
-        return DriverTable(self.path, None, "sink").landed(self.txn_app_id, batch_id)
 
-
-class DeltaWindowSink(WindowedSink):
+class DeltaWindowSink(_DeltaFence, WindowedSink):
     """The sink of a windowed pipeline: emitted windows appended, or MERGEd on keys + window
     (contract: ``WindowedSink``)."""
 
@@ -117,6 +130,3 @@ class DeltaWindowSink(WindowedSink):
                 "table or restore its schema"
             ) from exc
         return self.table.version()
-
-    def landed(self, batch_id: int) -> bool:
-        return DriverTable(self.path, None, "sink").landed(self.txn_app_id, batch_id)

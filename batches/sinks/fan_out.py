@@ -10,34 +10,42 @@ commits (there is no transaction across systems).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Generic, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
+from lowmark.batches.pipeline import PRIMARY_SINK, Pipeline
 from lowmark.batches.sinks.base import Sink, WindowedSink
+from lowmark.state.checkpoint import Checkpoint
 
 S = TypeVar("S", Sink, WindowedSink)
 
 
 class _Each(Generic[S]):
-    """What several sinks answer together: the first is the pipeline's ``sink``."""
+    """What several sinks answer together, by name: the first is the pipeline's ``sink``."""
 
-    def __init__(self, sinks: Sequence[S]) -> None:
-        self.sinks: list[S] = list(sinks)
+    def __init__(self, sinks: Mapping[str, S]) -> None:
+        self.sinks: dict[str, S] = dict(sinks)
 
     def landed(self, batch_id: int) -> bool | None:
-        """Whether every sink holds batch ``batch_id``'s write: False when one can tell it
-        does not, True when all can tell they do, else None."""
-        answers = [sink.landed(batch_id) for sink in self.sinks]
-        if False in answers:
-            return False
-        return True if all(answers) else None
+        """Whether batch ``batch_id``'s write is in any of the sinks (its replay must read
+        what it read; setting it aside would leave its rows there): True when one can tell
+        it is, False when all can tell it is not, else None."""
+        answers = [sink.landed(batch_id) for sink in self.sinks.values()]
+        if True in answers:
+            return True
+        return False if all(answer is False for answer in answers) else None
 
     def begin(self, batch_id: int, replay: bool) -> None:
-        for sink in self.sinks:
+        for sink in self.sinks.values():
             sink.begin(batch_id, replay)
+
+    def check_ours(self, pipeline: Pipeline, checkpoint: Checkpoint) -> None:
+        """Each sink checks its own."""
+        for sink in self.sinks.values():
+            sink.check_ours(pipeline, checkpoint)
 
 
 class FanOut(_Each[Sink], Sink):
@@ -48,7 +56,7 @@ class FanOut(_Each[Sink], Sink):
         records)."""
         rows = df.persist()
         try:
-            versions = [sink.write(rows, batch_id, retract) for sink in self.sinks]
+            versions = [sink.write(rows, batch_id, retract) for sink in self.sinks.values()]
         finally:
             rows.unpersist()
         return versions[0]
@@ -59,12 +67,12 @@ class FanOutWindows(_Each[WindowedSink], WindowedSink):
 
     def write(self, rows: pa.Table, batch_id: int, retract: pa.Table | None = None) -> int | None:
         """As ``FanOut.write``."""
-        versions = [sink.write(rows, batch_id, retract) for sink in self.sinks]
+        versions = [sink.write(rows, batch_id, retract) for sink in self.sinks.values()]
         return versions[0]
 
 
-def each_sink(sink: Sink | WindowedSink) -> list[Sink | WindowedSink]:
-    """The sinks ``sink`` writes: several for a fan-out, else itself."""
-    if isinstance(sink, FanOut | FanOutWindows):
-        return list(sink.sinks)
-    return [sink]
+def landed_in(sink: Sink | WindowedSink, batch_id: int) -> list[str]:
+    """The names of the sinks ``sink`` writes (``sink`` and each extra one) that can tell
+    they hold batch ``batch_id``'s write."""
+    named = sink.sinks if isinstance(sink, FanOut | FanOutWindows) else {PRIMARY_SINK: sink}
+    return [name for name, each in named.items() if each.landed(batch_id)]

@@ -36,13 +36,13 @@ class KafkaFrameSink(Sink):
     def __init__(
         self,
         config: KafkaSink,
-        app_id: str,
+        txn_app_id: str,
         identity: tuple[str, ...] | None = None,
         staged: Callable[[int], None] = lambda _batch_id: None,
     ) -> None:
         self.config = config
         self.identity = identity
-        self.topic = KafkaTopic(config, app_id, staged)
+        self.topic = KafkaTopic(config, txn_app_id, staged)
 
     def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> None:
         # Lazy: no Spark job runs before the topic knows the batch is not landed yet.

@@ -48,9 +48,9 @@ Record = tuple[bytes | None, bytes | None]
 """A record's key and value (None: no key; a tombstone)."""
 
 
-def fence_group(app_id: str) -> str:
-    """The consumer group whose committed offsets fence ``app_id``'s batches."""
-    return f"lowmark.{app_id}"
+def fence_group(txn_app_id: str) -> str:
+    """The consumer group whose committed offsets fence ``txn_app_id``'s batches."""
+    return f"lowmark.{txn_app_id}"
 
 
 def client_settings(config: KafkaSink) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def client_settings(config: KafkaSink) -> dict[str, Any]:
 
 
 class KafkaTopic:
-    """A Kafka sink's topic, written by ``app_id`` (the checkpoint's idempotency key).
+    """A Kafka sink's topic, written by ``txn_app_id`` (the checkpoint's idempotency key).
 
     ``staged`` is called with the batch id once a batch's records are all on the broker,
     before its transaction commits (the batch loop's crash point ``before_sink_commit``).
@@ -78,11 +78,11 @@ class KafkaTopic:
     def __init__(
         self,
         config: KafkaSink,
-        app_id: str,
+        txn_app_id: str,
         staged: Callable[[int], None] = lambda _batch_id: None,
     ) -> None:
         self.config = config
-        self.app_id = app_id
+        self.txn_app_id = txn_app_id
         self.staged = staged
         self._producer: Producer | None = None
 
@@ -115,7 +115,7 @@ class KafkaTopic:
         consumer = Consumer(
             client_settings(self.config)
             | {
-                "group.id": fence_group(self.app_id),
+                "group.id": fence_group(self.txn_app_id),
                 "enable.auto.commit": False,
                 # Waits out a fence of a transaction still being completed.
                 "isolation.level": "read_committed",
@@ -152,7 +152,7 @@ class KafkaTopic:
             producer.flush(TIMEOUT_S)  # on the broker, uncommitted: what `staged` sees
             self.staged(batch_id)
             fence = TopicPartition(topic, 0, batch_id + 1, f"lowmark batch {batch_id}")
-            metadata = _group_metadata(self.config, self.app_id)
+            metadata = _group_metadata(self.config, self.txn_app_id)
             producer.send_offsets_to_transaction([fence], metadata, TIMEOUT_S)
             producer.commit_transaction(TIMEOUT_S)
         except KafkaException as exc:
@@ -172,7 +172,7 @@ class KafkaTopic:
         if self._producer is None:
             settings = {"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
             settings |= client_settings(self.config)
-            settings |= {"transactional.id": f"lowmark.{self.app_id}.{self.config.topic}"}
+            settings |= {"transactional.id": f"lowmark.{self.txn_app_id}.{self.config.topic}"}
             producer = Producer(settings)
             try:
                 producer.init_transactions(TIMEOUT_S)
@@ -226,10 +226,10 @@ def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes | N
             producer.poll(0.1)
 
 
-def _group_metadata(config: KafkaSink, app_id: str) -> object:
+def _group_metadata(config: KafkaSink, txn_app_id: str) -> object:
     """The fence group's metadata, as ``send_offsets_to_transaction`` takes it (of a consumer
     that never joins the group)."""
-    consumer = Consumer(client_settings(config) | {"group.id": fence_group(app_id)})
+    consumer = Consumer(client_settings(config) | {"group.id": fence_group(txn_app_id)})
     try:
         return consumer.consumer_group_metadata()
     finally:

@@ -27,17 +27,29 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import TimestampType
 
-from lowmark.batches.pipeline import PostgresSink
-from lowmark.batches.sinks.base import Sink, WindowedSink
+from lowmark.batches.pipeline import Pipeline, PostgresSink
+from lowmark.batches.sinks.base import Sink, SinkFence, WindowedSink
 from lowmark.batches.sinks.postgres_db import PostgresTable, arrow_rows
+from lowmark.state.checkpoint import Checkpoint
 
 
-class PostgresFrameSink(Sink):
+class _PostgresFence(SinkFence):
+    """A Postgres sink's fence: the rows of its fence table (``PostgresTable``)."""
+
+    def __init__(self, config: PostgresSink, txn_app_id: str) -> None:
+        self.table = PostgresTable(config, txn_app_id)
+
+    def landed(self, batch_id: int) -> bool:
+        return self.table.landed(batch_id)
+
+    def check_ours(self, pipeline: Pipeline, checkpoint: Checkpoint) -> None:
+        """The table's last writer in the fence is ours (``PostgresTable.check_ours``)."""
+        self.table.check_ours(pipeline, checkpoint)
+
+
+class PostgresFrameSink(_PostgresFence, Sink):
     """A stateless pipeline's sink: each batch's records into a Postgres table (contract:
     ``Sink``, whose ``retract`` only windows have; not versioned: ``write`` returns None)."""
-
-    def __init__(self, config: PostgresSink, app_id: str) -> None:
-        self.table = PostgresTable(config, app_id)
 
     def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> None:
         if self.table.landed(batch_id):  # a replay whose write landed: no Spark job
@@ -48,9 +60,6 @@ class PostgresFrameSink(Sink):
         ]
         rows = (_as_utc(tuple(row), instants) for row in df.toLocalIterator())
         self.table.write(schema, batch_id, rows)
-
-    def landed(self, batch_id: int) -> bool:
-        return self.table.landed(batch_id)
 
 
 def _as_utc(row: tuple[Any, ...], instants: list[int]) -> tuple[Any, ...]:
@@ -66,17 +75,11 @@ def _as_utc(row: tuple[Any, ...], instants: list[int]) -> tuple[Any, ...]:
     return tuple(values)
 
 
-class PostgresWindowSink(WindowedSink):
+class PostgresWindowSink(_PostgresFence, WindowedSink):
     """A windowed pipeline's sink: emitted windows appended, or upserted on keys + window with
     the retracted ones deleted (contract: ``WindowedSink``; not versioned)."""
-
-    def __init__(self, config: PostgresSink, app_id: str) -> None:
-        self.table = PostgresTable(config, app_id)
 
     def write(self, rows: pa.Table, batch_id: int, retract: pa.Table | None = None) -> None:
         """Write batch ``batch_id``'s windows once. A batch without changes writes nothing
         but its fence row (and, the first time, the table: readers find it from the start)."""
         self.table.write(rows.schema, batch_id, arrow_rows(rows), retract)
-
-    def landed(self, batch_id: int) -> bool:
-        return self.table.landed(batch_id)

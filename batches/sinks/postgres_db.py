@@ -33,11 +33,12 @@ from psycopg import sql
 
 from lowmark.batches.errors import (
     PipelineConfigInvalid,
-    SinkHeldElsewhere,
     SinkUnreachable,
     SinkWriteFailed,
 )
-from lowmark.batches.pipeline import PostgresSink
+from lowmark.batches.pipeline import Pipeline, PostgresSink
+from lowmark.batches.sinks.owner import held_elsewhere, is_ours
+from lowmark.state.checkpoint import Checkpoint
 
 FENCE_TABLE = "lowmark_sink_batches"
 """The fence table, one per schema that lowmark sinks write: one row per batch written."""
@@ -123,15 +124,15 @@ def connect(config: PostgresSink) -> psycopg.Connection[tuple[Any, ...]]:
 
 class PostgresTable:
     """A Postgres sink's target: ``config.table``, its fence table beside it, written by
-    ``app_id`` (the checkpoint's idempotency key).
+    ``txn_app_id`` (the checkpoint's idempotency key, the fence rows' ``app_id``).
 
     Each method opens a connection of its own: batches are seconds apart, and a
     connection held across them would outlive a server restart.
     """
 
-    def __init__(self, config: PostgresSink, app_id: str) -> None:
+    def __init__(self, config: PostgresSink, txn_app_id: str) -> None:
         self.config = config
-        self.app_id = app_id
+        self.txn_app_id = txn_app_id
         schema, _, name = config.table.rpartition(".")
         self._schema = schema or None
         self._name = name
@@ -169,10 +170,10 @@ class PostgresTable:
                 )
             )
 
-    def check_ours(self, pipeline: str) -> None:
-        """Before a new checkpoint's first batch: ``SinkHeldElsewhere`` when the fence holds
-        another checkpoint's batches of this table (its input, read from the start again,
-        would land twice)."""
+    def check_ours(self, pipeline: Pipeline, checkpoint: Checkpoint) -> None:
+        """Before ``checkpoint``'s first batch: ``SinkHeldElsewhere`` when the newest fence row
+        of this table is another checkpoint's (its input, read from the start again, would
+        land twice), unless ``checkpoint`` continues it (``lowmark reset --after-sink``)."""
         with self._transaction() as (cur, schema):
             if not self._fenced(cur, schema):
                 return
@@ -182,16 +183,16 @@ class PostgresTable:
                     "SELECT app_id, max(batch_id) FROM {} WHERE table_name = %s AND app_id <> %s "
                     "GROUP BY app_id ORDER BY max(written_at) DESC LIMIT 1"
                 ).format(self._fence(schema)),
-                (table, self.app_id),
+                (table, self.txn_app_id),
             )
             other = cur.fetchone()
-        if other is not None:
-            raise SinkHeldElsewhere(
-                f"sink postgres {table} holds the writes of checkpoint {other[0]} (up to its "
-                f"batch {other[1]}), and this new checkpoint of {pipeline} would write its "
-                f"input again: give {pipeline} a table of its own, or empty {table} and delete "
-                f"its rows from {schema}.{FENCE_TABLE} (WHERE table_name = '{table}')"
-            )
+        if other is None:
+            return
+        writer = str(other[0]).split(":", 1)[0]
+        if not is_ours(checkpoint, writer):
+            sink = f"postgres {table}"
+            location = checkpoint.location
+            raise held_elsewhere(pipeline, location, sink, writer, other[1], "a table of its own")
 
     def _fenced(self, cur: psycopg.Cursor[tuple[Any, ...]], schema: str) -> bool:
         """Whether the fence table exists in ``schema``."""
@@ -208,7 +209,7 @@ class PostgresTable:
                 sql.SQL("SELECT 1 FROM {} WHERE app_id = %s AND batch_id = %s").format(
                     self._fence(schema)
                 ),
-                (self.app_id, batch_id),
+                (self.txn_app_id, batch_id),
             )
             return cur.fetchone() is not None
 
@@ -233,7 +234,7 @@ class PostgresTable:
                         "INSERT INTO {} (app_id, batch_id, table_name, rows) "
                         "VALUES (%s, %s, %s, 0) ON CONFLICT DO NOTHING"
                     ).format(self._fence(schema)),
-                    (self.app_id, batch_id, f"{schema}.{self._name}"),
+                    (self.txn_app_id, batch_id, f"{schema}.{self._name}"),
                 )
                 if cur.rowcount == 0:
                     return False
@@ -248,7 +249,7 @@ class PostgresTable:
                     sql.SQL("UPDATE {} SET rows = %s WHERE app_id = %s AND batch_id = %s").format(
                         self._fence(schema)
                     ),
-                    (written, self.app_id, batch_id),
+                    (written, self.txn_app_id, batch_id),
                 )
         except psycopg.Error as exc:
             raise SinkWriteFailed(_refusal(config, batch_id, exc)) from exc
