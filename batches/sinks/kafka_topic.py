@@ -156,7 +156,12 @@ class KafkaTopic:
         one transaction with its fence. False (and nothing written) when the batch landed
         already."""
         producer = self._transactional()
-        if self.landed(batch_id):
+        try:
+            landed = self.landed(batch_id)
+        except SinkUnavailable:
+            self._producer = None  # it lost its brokers too (see below)
+            raise
+        if landed:
             return False
         topic = self.config.topic
         try:
@@ -170,9 +175,13 @@ class KafkaTopic:
             producer.send_offsets_to_transaction([fence], metadata, TIMEOUT_S)
             producer.commit_transaction(TIMEOUT_S)
         except KafkaException as exc:
-            self._end(exc)
             if _retriable(exc):
+                # A producer that lost its brokers can hang in its next transactional call
+                # once they are back: it is dropped, not asked to abort; the next attempt's
+                # new one aborts what it left open (``init_transactions``).
+                self._producer = None
                 raise self._unavailable(exc) from exc
+            self._end(exc)
             raise SinkWriteFailed(
                 self._fail(f"batch {batch_id}'s transaction failed", exc)
                 + "; nothing of it is visible to read_committed consumers"
