@@ -6,7 +6,7 @@ One line each, naming the thing and the fix. ``LowmarkError`` (from
 
 from __future__ import annotations
 
-from lowmark.state.errors import LowmarkError
+from lowmark.state.errors import LowmarkError, TransientError
 
 
 class PipelineNotFound(LowmarkError):
@@ -34,6 +34,21 @@ class SinkWriteFailed(LowmarkError):
 class SinkUnreachable(LowmarkError):
     """The sink's system cannot be reached with its settings (no such host, a refused
     password)."""
+
+
+class SinkUnavailable(TransientError):
+    """The sink's system went away during a batch's write (its connection cut, the server
+    restarting or failing over, the brokers unavailable): nothing of the attempt is visible,
+    and the batch is tried again. Every sink says so with this one error, naming itself
+    (``sink postgres iot.events``) and the cause (the client's first line)."""
+
+    def __init__(self, sink: str, cause: str) -> None:
+        super().__init__(f"{sink} was unavailable during the write: {cause}")
+        self.sink = sink
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[type[SinkUnavailable], tuple[str, str]]:
+        return type(self), (self.sink, self.cause)
 
 
 class PartitionNotClosed(LowmarkError):

@@ -81,5 +81,11 @@ class ConcurrentRunner(LowmarkError):
     """Another runner wrote the same batch of the same pipeline."""
 
 
-class WriteConflict(LowmarkError):
+class TransientError(LowmarkError):
+    """Something a batch reads or writes was briefly away (a connection cut, a failover, a
+    broker unavailable, a lost write race): the runner tries the batch again after a pause
+    and does not count it as a failed attempt (``lowmark.batches.loop.poison``)."""
+
+
+class WriteConflict(TransientError):
     """A Delta write kept losing to another writer of the same table."""

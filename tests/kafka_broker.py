@@ -89,15 +89,7 @@ class KafkaBroker:
         if formatted.returncode != 0:
             output = (formatted.stdout + formatted.stderr).splitlines()[-30:]
             raise RuntimeError("formatting Kafka storage failed:\n" + "\n".join(output))
-        with log.open("ab") as out:
-            process = subprocess.Popen(
-                [*java, "kafka.Kafka", str(properties)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=folder,
-                start_new_session=True,
-            )
+        process = _launch(java, properties, log)
         broker = cls(bootstrap=f"127.0.0.1:{port}", process=process, folder=folder, log=log)
         try:
             broker._wait_ready(port, timeout_s)
@@ -116,6 +108,15 @@ class KafkaBroker:
             except subprocess.TimeoutExpired:
                 _signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+    def restart(self, timeout_s: float = 60) -> None:
+        """Start the stopped broker again on its ports and data (as after a crash or an
+        upgrade); returns once it answers."""
+        assert self.process.poll() is not None, "restart() a stopped broker"
+        java = ["java", *JVM_OPTIONS, f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"]
+        java += ["-cp", _classpath()]
+        self.process = _launch(java, self.folder / "server.properties", self.log)
+        self._wait_ready(int(self.bootstrap.rpartition(":")[2]), timeout_s)
 
     def create_topic(
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None
@@ -337,6 +338,20 @@ def read_records(
     finally:
         consumer.close()
     return found
+
+
+def _launch(java: list[str], properties: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The broker's JVM with ``properties``, logging to ``log``, leader of its own process
+    group (so ``stop`` reaches all of it)."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [*java, "kafka.Kafka", str(properties)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=properties.parent,
+            start_new_session=True,
+        )
 
 
 def _classpath() -> str:

@@ -78,9 +78,10 @@ class BatchResult(_Json):
     maximum event-time lag); None otherwise."""
 
 
-FailedKind = Literal["data", "operational", "transient"]
+FailedKind = Literal["data", "operational", "transient", "definition"]
 """Why a batch failed: its data or transform (counted towards a poison batch), the
-checkpoint or the system (counted apart), or a passing error (tried again)."""
+checkpoint or the system (counted apart), a passing error (tried again), or a definition
+that cannot run (not counted: fix the definition)."""
 
 
 @dataclass(frozen=True)

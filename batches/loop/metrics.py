@@ -46,7 +46,7 @@ ROW_KINDS = ("in", "out", "bad", "late", "duplicate")
 """The ``kind`` label of the row metrics: read, written to the sink, bad, late, and dropped
 as duplicates (``dedup``)."""
 
-FAILED_KINDS: tuple[FailedKind, ...] = ("data", "operational", "transient")
+FAILED_KINDS: tuple[FailedKind, ...] = ("data", "operational", "transient", "definition")
 
 DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 """Batch step durations span milliseconds (a driver-side write) to minutes (a catch-up)."""

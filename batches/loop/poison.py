@@ -18,7 +18,7 @@ instead of launching a run per tick. The ways on:
   the rows say which input was set aside and why, to be reprocessed once
   the transform is fixed (docs/guarantees.md).
 
-Errors are of three kinds (``failure_kind``):
+Errors are of four kinds (``failure_kind``):
 
 - ``data``: the batch's data work raised — a Spark error, a file the source
   schema cannot read, a sink that refused the rows, any error of the
@@ -26,9 +26,16 @@ Errors are of three kinds (``failure_kind``):
   (``lowmark.batches.expectations``: the same input breaks them again). Counted;
   ``max_failed_attempts`` of them make a poison batch.
 - ``transient``: the world was briefly away — a broker unreachable, a
-  timeout, a reset connection, a Delta write conflict. The runner tries the
-  batch again with a growing pause (``TRANSIENT_PAUSES_S``) and does not
-  count them.
+  timeout, a reset connection, a Delta write conflict, and whatever a sink
+  raises as ``SinkUnavailable`` (a Postgres connection cut, a failover, Kafka
+  brokers unavailable: each sink decides which of its client's errors those
+  are). A ``TransientError`` says so itself. The runner tries the batch again
+  with a growing pause (``TRANSIENT_PAUSES_S``) and does not count them.
+- ``definition``: the pipeline's definition cannot run, found only when Spark
+  analyses the batch's plan (a column the transform's output lacks, mismatched
+  types: ``DEFINITION_CONDITIONS``), or before (``DefinitionMismatch``). No
+  input would run: not counted, never a poison batch, and the advice is to fix
+  the definition, never to set the input aside.
 - ``operational``: something around the batch is wrong and stays wrong
   until someone acts — a file gone, history gone, a damaged or missing
   checkpoint table, a configuration error: lowmark's own one-line errors.
@@ -47,8 +54,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 from confluent_kafka import KafkaException
+from pyspark.errors import AnalysisException
 
 from lowmark.batches.errors import (
+    DefinitionMismatch,
     ExpectationsFailed,
     Interrupted,
     PipelineConfigInvalid,
@@ -61,7 +70,7 @@ from lowmark.batches.sources.base import Range, Source
 from lowmark.state.errors import (
     ConcurrentRunner,
     LowmarkError,
-    WriteConflict,
+    TransientError,
     first_line,
     jvm_causes,
 )
@@ -94,19 +103,43 @@ TRANSIENT_JVM_CAUSES = frozenset(
 )
 """JVM exceptions, anywhere in a Spark error's causes, that a later try may not meet."""
 
-ErrorKind = FailureKind | Literal["transient", "none"]
+DEFINITION_CONDITIONS = frozenset(
+    {
+        "AMBIGUOUS_COLUMN_OR_FIELD",
+        "AMBIGUOUS_REFERENCE",
+        "CANNOT_RESOLVE_DATAFRAME_COLUMN",
+        "COLUMN_ALREADY_EXISTS",
+        "DATATYPE_MISMATCH",
+        "INVALID_EXTRACT_BASE_FIELD_TYPE",
+        "MISSING_AGGREGATION",
+        "MISSING_GROUP_BY",
+        "UNRESOLVED_COLUMN",
+        "UNRESOLVED_FIELD",
+        "UNRESOLVED_MAP_KEY",
+        "UNRESOLVED_ROUTINE",
+        "UNRESOLVED_USING_COLUMN_FOR_JOIN",
+        "WRONG_NUM_ARGS",
+    }
+)
+"""Spark's analysis error conditions (their first part) that a definition causes whatever
+the input: a column, field or function the plan names that is not there, or types that do
+not fit."""
+
+ErrorKind = FailureKind | Literal["transient", "definition", "none"]
 
 
 def failure_kind(exc: Exception) -> ErrorKind:
     """What ``exc``, raised by a batch's work, is (see above; ``none``: no failure)."""
     if isinstance(exc, ConcurrentRunner | PoisonBatch | Interrupted | SparkNotStarted):
         return "none"
-    if isinstance(exc, WriteConflict | ConnectionError | TimeoutError):
+    if isinstance(exc, TransientError | ConnectionError | TimeoutError):
         return "transient"
     if isinstance(exc, KafkaException) and _retriable(exc):
         return "transient"
     if TRANSIENT_JVM_CAUSES & set(jvm_causes(exc)):
         return "transient"
+    if isinstance(exc, DefinitionMismatch) or _analysis_condition(exc) in DEFINITION_CONDITIONS:
+        return "definition"
     if isinstance(exc, LowmarkError):
         data = isinstance(
             exc, SourceFileUnreadable | SinkWriteFailed | PipelineConfigInvalid | ExpectationsFailed
@@ -119,6 +152,15 @@ def _retriable(exc: KafkaException) -> bool:
     """True if the Kafka client calls the error retriable (a broker away, a timeout)."""
     error = exc.args[0] if exc.args else None
     return bool(getattr(error, "retriable", lambda: False)())
+
+
+def _analysis_condition(exc: Exception) -> str | None:
+    """The first part of a Spark analysis error's condition (``UNRESOLVED_COLUMN`` of
+    ``UNRESOLVED_COLUMN.WITH_SUGGESTION``); None for any other error."""
+    if not isinstance(exc, AnalysisException):
+        return None
+    condition = exc.getCondition()
+    return condition.partition(".")[0] if condition else None
 
 
 def blocked(
@@ -178,6 +220,12 @@ def failure_report(
         return (
             f"{what} could not reach what it reads or writes, retried for {waited}: {error}; "
             f"once it is back, `lowmark run {name}` replays the batch"
+        )
+    if kind == "definition":  # not the batch's fault: not counted, nothing to set aside
+        return (
+            f"{what} cannot run as {name} is defined: {error}; fix the definition of {name} "
+            f"(its transform, aggregation or sink), then `lowmark run {name}` replays the "
+            "batch (not counted as a failed attempt)"
         )
     limit = pipeline.max_failed_attempts
     attempts = sum(f.kind == kind for f in failures.of(batch_id))

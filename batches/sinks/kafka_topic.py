@@ -16,6 +16,12 @@ left open and fences that attempt's producer, should it still be alive (its
 commit then fails). Only after it does the sink read the fence, so no earlier
 attempt can commit behind the reading.
 
+Brokers away (unreachable, restarting, a partition without a leader or with
+too few in-sync replicas, a call timing out: ``_retriable``) raise
+``SinkUnavailable``: the transaction is aborted, or never began, and the
+runner tries the batch again; a transaction whose commit the broker took
+before the connection broke fenced the batch, which the next attempt finds.
+
 What the fence cannot hold: the broker deletes a group's committed offsets
 ``offsets.retention.minutes`` (7 days by default) after the group's last commit.
 A batch whose transaction committed, whose lowmark commit never came, and whose
@@ -32,7 +38,12 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from lowmark.batches.errors import PipelineConfigInvalid, SinkUnreachable, SinkWriteFailed
+from lowmark.batches.errors import (
+    PipelineConfigInvalid,
+    SinkUnavailable,
+    SinkUnreachable,
+    SinkWriteFailed,
+)
 from lowmark.batches.pipeline import KafkaSink
 
 TIMEOUT_S = 30.0
@@ -87,9 +98,10 @@ class KafkaTopic:
         self._producer: Producer | None = None
 
     def _fail(self, what: str, exc: KafkaException) -> str:
-        error = exc.args[0] if exc.args else exc
-        reason = error.str() if isinstance(error, KafkaError) else str(error)
-        return f"sink kafka {self.config.topic}: {what} ({reason})"
+        return f"sink kafka {self.config.topic}: {what} ({_reason(exc)})"
+
+    def _unavailable(self, exc: KafkaException) -> SinkUnavailable:
+        return SinkUnavailable(f"sink kafka {self.config.topic}", _reason(exc))
 
     def check(self) -> None:
         """The brokers answer and hold the topic: a bad setting fails here, in one line,
@@ -129,10 +141,12 @@ class KafkaTopic:
                     return bool(fence.offset > batch_id)
                 except KafkaException as exc:
                     # The group's coordinator moving or loading, say: asked again.
-                    if not _retriable(exc) or time.monotonic() > deadline:
+                    if not _retriable(exc):
                         raise SinkUnreachable(
                             self._fail("cannot read the batch fence", exc)
                         ) from exc
+                    if time.monotonic() > deadline:
+                        raise self._unavailable(exc) from exc
                     time.sleep(0.1)
         finally:
             consumer.close()
@@ -142,7 +156,12 @@ class KafkaTopic:
         one transaction with its fence. False (and nothing written) when the batch landed
         already."""
         producer = self._transactional()
-        if self.landed(batch_id):
+        try:
+            landed = self.landed(batch_id)
+        except SinkUnavailable:
+            self._producer = None  # it lost its brokers too (see below)
+            raise
+        if landed:
             return False
         topic = self.config.topic
         try:
@@ -156,6 +175,12 @@ class KafkaTopic:
             producer.send_offsets_to_transaction([fence], metadata, TIMEOUT_S)
             producer.commit_transaction(TIMEOUT_S)
         except KafkaException as exc:
+            if _retriable(exc):
+                # A producer that lost its brokers can hang in its next transactional call
+                # once they are back: it is dropped, not asked to abort; the next attempt's
+                # new one aborts what it left open (``init_transactions``).
+                self._producer = None
+                raise self._unavailable(exc) from exc
             self._end(exc)
             raise SinkWriteFailed(
                 self._fail(f"batch {batch_id}'s transaction failed", exc)
@@ -177,6 +202,8 @@ class KafkaTopic:
             try:
                 producer.init_transactions(TIMEOUT_S)
             except KafkaException as exc:
+                if _retriable(exc):  # `check` reached the brokers: they went away since
+                    raise self._unavailable(exc) from exc
                 raise SinkUnreachable(
                     self._fail("cannot start its transactions", exc)
                     + "; fix `bootstrap_servers` or the `producer` settings"
@@ -199,10 +226,15 @@ class KafkaTopic:
 
 
 def _retriable(exc: KafkaException) -> bool:
+    """Whether ``exc`` is the brokers briefly away, not a refusal: an error the client
+    calls retriable, or one of ``_UNAVAILABLE``."""
     error = exc.args[0] if exc.args else None
-    return isinstance(error, KafkaError) and (
-        error.retriable() or error.code() in _COORDINATOR_ERRORS
-    )
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _UNAVAILABLE)
+
+
+def _reason(exc: KafkaException) -> str:
+    error = exc.args[0] if exc.args else exc
+    return error.str() if isinstance(error, KafkaError) else str(error)
 
 
 _COORDINATOR_ERRORS = frozenset(
@@ -214,6 +246,23 @@ _COORDINATOR_ERRORS = frozenset(
     }
 )
 """Errors of a group's coordinator being found or loaded: passing, asked again."""
+
+_UNAVAILABLE = _COORDINATOR_ERRORS | {
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError.BROKER_NOT_AVAILABLE,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.REQUEST_TIMED_OUT,
+}
+"""Errors of brokers away (down, restarting, electing a leader, short of in-sync replicas)
+or of a call that timed out: a later try may not meet them, whatever the client's
+``retriable`` says of them."""
 
 
 def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes | None) -> None:

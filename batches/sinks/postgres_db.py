@@ -9,6 +9,12 @@ their count, and the transaction commits: both land or neither does. The
 fence's primary key also serialises two writers of the same batch: the
 second waits on the first's row, then finds it.
 
+A connection lost on the way (the backend terminated, the server shutting
+down or failing over to a read-only standby, a serialization failure or a
+deadlock: ``TRANSIENT_SQLSTATES``) raises ``SinkUnavailable``, and the
+runner tries the batch again: the transaction did not commit, or, cut during
+its COMMIT, did and fenced the batch, which the next attempt then finds.
+
 Types (``PG_TYPES``, by the Arrow type of the output's column; a Spark
 schema is read through its Arrow form): boolean → ``boolean``; 8- and
 16-bit integers → ``smallint``; 32-bit → ``integer``; 64-bit → ``bigint``;
@@ -33,6 +39,7 @@ from psycopg import sql
 
 from lowmark.batches.errors import (
     PipelineConfigInvalid,
+    SinkUnavailable,
     SinkUnreachable,
     SinkWriteFailed,
 )
@@ -48,6 +55,21 @@ _FENCE_COLUMNS = (
     "rows bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT now(), "
     "PRIMARY KEY (app_id, batch_id)"
 )
+
+
+TRANSIENT_SQLSTATES = frozenset(
+    {
+        "25006",  # read_only_sql_transaction: the primary failed over, this is a standby now
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "53300",  # too_many_connections
+        "57P01",  # admin_shutdown: pg_terminate_backend, a fast shutdown
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now: the server is starting
+    }
+)
+"""SQLSTATEs of a write that a later try may not meet (with class ``08``, connection
+exceptions); any other database error refuses the batch."""
 
 
 PG_TYPES: tuple[tuple[Callable[[pa.DataType], bool], str], ...] = (
@@ -114,7 +136,7 @@ def connect(config: PostgresSink) -> psycopg.Connection[tuple[Any, ...]]:
     try:
         return psycopg.connect(config.dsn or "", **settings)
     except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _first(exc)
         raise SinkUnreachable(
             f"sink postgres {config.table}: cannot connect ({first}); fix the sink's `dsn`, "
             "`host`, `port`, `dbname`, `user` or its password (`password_env`, PGPASSWORD, "
@@ -140,19 +162,25 @@ class PostgresTable:
     @contextmanager
     def _transaction(self) -> Iterator[tuple[psycopg.Cursor[tuple[Any, ...]], str]]:
         """A cursor in one transaction (committed when the block ends without error) and the
-        target's schema (the given one, else the connection's current schema)."""
-        with connect(self.config) as conn, conn.cursor() as cur:
-            schema = self._schema
-            if schema is None:
-                cur.execute("SELECT current_schema()")
-                found = cur.fetchone()
-                if found is None or found[0] is None:
-                    raise SinkWriteFailed(
-                        f"sink postgres {self.config.table}: the connection's search_path "
-                        "names no schema that exists: qualify `table` as schema.name"
-                    )
-                schema = str(found[0])
-            yield cur, schema
+        target's schema (the given one, else the connection's current schema).
+        ``SinkUnavailable`` when the connection is lost, in the block or at its commit."""
+        try:
+            with connect(self.config) as conn, conn.cursor() as cur:
+                schema = self._schema
+                if schema is None:
+                    cur.execute("SELECT current_schema()")
+                    found = cur.fetchone()
+                    if found is None or found[0] is None:
+                        raise SinkWriteFailed(
+                            f"sink postgres {self.config.table}: the connection's search_path "
+                            "names no schema that exists: qualify `table` as schema.name"
+                        )
+                    schema = str(found[0])
+                yield cur, schema
+        except psycopg.Error as exc:
+            if _transient(exc):
+                raise SinkUnavailable(f"sink postgres {self.config.table}", _first(exc)) from exc
+            raise
 
     def _fence(self, schema: str) -> sql.Composed:
         return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(FENCE_TABLE))
@@ -161,14 +189,24 @@ class PostgresTable:
         return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(self._name))
 
     def check(self) -> None:
-        """Connect, and create the fence table if missing: a bad setting fails here, in one
-        line, before the first batch writes anything."""
+        """Connect, and create the fence table (and its schema) if missing: a bad setting
+        fails here, in one line, before the first batch writes anything."""
         with self._transaction() as (cur, schema):
-            cur.execute(
-                sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + _FENCE_COLUMNS + ")").format(
-                    self._fence(schema)
-                )
+            self._create_fence(cur, schema)
+
+    def _create_fence(self, cur: psycopg.Cursor[tuple[Any, ...]], schema: str) -> None:
+        """The target's schema and the fence table in it, if missing."""
+        # Asked first: CREATE SCHEMA IF NOT EXISTS needs the right to create schemas even
+        # when the schema exists, which a user writing into a given schema may lack.
+        cur.execute("SELECT to_regnamespace(%s)", (sql.Identifier(schema).as_string(cur),))
+        found = cur.fetchone()
+        if found is None or found[0] is None:
+            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        cur.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + _FENCE_COLUMNS + ")").format(
+                self._fence(schema)
             )
+        )
 
     def check_ours(self, pipeline: Pipeline, checkpoint: Checkpoint) -> None:
         """Before ``checkpoint``'s first batch: ``SinkHeldElsewhere`` when the newest fence row
@@ -256,13 +294,9 @@ class PostgresTable:
         return True
 
     def _create(self, cur: psycopg.Cursor[tuple[Any, ...]], schema: str, of: pa.Schema) -> None:
-        """The fence table and the target, if missing; an upserted target with a unique
-        constraint on the keys (nulls equal, so a null key upserts too)."""
-        cur.execute(
-            sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + _FENCE_COLUMNS + ")").format(
-                self._fence(schema)
-            )
-        )
+        """The schema, the fence table and the target, if missing; an upserted target with a
+        unique constraint on the keys (nulls equal, so a null key upserts too)."""
+        self._create_fence(cur, schema)
         columns = [
             sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(_pg_type(f))) for f in of
         ]
@@ -364,9 +398,25 @@ def arrow_rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
         yield from zip(*columns, strict=True)
 
 
+def _transient(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` is the connection or the server briefly away (see above), not a
+    refusal of the batch: no answer at all (the connection broke), a connection exception,
+    or one of ``TRANSIENT_SQLSTATES``."""
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError)
+    return state.startswith("08") or state in TRANSIENT_SQLSTATES
+
+
+def _first(exc: psycopg.Error) -> str:
+    """The first line of ``exc``'s message (its type when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _refusal(config: PostgresSink, batch_id: int, exc: psycopg.Error) -> str:
     """The one line a database error of batch ``batch_id``'s write becomes, with the fix."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = _first(exc)
     if isinstance(exc, psycopg.errors.InvalidColumnReference):  # no unique index on keys
         fix = f"give {config.table} a unique index on ({', '.join(config.keys)})"
     elif isinstance(exc, psycopg.errors.CardinalityViolation):  # two rows, one key

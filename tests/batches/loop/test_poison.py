@@ -15,7 +15,8 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.health import failing_batch
@@ -26,6 +27,7 @@ from lowmark.batches.errors import PipelineConfigInvalid, PoisonBatch, SourceFil
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.loop.parts import build_parts
+from lowmark.batches.loop.poison import failure_kind
 from lowmark.batches.windows import Tumbling
 from lowmark.orchestration.definitions import build_definitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
@@ -241,3 +243,26 @@ def test_a_lasting_operational_error_blocks_the_batch_with_its_reason_and_the_se
     taken.write_bytes(kept)
     assert [r.batch_id for r in MicroBatchRunner(spark, fragile, data_root).run(retry=True)] == [0]
     assert sink_ids(spark, data_root) == [0, 1, 2]
+
+
+def without_amount(df: DataFrame) -> DataFrame:
+    """A transform whose output lacks the column the aggregation sums."""
+    return df.drop("amount")
+
+
+def test_a_definition_spark_cannot_resolve_is_a_definition_error_never_a_poison_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    drop_batches(tmp_path, [[event("a", 0, 1)]])
+    p = windowed(Tumbling(size="10 seconds")).model_copy(update={"transform": without_amount})
+    runner = MicroBatchRunner(spark, p, tmp_path)
+    for _ in range(p.max_failed_attempts + 1):  # as many runs as make a poison batch, and one
+        with pytest.raises(AnalysisException) as failed:
+            runner.run_batch()
+        assert failure_kind(failed.value) == "definition"
+
+    assert runner.checkpoint.failures.of(0) == []  # never counted: never blocked
+    report = runner.failure_report(failed.value) or ""
+    assert "\n" not in report
+    assert "cannot run as w is defined" in report and "UNRESOLVED_COLUMN" in report
+    assert "fix the definition of w" in report and "skip-batch" not in report

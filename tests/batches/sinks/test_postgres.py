@@ -200,3 +200,15 @@ def test_a_new_checkpoint_refuses_a_table_another_checkpoint_wrote(
         runner.run(max_batches=None)
     assert runner.checkpoint.offsets.latest_batch_id() is None  # refused before batch 0
     assert len(postgres.rows(pg_database, "SELECT * FROM events")) == 3  # the first's only
+
+
+def test_a_table_in_a_schema_that_does_not_exist_yet_is_created_with_its_schema(
+    spark: SparkSession, postgres: PostgresServer, pg_database: str
+) -> None:
+    sink = PostgresFrameSink(PostgresSink(table="iot.readings"), "pid:sink")
+    sink.table.check()  # before the first batch, as a run does: the fence's schema too
+    sink.write(spark.createDataFrame([(1, "a")], "id LONG, name STRING"), 0)
+
+    assert postgres.rows(pg_database, "SELECT id, name FROM iot.readings") == [(1, "a")]
+    fenced = postgres.rows(pg_database, "SELECT batch_id, rows FROM iot.lowmark_sink_batches")
+    assert fenced == [(0, 1)]
