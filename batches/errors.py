@@ -87,6 +87,11 @@ class SourceReplaced(LowmarkError):
     deleted and created again under its name, or an end offset below the start."""
 
 
+class ResetFailed(LowmarkError):
+    """``lowmark reset --truncate-sink`` could not empty a sink: the old checkpoint is back
+    where it was, and the reset can run again."""
+
+
 class RunInFlight(LowmarkError):
     """A pipeline cannot be reset while a run of it is queued or in flight."""
 

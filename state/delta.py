@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
@@ -24,6 +24,10 @@ from lowmark.state.storage import is_table, open_table
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+_DUPLICATE_KEY = re.compile(r"lowmark: duplicate merge key (.*?) :lowmark", re.DOTALL)
+"""The error a MERGE source row raises when another row of the batch has its keys (Spark's
+``raise_error``), around the keys as JSON."""
 
 
 def append_once(
@@ -81,7 +85,9 @@ def upsert_once(
     """One idempotent MERGE on ``identity``: upsert ``upserts``, delete rows matching ``deletes``.
 
     ``deletes`` holds identity columns only and must not share an identity
-    with ``upserts``. The table is created empty from ``upserts``' schema
+    with ``upserts``. Two rows of ``upserts`` with one identity (nulls equal) stop
+    the MERGE before it commits (``duplicate_key`` reads which): Delta would insert
+    both when the table lacks it. The table is created empty from ``upserts``' schema
     (with table ``properties``) if absent. Skipped by Delta when (app_id,
     version) already landed.
 
@@ -94,7 +100,7 @@ def upsert_once(
         # An empty first commit gives MERGE a target; racing creators are harmless.
         create = upserts.limit(0).write.format("delta").mode("append")
         create.options(**(properties or {})).save(path)
-    changes = upserts.withColumn("_op", F.lit("upsert"))
+    changes = upserts.withColumn("_op", _upsert_once_per_identity(identity))
     if deletes is not None:
         changes = changes.unionByName(
             deletes.withColumn("_op", F.lit("delete")), allowMissingColumns=True
@@ -124,6 +130,27 @@ def upsert_once(
         retry_conflicts(merge, path, version)
     finally:
         spark.catalog.dropGlobalTempView(view)
+
+
+def _upsert_once_per_identity(identity: tuple[str, ...]) -> Column:
+    """The ``_op`` of an upserted row: ``upsert``, or an error when another row has its
+    ``identity``. In the MERGE's own job (no job of its own); in ``_op`` because every
+    clause reads it, so no plan can drop it."""
+    keys = [F.col(_quoted(c)) for c in identity]
+    others = F.count(F.lit(1)).over(Window.partitionBy(*keys))
+    found = F.concat(
+        F.lit("lowmark: duplicate merge key "),
+        F.to_json(F.struct(*[k.alias(c) for k, c in zip(keys, identity, strict=True)])),
+        F.lit(" :lowmark"),
+    )
+    return F.when(others > 1, F.raise_error(found)).otherwise(F.lit("upsert"))
+
+
+def duplicate_key(exc: BaseException) -> str | None:
+    """The keys (JSON) of two rows of one MERGE's batch when ``exc`` is the error
+    ``upsert_once`` stops on for them; None for any other error."""
+    found = _DUPLICATE_KEY.search(str(exc))
+    return found.group(1) if found else None
 
 
 def _uncollated(df: DataFrame) -> DataFrame:

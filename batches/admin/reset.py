@@ -22,13 +22,15 @@ reset offers the two safe ways on:
 
 Neither is offered for a sink another pipeline wrote last (its rows are not
 ours to empty or to go on after). Either way the old checkpoint is moved aside
-to ``<checkpoint>.reset-<UTC time>`` first, never deleted. Local checkpoints
-only (a move is a rename).
+to ``<checkpoint>.reset-<UTC time>`` first, never deleted; a truncate that fails
+moves it back (``_truncate``), so a reset is done or not, never half. Local
+checkpoints only (a move is a rename).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,18 +38,31 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 from deltalake import CommitProperties, write_deltalake
+from pyspark.sql import SparkSession
 
-from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.pipeline import FileSource, Pipeline, UnionSource, resolve
+from lowmark.batches.errors import PipelineConfigInvalid, ResetFailed, SinkHeldElsewhere
+from lowmark.batches.pipeline import (
+    PRIMARY_SINK,
+    DeltaSink,
+    FileSource,
+    KafkaSink,
+    Pipeline,
+    PostgresSink,
+    SinkKind,
+    UnionSource,
+    resolve,
+)
+from lowmark.batches.sinks import written_on_driver
 from lowmark.batches.sinks.owner import held_elsewhere, sink_holder
+from lowmark.batches.sinks.postgres_db import PostgresTable
 from lowmark.batches.sources.union import own
-from lowmark.state.checkpoint import Checkpoint, move_aside, time_stamp
+from lowmark.state.checkpoint import Checkpoint, find_checkpoint, move_aside, time_stamp
 from lowmark.state.commit_log import CommitEntry, CommitLog
-from lowmark.state.delta import USER_METADATA_CONF
+from lowmark.state.delta import USER_METADATA_CONF, latest_version
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkError
 from lowmark.state.offset_log import OffsetEntry, OffsetLog, Offsets
 from lowmark.state.ownership import last_writer, writer_metadata
-from lowmark.state.session import SparkLike, provider
+from lowmark.state.session import SparkLike, own_session, provider
 from lowmark.state.state_table import CARRIED, state_tables
 from lowmark.state.storage import delta_rs_options, is_table, open_table
 from lowmark.state.table import DriverTable
@@ -72,6 +87,8 @@ class Reset:
     """``after``: the old checkpoint's pipeline id and batch the sink's data ends with."""
     files: int
     """``after``, file source: files of the old manifest the new one keeps as taken."""
+    not_emptied: tuple[str, ...] = ()
+    """``truncate``: one line per sink lowmark cannot empty (a Kafka topic, your own)."""
 
 
 def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> Reset:
@@ -83,17 +100,93 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
     _refuse_another_pipelines_sink(pipeline, local, sink)
     if mode == "after":
         return _after(pipeline, local, sink)
+    return _truncate(spark, pipeline, data_root, location, local)
+
+
+def _truncate(
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, location: str, local: str
+) -> Reset:
+    """``--truncate-sink``: every sink emptied for a new checkpoint, or nothing changed.
+
+    Step 1. Refuse, before anything moves, a Delta or Postgres sink another
+            pipeline wrote last (its rows are not ours to empty).
+    Step 2. Move the old checkpoint aside (a runner still on it stops at its next
+            fence, so it writes no sink from here on) and create the new one.
+    Step 3. Empty each sink in one commit naming the new checkpoint as its writer:
+            a Delta sink with its own writer engine, a Postgres sink with its fence.
+            A Kafka topic or a sink of the user's own is not lowmark's to empty:
+            its line in ``Reset.not_emptied`` says so.
+    Step 4. On any failure in steps 2-3: delete the new checkpoint and move the old
+            one back, so a retry moves it aside once, as if the failed reset had not
+            run; the error names the sinks emptied already (empty again by the retry).
+    """
+    sinks = pipeline.sinks()
+    # Step 1.
+    for config in sinks.values():
+        if isinstance(config, DeltaSink):
+            _refuse_another_pipelines_sink(pipeline, local, resolve(config.path, data_root))
+        elif isinstance(config, PostgresSink):
+            _refuse_another_pipelines_table(pipeline, local, PostgresTable(config, ""))
+    # Step 2.
     moved = move_aside(local, "reset")
-    new = Checkpoint(location, pipeline.name)
-    app_id = new.txn_app_id("sink")
-    if is_table(sink):
-        if pipeline.aggregation is not None:
-            _truncate_window_sink(sink, writer_metadata(app_id, -1))
+    emptied: list[str] = []
+    try:
+        new = Checkpoint(location, pipeline.name)
+        # Step 3.
+        not_emptied = []
+        for name, config in sinks.items():
+            app_id = new.txn_app_id("sink" if name == PRIMARY_SINK else f"sink:{name}")
+            what = _empty(spark, pipeline, pipeline.written_as(config), data_root, app_id)
+            if what is None:
+                not_emptied.append(_not_emptied(name, config))
+            else:
+                emptied.append(what)
+    except Exception as exc:
+        # Step 4.
+        shutil.rmtree(local, ignore_errors=True)
+        if moved is not None:
+            os.rename(moved, local)
+        done = f" ({', '.join(emptied)} emptied already)" if emptied else ""
+        raise ResetFailed(
+            f"reset of {pipeline.name} failed, its checkpoint {location} is back as it "
+            f"was{done}: {_first_line(exc)}; fix that and run `lowmark reset "
+            f"{pipeline.name} --truncate-sink` again"
+        ) from exc
+    return Reset("truncate", location, moved, new.pipeline_id, None, None, 0, tuple(not_emptied))
+
+
+def _empty(
+    spark: SparkLike, pipeline: Pipeline, config: SinkKind, data_root: Path, app_id: str
+) -> str | None:
+    """Empty the sink ``config`` (as written) in one commit naming ``app_id`` (batch -1) as
+    its writer; what it emptied, or None for a sink lowmark cannot empty."""
+    if isinstance(config, PostgresSink):
+        PostgresTable(config, app_id).empty()
+        return f"postgres {config.table}"
+    if not isinstance(config, DeltaSink):
+        return None
+    path = resolve(config.path, data_root)
+    if is_table(path):
+        metadata = writer_metadata(app_id, -1)
+        if written_on_driver(pipeline):
+            _truncate_window_sink(path, metadata)
         else:
-            session = provider(spark)().newSession()  # its confs are its own
-            session.conf.set(USER_METADATA_CONF, writer_metadata(app_id, -1))
-            session.sql(f"DELETE FROM delta.`{sink}`")
-    return Reset(mode, location, moved, new.pipeline_id, None, None, 0)
+            _truncate_spark_sink(provider(spark)(), path, metadata)
+    return path
+
+
+def _not_emptied(name: str, config: SinkKind) -> str:
+    """The line saying that sink ``name`` keeps its data, and what the user can do."""
+    if isinstance(config, KafkaSink):
+        return (
+            f"sink {name} (Kafka topic {config.topic}) is not emptied: lowmark cannot delete "
+            "a topic's records, so its readers get the source's records again from the "
+            "beginning; to avoid that, delete and create the topic again before the next run"
+        )
+    return (
+        f"sink {name} (your own) is not emptied: lowmark cannot empty it; empty it yourself "
+        "before the next run, or its records land in it again from the beginning"
+    )
 
 
 def _truncate_window_sink(sink: str, metadata: str) -> None:
@@ -119,6 +212,26 @@ def _truncate_window_sink(sink: str, metadata: str) -> None:
         )
 
 
+def _truncate_spark_sink(spark: SparkSession, sink: str, metadata: str) -> None:
+    """Empty a stateless pipeline's sink (Spark is its one writer engine) in a commit whose
+    ``userMetadata`` is ``metadata``; a sink without rows gets an empty append instead
+    (as ``_truncate_window_sink``).
+
+    In a session of its own (``own_session``: locally a new session, over Spark Connect a
+    clone), whose confs no other write of the process sees.
+    """
+    session = own_session(spark)
+    before = latest_version(sink)
+    session.conf.set(USER_METADATA_CONF, metadata)
+    try:
+        session.sql(f"DELETE FROM delta.`{sink}`")
+    finally:
+        session.conf.unset(USER_METADATA_CONF)
+    if latest_version(sink) == before:
+        empty = session.read.format("delta").load(sink).limit(0)
+        empty.write.format("delta").mode("append").option("userMetadata", metadata).save(sink)
+
+
 def _refuse_another_pipelines_sink(pipeline: Pipeline, location: str, sink: str) -> None:
     """Neither way on is ``pipeline``'s to take when another pipeline wrote the sink
     last: truncating would delete that pipeline's rows."""
@@ -126,6 +239,27 @@ def _refuse_another_pipelines_sink(pipeline: Pipeline, location: str, sink: str)
     holder = sink_holder(location, writer.pipeline_id) if writer is not None else None
     if writer is not None and holder is not None and holder.pipeline_name != pipeline.name:
         raise held_elsewhere(pipeline, location, sink, writer.pipeline_id, writer.batch_id)
+
+
+def _refuse_another_pipelines_table(
+    pipeline: Pipeline, location: str, table: PostgresTable
+) -> None:
+    """As ``_refuse_another_pipelines_sink``, for a Postgres sink (its fence names its writers)."""
+    writer = table.last_writer()
+    if writer is None:
+        return
+    holder = find_checkpoint(os.path.dirname(location.rstrip("/")), writer)
+    if holder is not None and holder.pipeline_name != pipeline.name:
+        raise SinkHeldElsewhere(
+            f"sink postgres {table.config.table} is pipeline {holder.pipeline_name}'s "
+            f"(checkpoint {holder.location}): {pipeline.name} must not empty it; give "
+            f"{pipeline.name} a table of its own"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:

@@ -964,6 +964,8 @@ def reset(
             "beginning of the source",
             soft_wrap=True,
         )
+        for line in done.not_emptied:
+            out.print(f"{p.name}: {line}", soft_wrap=True)
     else:
         out.print(
             f"{p.name}: new checkpoint {done.pipeline_id} starts after {done.continues} "

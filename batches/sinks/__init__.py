@@ -25,7 +25,15 @@ from lowmark.batches.sinks.kafka import KafkaFrameSink
 from lowmark.batches.sinks.postgres import PostgresFrameSink, PostgresWindowSink
 from lowmark.state.session import SparkLike
 
-__all__ = ["Sink", "WindowedSink", "build_sink"]
+__all__ = ["Sink", "WindowedSink", "build_sink", "written_on_driver"]
+
+
+def written_on_driver(pipeline: Pipeline) -> bool:
+    """Whether ``pipeline``'s output is a few rows on the driver, written from there
+    (``WindowedSink``: a windowed pipeline's windows, an event-time join's rows), rather
+    than records written by Spark (``Sink``)."""
+    on_driver = pipeline.aggregation is not None or pipeline.stream_join is not None
+    return on_driver and pipeline.event_time is not None
 
 
 def build_sink(
@@ -50,8 +58,7 @@ def build_sink(
     ``foreach_batch`` function is called by one; a windowed or joining pipeline hands any
     of these its rows as DataFrames.
     """
-    on_driver = pipeline.aggregation is not None or pipeline.stream_join is not None
-    windowed = on_driver and pipeline.event_time is not None
+    windowed = written_on_driver(pipeline)
     built = {
         name: _built(
             spark,

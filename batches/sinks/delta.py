@@ -28,9 +28,13 @@ from lowmark.batches.pipeline import DeltaSink, Pipeline
 from lowmark.batches.sinks.base import Sink, SinkFence, WindowedSink
 from lowmark.batches.sinks.owner import check_sink_is_ours
 from lowmark.state.checkpoint import Checkpoint
-from lowmark.state.delta import append_once, latest_version, upsert_once
+from lowmark.state.delta import append_once, duplicate_key, latest_version, upsert_once
 from lowmark.state.session import SparkLike, own_session, provider
 from lowmark.state.table import DriverTable
+
+_MATCHED_TWICE = "DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE"
+"""Delta's error for two source rows of one MERGE matching one row of the table: it may come
+first when Delta does not materialize the MERGE's source (a source of Delta tables only)."""
 
 
 class _DeltaFence(SinkFence):
@@ -92,6 +96,17 @@ class DeltaTableSink(_DeltaFence, Sink):
             raise SinkWriteFailed(
                 f"sink {self.path} refused batch {batch_id}: {first}; fix the transform "
                 "or point the sink at a new table"
+            ) from exc
+        except Exception as exc:
+            key = duplicate_key(exc)
+            if key is None and _MATCHED_TWICE not in str(exc):
+                raise
+            keys = ", ".join(self.config.keys)
+            example = f"e.g. {key}" if key is not None else "one the sink holds"
+            raise SinkWriteFailed(
+                f"sink {self.path} refused batch {batch_id}: keys ({keys}) are not unique "
+                f"within the batch ({example} is in two records); make them unique in the "
+                "transform (keep one record per key)"
             ) from exc
         return latest_version(self.path)
 

@@ -232,6 +232,47 @@ class PostgresTable:
             location = checkpoint.location
             raise held_elsewhere(pipeline, location, sink, writer, other[1], "a table of its own")
 
+    def last_writer(self) -> str | None:
+        """The pipeline id of the checkpoint whose batch the fence recorded last for this
+        table (None: none, or no fence table)."""
+        with self._transaction() as (cur, schema):
+            if not self._fenced(cur, schema):
+                return None
+            cur.execute(
+                sql.SQL(
+                    "SELECT app_id FROM {} WHERE table_name = %s ORDER BY written_at DESC LIMIT 1"
+                ).format(self._fence(schema)),
+                (f"{schema}.{self._name}",),
+            )
+            found = cur.fetchone()
+        return str(found[0]).split(":", 1)[0] if found is not None else None
+
+    def empty(self) -> None:
+        """``lowmark reset --truncate-sink``: in one transaction, delete the table's rows
+        (if it exists) and its fence rows, and fence batch -1 of ``app_id`` (the new
+        checkpoint's): the new checkpoint then finds the table its own."""
+        with self._transaction() as (cur, schema):
+            cur.execute(
+                sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + _FENCE_COLUMNS + ")").format(
+                    self._fence(schema)
+                )
+            )
+            table = f"{schema}.{self._name}"
+            cur.execute("SELECT to_regclass(%s)", (f'"{schema}"."{self._name}"',))
+            found = cur.fetchone()
+            if found is not None and found[0] is not None:
+                cur.execute(sql.SQL("DELETE FROM {}").format(self._target(schema)))
+            cur.execute(
+                sql.SQL("DELETE FROM {} WHERE table_name = %s").format(self._fence(schema)),
+                (table,),
+            )
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {} (app_id, batch_id, table_name, rows) VALUES (%s, -1, %s, 0)"
+                ).format(self._fence(schema)),
+                (self.txn_app_id, table),
+            )
+
     def _fenced(self, cur: psycopg.Cursor[tuple[Any, ...]], schema: str) -> bool:
         """Whether the fence table exists in ``schema``."""
         cur.execute("SELECT to_regclass(%s)", (f'"{schema}"."{FENCE_TABLE}"',))

@@ -30,6 +30,7 @@ from lowmark.batches.loop.faults import KILL_AT_ENV, KillPoint
 from lowmark.batches.pipeline import resolve
 from tests.faults.conftest import KILL_BATCH, MATRIX, References
 from tests.faults.harness import (
+    ENGINE_CLI,
     KILLED,
     REPO,
     Snapshot,
@@ -198,6 +199,32 @@ def test_a_merge_sink_through_spark_connect_skips_a_replayed_batch(
 
     assert found == {"rows": [[1, "a2"], [3, "c"]], "txn_conf_left": None, "views_left": []}
     assert RsDeltaTable(str(table)).version() == 2  # created, batch 0, batch 1
+
+
+def test_reset_with_truncate_sink_through_spark_connect_then_a_run_ends_like_one_from_scratch(
+    references: References, server: RunningServer
+) -> None:
+    """The reset's DELETE runs in a session of its own on the server (a clone of the
+    client's); the run after it writes the sink as a new pipeline's first run would."""
+    ref = references["plain_append"]
+    root = ref.folder / "reset_through_connect"
+    copy_run(ref.folder / "template", root, ref.pipeline)
+    client_env = lowmark_env(None, LOWMARK_SPARK_MASTER=server.url)
+    args = [*ENGINE_CLI, "--pipelines", "tests.faults.scenarios", "--data-root", str(root)]
+    done = subprocess.run(
+        [*args, "reset", "plain_append", "--truncate-sink"],
+        env=client_env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list(root.glob("_lowmark/plain_append.reset-*"))) == 1
+    code, err = _finished(_client(server, root, "plain_append"))
+    assert code == 0, err
+
+    from_scratch = snapshot(ref.pipeline, ref.root, as_from_scratch=True)
+    assert differences(from_scratch, snapshot(ref.pipeline, root, as_from_scratch=True)) == []
 
 
 def _sink_batches(sink: Path) -> set[int]:

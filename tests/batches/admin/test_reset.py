@@ -20,11 +20,11 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.reset import reset
-from lowmark.batches.errors import SinkHeldElsewhere
+from lowmark.batches.errors import ResetFailed, SinkHeldElsewhere
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.follow import follow
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline
 from lowmark.batches.windows import Tumbling
 from lowmark.state.errors import CheckpointReplaced
 from lowmark.state.ownership import last_writer
@@ -42,6 +42,7 @@ from tests.helpers import (
 )
 
 ONE_FILE = pipeline().source.model_copy(update={"max_files_per_batch": 1})
+APPEND_ONLY = {"delta.appendOnly": "true"}
 
 
 def _stateless() -> Pipeline:
@@ -101,6 +102,57 @@ def test_truncate_sink_starts_over_and_the_sink_ends_as_from_scratch(
     assert len(list(data_root.glob("_lowmark/t.reset-*"))) == 1
     MicroBatchRunner(spark, _stateless(), data_root).run(max_batches=None)
     assert sink_ids(spark, data_root) == _all_ids(4)
+
+
+def test_a_truncate_whose_sink_refuses_the_delete_leaves_the_checkpoint_and_a_retry_moves_it_once(
+    spark: SparkSession, data_root: Path
+) -> None:
+    # An append-only sink: appends land, Delta refuses the reset's DELETE.
+    p = pipeline(source=ONE_FILE, sink=DeltaSink(path="out", properties=APPEND_ONLY))
+    for i in range(3):
+        drop_file(data_root, i)
+    MicroBatchRunner(spark, p, data_root).run(max_batches=2)
+    out = str(data_root / "out")
+    old = last_writer(out)
+
+    with pytest.raises(
+        ResetFailed,
+        match=r"^reset of t failed, its checkpoint \S+ is back as it was: .*APPEND_ONLY",
+    ):
+        reset(spark, p, data_root, "truncate")
+    assert list(data_root.glob("_lowmark/t.*")) == []
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)  # on the old checkpoint
+    writer = last_writer(out)
+    assert old is not None and writer is not None and writer.pipeline_id == old.pipeline_id
+    assert sink_ids(spark, data_root) == _all_ids(3)
+
+    spark.sql(f"ALTER TABLE delta.`{out}` SET TBLPROPERTIES ('delta.appendOnly' = 'false')")
+    again = reset(spark, p, data_root, "truncate")
+    assert len(list(data_root.glob("_lowmark/t.reset-*"))) == 1
+    assert sink_ids(spark, data_root) == []
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    writer = last_writer(out)
+    assert writer is not None and writer.pipeline_id == again.pipeline_id
+    assert sink_ids(spark, data_root) == _all_ids(3)
+
+
+def test_truncate_sink_empties_an_extra_delta_sink_and_says_a_kafka_topic_is_not_emptied(
+    spark: SparkSession, data_root: Path
+) -> None:
+    p = pipeline(source=ONE_FILE, extra_sinks={"copy": DeltaSink(path="copy")})
+    for i in range(2):
+        drop_file(data_root, i)
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+
+    done = reset(spark, p, data_root, "truncate")
+    assert sink_ids(spark, data_root, "copy") == [] and done.not_emptied == ()
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    assert sink_ids(spark, data_root, "copy") == sink_ids(spark, data_root) == _all_ids(2)
+
+    topic = KafkaSink(topic="events", bootstrap_servers="localhost:1")
+    kafka = pipeline(name="k", sink=DeltaSink(path="k_out"), extra_sinks={"events": topic})
+    (line,) = reset(spark, kafka, data_root, "truncate").not_emptied
+    assert line.startswith("sink events (Kafka topic events) is not emptied: ")
 
 
 def test_truncate_sink_of_a_windowed_pipeline_recomputes_every_window(

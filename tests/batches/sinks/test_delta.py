@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,30 @@ def test_a_sink_has_deltas_defaults_and_the_properties_its_user_set_never_the_ch
         .load(str(tmp_path / "change_feed" / "out"))
     )
     assert changes.where("_change_type = 'insert'").count() == 6
+
+
+@pytest.mark.parametrize(
+    ("key", "example"),
+    [(3, '{"id":3,"part":"a"}'), (2, '{"id":2,"part":"a"}'), (2, None)],
+    ids=["new-key", "key-in-the-sink", "key-in-the-sink-source-not-materialized"],
+)
+def test_a_merge_batch_holding_two_records_of_one_key_is_refused_and_writes_nothing(
+    spark: SparkSession, tmp_path: Path, key: int, example: str | None
+) -> None:
+    path = str(tmp_path / "t")
+    config = DeltaSink(path="x", mode="merge", keys=("id", "part"))
+    sink = DeltaTableSink(spark, config, path, "pid:sink")
+    schema = "id LONG, part STRING, n LONG"
+    sink.write(spark.createDataFrame([(1, "a", 10), (2, "a", 20)], schema), 0)
+    if example is None:  # as for a source of Delta tables only: Delta's own check comes first
+        sink.session.conf.set("spark.databricks.delta.merge.materializeSource", "none")
+    twice = spark.createDataFrame([(key, "a", 30), (1, "b", 11), (key, "a", 31)], schema)
+    named = re.escape(f"e.g. {example}") if example else "one the sink holds"
+    refusal = (
+        rf"^sink {path} refused batch 1: keys \(id, part\) are not unique within the batch "
+        rf"\({named} is in two records\)"
+    )
+    with pytest.raises(SinkWriteFailed, match=refusal):
+        sink.write(twice, 1)
+    rows = sorted((r.id, r.part, r.n) for r in delta_frame(spark, path).collect())
+    assert rows == [(1, "a", 10), (2, "a", 20)]
