@@ -930,7 +930,7 @@ def reset(
         bool,
         typer.Option(
             "--after-sink",
-            help="Start after the data the sink holds (pipelines without windows).",
+            help="Start after the data the sink holds, its state and watermark carried over.",
         ),
     ] = False,
     as_json: JsonFlag = False,
@@ -941,7 +941,8 @@ def reset(
     deleted. Choose one: --truncate-sink empties the sink (one Delta commit:
     time travel still reaches the old rows) and reads the source from its
     beginning; --after-sink starts right after the last batch the sink holds
-    (its offsets and file manifest come from the old checkpoint).
+    (its offsets, file manifest, state tables, watermark and timers come from
+    the old checkpoint).
     """
     from lowmark.batches.admin.reset import reset as reset_pipeline
 

@@ -15,24 +15,20 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
-import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import ExpectationsFailed, Interrupted, PoisonBatch
 from lowmark.batches.event_time.stage import WindowedStage
-from lowmark.batches.expectations import PARSABLE, bad_rows
 from lowmark.batches.loop import faults
-from lowmark.batches.loop.batch_work import Taken, explained, total
-from lowmark.batches.loop.catch_up import Seen
 from lowmark.batches.loop.commit import commit_batch
 from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
 from lowmark.batches.loop.listeners import Listeners, PipelineListener, configured_listeners
 from lowmark.batches.loop.maintenance import maintain_after
+from lowmark.batches.loop.outcome import Input, look_at, with_event_time
 from lowmark.batches.loop.parts import BatchParts, build_parts
 from lowmark.batches.loop.plan import PlannedBatch, Planner
 from lowmark.batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
@@ -40,16 +36,13 @@ from lowmark.batches.loop.preflight import check_definition
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink
 from lowmark.batches.sources import Source
-from lowmark.batches.sources.base import PARTITION_COLUMN
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import BatchCounts
 from lowmark.state.errors import first_line
 from lowmark.state.failures import FailureKind
-from lowmark.state.log import EPOCH
-from lowmark.state.offset_log import OffsetEntry, Offsets
+from lowmark.state.offset_log import Offsets
 from lowmark.state.progress import ProgressEntry
 from lowmark.state.session import SparkLike, StartedOnUse, is_remote_session
-from lowmark.state.window_state import ROWS
 
 log = logging.getLogger(__name__)
 
@@ -235,19 +228,25 @@ class MicroBatchRunner:
         Step 5. Event-time stage: the partials merged with the state rows they touch,
                 read as of commit N-1 on the driver (one Spark job over local data).
         Step 6. Writes, each idempotent per batch: bad records (rows that did not parse,
-                and those expectations dropped), state (window state, the ids
-                deduplication let through), sink, late.
+                and those expectations dropped), every state table
+                (``lowmark.state.state_table``; ``Outcome.write_state``), sink, late.
         Step 7. Commit log (with the next watermark), after the per-partition times.
         Step 8. Source commit (upstream may discard), maintenance every
                 ``maintenance.every_batches`` batches, then the progress row.
 
+        What steps 3-5 computed is an ``Outcome`` (``lowmark.batches.loop.outcome``).
         Only steps 3-5 (``lowmark.batches.loop.batch_work``) and a stateless sink's write
         run Spark jobs; every other read and write is a driver-side Delta
         operation (``lowmark.state.table``). Before planning, step 2, step 6 and step 7
         the runner checks that its checkpoint was not replaced meanwhile
         (``Checkpoint.fence``).
         """
-        parts, ckpt = self.parts, self.parts.checkpoint
+        parts, ckpt, work, name = (
+            self.parts,
+            self.parts.checkpoint,
+            self.parts.work,
+            self.pipeline.name,
+        )
         timer = _StepTimer(self.clock, self._spark)
 
         # Step 1. Plan. Planning may record (a file source's discoveries, batch 0's start).
@@ -270,203 +269,76 @@ class MicroBatchRunner:
             raise PoisonBatch(nxt.blocked)
         self.listeners.batch_started(
             BatchStarted(
-                self.pipeline.name,
-                batch_id,
-                planned.replay,
-                planned.watermark_ms,
-                planned.planned_at_ms,
+                name, batch_id, planned.replay, planned.watermark_ms, planned.planned_at_ms
             )
         )
 
         # Step 2. Offset log (write-ahead). A replay reuses the entry already there.
-        offsets = OffsetEntry(
-            batch_id=batch_id,
-            runner_id=self.runner_id,
-            created_at=EPOCH + timedelta(milliseconds=planned.planned_at_ms),
-            start_offsets=planned.start,
-            end_offsets=planned.end,
-            batch_watermark_ms=planned.watermark_ms,
-            pipeline_fingerprint=parts.planner.fingerprint,
-            pipeline_definition=parts.planner.definition,
-            source_identity=planned.identity,
-            input_skipped=planned.skipped.counts if planned.skipped else {},
-            waiting_partitions=list(planned.waiting),
-            ingestion_ms=planned.ingestion,
-            window_watermark_ms=planned.window_watermark,
-            dimension_versions=planned.dimension_versions,
+        offsets = planned.offset_entry(
+            self.runner_id, parts.planner.fingerprint, parts.planner.definition
         )
         if not planned.replay:
             if batch_id == 0:  # every sink (a fan-out: each) holds no other checkpoint's writes
                 parts.sink.check_ours(self.pipeline, ckpt)
             ckpt.fence()
             ckpt.offsets.claim(offsets)
-            if planned.skipped is not None:
-                log.warning(
-                    "pipeline %s batch %d passes over input lost before it was read "
-                    "(on_data_loss: skip): %s (%s)",
-                    self.pipeline.name,
-                    batch_id,
-                    planned.skipped.what,
-                    ", ".join(f"{n} {unit}" for unit, n in planned.skipped.counts.items()),
-                )
+            _warn_of_lost_input(name, planned)
         timer.lap("offset_log")
         faults.reached("after_offset_log", batch_id)
 
-        # Step 3. Read and transform (lazy: nothing runs yet) — unless the catch-up
-        # read-ahead (lowmark.batches.loop.catch_up) already looked at exactly this range. Spark
-        # starts here, if no batch of this runner needed it before.
+        # Steps 3-4. Read and transform, then look at the batch in ONE Spark job — unless
+        # the catch-up read-ahead (lowmark.batches.loop.catch_up) already looked at exactly
+        # this range. Spark starts here, if no batch of this runner needed it before. Then
+        # the expectations' verdict: a batch that breaks them fails before anything is
+        # written (lowmark.batches.expectations).
         self._spark()
-        batch = planned.range
         parts.sink.begin(batch_id, planned.replay)  # before the sink can be written (step 4)
-        seen = (
-            parts.read_ahead.seen(
-                batch, planned.watermark_ms, planned.planned_at_ms, planned.replay, planned.clocks
-            )
-            if parts.read_ahead is not None
-            else None
-        )
-        taken: Taken | None = None
-        written: tuple[Taken, Seen, int | None] | None = None
-        if seen is None:
-            # Step 4. The batch's one job over its records, then its input is confirmed
-            # unchanged by the read. A stateless batch that nothing it finds can stop
-            # has its sink written by that job (lowmark.batches.loop.one_job); otherwise
-            # nothing is written yet.
-            one_job = parts.work.in_one_job(planned)
-            taken = parts.work.take(planned, one_job)
-            if one_job:
-                ckpt.fence()  # as before any write
-                stateless = parts.sink
-                assert isinstance(stateless, Sink)
-
-                def write(rows: DataFrame) -> int | None:
-                    return stateless.write(rows, batch_id)
-
-                written = parts.work.write_looking(taken, planned, write)
-            if written is not None:
-                taken, seen, _ = written
-            else:
-                if one_job:  # a row that did not parse stopped it before its write landed
-                    taken = parts.work.take(planned)
-                seen = parts.work.look(taken, planned)
-            parts.source.confirm(batch)
-        # Then the expectations' verdict: a batch that breaks them fails here, before
-        # anything is written (lowmark.batches.expectations).
-        parsed_bad = seen.bad.num_rows if seen.bad is not None else 0
-        dropped = seen.dropped.num_rows if seen.dropped is not None else 0
-        rows_in, rows_bad = seen.rows_in + parsed_bad, parsed_bad + dropped
-        violations = {PARSABLE: parsed_bad, **seen.violations}
+        outcome = look_at(work, parts.read_ahead, planned)
+        judged = Input.of(outcome.seen)
         try:
-            parts.work.checks.verdict(batch_id, rows_in, rows_bad, violations)
+            work.checks.verdict(batch_id, judged.rows_in, judged.rows_bad, judged.violations)
         except ExpectationsFailed:
-            if taken is not None:
-                taken.read.unpersist()
+            outcome.release()
             raise
         timer.lap("read")
         faults.reached("after_read", batch_id)
 
         # Step 5. Event-time stage: merge with the state the batch touches (nothing written).
-        changes = (
-            parts.work.windows(seen.partials, taken, planned) if seen.partials is not None else None
-        )
-        join, joined = parts.work.join, None
-        if join is not None:  # a join's records meet the rows it holds
-            joined = parts.work.joined(seen, planned)
-        rows_out = changes.output.num_rows if changes is not None else seen.rows_out
-        if joined is not None:
-            rows_out = joined.rows_out
-        if seen.emitted is not None and changes is None:  # the sink gets the processor's rows
-            rows_out = seen.emitted
+        outcome = with_event_time(outcome, work, planned)
         timer.lap("event_time")
 
-        # Step 6. Writes: bad records, state, sink, late records.
+        # Step 6. Writes, each idempotent per batch: bad records, every state table, sink,
+        # late records. The commit records every state table's version after the batch:
+        # what the next batch's replay reads (lowmark.state.state_table).
         ckpt.fence()
-        bad, late = bad_rows(seen.bad, seen.dropped, batch_id), seen.late
-        if joined is not None and joined.late is not None:  # a join's rows below the watermark
-            late = joined.late if late is None else pa.concat_tables([late, joined.late])
+        bad = outcome.bad(batch_id)
         if bad is not None:
             ckpt.bad_records.append_once(bad, ckpt.txn_app_id("bad_records"), batch_id)
-        if parts.stage is not None and changes is not None:
-            parts.stage.state.apply(changes.upserts, changes.deletes, batch_id)
-        dedup = parts.work.dedup
-        if dedup is not None and seen.judged is not None:
-            if seen.judged.id_files:
-                dedup.seen_ids.commit(seen.judged.id_files, batch_id)
-            dedup.seen_ids.purge(planned.watermark_ms, batch_id)
-        keyed, next_timer_ms = parts.work.keyed, None
-        if keyed is not None and seen.keyed is not None:
-            ran_at = keyed.ran_at(planned.watermark_ms, planned.planned_at_ms)
-            keyed.tables.write(seen.keyed.files, batch_id, ran_at)
-            next_timer_ms = keyed.tables.next_pending(ran_at)
-        if join is not None and joined is not None:
-            join.state.write(joined.state, batch_id, joined.evict_below)
-        # The commit records every state table's version after the batch: what the next
-        # batch's replay reads (lowmark.state.state_table).
+        next_timer_ms = outcome.write_state(work, planned)
         versions = {
             state.role: version
-            for state in parts.work.state_tables
+            for state in work.state_tables
             if (version := state.version_after()) is not None
         }
         timer.lap("state")
         faults.reached("after_state", batch_id)
-        sink = parts.sink
-        if isinstance(sink, WindowedSink) and joined is not None:  # on the driver already
-            sink_version = sink.write(joined.output, batch_id)
-        elif isinstance(sink, WindowedSink):
-            assert changes is not None  # a windowed batch always has its window changes
-            assert self.pipeline.aggregation is not None
-            update = self.pipeline.aggregation.output_mode == "update"
-            retract = changes.retract if update else None
-            sink_version = sink.write(changes.output, batch_id, retract)
-        elif written is not None:  # in step 4
-            sink_version = written[2]
-        else:
-            assert taken is not None  # a stateless batch always reads its input itself
-            read = taken.read
-            sink_rows = taken.out.drop(PARTITION_COLUMN)
-            sink_version = explained(read, lambda: sink.write(sink_rows, batch_id))
+        sink_version = outcome.write_sink(work, batch_id)
         if sink_version is not None:
             versions["sink"] = sink_version
         timer.lap("sink")
         faults.reached("after_sink", batch_id)
-        rows_late = late.num_rows if late is not None else 0
-        duplicates = seen.judged.duplicates if seen.judged is not None else 0
-        too_old = seen.judged.late.num_rows if seen.judged is not None else 0
-        # Late rows are records set aside before the windows (too old for deduplication,
-        # or for a keyed step) and rows the windows refused: records, or behind a keyed
-        # step the processor's rows (``emitted``).
-        behind = seen.keyed.late.num_rows if seen.keyed is not None else 0
-        into_windows = seen.emitted if seen.emitted is not None else seen.rows_out
-        if late is not None and rows_late:
+        late = outcome.late
+        if late is not None and late.num_rows:
             ckpt.late.append_once(late, ckpt.txn_app_id("late"), batch_id)
-        if taken is not None:
-            taken.read.unpersist()
+        outcome.release()
         timer.lap("late")
         faults.reached("after_late", batch_id)
 
         # Step 7. Commit log, with the watermark the next batch starts from, after the
         # per-partition times (lowmark.batches.loop.commit).
         ckpt.fence()
-        partitions, next_watermark = parts.planner.times_after(planned, seen.max_event_ms)
-        counts = BatchCounts(
-            rows_in=rows_in,
-            rows_out=rows_out,
-            rows_bad=rows_bad,
-            rows_late=rows_late,
-            rows_dropped=seen.rows_in - seen.rows_out - dropped - duplicates - too_old,
-            violations=violations,
-            rows_windowed=(
-                into_windows - (rows_late - too_old - behind) if parts.stage is not None else 0
-            ),
-            rows_closed=total(changes.closed, ROWS) if changes is not None else 0,
-            rows_duplicate=duplicates,
-            rows_keyed=(
-                seen.keyed.records
-                if seen.keyed is not None
-                else (joined.records if joined is not None else 0)
-            ),
-            rows_emitted=seen.emitted or 0,
-        )
+        partitions, next_watermark = parts.planner.times_after(planned, outcome.seen.max_event_ms)
+        counts = outcome.counts(windowed=parts.stage is not None)
         commit = commit_batch(
             ckpt,
             self.pipeline,
@@ -485,50 +357,62 @@ class MicroBatchRunner:
         # Step 8. Source commit; every `every_batches` batches, checkpoint maintenance
         # (old log rows go, small files merge); then progress (descriptive only), which
         # the listeners are told of.
-        lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
         parts.source.commit(planned.end)
         timer.lap("source_commit")
         maintenance = self.pipeline.maintenance
         if (batch_id + 1) % maintenance.every_batches == 0:
             declared = self.pipeline.keyed
             expiry = declared.expiry(planned.planned_at_ms, next_watermark) if declared else None
-            maintain_after(ckpt, parts.source, batch, maintenance, versions, expiry)
+            maintain_after(ckpt, parts.source, planned.range, maintenance, versions, expiry)
             timer.lap("maintenance")
-        ckpt.progress.add(
+        return self._progress(planned, counts, next_watermark, timer.durations)
+
+    def _progress(
+        self,
+        planned: PlannedBatch,
+        counts: BatchCounts,
+        next_watermark: int | None,
+        durations: dict[str, int],
+    ) -> BatchResult:
+        """Step 8's end: the batch's progress row, and its result, which the listeners are
+        told of."""
+        lag_ms = planned.planned_at_ms - next_watermark if next_watermark is not None else None
+        duplicates = counts.rows_duplicate if self.parts.work.dedup is not None else None
+        self.checkpoint.progress.add(
             ProgressEntry(
-                batch_id=batch_id,
+                batch_id=planned.batch_id,
                 runner_id=self.runner_id,
                 replayed=planned.replay,
-                durations_ms=timer.durations,
+                durations_ms=durations,
                 rows_in=counts.rows_in,
-                rows_out=rows_out,
-                rows_bad=rows_bad,
-                rows_late=rows_late,
-                rows_duplicate=duplicates if parts.work.dedup is not None else None,
-                violations=violations,
+                rows_out=counts.rows_out,
+                rows_bad=counts.rows_bad,
+                rows_late=counts.rows_late,
+                rows_duplicate=duplicates,
+                violations=counts.violations,
                 watermark_ms=planned.watermark_ms,
                 lag_ms=lag_ms,
                 input_skipped=planned.skipped.counts if planned.skipped else {},
             )
         )
-        log.info("pipeline %s committed batch %d", self.pipeline.name, batch_id)
+        log.info("pipeline %s committed batch %d", self.pipeline.name, planned.batch_id)
         result = BatchResult(
             self.pipeline.name,
-            batch_id,
+            planned.batch_id,
             planned.replay,
             planned.start,
             planned.end,
             counts.rows_in,
-            rows_out,
-            rows_bad,
-            rows_late,
+            counts.rows_out,
+            counts.rows_bad,
+            counts.rows_late,
             next_watermark,
             lag_ms,
-            timer.durations,
-            violations,
+            durations,
+            counts.violations,
             committed_at_ms=self.clock.now_ms(),
             backlog=self._backlog(planned.end) if self.listeners.want_backlog else None,
-            rows_duplicate=duplicates if parts.work.dedup is not None else None,
+            rows_duplicate=duplicates,
             ingestion_ms=planned.ingestion,
         )
         self.listeners.batch_progress(result)
@@ -618,3 +502,17 @@ class _StepTimer:
         self.durations[step] = now - self.last - starting
         self.durations["total"] = now - self.started
         self.last = now
+
+
+def _warn_of_lost_input(name: str, planned: PlannedBatch) -> None:
+    """Say that batch ``planned`` passes over input lost before it was read (``on_data_loss:
+    skip``), if it does."""
+    if planned.skipped is not None:
+        log.warning(
+            "pipeline %s batch %d passes over input lost before it was read "
+            "(on_data_loss: skip): %s (%s)",
+            name,
+            planned.batch_id,
+            planned.skipped.what,
+            ", ".join(f"{n} {unit}" for unit, n in planned.skipped.counts.items()),
+        )

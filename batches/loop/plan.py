@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal
 
 from lowmark.batches.clock import Clock
@@ -39,6 +40,7 @@ from lowmark.batches.sources.union import SEPARATOR, UnionStreamSource, named, o
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import CommitEntry
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
+from lowmark.state.log import EPOCH
 from lowmark.state.offset_log import Identity, OffsetEntry, Offsets
 from lowmark.state.window_state import LATEST
 
@@ -94,6 +96,28 @@ class PlannedBatch:
     def emit_only(self) -> bool:
         """A new batch with no input: the watermark moved and closes windows."""
         return not self.replay and self.end == self.start
+
+    def offset_entry(
+        self, runner_id: str, fingerprint: str, definition: dict[str, Any]
+    ) -> OffsetEntry:
+        """The batch's offset-log entry, written before anything is processed: everything
+        a replay plans with (``Planner.next_batch``)."""
+        return OffsetEntry(
+            batch_id=self.batch_id,
+            runner_id=runner_id,
+            created_at=EPOCH + timedelta(milliseconds=self.planned_at_ms),
+            start_offsets=self.start,
+            end_offsets=self.end,
+            batch_watermark_ms=self.watermark_ms,
+            pipeline_fingerprint=fingerprint,
+            pipeline_definition=definition,
+            source_identity=self.identity,
+            input_skipped=self.skipped.counts if self.skipped else {},
+            waiting_partitions=list(self.waiting),
+            ingestion_ms=self.ingestion,
+            window_watermark_ms=self.window_watermark,
+            dimension_versions=self.dimension_versions,
+        )
 
 
 NextKind = Literal["new", "replay", "emit_only", "blocked", "nothing"]
