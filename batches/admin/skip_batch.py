@@ -1,7 +1,7 @@
 """``lowmark skip-batch``: commit a poison batch without its input, on purpose.
 
 The batch's input is recorded in ``bad_records`` (one row per input item,
-with the reason), every state table (window state, seen ids, keyed state and
+with the reason, in place of the rows its own attempts quarantined), every state table (window state, seen ids, keyed state and
 timers, join state: ``lowmark.state.state_table``) is put back as the commit
 before it left it, and an empty commit (the one commit path, ``lowmark.batches.loop.commit``) lets
 the pipeline go on. Nothing is dropped silently: the rows say which input
@@ -84,7 +84,12 @@ def set_aside(
         for item in inputs
     ]
     table = pa.Table.from_pylist(rows, schema=quarantine.SCHEMA)
-    ckpt.bad_records.append_once(table, ckpt.txn_app_id("skipped"), batch_id)
+    skipped = ckpt.txn_app_id("skipped")
+    if not ckpt.bad_records.landed(skipped, batch_id):
+        # The rows the batch's own attempt quarantined go: its input is recorded whole
+        # instead, and fed again it quarantines them anew.
+        ckpt.bad_records.delete(f'"batch_id" = {batch_id}', batch_id)
+    ckpt.bad_records.append_once(table, skipped, batch_id)
     previous = planned.previous
     versions = {
         state.role: version

@@ -108,6 +108,13 @@ def backfill_partition(
             "pipelines can be backfilled by event-time partition"
         )
     sink_config = pipeline.delta_sink("a backfill", "remove `backfill` from the pipeline")
+    unreplayable = _unreplayable(pipeline)
+    if unreplayable is not None:
+        raise PipelineConfigInvalid(
+            f"pipeline {pipeline.name} {unreplayable}, which one aggregation over its history "
+            "cannot replay: its windows stay as the stream wrote them (to recompute them all, "
+            f"`lowmark reset {pipeline.name} --truncate-sink`)"
+        )
     start_ms, end_ms = _ms(start), _ms(end)
 
     # Step 1. Checkpoint.
@@ -203,6 +210,19 @@ def backfill_partition(
     return BackfillResult(
         start, end, done.batch_id, rows.num_rows, skipped=not wrote, sink_version=sink.version()
     )
+
+
+def _unreplayable(pipeline: Pipeline) -> str | None:
+    """What of ``pipeline``'s batches a backfill cannot replay (None: nothing): each batch
+    joined the dimensions' versions it was planned with, and a keyed step's or a
+    stream-stream join's output depends on the state the batches before left."""
+    if pipeline.joins:
+        return "joins tables at the versions each batch was planned with"
+    if pipeline.keyed is not None:
+        return "runs a keyed step whose output depends on the state each batch found"
+    if pipeline.stream_join is not None:
+        return "joins two streams by the rows each batch found held"
+    return None
 
 
 def history_start(ckpt: Checkpoint, partition: str) -> Offsets:
