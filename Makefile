@@ -29,7 +29,7 @@ integration-setup: test-setup
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -c constraints.txt uv
-	$(BIN)/uv pip install --python $(BIN)/python -c constraints.txt -e '.[dev,connect]'
+	$(BIN)/uv pip install --compile-bytecode --python $(BIN)/python -c constraints.txt -e '.[dev,connect]'
 	touch $@
 
 jvm/lib/.pom.sha: jvm/pom.xml jvm/fetch-jars $(VENV)/.installed
