@@ -26,10 +26,12 @@ integration-setup: test-setup
 
 # The set-up steps' markers (scripts/setup builds them in this order). The packages go in with
 # uv (pinned in constraints.txt): the same pins as pip would install, in a third of pip's time.
+# Compiled to bytecode as they go in: uv writes no .pyc otherwise, and with
+# PYTHONDONTWRITEBYTECODE=1 every command would compile PySpark and Dagster again (~7 s).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -c constraints.txt uv
-	$(BIN)/uv pip install --python $(BIN)/python -c constraints.txt -e '.[dev,connect]'
+	$(BIN)/uv pip install --compile-bytecode --python $(BIN)/python -c constraints.txt -e '.[dev,connect]'
 	touch $@
 
 jvm/lib/.pom.sha: jvm/pom.xml jvm/fetch-jars $(VENV)/.installed

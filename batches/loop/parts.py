@@ -15,31 +15,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.event_time.dedup import DedupStep
-from lowmark.batches.event_time.interval_join import IntervalJoin
 from lowmark.batches.event_time.stage import WindowedStage, window_state
-from lowmark.batches.keyed.step import KeyedStep
-from lowmark.batches.loop import faults
-from lowmark.batches.loop.batch_work import BatchWork
-from lowmark.batches.loop.catch_up import ReadAhead
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.plan import Planner
-from lowmark.batches.loop.start_over import start_over
-from lowmark.batches.pipeline import Pipeline
-from lowmark.batches.sinks import Sink, WindowedSink, build_sink
 from lowmark.batches.sources import build_source
-from lowmark.batches.sources.base import Source
-from lowmark.batches.sources.union import UnionStreamSource
 from lowmark.state import catalog
 from lowmark.state.checkpoint import Checkpoint
-from lowmark.state.join_state import TABLE as JOIN_TABLE
-from lowmark.state.join_state import JoinState
-from lowmark.state.keyed_state import KeyedTables
-from lowmark.state.seen_ids import SeenIds
-from lowmark.state.session import SparkLike, provider
+
+# The parts only batches run with (the Spark work, the sinks, the keyed, dedup and join
+# steps) are imported by what builds them: a read-only question (``lowmark status``,
+# ``plan``) needs the planner alone and must not import PySpark (docs/cli.md, "Fast commands").
+if TYPE_CHECKING:
+    from lowmark.batches.event_time.dedup import DedupStep
+    from lowmark.batches.event_time.interval_join import IntervalJoin
+    from lowmark.batches.keyed.step import KeyedStep
+    from lowmark.batches.loop.batch_work import BatchWork
+    from lowmark.batches.loop.catch_up import ReadAhead
+    from lowmark.batches.pipeline import Pipeline
+    from lowmark.batches.sinks import Sink, WindowedSink
+    from lowmark.batches.sources.base import Source
+    from lowmark.state.session import SparkLike
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,8 @@ def build_parts(
 
     Where its tables are is recorded in the data root's catalog (``lowmark.state.catalog``).
     """
+    from lowmark.batches.loop.start_over import start_over
+
     checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
     catalog.remember(data_root, pipeline.catalog_entry(data_root))
     parts = _parts(spark, pipeline, data_root, checkpoint, clock or SystemClock(), source)
@@ -91,6 +92,12 @@ def _parts(
     clock: Clock,
     source: Source | None,
 ) -> BatchParts:
+    from lowmark.batches.loop import faults
+    from lowmark.batches.loop.batch_work import BatchWork
+    from lowmark.batches.loop.catch_up import ReadAhead
+    from lowmark.batches.sinks import build_sink
+    from lowmark.state.session import provider
+
     session = provider(spark)
     source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
     stage = _stage(pipeline, checkpoint)
@@ -161,6 +168,9 @@ def _stage(pipeline: Pipeline, checkpoint: Checkpoint) -> WindowedStage | None:
 
 def _dedup(pipeline: Pipeline, checkpoint: Checkpoint) -> DedupStep | None:
     """The deduplication of a pipeline with ``dedup``, its seen ids in ``checkpoint``."""
+    from lowmark.batches.event_time.dedup import DedupStep
+    from lowmark.state.seen_ids import SeenIds
+
     if pipeline.dedup is None or pipeline.event_time is None:
         return None
     seen_ids = SeenIds(
@@ -172,6 +182,9 @@ def _dedup(pipeline: Pipeline, checkpoint: Checkpoint) -> DedupStep | None:
 
 def _keyed(pipeline: Pipeline, checkpoint: Checkpoint) -> KeyedStep | None:
     """The keyed step of a pipeline with ``keyed``, its state and timers in ``checkpoint``."""
+    from lowmark.batches.keyed.step import KeyedStep
+    from lowmark.state.keyed_state import KeyedTables
+
     if pipeline.keyed is None or pipeline.event_time is None:
         return None
     tables = KeyedTables(
@@ -187,6 +200,11 @@ def _keyed(pipeline: Pipeline, checkpoint: Checkpoint) -> KeyedStep | None:
 def _join(pipeline: Pipeline, checkpoint: Checkpoint, source: Source) -> IntervalJoin | None:
     """The stream-stream join of a pipeline with ``stream_join``, its held rows in
     ``checkpoint`` (partitioned by event time in steps of the out-of-orderness)."""
+    from lowmark.batches.event_time.interval_join import IntervalJoin
+    from lowmark.batches.sources.union import UnionStreamSource
+    from lowmark.state.join_state import TABLE as JOIN_TABLE
+    from lowmark.state.join_state import JoinState
+
     if pipeline.stream_join is None or pipeline.event_time is None:
         return None
     if not isinstance(source, UnionStreamSource):
