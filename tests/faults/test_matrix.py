@@ -35,4 +35,5 @@ def test_a_killed_run_after_an_operator_action_ends_as_the_action_defines(
 ) -> None:
     for server in case.sink.services:
         request.getfixturevalue(server)  # started, its client variables set
-    assert run_case(spark, case, tmp_path, matrix_references, monkeypatch) == []
+    found = run_case(spark, case, tmp_path, matrix_references, monkeypatch)
+    assert not found, "\n".join(found)
