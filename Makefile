@@ -93,7 +93,8 @@ unit-tests:
 	$(BIN)/pytest -m "not integration" -n 2 --dist loadgroup --no-loadscope-reorder --durations=15
 
 # What `make test` leaves out to keep it under 15 minutes on 2 cores (tests marked
-# `integration`, listed in docs/development.md): the rest of the kill matrix, the random crash
+# `integration`, listed in docs/development.md): the rest of the kill matrix and of the generated
+# fault matrix (tests/faults/matrix.py: `make test` runs its covering slice), the random crash
 # schedules and the compactions between kill and replay over the other pipelines, real
 # `dagster dev` with the browser, the CLI end to end in subprocesses, the installed wheel, long
 # histories and long runs' job counts. Run it before a release; on two workers like `make unit`.

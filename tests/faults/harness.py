@@ -339,17 +339,17 @@ def snapshot(pipeline: Pipeline, root: Path, as_from_scratch: bool = False) -> S
             rows = _last_seen_as_batch(rows, _rows(found["offsets"], ()))
         if name == "commits" and writes is not None:
             rows = [_sink_version_as_batch(row, writes) for row in rows]
-        result[name] = _as_json(rows)
+        result[name] = rows_as_json(rows)
         if name == "sink" and writes is not None:
-            result["sink writes"] = _as_json(list(writes.values()))
+            result["sink writes"] = rows_as_json(list(writes.values()))
         elif name in ("sink", "state_windows", "join_state"):
-            result[f"{name} history"] = _as_json(_history(path))
+            result[f"{name} history"] = rows_as_json(_history(path))
     if isinstance(pipeline.sink, PostgresSink):
         for name, rows in _postgres_tables(pipeline, root).items():
-            result[name] = _as_json(rows)
+            result[name] = rows_as_json(rows)
     if isinstance(pipeline.sink, KafkaSink):
         for name, rows in kafka_tables(pipeline, root).items():
-            result[name] = _as_json(rows)
+            result[name] = rows_as_json(rows)
     return result
 
 
@@ -367,13 +367,18 @@ def differences(expected: Snapshot, actual: Snapshot) -> list[str]:
     return found
 
 
+def delta_rows(path: str) -> Counter[str]:
+    """The rows of the Delta table at ``path`` as a multiset of JSON texts (``rows_as_json``)."""
+    return rows_as_json(_rows(path, ()))
+
+
 def _rows(path: str, unstable: tuple[str, ...]) -> list[Row]:
     """The rows of the Delta table at ``path``, without the columns ``unstable``."""
     table = open_table(path).to_pyarrow_table()
     return table.drop_columns([c for c in unstable if c in table.column_names]).to_pylist()
 
 
-def _as_json(rows: list[Row]) -> Counter[str]:
+def rows_as_json(rows: list[Row]) -> Counter[str]:
     """``rows`` as a multiset of JSON texts (keys sorted; times, dates and the like as
     their ``str``)."""
     return Counter(json.dumps(row, sort_keys=True, default=str) for row in rows)

@@ -379,10 +379,15 @@ CLICK_VERSIONS: list[list[Event]] = [
 def write_clicks(table: Path) -> None:
     """``stream_joined``'s clicks table: one version per ``CLICK_VERSIONS`` entry."""
     for rows in CLICK_VERSIONS:
-        clicks = [(user, T0 + timedelta(seconds=second), cost) for user, second, cost in rows]
-        columns = list(zip(*clicks, strict=True))
-        data = pa.table(dict(zip(CLICKS_SCHEMA.names, columns, strict=True)), CLICKS_SCHEMA)
-        write_deltalake(str(table), data, mode="append")
+        write_click_version(table, rows)
+
+
+def write_click_version(table: Path, rows: list[Event]) -> None:
+    """One more version of a clicks table, of ``rows`` (none: a version of no rows)."""
+    clicks = [(user, T0 + timedelta(seconds=second), cost) for user, second, cost in rows]
+    columns = [list(c) for c in zip(*clicks, strict=True)] or [[] for _ in CLICKS_SCHEMA]
+    data = pa.table(dict(zip(CLICKS_SCHEMA.names, columns, strict=True)), CLICKS_SCHEMA)
+    write_deltalake(str(table), data, mode="append")
 
 
 def clock_of(pipeline: Pipeline) -> FrozenClock | None:
@@ -518,13 +523,18 @@ def write_input(folder: Path, files: list[File], pipeline: Pipeline | None = Non
     )
     for i, rows in enumerate(files):
         partition = f"p{int(i == OTHER_PARTITION_FILE)}" if by_folder else ""
-        path = folder / partition / f"f{i:03d}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(_line(r) + "\n" for r in rows))
-        stamp = 1_700_000_000 + i
-        if pipeline is ingestion_tumbling:
-            stamp = int(T0.timestamp()) + INGESTED_AT[i]
-        os.utime(path, (stamp, stamp))
+        stamp = int(T0.timestamp()) + INGESTED_AT[i] if pipeline is ingestion_tumbling else None
+        write_file(folder / partition, i, rows, stamp)
+
+
+def write_file(folder: Path, index: int, rows: File, stamp: int | None = None) -> None:
+    """Input file ``index`` of ``folder`` as JSON lines, modified at ``stamp`` (epoch seconds;
+    default: second ``index`` of a fixed day, so discovery order is index order)."""
+    path = folder / f"f{index:03d}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(_line(r) + "\n" for r in rows))
+    stamp = 1_700_000_000 + index if stamp is None else stamp
+    os.utime(path, (stamp, stamp))
 
 
 def _line(row: Event | str) -> str:
