@@ -1,11 +1,12 @@
 """``lowmark skip-batch``: commit a poison batch without its input, on purpose.
 
 The batch's input is recorded in ``bad_records`` (one row per input item,
-with the reason, in place of the rows its own attempts quarantined), every state table (window state, seen ids, keyed state and
-timers, join state: ``lowmark.state.state_table``) is put back as the commit
-before it left it, and an empty commit (the one commit path, ``lowmark.batches.loop.commit``) lets
-the pipeline go on. Nothing is dropped silently: the rows say which input
-was set aside and why, to be reprocessed once the transform is fixed
+with the reason, in place of the rows its own attempts quarantined), every
+state table (window state, seen ids, keyed state and timers, join state:
+``lowmark.state.state_table``) is put back as the commit before it left it,
+and an empty commit (the one commit path, ``lowmark.batches.loop.commit``)
+lets the pipeline go on. Nothing is dropped silently: the rows say which
+input was set aside and why, to be reprocessed once the transform is fixed
 (``lowmark.batches.loop.poison``, docs/guarantees.md).
 """
 
