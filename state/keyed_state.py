@@ -49,6 +49,9 @@ TIMERS = "_lowmark_timers"
 BUCKETS = 16
 """Buckets of a new state table: a task reads the buckets of the keys it holds."""
 SLOT_MIN_MS = 60_000
+NEVER = -(2**62)
+"""Below every batch number, those ``lowmark reset --after-sink`` carries over (below 0)
+included: the batch that deleted a timer never deleted."""
 PENDING_PAGE = 1_000
 """Rows that set a timer read at a time when looking for the next pending one."""
 STATE_TABLE, TIMER_TABLE = "keyed_state", "keyed_timers"
@@ -275,7 +278,7 @@ class KeyedTables:
                 *(page.column(c).to_pylist() for c in ("key", "timer_ms", "batch_id")),
                 strict=True,
             ):
-                if deleted.get((key, timer_ms), -1) < batch_id:
+                if deleted.get((key, timer_ms), NEVER) < batch_id:
                     return int(timer_ms)
             offset, page_rows = offset + PENDING_PAGE, page.num_rows
         return None

@@ -31,6 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from lowmark.state.errors import CheckpointCorrupt
 from lowmark.state.storage import open_table
 from lowmark.state.table import DriverTable
@@ -45,6 +48,10 @@ STATE_TABLES = {
 """Every state table of a checkpoint: its folder, its role (the name commit N records its
 version under, and the last part of its application transaction id) and its ``base``."""
 
+BATCH_COLUMNS = ("batch_id", "updated_batch")
+"""Columns of state rows that hold the number of the batch that wrote them."""
+ROW_ID = "row_id"
+"""A state row's id given by the batch that read it: ``<batch id>:<n>`` (join rows)."""
 NEWEST = -1
 """As a version to read: the newest, whatever it is when read (``read_version``)."""
 CARRIED = "lowmark:reset"
@@ -116,15 +123,19 @@ class StateTable:
             ) from exc
         return target
 
-    def carry_over(self, recorded: Mapping[str, int], location: str) -> int | None:
-        """Copy the rows this table held as of ``recorded`` (a commit's versions) into the
-        same table of the checkpoint at ``location``: what ``lowmark reset --after-sink``
-        carries into the new checkpoint. Returns the new table's version (None: nothing was
-        held, no table made)."""
+    def carry_over(self, recorded: Mapping[str, int], last_batch: int, location: str) -> int | None:
+        """Copy the rows this table held as of ``recorded`` (the versions the commit of batch
+        ``last_batch`` recorded) into the same table of the checkpoint at ``location``: what
+        ``lowmark reset --after-sink`` carries into the new checkpoint, whose batches number
+        from 0 again. So the carried rows' batch numbers (``BATCH_COLUMNS``, and the batch
+        part of a ``ROW_ID``) are moved below 0, in their order: ``last_batch`` becomes -1,
+        and a newest-version read still finds every later batch's rows newer, and no row id
+        the new batches give collides with a carried one. Returns the new table's version
+        (None: nothing was held, no table made)."""
         version = self.recorded(recorded)
         if version is None or not self.table.exists():
             return None
-        rows = self.table.read(None, version)
+        rows = _renumbered(self.table.read(None, version), -(last_batch + 1))
         folder = self.table.path.rsplit("/", 1)[-1]
         copy = DriverTable(
             f"{location.rstrip('/')}/{folder}",
@@ -148,3 +159,20 @@ def state_tables(location: str, pipeline_id: str) -> list[StateTable]:
             table = DriverTable(path, None, f"{folder} table", partition_by=partitions)
             found.append(StateTable(role, table, f"{pipeline_id}:{role}", base))
     return found
+
+
+def _renumbered(rows: pa.Table, shift: int) -> pa.Table:
+    """``rows`` with the batch numbers they hold moved by ``shift`` (``carry_over``)."""
+    for name in BATCH_COLUMNS:
+        if name in rows.column_names:
+            at = rows.column_names.index(name)
+            moved = pc.add(rows.column(name), pa.scalar(shift, rows.schema.field(name).type))
+            rows = rows.set_column(at, rows.schema.field(name), moved)
+    if ROW_ID in rows.column_names:
+        at = rows.column_names.index(ROW_ID)
+        ids = [
+            None if v is None else f"{int(v.split(':', 1)[0]) + shift}:{v.split(':', 1)[1]}"
+            for v in rows.column(ROW_ID).to_pylist()
+        ]
+        rows = rows.set_column(at, rows.schema.field(ROW_ID), pa.array(ids, pa.string()))
+    return rows

@@ -380,7 +380,7 @@ def _carry_over(
         )
     versions: dict[str, int] = {}
     for state in tables:
-        version = state.carry_over(done.table_versions, staging)
+        version = state.carry_over(done.table_versions, batch_id, staging)
         if version is not None:
             versions[state.role] = version
     if "watermarks" in done.table_versions:
