@@ -17,6 +17,12 @@ class PipelineConfigInvalid(LowmarkError):
     """A pipeline definition (Python or YAML) fails validation."""
 
 
+class DefinitionInvalid(PipelineConfigInvalid):
+    """A mistake of a pipeline's definition found only when a batch runs (a SQL step that
+    does not parse, names a column its input lacks, or is not deterministic): whatever the
+    input, it fails the same way, so it is no failure of the batch's data."""
+
+
 class SourceFileMissing(LowmarkError):
     """A file the manifest assigned to a batch is gone before the batch finished."""
 
