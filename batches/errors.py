@@ -98,6 +98,11 @@ class ResetFailed(LowmarkError):
     where it was, and the reset can run again."""
 
 
+class SinkBehind(LowmarkError):
+    """``lowmark reset --after-sink`` would go on after a batch one of the pipeline's sinks
+    does not hold (it refused the batch after another sink landed it): nothing moved."""
+
+
 class RunInFlight(LowmarkError):
     """A pipeline cannot be reset while a run of it is queued or in flight."""
 
