@@ -19,6 +19,8 @@ reset offers the two safe ways on:
   watermark, per-partition times and next timer it left (the new checkpoint's
   ``start_commit``): the records the sink has not got yet (open windows, rows
   waiting for their match) are emitted as if the pipeline had never stopped.
+  Refused before anything moves when an extra sink lacks that batch
+  (``_refuse_a_sink_behind``): going on after it would never write it there.
 
 Neither is offered for a sink another pipeline wrote last (its rows are not
 ours to empty or to go on after). Either way the old checkpoint is moved aside
