@@ -17,6 +17,12 @@ class PipelineConfigInvalid(LowmarkError):
     """A pipeline definition (Python or YAML) fails validation."""
 
 
+class DefinitionInvalid(PipelineConfigInvalid):
+    """A mistake of a pipeline's definition found only when a batch runs (a SQL step that
+    does not parse, names a column its input lacks, or is not deterministic): whatever the
+    input, it fails the same way, so it is no failure of the batch's data."""
+
+
 class SourceFileMissing(LowmarkError):
     """A file the manifest assigned to a batch is gone before the batch finished."""
 
@@ -90,6 +96,11 @@ class SourceReplaced(LowmarkError):
 class ResetFailed(LowmarkError):
     """``lowmark reset --truncate-sink`` could not empty a sink: the old checkpoint is back
     where it was, and the reset can run again."""
+
+
+class SinkBehind(LowmarkError):
+    """``lowmark reset --after-sink`` would go on after a batch one of the pipeline's sinks
+    does not hold (it refused the batch after another sink landed it): nothing moved."""
 
 
 class RunInFlight(LowmarkError):

@@ -12,7 +12,8 @@ two pipelines, or two batches, never see each other's records.
 ``spark.sql`` analyses the query at once and runs no job: a syntax error, an
 unknown column or function, or a query that is no ``SELECT`` fails when the
 step's frame is built, before the batch's first Spark job, as
-``PipelineConfigInvalid`` in one line naming the pipeline and the step.
+``DefinitionInvalid`` in one line naming the pipeline and the step: a definition
+error, never counted against the batch (``lowmark.batches.loop.poison``).
 
 Replays must compute what the first attempt did: a query Spark calls
 non-deterministic (``rand()``, ``uuid()``, ``shuffle()``...) is refused. The
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from pydantic import Field, field_validator
 
 from lowmark.batches.config import UserConfig
-from lowmark.batches.errors import PipelineConfigInvalid
+from lowmark.batches.errors import DefinitionInvalid
 from lowmark.state.errors import first_line
 
 if TYPE_CHECKING:
@@ -84,14 +85,14 @@ class SqlStep(UserConfig):
             bound: dict[str, Any] = {_BOUND: frame}
             out = frame.sparkSession.sql(query, **bound)
         except PySparkException as exc:
-            raise PipelineConfigInvalid(
+            raise DefinitionInvalid(
                 f"{what}: its SQL fails: {_user_lines(first_line(exc))}: correct the query "
                 f"(a SELECT over `{relation}`)"
             ) from exc
         # Over Spark Connect the client sees no analysed plan: the check is not made there.
         remote = is_remote_session(out.sparkSession)
         if not remote and not out._jdf.queryExecution().analyzed().deterministic():
-            raise PipelineConfigInvalid(
+            raise DefinitionInvalid(
                 f"{what}: its SQL is not deterministic (rand(), uuid(), shuffle()...), so a "
                 "replay would write other rows: compute from the records' own columns"
             )

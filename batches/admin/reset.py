@@ -19,6 +19,8 @@ reset offers the two safe ways on:
   watermark, per-partition times and next timer it left (the new checkpoint's
   ``start_commit``): the records the sink has not got yet (open windows, rows
   waiting for their match) are emitted as if the pipeline had never stopped.
+  Refused before anything moves when an extra sink lacks that batch
+  (``_refuse_a_sink_behind``): going on after it would never write it there.
 
 Neither is offered for a sink another pipeline wrote last (its rows are not
 ours to empty or to go on after). Either way the old checkpoint is moved aside
@@ -40,7 +42,12 @@ import pyarrow as pa
 from deltalake import CommitProperties, write_deltalake
 from pyspark.sql import SparkSession
 
-from lowmark.batches.errors import PipelineConfigInvalid, ResetFailed, SinkHeldElsewhere
+from lowmark.batches.errors import (
+    PipelineConfigInvalid,
+    ResetFailed,
+    SinkBehind,
+    SinkHeldElsewhere,
+)
 from lowmark.batches.pipeline import (
     PRIMARY_SINK,
     DeltaSink,
@@ -52,7 +59,7 @@ from lowmark.batches.pipeline import (
     UnionSource,
     resolve,
 )
-from lowmark.batches.sinks import written_on_driver
+from lowmark.batches.sinks import fences, written_on_driver
 from lowmark.batches.sinks.owner import held_elsewhere, sink_holder
 from lowmark.batches.sinks.postgres_db import PostgresTable
 from lowmark.batches.sources.union import own
@@ -99,7 +106,7 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
     local = _local(location)
     _refuse_another_pipelines_sink(pipeline, local, sink)
     if mode == "after":
-        return _after(pipeline, local, sink)
+        return _after(pipeline, local, sink, data_root)
     return _truncate(spark, pipeline, data_root, location, local)
 
 
@@ -262,7 +269,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
+def _after(pipeline: Pipeline, location: str, sink: str, data_root: Path) -> Reset:
     writer = last_writer(sink)
     if writer is None:
         raise PipelineConfigInvalid(
@@ -270,6 +277,7 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
             f"use `lowmark reset {pipeline.name} --truncate-sink`, or just run the pipeline"
         )
     old = _old_tables(location, writer.pipeline_id, pipeline.name)
+    _refuse_a_sink_behind(pipeline, old, data_root, writer.pipeline_id, writer.batch_id)
     entry = _offsets_of(old, writer.batch_id)
     end = entry.end_offsets
     staging = f"{location}.new-{time_stamp()}"
@@ -305,6 +313,37 @@ def _after(pipeline: Pipeline, location: str, sink: str) -> Reset:
         end,
         f"{writer.pipeline_id} batch {writer.batch_id}",
         taken.num_rows if taken is not None else 0,
+    )
+
+
+def _refuse_a_sink_behind(
+    pipeline: Pipeline, old: str, data_root: Path, pipeline_id: str, batch_id: int
+) -> None:
+    """``SinkBehind`` when a sink of ``pipeline`` that can tell lacks batch ``batch_id`` of
+    the old checkpoint ``pipeline_id`` (at ``old``), the batch the sink's data ends with: a
+    new checkpoint going on after it would never write that batch there. A committed batch
+    is in every sink (it commits only after the last one wrote it); a sink that cannot tell
+    (your own) is named as unknown and does not block."""
+    commits = CommitLog(f"{old}/commits", CommitEntry, "")
+    if commits.exists() and commits.get(batch_id) is not None:
+        return
+    last = {
+        name: fence.last_landed()
+        for name, fence in fences(pipeline, data_root, f"{pipeline_id}:sink").items()
+    }
+    behind = [name for name, landed in last.items() if landed is not None and landed < batch_id]
+    if not behind:
+        return
+    name = pipeline.name
+    held = ", ".join(
+        f"{each} {'unknown' if landed is None else landed}" for each, landed in last.items()
+    )
+    raise SinkBehind(
+        f"the sinks of {name} hold checkpoint {pipeline_id}'s batches up to ({held}; "
+        f"unknown: a sink of your own, not checked): going on after batch {batch_id} would "
+        f"never write it to {', '.join(behind)}; fix what stops it there and run `lowmark run "
+        f"{name} --retry` (the batch's replay writes only the sinks that miss it), then "
+        f"`lowmark reset {name} --after-sink` again"
     )
 
 

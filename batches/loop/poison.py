@@ -33,7 +33,8 @@ Errors are of four kinds (``failure_kind``):
   with a growing pause (``TRANSIENT_PAUSES_S``) and does not count them.
 - ``definition``: the pipeline's definition cannot run, found only when Spark
   analyses the batch's plan (a column the transform's output lacks, mismatched
-  types: ``DEFINITION_CONDITIONS``), or before (``DefinitionMismatch``). No
+  types: ``DEFINITION_CONDITIONS``; a SQL step that does not parse or names a
+  column its input lacks: ``DefinitionInvalid``), or before (``DefinitionMismatch``). No
   input would run: not counted, never a poison batch, and the advice is to fix
   the definition, never to set the input aside.
 - ``operational``: something around the batch is wrong and stays wrong
@@ -57,6 +58,7 @@ from confluent_kafka import KafkaException
 from pyspark.errors import AnalysisException
 
 from lowmark.batches.errors import (
+    DefinitionInvalid,
     DefinitionMismatch,
     ExpectationsFailed,
     Interrupted,
@@ -138,7 +140,9 @@ def failure_kind(exc: Exception) -> ErrorKind:
         return "transient"
     if TRANSIENT_JVM_CAUSES & set(jvm_causes(exc)):
         return "transient"
-    if isinstance(exc, DefinitionMismatch) or _analysis_condition(exc) in DEFINITION_CONDITIONS:
+    if isinstance(exc, DefinitionMismatch | DefinitionInvalid):
+        return "definition"
+    if _analysis_condition(exc) in DEFINITION_CONDITIONS:
         return "definition"
     if isinstance(exc, LowmarkError):
         data = isinstance(

@@ -16,16 +16,16 @@ from lowmark.batches.pipeline import (
     SinkKind,
     resolve,
 )
-from lowmark.batches.sinks.base import Sink, WindowedSink
+from lowmark.batches.sinks.base import Sink, SinkFence, WindowedSink
 from lowmark.batches.sinks.custom import WindowsAsFrames, from_factory
-from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+from lowmark.batches.sinks.delta import DeltaFence, DeltaTableSink, DeltaWindowSink
 from lowmark.batches.sinks.fan_out import FanOut, FanOutWindows
 from lowmark.batches.sinks.foreach_batch import ForeachBatch
-from lowmark.batches.sinks.kafka import KafkaFrameSink
-from lowmark.batches.sinks.postgres import PostgresFrameSink, PostgresWindowSink
+from lowmark.batches.sinks.kafka import KafkaFence, KafkaFrameSink
+from lowmark.batches.sinks.postgres import PostgresFence, PostgresFrameSink, PostgresWindowSink
 from lowmark.state.session import SparkLike
 
-__all__ = ["Sink", "WindowedSink", "build_sink", "written_on_driver"]
+__all__ = ["Sink", "SinkFence", "WindowedSink", "build_sink", "fences", "written_on_driver"]
 
 
 def written_on_driver(pipeline: Pipeline) -> bool:
@@ -65,7 +65,7 @@ def build_sink(
             pipeline,
             pipeline.written_as(config),
             data_root,
-            txn_app_id if name == PRIMARY_SINK else f"{txn_app_id}:{name}",
+            sink_app_id(txn_app_id, name),
             windowed,
             staged,
         )
@@ -76,6 +76,32 @@ def build_sink(
     if windowed:
         return FanOutWindows({n: s for n, s in built.items() if isinstance(s, WindowedSink)})
     return FanOut({n: s for n, s in built.items() if isinstance(s, Sink)})
+
+
+def sink_app_id(txn_app_id: str, name: str) -> str:
+    """The idempotency key of sink ``name`` of a checkpoint whose sink key is ``txn_app_id``
+    (``<pipeline_id>:sink``): that key for the pipeline's ``sink``, ``<txn_app_id>:<name>``
+    for an extra one."""
+    return txn_app_id if name == PRIMARY_SINK else f"{txn_app_id}:{name}"
+
+
+def fences(pipeline: Pipeline, data_root: Path, txn_app_id: str) -> dict[str, SinkFence]:
+    """The fence of each of ``pipeline``'s sinks, by name, under the checkpoint's sink key
+    ``txn_app_id`` (each sink's own: ``sink_app_id``), to read what landed: no writer is
+    built, no Spark is needed and no user code runs. A sink of the user's (``custom``,
+    ``foreach_batch``) gets the plain ``SinkFence``, which cannot tell."""
+    found: dict[str, SinkFence] = {}
+    for name, config in pipeline.sinks().items():
+        app_id = sink_app_id(txn_app_id, name)
+        if isinstance(config, DeltaSink):
+            found[name] = DeltaFence(resolve(config.path, data_root), app_id)
+        elif isinstance(config, PostgresSink):
+            found[name] = PostgresFence(config, app_id)
+        elif isinstance(config, KafkaSink):
+            found[name] = KafkaFence(config, app_id)
+        else:
+            found[name] = SinkFence()
+    return found
 
 
 def _built(

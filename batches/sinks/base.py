@@ -26,6 +26,13 @@ class SinkFence:
         (as it was), and ``lowmark skip-batch`` refuses a batch whose write landed."""
         return None
 
+    def last_landed(self) -> int | None:
+        """The newest batch of ``txn_app_id`` whose write is in the sink, -1 when none is;
+        None (the default): the sink cannot tell. A batch commits only after every sink of
+        the pipeline wrote it, so a sink of a fan-out can only lag behind the others on the
+        one batch that did not commit: ``lowmark reset --after-sink`` refuses then."""
+        return None
+
     def begin(self, batch_id: int, replay: bool) -> None:
         """Called once per attempt of batch ``batch_id``, before anything of it is written:
         ``replay`` is true when an earlier attempt may have written (its offsets were

@@ -37,21 +37,28 @@ _MATCHED_TWICE = "DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE"
 first when Delta does not materialize the MERGE's source (a source of Delta tables only)."""
 
 
-class _DeltaFence(SinkFence):
+class DeltaFence(SinkFence):
     """A Delta sink's fence: the app transactions of its commits, and their writers."""
 
-    path: str
-    txn_app_id: str
+    def __init__(self, path: str, txn_app_id: str) -> None:
+        self.path = path
+        self.txn_app_id = txn_app_id
 
     def landed(self, batch_id: int) -> bool:
         return DriverTable(self.path, None, "sink").landed(self.txn_app_id, batch_id)
+
+    def last_landed(self) -> int:
+        """The app transaction's version (Delta keeps the newest one per app id)."""
+        table = DriverTable(self.path, None, "sink")
+        found = table.open().transaction_version(self.txn_app_id) if table.exists() else None
+        return -1 if found is None else found
 
     def check_ours(self, pipeline: Pipeline, checkpoint: Checkpoint) -> None:
         """The table's last lowmark writer (``lowmark.state.ownership``) is ours."""
         check_sink_is_ours(pipeline, checkpoint, self.path)
 
 
-class DeltaTableSink(_DeltaFence, Sink):
+class DeltaTableSink(DeltaFence, Sink):
     """A stateless pipeline's sink, written by Spark.
 
     An append carries its transaction as write options; a MERGE takes it from
@@ -111,7 +118,7 @@ class DeltaTableSink(_DeltaFence, Sink):
         return latest_version(self.path)
 
 
-class DeltaWindowSink(_DeltaFence, WindowedSink):
+class DeltaWindowSink(DeltaFence, WindowedSink):
     """The sink of a windowed pipeline: emitted windows appended, or MERGEd on keys + window
     (contract: ``WindowedSink``)."""
 

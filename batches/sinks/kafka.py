@@ -23,11 +23,31 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
 from lowmark.batches.pipeline import KafkaSink
-from lowmark.batches.sinks.base import Sink
+from lowmark.batches.sinks.base import Sink, SinkFence
 from lowmark.batches.sinks.kafka_topic import KafkaTopic, Record
 
 
-class KafkaFrameSink(Sink):
+class KafkaFence(SinkFence):
+    """A Kafka sink's fence: the offset its batches' transactions commit for the fence group
+    (``lowmark.batches.sinks.kafka_topic``)."""
+
+    def __init__(
+        self,
+        config: KafkaSink,
+        txn_app_id: str,
+        staged: Callable[[int], None] = lambda _batch_id: None,
+    ) -> None:
+        self.config = config
+        self.topic = KafkaTopic(config, txn_app_id, staged)
+
+    def landed(self, batch_id: int) -> bool:
+        return self.topic.landed(batch_id)
+
+    def last_landed(self) -> int:
+        return self.topic.last_landed()
+
+
+class KafkaFrameSink(KafkaFence, Sink):
     """A pipeline's output into a Kafka topic, a transaction per batch (contract: ``Sink``;
     not versioned: ``write`` returns None). ``identity``: the columns that key an
     update-mode window (its keys and bounds), None for records and append-mode windows;
@@ -40,18 +60,14 @@ class KafkaFrameSink(Sink):
         identity: tuple[str, ...] | None = None,
         staged: Callable[[int], None] = lambda _batch_id: None,
     ) -> None:
-        self.config = config
+        super().__init__(config, txn_app_id, staged)
         self.identity = identity
-        self.topic = KafkaTopic(config, txn_app_id, staged)
 
     def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> None:
         # Lazy: no Spark job runs before the topic knows the batch is not landed yet.
         gone = _records(retract.select(self._key(retract), F.lit(None))) if retract else ()
         changed = _records(df.select(self._key(df), self._value(df)))
         self.topic.write(batch_id, chain(gone, changed))
-
-    def landed(self, batch_id: int) -> bool:
-        return self.topic.landed(batch_id)
 
     def _key(self, df: DataFrame) -> Column:
         if self.identity is not None:

@@ -124,6 +124,11 @@ class KafkaTopic:
 
     def landed(self, batch_id: int) -> bool:
         """Whether batch ``batch_id``'s transaction committed (the fence is past it)."""
+        return self.last_landed() >= batch_id
+
+    def last_landed(self) -> int:
+        """The newest batch whose transaction committed (the fence less one); -1 when none
+        did (no fence: the broker reports an invalid, negative offset)."""
         consumer = Consumer(
             client_settings(self.config)
             | {
@@ -138,7 +143,7 @@ class KafkaTopic:
             while True:
                 try:
                     (fence,) = consumer.committed([TopicPartition(self.config.topic, 0)], TIMEOUT_S)
-                    return bool(fence.offset > batch_id)
+                    return max(int(fence.offset), 0) - 1
                 except KafkaException as exc:
                     # The group's coordinator moving or loading, say: asked again.
                     if not _retriable(exc):

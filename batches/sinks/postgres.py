@@ -33,7 +33,7 @@ from lowmark.batches.sinks.postgres_db import PostgresTable, arrow_rows
 from lowmark.state.checkpoint import Checkpoint
 
 
-class _PostgresFence(SinkFence):
+class PostgresFence(SinkFence):
     """A Postgres sink's fence: the rows of its fence table (``PostgresTable``)."""
 
     def __init__(self, config: PostgresSink, txn_app_id: str) -> None:
@@ -42,12 +42,15 @@ class _PostgresFence(SinkFence):
     def landed(self, batch_id: int) -> bool:
         return self.table.landed(batch_id)
 
+    def last_landed(self) -> int:
+        return self.table.last_landed()
+
     def check_ours(self, pipeline: Pipeline, checkpoint: Checkpoint) -> None:
         """The table's last writer in the fence is ours (``PostgresTable.check_ours``)."""
         self.table.check_ours(pipeline, checkpoint)
 
 
-class PostgresFrameSink(_PostgresFence, Sink):
+class PostgresFrameSink(PostgresFence, Sink):
     """A stateless pipeline's sink: each batch's records into a Postgres table (contract:
     ``Sink``, whose ``retract`` only windows have; not versioned: ``write`` returns None)."""
 
@@ -75,7 +78,7 @@ def _as_utc(row: tuple[Any, ...], instants: list[int]) -> tuple[Any, ...]:
     return tuple(values)
 
 
-class PostgresWindowSink(_PostgresFence, WindowedSink):
+class PostgresWindowSink(PostgresFence, WindowedSink):
     """A windowed pipeline's sink: emitted windows appended, or upserted on keys + window with
     the retracted ones deleted (contract: ``WindowedSink``; not versioned)."""
 

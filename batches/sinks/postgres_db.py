@@ -292,6 +292,20 @@ class PostgresTable:
             )
             return cur.fetchone() is not None
 
+    def last_landed(self) -> int:
+        """The newest batch of ``app_id`` fenced here; -1 when none is."""
+        with self._transaction() as (cur, schema):
+            if not self._fenced(cur, schema):
+                return -1
+            cur.execute(
+                sql.SQL("SELECT max(batch_id) FROM {} WHERE app_id = %s").format(
+                    self._fence(schema)
+                ),
+                (self.txn_app_id,),
+            )
+            found = cur.fetchone()
+        return -1 if found is None or found[0] is None else int(found[0])
+
     def write(
         self,
         schema_of_rows: pa.Schema,

@@ -20,13 +20,13 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.reset import reset
-from lowmark.batches.errors import ResetFailed, SinkHeldElsewhere
+from lowmark.batches.errors import ResetFailed, SinkBehind, SinkHeldElsewhere
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.follow import follow
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline
+from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline, PostgresSink
 from lowmark.batches.windows import Tumbling
-from lowmark.state.errors import CheckpointReplaced
+from lowmark.state.errors import CheckpointReplaced, LowmarkError
 from lowmark.state.ownership import last_writer
 from tests.helpers import (
     delta_frame,
@@ -40,6 +40,7 @@ from tests.helpers import (
     sink_ids,
     windowed,
 )
+from tests.postgres_server import PostgresServer
 
 ONE_FILE = pipeline().source.model_copy(update={"max_files_per_batch": 1})
 APPEND_ONLY = {"delta.appendOnly": "true"}
@@ -227,6 +228,39 @@ def test_after_sink_goes_on_after_the_last_batch_the_sink_holds(
     results = MicroBatchRunner(spark, p, data_root).run(max_batches=None)
     assert [r.end for r in results] == [{"0": 4}, {"0": 5}]
     assert sink_ids(spark, data_root) == _all_ids(5)  # each record exactly once
+
+
+def test_after_sink_refuses_while_a_postgres_extra_sink_lacks_the_last_batch_of_the_delta_sink(
+    spark: SparkSession, data_root: Path, postgres: PostgresServer, pg_database: str
+) -> None:
+    for i in range(3):
+        drop_file(data_root, i)
+    p = pipeline(source=ONE_FILE, extra_sinks={"serving": PostgresSink(table="served")})
+    MicroBatchRunner(spark, p, data_root).run(max_batches=1)
+    # The serving table takes no id from 100 on: batch 1 lands in `out`, then Postgres
+    # refuses it.
+    with postgres.connect(pg_database) as conn:
+        conn.execute("ALTER TABLE served ADD CONSTRAINT small_ids CHECK (id < 100)")
+    with pytest.raises(LowmarkError, match="refused batch 1"):
+        MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+
+    with pytest.raises(SinkBehind) as refused:
+        reset(spark, p, data_root, "after")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "(sink 1, serving 0;" in message and "never write it to serving;" in message
+    assert "`lowmark run t --retry`" in message
+
+    # Nothing moved: the way on the message gives ends with every record once in each sink.
+    with postgres.connect(pg_database) as conn:
+        conn.execute("ALTER TABLE served DROP CONSTRAINT small_ids")
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None, retry=True)
+    done = reset(spark, p, data_root, "after")
+    assert done.start_offsets == {"0": 3}
+    drop_file(data_root, 3)
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    assert sink_ids(spark, data_root) == _all_ids(4)
+    assert sorted(i for (i,) in postgres.rows(pg_database, "SELECT id FROM served")) == _all_ids(4)
 
 
 @pytest.mark.integration

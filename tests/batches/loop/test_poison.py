@@ -28,6 +28,7 @@ from lowmark.batches.loop import faults
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.loop.parts import build_parts
 from lowmark.batches.loop.poison import failure_kind
+from lowmark.batches.sql import SqlStep
 from lowmark.batches.windows import Tumbling
 from lowmark.orchestration.definitions import build_definitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
@@ -266,3 +267,28 @@ def test_a_definition_spark_cannot_resolve_is_a_definition_error_never_a_poison_
     assert "\n" not in report
     assert "cannot run as w is defined" in report and "UNRESOLVED_COLUMN" in report
     assert "fix the definition of w" in report and "skip-batch" not in report
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        pytest.param("SELECT id, amount FROM input WHERE id >", id="does not parse"),
+        pytest.param("SELECT id, price FROM input", id="names a missing column"),
+    ],
+)
+def test_a_sql_step_that_cannot_run_is_a_definition_error_never_a_poison_batch(
+    spark: SparkSession, data_root: Path, query: str
+) -> None:
+    drop_file(data_root, 0)
+    p = pipeline(transform=SqlStep(sql=query))
+    runner = MicroBatchRunner(spark, p, data_root)
+    for _ in range(p.max_failed_attempts):  # as many runs as make a poison batch
+        with pytest.raises(PipelineConfigInvalid, match="its SQL fails") as failed:
+            runner.run_batch()
+        assert failure_kind(failed.value) == "definition"
+
+    assert runner.checkpoint.failures.of(0) == []  # never counted: never blocked
+    report = runner.failure_report(failed.value) or ""
+    assert "\n" not in report
+    assert "cannot run as t is defined" in report and "fix the definition of t" in report
+    assert "skip-batch" not in report

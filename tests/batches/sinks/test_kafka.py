@@ -18,6 +18,7 @@ from lowmark.batches.errors import SinkWriteFailed
 from lowmark.batches.loop.faults import KillPoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import KafkaSink, Pipeline
+from lowmark.batches.sinks.kafka import KafkaFence
 from lowmark.batches.sinks.kafka_topic import fence_group
 from lowmark.batches.windows import Session, Tumbling
 from tests.helpers import SCHEMA, drop_batches, event, reference, run_replaying, timed, windowed
@@ -93,6 +94,19 @@ def test_a_stateless_pipeline_into_kafka_equals_a_plain_batch_even_replayed(
     assert keys == sorted(r["user"].encode() for r in expected)
     app_id = MicroBatchRunner(spark, p, tmp_path).checkpoint.txn_app_id("sink")
     assert kafka.committed(fence_group(app_id), topic)[0] == 3  # batches 0-2 fenced
+
+
+def test_the_kafka_fence_tells_the_newest_batch_a_checkpoint_landed_and_none_of_another(
+    spark: SparkSession, tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    sink = KafkaSink(topic=_topic(kafka), bootstrap_servers=kafka.bootstrap)
+    p = timed().model_copy(update={"sink": sink})
+    drop_batches(tmp_path, BATCHES[:2])
+    runner = MicroBatchRunner(spark, p, tmp_path)
+    runner.run(max_batches=None)
+
+    assert KafkaFence(sink, runner.checkpoint.txn_app_id("sink")).last_landed() == 1
+    assert KafkaFence(sink, f"{uuid.uuid4()}:sink").last_landed() == -1
 
 
 def test_an_attempt_killed_before_its_kafka_commit_shows_nothing_and_is_written_once(
