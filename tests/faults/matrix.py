@@ -668,7 +668,17 @@ def _acted(action: Action, run: Run) -> str | None:
     return None
 
 
-KNOWN_HOLES: dict[str, str] = {}
+STREAM_JOIN_SKIP = (
+    "after skip-batch and the set-aside input fed again, join_state and late differ from the "
+    "reference in which batch (and row id within it) a click was read: the reference lays "
+    "the set-aside batch out empty, and whether the engine or that layout is at fault is "
+    "not settled yet"
+)
+
+KNOWN_HOLES: dict[str, str] = {
+    f"stream_join-{sink}-skip_batch-after_state": STREAM_JOIN_SKIP
+    for sink in ("delta", "delta_merge", "postgres", "kafka", "fan_out")
+}
 """Cases that fail today, by id, with the hole each shows: expected to fail, strictly."""
 
 
