@@ -607,3 +607,35 @@ def samples(text: str, pipeline: str) -> Samples:
 def value(found: Samples, name: str, **labels: str) -> float:
     """The sample ``name`` with ``labels`` of ``samples``' result."""
     return found[(name, frozenset(labels.items()))]
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: its children, theirs, and so on."""
+    found, frontier = [], [pid]
+    while frontier:
+        below = children(frontier.pop())
+        found += below
+        frontier += below
+    return found
+
+
+def command_line(pid: int) -> str:
+    """Process ``pid``'s command line ("" once it is gone)."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

@@ -20,6 +20,7 @@ from dagster._core.instance.ref import InstanceRef
 
 from lowmark.orchestration.ui import live_group_members
 from lowmark.state.connect_server import free_port
+from tests.helpers import children, command_line
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_SPARK = "SparkConnectServer"
@@ -103,26 +104,6 @@ def start_ui(home: Path, data_root: Path, log: Path, env: dict[str, str]) -> Dag
         dev.stop()
         raise
     return dev
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def command_line(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def wait_for(what: str, ready: Callable[[], Any], dev: DagsterDev, seconds: float = 300) -> Any:

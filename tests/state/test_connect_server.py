@@ -30,6 +30,7 @@ from lowmark.state.connect_server import (
     TokenOnCommandLine,
     token_from_file,
 )
+from tests.helpers import command_line, descendants
 from tests.spark_connect import RunningServer, start_server
 
 COUNT = (
@@ -112,8 +113,8 @@ def test_neither_the_address_nor_a_command_line_of_the_server_holds_its_token(
     server: RunningServer,
 ) -> None:
     assert server.token not in server.url
-    for pid in [server.command.pid, *_descendants(server.command.pid)]:
-        assert server.token not in _command_line(pid)
+    for pid in [server.command.pid, *descendants(server.command.pid)]:
+        assert server.token not in command_line(pid)
 
 
 @pytest.fixture
@@ -143,7 +144,7 @@ def test_another_local_account_is_refused_and_cannot_read_the_token(
     )
     assert attempt.stdout.strip() == "" and REFUSED in attempt.stderr, attempt.stderr[-2000:]
     # Nor can it find the token: not in the server's environment, nor in its file.
-    (jvm,) = (p for p in _descendants(server.command.pid) if SERVER_CLASS in _command_line(p))
+    (jvm,) = (p for p in descendants(server.command.pid) if SERVER_CLASS in command_line(p))
     for secret in (f"/proc/{jvm}/environ", str(server.token_file)):
         peek = subprocess.run([*as_other, "cat", secret], capture_output=True, text=True)
         assert peek.returncode != 0 and server.token not in peek.stdout, secret
@@ -162,26 +163,3 @@ def _interpreter_for(account: str) -> tuple[str, list[str]]:
         if subprocess.run(probe, capture_output=True).returncode == 0:
             return python, [f"PYTHONPATH={packages}"]
     pytest.skip(f"no Python {sys.version_info[:2]} the account {account} may run")
-
-
-def _descendants(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                except OSError:
-                    continue
-                if int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
-                    found.append(int(entry.name))
-                    frontier.append(int(entry.name))
-    return found
-
-
-def _command_line(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
