@@ -579,15 +579,13 @@ def generate() -> list[Case]:
 
 
 def covering(cases: list[Case]) -> list[Case]:
-    """A few cases that try every feature, every sink and every action at least once, each
-    action where it is not refused: greedily the case that covers most not yet covered,
-    the first of equals (cheap sinks first)."""
+    """A few cases that try every sink and every action at least once, each action where it
+    is not refused: greedily the case that covers most not yet covered, the first of equals
+    (the cheap features and sinks first). Every feature goes through the operator actions
+    in `make test` too, by ``tests/faults/test_state_contract.py``; here the features are
+    left to the full matrix, to keep `make test` within its budget."""
     runnable = [c for c in cases if c.invalid is None and c.refused is None]
-    wanted = (
-        {("feature", f.name) for f in FEATURES}
-        | {("sink", s.name) for s in SINKS}
-        | {("action", a.name) for a in ACTIONS}
-    )
+    wanted = {("sink", s.name) for s in SINKS} | {("action", a.name) for a in ACTIONS}
     chosen: list[Case] = []
     while wanted:
         best = max(runnable, key=lambda c: len(_covers(c) & wanted))

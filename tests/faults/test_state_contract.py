@@ -24,7 +24,6 @@ from tests.faults.scenarios import (
     clock_of,
     dedup_tumbling,
     keyed_alerts,
-    session_update,
     stream_joined,
 )
 
@@ -34,9 +33,7 @@ SET_ASIDE = 3
 """The batch that dies after its state writes and is set aside."""
 
 
-@pytest.mark.parametrize(
-    "name", [p.name for p in (session_update, dedup_tumbling, keyed_alerts, stream_joined)]
-)
+@pytest.mark.parametrize("name", [p.name for p in (dedup_tumbling, keyed_alerts, stream_joined)])
 def test_skip_batch_puts_every_state_table_back_as_the_batch_before_left_it(
     spark: SparkSession, tmp_path: Path, request: pytest.FixtureRequest, name: str
 ) -> None:
