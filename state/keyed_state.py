@@ -194,7 +194,6 @@ class KeyedTables:
         self.timers = DriverTable(
             timers_path, TIMER_INDEX, "keyed timer table", partition_by=TIMER_PARTITIONS
         )
-        self.app_id = pipeline_id
         self.contracts = {
             name: StateTable(name, table, f"{pipeline_id}:{name}", base=0)
             for name, table in ((STATE_TABLE, self.state), (TIMER_TABLE, self.timers))

@@ -137,11 +137,9 @@ class StateTable:
             return None
         rows = _renumbered(self.table.read(None, version), -(last_batch + 1))
         folder = self.table.path.rsplit("/", 1)[-1]
+        partitions = tuple(self.table.open(version).metadata().partition_columns)
         copy = DriverTable(
-            f"{location.rstrip('/')}/{folder}",
-            None,
-            self.table.what,
-            partition_by=self.table.partition_by,
+            f"{location.rstrip('/')}/{folder}", None, self.table.what, partition_by=partitions
         )
         copy.append_once(rows, CARRIED, 0)
         return copy.version()
@@ -155,8 +153,6 @@ def state_tables(location: str, pipeline_id: str) -> list[StateTable]:
         path = f"{location.rstrip('/')}/{folder}"
         table = DriverTable(path, None, f"{folder} table")
         if table.exists():
-            partitions = tuple(table.open().metadata().partition_columns)
-            table = DriverTable(path, None, f"{folder} table", partition_by=partitions)
             found.append(StateTable(role, table, f"{pipeline_id}:{role}", base))
     return found
 
