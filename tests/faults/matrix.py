@@ -26,8 +26,6 @@ feature or sink is one more registration; a combination the pipeline model rejec
 skipped with the model's own reason. The crashes raise ``InjectedCrash`` in process (the
 SIGKILLs of ``test_kill_matrix`` stay the proof that a dying process recovers the same).
 
-Cases that fail today are listed in ``KNOWN_HOLES`` (expected to fail, strictly: a case
-that passes must lose its entry).
 """
 
 from __future__ import annotations
@@ -673,32 +671,13 @@ def _acted(action: Action, run: Run) -> str | None:
     return None
 
 
-STREAM_JOIN_SKIP = (
-    "after skip-batch and the set-aside input fed again, join_state and late differ from the "
-    "reference in which batch (and row id within it) a click was read: the reference lays "
-    "the set-aside batch out empty, and whether the engine or that layout is at fault is "
-    "not settled yet"
-)
-
-KNOWN_HOLES: dict[str, str] = {
-    f"stream_join-{sink}-skip_batch-after_state": STREAM_JOIN_SKIP
-    for sink in ("delta", "delta_merge", "postgres", "kafka", "fan_out")
-}
-"""Cases that fail today, by id, with the hole each shows: expected to fail, strictly."""
-
-
 def params() -> Iterator[Any]:
     """The generated cases as pytest parameters: the covering slice in `make test`, the rest
-    marked ``integration``; a rejected combination skipped with its reason; a known hole
-    expected to fail."""
+    marked ``integration``; a rejected combination skipped with its reason."""
     cases = generate()
     slice_ids = {c.id for c in covering(cases)}
-    unknown = KNOWN_HOLES.keys() - {c.id for c in cases}
-    assert not unknown, f"KNOWN_HOLES names cases the matrix does not generate: {unknown}"
     for case in cases:
         marks: list[Any] = [] if case.id in slice_ids else [pytest.mark.integration]
         if case.invalid is not None:
             marks.append(pytest.mark.skip(reason=f"the pipeline model rejects it: {case.invalid}"))
-        if case.id in KNOWN_HOLES:
-            marks.append(pytest.mark.xfail(reason=KNOWN_HOLES[case.id], strict=True))
         yield pytest.param(case.reference_key, case, id=case.id, marks=marks)

@@ -18,12 +18,15 @@ import json
 import os
 import random
 import sqlite3
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import write_deltalake
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import AddAction
 from pyspark.sql import SparkSession
 
 from examples.keyed import ALERTS, SilenceAlert
@@ -383,11 +386,20 @@ def write_clicks(table: Path) -> None:
 
 
 def write_click_version(table: Path, rows: list[Event]) -> None:
-    """One more version of a clicks table, of ``rows`` (none: a version of no rows)."""
+    """One more version of a clicks table, of ``rows``. None: a version of one file of no
+    rows, which takes a batch's place as an empty file of a folder source does (delta-rs
+    writes a version of no files, which a Delta source, Spark's too, passes over)."""
     clicks = [(user, T0 + timedelta(seconds=second), cost) for user, second, cost in rows]
     columns = [list(c) for c in zip(*clicks, strict=True)] or [[] for _ in CLICKS_SCHEMA]
     data = pa.table(dict(zip(CLICKS_SCHEMA.names, columns, strict=True)), CLICKS_SCHEMA)
-    write_deltalake(str(table), data, mode="append")
+    if rows:
+        write_deltalake(str(table), data, mode="append")
+        return
+    name = f"part-empty-{DeltaTable(str(table)).version() + 1}.parquet"
+    pq.write_table(data, table / name)
+    size = (table / name).stat().st_size
+    added = AddAction(name, size, {}, int(time.time() * 1000), True, '{"numRecords":0}')
+    DeltaTable(str(table)).create_write_transaction([added], "append", CLICKS_SCHEMA)
 
 
 def clock_of(pipeline: Pipeline) -> FrozenClock | None:
