@@ -1,5 +1,6 @@
 """A sink's system away mid-run is a transient error: a Postgres backend terminated during a
-batch's write, a Kafka broker stopped and restarted. The batch is tried again after a pause,
+batch's write, a Kafka broker stopped (before a batch's write, or with its records in the
+open transaction) and restarted. The batch is tried again after a pause,
 no failed attempt is recorded, and the sink ends as a run without the outage leaves it,
 each batch written once."""
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from lowmark.batches.loop import faults
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import KafkaSink, PostgresSink
 from lowmark.batches.sinks import kafka_topic
@@ -100,8 +102,9 @@ def test_a_postgres_backend_terminated_during_the_write_retries_the_batch_uncoun
     assert sorted(fenced) == [(0, 3), (1, 2), (2, 2)]
 
 
-def test_a_kafka_broker_stopped_before_the_write_and_restarted_retries_the_batch_uncounted(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("stopped", ["before_the_write", "inside_the_transaction"])
+def test_a_kafka_broker_stopped_and_restarted_retries_the_batch_uncounted(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: str
 ) -> None:
     # A call to a stopped broker gives up after 3 s, not half a minute: the test stays short.
     monkeypatch.setattr(kafka_topic, "TIMEOUT_S", 3.0)
@@ -119,9 +122,16 @@ def test_a_kafka_broker_stopped_before_the_write_and_restarted_retries_the_batch
             if broker.process.poll() is not None:  # back up while the runner waits
                 broker.restart()
 
+        def reached(step: str, batch_id: int) -> None:
+            # Batch 1's records are on the broker in its open transaction; its commit not yet.
+            if (step, batch_id) == ("before_sink_commit", 1) and not pauses:
+                broker.stop()
+
+        monkeypatch.setattr(faults, "reached", reached)
         runner = MicroBatchRunner(spark, p, root, sleep=pause)
         assert runner.run_batch() is not None  # batch 0, its producer connected
-        broker.stop()
+        if stopped == "before_the_write":
+            broker.stop()
 
         results = runner.run(max_batches=None)
 
