@@ -31,6 +31,7 @@ replay waited longer than that writes its records a second time.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -177,7 +178,7 @@ class KafkaTopic:
             self.staged(batch_id)
             fence = TopicPartition(topic, 0, batch_id + 1, f"lowmark batch {batch_id}")
             metadata = _group_metadata(self.config, self.txn_app_id)
-            producer.send_offsets_to_transaction([fence], metadata, TIMEOUT_S)
+            _bounded(lambda: producer.send_offsets_to_transaction([fence], metadata, TIMEOUT_S))
             producer.commit_transaction(TIMEOUT_S)
         except KafkaException as exc:
             if _retriable(exc):
@@ -235,6 +236,31 @@ def _retriable(exc: KafkaException) -> bool:
     calls retriable, or one of ``_UNAVAILABLE``."""
     error = exc.args[0] if exc.args else None
     return isinstance(error, KafkaError) and (error.retriable() or error.code() in _UNAVAILABLE)
+
+
+def _bounded(call: Callable[[], None]) -> None:
+    """``call`` (a transactional call given ``TIMEOUT_S``), given up on after ``TIMEOUT_S``
+    and a second more with a retriable timeout: librdkafka does not always keep to the
+    timeout it is given (``send_offsets_to_transaction`` with the group's coordinator away
+    blocks until the transaction times out, confluentinc/librdkafka#5456). The call goes on
+    in its thread; its producer is dropped, and the next one's ``init_transactions``
+    fences it."""
+    done: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            done.append(None)
+        except BaseException as exc:  # handed to the caller below
+            done.append(exc)
+
+    worker = threading.Thread(target=run, name="lowmark-kafka-call", daemon=True)
+    worker.start()
+    worker.join(TIMEOUT_S + 1)
+    if not done:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer in {TIMEOUT_S:g} s"))
+    if done[0] is not None:
+        raise done[0]
 
 
 def _reason(exc: KafkaException) -> str:
