@@ -102,7 +102,13 @@ def test_a_postgres_backend_terminated_during_the_write_retries_the_batch_uncoun
     assert sorted(fenced) == [(0, 3), (1, 2), (2, 2)]
 
 
-@pytest.mark.parametrize("stopped", ["before_the_write", "inside_the_transaction"])
+@pytest.mark.parametrize(
+    "stopped",
+    [
+        pytest.param("before_the_write", marks=pytest.mark.integration),  # the lesser case
+        "inside_the_transaction",
+    ],
+)
 def test_a_kafka_broker_stopped_and_restarted_retries_the_batch_uncounted(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: str
 ) -> None:
