@@ -117,6 +117,14 @@ class BatchFrames:
         flagged = self.timed.withColumn(REJECTED, self.rejected_if)
         return flagged.withColumn(LATE_RECORDS, F.when(late, self.late_record))
 
+    def closed_records(self, watermark: Column) -> DataFrame:
+        """The ``LATE_RECORD``s (``LATE_RECORDS``) of the records not rejected whose windows
+        are closed under ``watermark`` (a column: one per record), with every other column
+        of ``timed`` (the batch tag among them): the read-ahead's late records of a batch
+        whose windows closed under a watermark it did not look with."""
+        closed = ~self.rejected_if & self.stage.closed_under(watermark)
+        return self.timed.where(closed).withColumn(LATE_RECORDS, self.late_record)
+
     def stats(self) -> RecordStats | None:
         """Rows, late rows and max event time per partition, as the job over ``partials``
         observed them; None when Spark observed nothing (see ``collect.observed``)."""
@@ -391,11 +399,26 @@ class WindowedStage:
             late_record,
         )
 
-    def closed_under(self, watermark_ms: int) -> Column:
+    def closed_under(self, watermark_ms: int | Column) -> Column:
         """True for a record (with ``_ET_MS``) whose every window is closed under
-        ``watermark_ms``: ``last window_end + allowed_lateness <= watermark``."""
+        ``watermark_ms`` (a number, or a column of one per record): ``last window_end +
+        allowed_lateness <= watermark``."""
         last = self._last_end(F.col(_ET_MS))
-        return last + F.lit(self.event_time.allowed_lateness) <= F.lit(watermark_ms)
+        watermark = watermark_ms if isinstance(watermark_ms, Column) else F.lit(watermark_ms)
+        return last + F.lit(self.event_time.allowed_lateness) <= watermark
+
+    def closed_records(self, records: pa.Table, watermark_ms: int) -> pa.Array:
+        """``closed_under`` on the driver, for tumbling windows: True for each ``LATE_RECORD``
+        of ``records`` set aside as ``CLOSED`` whose window is closed under
+        ``watermark_ms`` (False for the other reasons)."""
+        window = self.window
+        assert isinstance(window, Tumbling), "only tumbling windows are read ahead"
+        size, lateness = float(window.size), float(self.event_time.allowed_lateness)
+        event_ms = pc.floor(pc.divide(records.column("event_us").cast(pa.float64()), 1000.0))
+        windows = pc.floor(pc.divide(pc.subtract(event_ms, float(window.offset)), size))
+        end = pc.add(pc.multiply(windows, size), float(window.offset) + size)
+        closed = pc.less_equal(pc.add(end, lateness), float(watermark_ms))
+        return pc.and_(pc.equal(records.column("reason"), CLOSED), pc.fill_null(closed, False))
 
     def partials_of(
         self, accepted: DataFrame, watermark_ms: int | None, by: tuple[str, ...] = ()

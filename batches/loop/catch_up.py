@@ -32,8 +32,11 @@ What a batch takes is what its own job would have given, or it runs its own:
   the read-ahead's job too: it collects the records without an event time and
   those whose window is closed under the watermark of the batch that started
   it, which no later batch's watermark is below; a batch takes them with its
-  closed windows' partials dropped. A batch with a window that closed only
-  under a later watermark (its records were not collected), a record from
+  closed windows' partials dropped. The first batch with a window that closed
+  only under a later watermark (its records were not collected) collects, in one
+  more job, the records of such windows for itself and every batch after it
+  that has some, each under the watermark it will have (``_collect_closed``);
+  only one whose watermark outruns that guess collects again. A record from
   beyond ``max_future`` (judged at the read-ahead's earlier processing time)
   or bad rows runs its own job, which collects those rows; so does a batch with
   a record that violates an expectation (the read-ahead counts them per batch
@@ -50,20 +53,22 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lowmark.batches.collect import collect, observed, session_confs, shuffle_partitions
 from lowmark.batches.event_time.dedup import DedupSeen
 from lowmark.batches.event_time.stage import (
+    CLOSED,
     FUTURE,
     LATE_RECORD,
+    LATE_RECORDS,
     BatchFrames,
     WindowedStage,
     late_table,
@@ -145,6 +150,20 @@ class _Looked:
     partials: pa.Table
     violating: int
     """Records that violate an expectation."""
+
+
+@dataclass(frozen=True)
+class _Read:
+    """The records of several batches in one frame, each tagged with its batch."""
+
+    records: DataFrame
+    looks: list[tuple[Range, SourceRead]]
+    """The batches read (in order), each with the read it is in."""
+    partitions: tuple[str, ...]
+    size: int
+    """Input bytes."""
+    one_scan: bool
+    """Read in one scan (the transform keeps each record), not a scan per batch."""
 
 
 Frames = Callable[[Sequence[Range], int], tuple[SourceRead, BatchFrames] | None]
@@ -247,17 +266,18 @@ class ReadAhead:
             or pc.any(pc.equal(looked.late_records.column("reason"), FUTURE)).as_py()
         ):
             return None
-        open_partials = self._open(looked, watermark_ms)
-        if open_partials is None:
-            return None
-        late = looked.late_records
+        if self._uncollected(looked, watermark_ms):
+            looked = self._collect_closed(looked, watermark_ms)
+            if self._uncollected(looked, watermark_ms):
+                return None
+        partials, late = self._split(looked, watermark_ms)
         return Seen(
             looked.rows_in,
             None,
             late_table(late, batch.batch_id, watermark_ms) if late.num_rows else None,
             looked.max_event_ms,
             looked.rows_out,
-            open_partials,
+            partials,
             self.checks.violations({}),  # none violated (else the batch runs its own job)
         )
 
@@ -277,32 +297,8 @@ class ReadAhead:
             ranges.append(Range(last.batch_id + 1, last.end, end))
         if len(ranges) < 2:
             return
-        one_read = self.frames(ranges, now_ms)
-        while one_read is not None and len(ranges) > 2 and _size(one_read[0]) > MAX_BYTES:
-            ranges = ranges[: len(ranges) // 2]
-            one_read = self.frames(ranges, now_ms)
-        looks: list[tuple[Range, SourceRead]] = []
-        if one_read is not None:  # one scan, records tagged with their batch by the source
-            read, frames = one_read
-            looks = [(r, read) for r in ranges]
-            flagged = frames.flagged(watermark_ms)
-            partitions, total = frames.partitions, _size(read)
-        else:  # a scan per batch, each batch's records tagged, in one union
-            total = 0
-            tagged: list[DataFrame] = []
-            found: set[str] = set()
-            for r in ranges:
-                built = self.frames([r], now_ms)
-                assert built is not None
-                total += _size(built[0])
-                if looks and total > MAX_BYTES:
-                    break
-                looks.append((r, built[0]))
-                flagged_one = built[1].flagged(watermark_ms)
-                tagged.append(flagged_one.withColumn(BATCH_COLUMN, F.lit(r.batch_id)))
-                found.update(built[1].partitions)
-            flagged = functools.reduce(DataFrame.unionByName, tagged)
-            partitions = tuple(sorted(found))
+        ahead = self._read(ranges, now_ms, lambda frames, _batch: frames.flagged(watermark_ms))
+        flagged, looks, partitions, total = ahead.records, ahead.looks, ahead.partitions, ahead.size
         # One aggregation for the partials and the counts of all the batches: one shuffle,
         # one compiled plan, and no observation of the records (it costs a pass per metric).
         violated = self.checks.violated_any() if self.checks else None
@@ -322,7 +318,7 @@ class ReadAhead:
                 continue
             mine = table.filter(pc.equal(tags, r.batch_id)).drop_columns([BATCH_COLUMN])
             partials, stats = split_stats(mine, partitions)
-            if one_read is not None:  # the transform keeps each record: records read = out
+            if ahead.one_scan:  # the transform keeps each record: records read = out
                 # Bad rows somewhere from bad_from to bad_to: each of those batches runs
                 # its own job, which counts them.
                 low, high = counts.get("bad_from"), counts.get("bad_to")
@@ -346,8 +342,43 @@ class ReadAhead:
             "read ahead batches %d..%d in one job (%s)",
             first.batch_id,
             looks[-1][0].batch_id,
-            "one scan" if one_read is not None else "a scan per batch",
+            "one scan" if ahead.one_scan else "a scan per batch",
         )
+
+    def _read(
+        self,
+        ranges: list[Range],
+        now_ms: int,
+        flag: Callable[[BatchFrames, Column], DataFrame],
+    ) -> _Read:
+        """The records of ``ranges`` (as many of them as ``MAX_BYTES`` allows, the first
+        always) as ``flag`` makes them of each batch's frames (built at ``now_ms``, as its own
+        job builds them; given the column of each record's batch id), tagged with their batch
+        (``BATCH_COLUMN``): one scan when the source can tag them, else a scan per batch."""
+        one_read = self.frames(ranges, now_ms) if len(ranges) > 1 else None  # else: untagged
+        while one_read is not None and len(ranges) > 2 and _size(one_read[0]) > MAX_BYTES:
+            ranges = ranges[: len(ranges) // 2]
+            one_read = self.frames(ranges, now_ms)
+        if one_read is not None:  # one scan, records tagged with their batch by the source
+            read, frames = one_read
+            flagged = flag(frames, F.col(BATCH_COLUMN))
+            return _Read(flagged, [(r, read) for r in ranges], frames.partitions, _size(read), True)
+        total = 0
+        looks: list[tuple[Range, SourceRead]] = []
+        tagged: list[DataFrame] = []
+        found: set[str] = set()
+        for r in ranges:
+            built = self.frames([r], now_ms)
+            assert built is not None
+            total += _size(built[0])
+            if looks and total > MAX_BYTES:
+                break
+            looks.append((r, built[0]))
+            batch = F.lit(r.batch_id)
+            tagged.append(flag(built[1], batch).withColumn(BATCH_COLUMN, batch))
+            found.update(built[1].partitions)
+        records = functools.reduce(DataFrame.unionByName, tagged)
+        return _Read(records, looks, tuple(sorted(found)), total, False)
 
     def _changed(self, batch: Range) -> bool:
         """True when ``batch``'s input changed while the read-ahead read it (its own job
@@ -359,28 +390,109 @@ class ReadAhead:
             return True
         return False
 
-    def _open(self, looked: _Looked, watermark_ms: int | None) -> pa.Table | None:
-        """The partial rows of ``looked`` whose (tumbling) window is open under the batch's
-        ``watermark_ms``; the records of the others are late. None when a closed window's
-        records were not collected as late (closed only under a watermark later than the
-        read-ahead's), or the batch's watermark is below the read-ahead's (which a
-        watermark never is): the batch's own job then looks at it."""
+    def _closed(self, looked: _Looked, watermark_ms: int | None) -> pa.Array | None:
+        """Which partial rows of ``looked`` are of a window closed under ``watermark_ms``."""
+        if watermark_ms is None or not looked.partials.num_rows:
+            return None
+        ends = looked.partials.column("window_end").cast(pa.int64())
+        return pc.less(ends, self.stage.final_limit_us(watermark_ms))
+
+    def _uncollected(self, looked: _Looked, watermark_ms: int | None) -> bool:
+        """Whether a window of ``looked`` is closed under ``watermark_ms`` whose records the
+        read-ahead did not collect (they were collected under ``closed_under_ms``)."""
+        closed = self._closed(looked, watermark_ms)
+        if closed is None or not pc.any(closed).as_py():
+            return False
         collected = looked.closed_under_ms
-        if collected is not None and (watermark_ms is None or watermark_ms < collected):
-            return None
-        partials = looked.partials
-        if watermark_ms is None or not partials.num_rows:
-            return partials
-        ends = partials.column("window_end").cast(pa.int64())
-        closed = pc.less(ends, self.stage.final_limit_us(watermark_ms))
-        if not pc.any(closed).as_py():
-            return partials
         if collected is None:
-            return None
-        was_closed = pc.less(ends, self.stage.final_limit_us(collected))
-        if pc.any(pc.and_(closed, pc.invert(was_closed))).as_py():
-            return None
-        return partials.filter(pc.invert(closed))
+            return True
+        ends = looked.partials.column("window_end").cast(pa.int64())
+        was_collected = pc.less(ends, self.stage.final_limit_us(collected))
+        return bool(pc.any(pc.and_(closed, pc.invert(was_collected))).as_py())
+
+    def _split(self, looked: _Looked, watermark_ms: int | None) -> tuple[pa.Table, pa.Table]:
+        """The partial rows of ``looked`` whose window is open under the batch's
+        ``watermark_ms``, and its late records: those rejected, and those of the windows
+        closed under it (the read-ahead may have collected records of windows it closes
+        only later)."""
+        late = looked.late_records
+        if watermark_ms is None:
+            return looked.partials, late.filter(pc.not_equal(late.column("reason"), CLOSED))
+        others = pc.not_equal(late.column("reason"), CLOSED)
+        late = late.filter(pc.or_(others, self.stage.closed_records(late, watermark_ms)))
+        closed = self._closed(looked, watermark_ms)
+        partials = looked.partials if closed is None else looked.partials.filter(pc.invert(closed))
+        return partials, late
+
+    def _collect_closed(self, first: _Looked, watermark_ms: int | None) -> _Looked:
+        """``first`` (whose watermark is ``watermark_ms``) and the batches looked at after
+        it, each with the records of its windows closed under the watermark it will have,
+        collected in one job over the batches that have such windows: a batch's watermark
+        is known only when its turn comes, and each would otherwise read its input again.
+
+        A later batch's watermark is taken to be what its single source partition's
+        newest event time would make it (``max_out_of_orderness`` behind the newest event
+        time read before it): at or above what several partitions, idle ones or an
+        ingestion clock give, so its records are collected; one whose windows close further
+        still finds them uncollected and collects them again, from its own turn."""
+        assert watermark_ms is not None
+        later = sorted(self._looked.values(), key=lambda looked: looked.range.batch_id)
+        limits: dict[int, int] = {}
+        limit = watermark_ms
+        for looked in (first, *later):
+            limits[looked.range.batch_id] = limit
+            newest = max(looked.max_event_ms.values(), default=None)
+            if newest is not None:
+                limit = max(limit, newest - self.stage.event_time.max_out_of_orderness)
+        wanted = [
+            looked
+            for looked in (first, *later)
+            if self._uncollected(looked, limits[looked.range.batch_id])
+        ]
+        if not wanted:
+            return first
+        by_batch = F.create_map(*[F.lit(x) for b, w in limits.items() for x in (b, w)])
+        read = self._read(
+            [looked.range for looked in wanted],
+            first.looked_at_ms,
+            lambda frames, batch: frames.closed_records(F.element_at(by_batch, batch)),
+        )
+        spark = self._spark()
+        try:
+            with shuffle_partitions(spark, read.size), session_confs(spark, JOB_CONFS):
+                late = read.records.select(BATCH_COLUMN, LATE_RECORDS)
+                found = collect({"late": late})["late"]
+        except (Py4JJavaError, PySparkException) as exc:
+            log.info("collecting late records from batch %d failed: %s", first.range.batch_id, exc)
+            return first
+        tags = found.column(BATCH_COLUMN)
+        records = found.column(LATE_RECORDS)
+        covered = {r.batch_id for r, _ in read.looks}
+        for looked in wanted:
+            batch_id = looked.range.batch_id
+            if batch_id not in covered:  # beyond the read's bound: collected at its turn
+                continue
+            mine = pc.filter(records, pc.equal(tags, batch_id))
+            closed = pa.table(
+                [pc.struct_field(mine, f.name).cast(f.type) for f in LATE_RECORD], LATE_RECORD
+            )
+            rejected = looked.late_records.filter(
+                pc.not_equal(looked.late_records.column("reason"), CLOSED)
+            )
+            updated = replace(
+                looked,
+                late_records=pa.concat_tables([rejected, closed]),
+                closed_under_ms=limits[batch_id],
+            )
+            if batch_id == first.range.batch_id:
+                first = updated
+            else:
+                self._looked[batch_id] = updated
+        log.info(
+            "collected the late records of batches %s in one job",
+            ", ".join(str(b) for b in sorted(covered)),
+        )
+        return first
 
 
 def _size(read: SourceRead) -> int:
