@@ -107,14 +107,16 @@ sources' replays are tested on their own in ``tests/batches/sources``, the sinks
 ``tests/batches/sinks``, the ingestion clock's in
 ``tests/batches/loop/test_ingestion_watermarks.py``)."""
 KILLED_IN_MAKE_TEST = {
-    "tumbling_two_partitions": tuple(s for s in STEPS if s not in ("after_plan", "after_commit")),
+    "tumbling_two_partitions": ("after_offset_log", "after_state", "after_sink", "before_commit"),
     "plain_append": ("after_sink",),
     "dedup_tumbling": ("before_commit",),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
-at every step between the batch's offsets and its commit (a kill before the offsets leaves
-nothing of the batch, one after the commit all of it: those two run in
-``make test-integration``), the stateless pipeline after Spark's sink write landed
+on each side of each kind of write between the batch's offsets and its commit (after the
+offsets, nothing else written; after the state; after the sink; every write done but the
+commit. A kill after the read writes no more than one after the offsets, one after the
+late rows no less than one after the sink; those, and the kills before the offsets and
+after the commit, run in ``make test-integration``), the stateless pipeline after Spark's sink write landed
 uncommitted, and one step of deduplication (every write done, the commit not).
 (Sessions killed after their state write are replayed in ``make test`` too, with
 maintenance between: ``test_kill_then_compact``.) A keyed step's and the Postgres and
