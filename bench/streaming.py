@@ -325,11 +325,38 @@ def _plain_scenario(spark: SparkSession, name: str, s: dict[str, Any]) -> dict[s
     return {"seconds": seconds, "rows_in": s["events"], "output": output}
 
 
-def _digest(spark: SparkSession, table: Path) -> dict[str, int]:
-    """Windows written and the events they count: equal output from equal engines."""
-    row = spark.read.format("delta").load(str(table)).agg(F.count(F.lit(1)), F.sum("count"))
-    windows, events = row.first() or (0, 0)
-    return {"windows": int(windows), "events": int(events or 0)}
+def _digest(spark: SparkSession, table: Path) -> dict[str, Any]:
+    """Windows written, the events they count, and every window's values (user, start,
+    count, average rounded to 9 digits: engines sum in other orders): equal output from
+    equal engines."""
+    out = spark.read.format("delta").load(str(table))
+    rows = out.select(
+        "user", F.col("window_start").cast("string"), "count", F.round("avg_amount", 9)
+    ).collect()
+    values = sorted([r[0], r[1], int(r[2]), float(r[3])] for r in rows)
+    return {
+        "windows": len(values),
+        "events": sum(v[2] for v in values),
+        "values": values,
+    }
+
+
+def value_differences(got: dict[str, dict[str, Any]]) -> list[str]:
+    """Where the engines' windows differ in a value: lowmark's and Structured Streaming's
+    (both write the final windows) must be the same; each of theirs must be the plain
+    job's (which writes every window, the open ones too)."""
+    found = []
+    rows = {e: {(v[0], v[1]): tuple(v[2:]) for v in o["values"]} for e, o in got.items()}
+    if "lowmark" in rows and "sss" in rows and rows["lowmark"] != rows["sss"]:
+        differ = set(rows["lowmark"].items()) ^ set(rows["sss"].items())
+        found.append(f"lowmark and SSS differ in {len(differ)} window values")
+    for engine in ("lowmark", "sss"):
+        if engine in rows and "plain" in rows:
+            plain = rows["plain"]
+            unlike = [k for k, v in rows[engine].items() if plain.get(k) != v]
+            if unlike:
+                found.append(f"{engine} and the plain job differ in {len(unlike)} windows")
+    return found
 
 
 # ---------------------------------------------------------------- processes and memory
@@ -859,7 +886,7 @@ def markdown_report(
         "",
         *markdown_tables(measures, ratios),
     ]
-    lines += ["", "Same output check (windows written, events they count):", ""]
+    lines += ["", "Same output check (windows written, events they count, every value):", ""]
     for scenario in ("small", "catchup", "catchup_wide"):
         got = {
             e: results[e][scenario]["output"]
@@ -869,7 +896,9 @@ def markdown_report(
         shown = ", ".join(
             f"{e} {o['windows']} windows / {o['events']:,} events" for e, o in got.items()
         )
-        lines.append(f"- {scenario}: {shown or '-'}")
+        differ = value_differences(got)
+        verdict = "; ".join(differ) if differ else "every window's values equal"
+        lines.append(f"- {scenario}: {shown or '-'} — {verdict if got else '-'}")
     lines.append("  (lowmark and SSS write only final windows; the plain job writes every window.)")
     scaling = results.get("state_scaling", {}).get("output")
     if scaling:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.streaming import value_differences
+
 REPO = Path(__file__).resolve().parents[2]
 
 MEASURED_BY = {
@@ -67,3 +69,21 @@ def test_the_quick_streaming_benchmark_fills_every_row_of_its_table(tmp_path: Pa
     assert "| measure | lowmark | Structured Streaming | plain batch |" in text
     assert all(m["label"] in text for m in results["measurements"])
     assert "ratio" in proc.stdout and "stopped by SIGINT" in proc.stdout
+    assert "- catchup:" in text and "differ" not in text.split("Same output check")[1]
+
+
+def test_the_output_check_names_a_window_whose_value_differs_between_engines() -> None:
+    window = ["u1", "2026-01-01 00:00:00", 3, 1.5]
+    other = ["u2", "2026-01-01 00:00:00", 2, 4.0]
+    same = {"values": [window, other]}
+    assert value_differences({"lowmark": same, "sss": same, "plain": same}) == []
+    changed = {"values": [window, [*other[:3], 4.000001]]}
+    assert value_differences({"lowmark": same, "sss": changed}) == [
+        "lowmark and SSS differ in 2 window values"
+    ]
+    # The plain job also writes windows still open: only the streams' windows are compared.
+    more = {"values": [window, other, ["u3", "2026-01-01 01:00:00", 1, 2.0]]}
+    assert value_differences({"lowmark": same, "plain": more}) == []
+    assert value_differences({"sss": same, "plain": {"values": [window]}}) == [
+        "sss and the plain job differ in 1 windows"
+    ]
