@@ -128,6 +128,7 @@ BENCH_OUT := data/bench
 bench: test-setup
 	mkdir -p $(BENCH_OUT)
 	bash -o pipefail -c '$(BIN)/python -m bench.state_scaling $(BENCH_ARGS) | tee $(BENCH_OUT)/state_scaling.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.state_scaling --spread $(BENCH_ARGS) | tee $(BENCH_OUT)/state_scaling_spread.txt'
 	$(BIN)/python -m bench.streaming $(BENCH_ARGS) --state-scaling-log $(BENCH_OUT)/state_scaling.txt
 	bash -o pipefail -c '$(BIN)/python -m bench.late_catch_up | tee $(BENCH_OUT)/late_catch_up.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.history --batches 600 --every 200 | tee $(BENCH_OUT)/history.txt'

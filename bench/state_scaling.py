@@ -5,14 +5,17 @@ user, count + sum) is filled with N open windows through the engine, in
 ``--populate-batches`` batches of Parquet files that advance in event time
 as a stream would; ``allowed_lateness`` is ten years, so every window stays
 open. Then ``--repeat`` small batches each update ``--touch`` windows of the
-newest minute, and their wall time is what is measured.
+newest minute (``--spread``: of as many minutes back from the newest, one
+window start each), and their wall time is what is measured.
 
 Spark Structured Streaming runs the same aggregation over the same files in
 the same Spark session, as the peer: a file source with
 ``maxFilesPerTrigger=1``, ``withWatermark`` of ten years, append mode, the
 ``noop`` sink, the RocksDB state store with changelog checkpointing, kept
 running (``processAllAvailable``) so its time is the small batch's
-``triggerExecution``, not query start-up.
+``triggerExecution``, not query start-up. It reads a folder of its own, into
+which each file is linked only once lowmark's batch took it: its trigger runs
+after lowmark's batch, never during it.
 
 Then lowmark's checkpoint maintenance runs (``lowmark compact``: among
 others, OPTIMIZE of the state table, which leaves few large files) and
@@ -126,6 +129,11 @@ def _parse_args() -> argparse.Namespace:
         "--touch", type=int, default=100, help="windows each small batch updates (default: 100)"
     )
     parser.add_argument("--repeat", type=int, default=3, help="small batches timed (default: 3)")
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="each small batch touches windows of --touch window starts, not of one",
+    )
     parser.add_argument("--skip-sss", action="store_true", help="lowmark only")
     parser.add_argument("--work-dir", help="where data goes (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -150,7 +158,7 @@ def _run_size(spark: SparkSession, root: Path, shape: Shape, args: argparse.Name
         ),
     )
     _say(f"  lowmark state filled in {time.monotonic() - started:.0f} s")
-    query = None if args.skip_sss else _start_sss(spark, root, incoming)
+    query = None if args.skip_sss else _start_sss(spark, root, _hand_to_sss(root, incoming))
     try:
         if query is not None:
             started = time.monotonic()
@@ -186,7 +194,8 @@ def _small_batches(
     for r in numbers:
         minute = shape.minutes - 1 - r % shape.minutes
         name = f"touch{r:04d}"
-        _write_file(spark, root, root / "in", name, _touch(spark, shape, minute, args.touch))
+        touched = _touch(spark, shape, minute, args.touch, args.spread)
+        _write_file(spark, root, root / "in", name, touched)
         started = time.monotonic()
         result = runner.run_batch()
         lowmark_s.append(time.monotonic() - started)
@@ -200,6 +209,7 @@ def _small_batches(
             f"{result.durations_ms}"
         )
         if query is not None:
+            _hand_to_sss(root, root / "in")
             sss_s.append(_sss_batch_seconds(query, args.touch))
             line += f"; SSS {sss_s[-1]:.2f} s"
         _say(line)
@@ -234,10 +244,14 @@ def _fill(spark: SparkSession, shape: Shape, first: int, last: int) -> DataFrame
     return _events(cells, shape, F.col("id") % shape.users, F.col("id") / shape.users)
 
 
-def _touch(spark: SparkSession, shape: Shape, minute: int, touch: int) -> DataFrame:
-    """One event for each of ``touch`` users in ``minute``: updates that many open windows."""
+def _touch(spark: SparkSession, shape: Shape, minute: int, touch: int, spread: bool) -> DataFrame:
+    """One event for each of ``touch`` users in ``minute``: updates that many open windows,
+    of one window start; ``spread``: user i's event in the i-th minute before ``minute``
+    instead, ``touch`` windows of as many starts (as late data over a day would)."""
     users = spark.range(min(touch, shape.users))
-    return _events(users, shape, F.col("id"), F.lit(minute))
+    if not spread:
+        return _events(users, shape, F.col("id"), F.lit(minute))
+    return _events(users, shape, F.col("id"), F.lit(minute) - F.col("id") % shape.minutes)
 
 
 def _events(ids: DataFrame, shape: Shape, user: Column, minute: Column) -> DataFrame:
@@ -261,6 +275,20 @@ def _write_file(spark: SparkSession, root: Path, folder: Path, name: str, df: Da
     stamp = time.time()
     os.utime(target, (stamp, stamp))
     shutil.rmtree(staging)
+
+
+def _hand_to_sss(root: Path, incoming: Path) -> Path:
+    """SSS's input folder, with every file of lowmark's ``incoming`` linked into it that it
+    lacks (same name and modification time). SSS reads only its own folder, so a file
+    reaches it when lowmark's batch is done with it: its trigger never runs during
+    lowmark's batch."""
+    folder = root / "in_sss"
+    folder.mkdir(exist_ok=True)
+    for source in sorted(incoming.glob("*.parquet"), key=lambda p: p.stat().st_mtime):
+        target = folder / source.name
+        if not target.exists():
+            os.link(source, target)
+    return folder
 
 
 def _start_sss(spark: SparkSession, root: Path, incoming: Path) -> StreamingQuery:
