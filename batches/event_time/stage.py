@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation
@@ -214,9 +215,15 @@ def split_stats(groups: pa.Table, partitions: tuple[str, ...]) -> tuple[pa.Table
     accepted records, and its records' stats (rejected: late, with no watermark; the
     late records: the rejected ones and those ``BatchFrames.flagged`` found closed)."""
     rejected = groups.column(REJECTED)
-    accepted = groups.filter(pc.invert(rejected))
-    max_ms = {p: pc.max(accepted.column(f"{_MAX_MS}{i}")).as_py() for i, p in enumerate(partitions)}
-    late = pc.list_flatten(groups.column(LATE_RECORDS))
+    timed = groups.filter(pc.invert(rejected))
+    max_ms = {p: pc.max(timed.column(f"{_MAX_MS}{i}")).as_py() for i, p in enumerate(partitions)}
+    # A late record's group is its own (as many as there are identical copies of it); the
+    # partials of a window whose records are late are of no use (the window is closed).
+    collected = pc.is_valid(groups.column(LATE_RECORDS))
+    accepted = timed.filter(pc.is_null(timed.column(LATE_RECORDS)))
+    copies = groups.filter(collected)
+    each = np.repeat(np.arange(copies.num_rows), copies.column(RECORDS).to_numpy())
+    late = copies.column(LATE_RECORDS).take(pa.array(each, pa.int64()))
     violating = VIOLATING in groups.column_names
     stats = RecordStats(
         pc.sum(groups.column(RECORDS)).as_py() or 0,
@@ -437,9 +444,10 @@ class WindowedStage:
         violated: Column | None = None,
     ) -> DataFrame:
         """Tumbling/sliding windows with no watermark: the partials of ``flagged`` records
-        (``BatchFrames.flagged``) per (``by``, ``REJECTED``, key, window), each group
-        with its records (``RECORDS``), those ``violated`` is true for (``VIOLATING``: an
-        expectation's) and, per source partition of ``partitions``, their max event time;
+        (``BatchFrames.flagged``) per (``by``, ``REJECTED``, ``LATE_RECORDS``, key,
+        window), each group with its records (``RECORDS``), those ``violated`` is true
+        for (``VIOLATING``: an expectation's) and, per source partition of
+        ``partitions``, their max event time;
         ``split_stats`` turns them into partials and ``RecordStats``.
 
         One aggregation then gives what observing the records would (an observation
@@ -452,7 +460,6 @@ class WindowedStage:
                 F.max(F.when(partition == F.lit(p), F.col(_ET_MS))).alias(f"{_MAX_MS}{i}")
                 for i, p in enumerate(partitions)
             ],
-            F.collect_list(LATE_RECORDS).alias(LATE_RECORDS),
         ]
         if violated is not None:  # judged on the record as read, before the time is replaced
             flagged = flagged.withColumn(VIOLATING, violated)
@@ -466,7 +473,15 @@ class WindowedStage:
                 F.col(REJECTED), F.timestamp_seconds(F.lit(0)).cast(flagged.schema[column].dataType)
             ).otherwise(F.col(column)),
         )
-        return self._batch_windows(counted, self.window, None, (*by, REJECTED), stats)
+        # As a group key its fields must be nullable: Arrow refuses a null struct whose
+        # field Spark declares non-nullable (the reason).
+        late = F.col(LATE_RECORDS)
+        fields = [late[name].alias(name) for name in LATE_RECORD.names]
+        counted = counted.withColumn(LATE_RECORDS, F.when(late.isNotNull(), F.struct(*fields)))
+        # Each late record is a group key of its own (null for the others), not a list
+        # collected per group: collect_list would take the aggregation out of generated
+        # code (ObjectHashAggregate), for every record, to gather the few late ones.
+        return self._batch_windows(counted, self.window, None, (*by, REJECTED, LATE_RECORDS), stats)
 
     def state_rows(
         self, partials: pa.Table, state_version: int | None, watermark_ms: int | None
