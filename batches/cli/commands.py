@@ -377,8 +377,10 @@ def run(
     if poll_s <= 0:
         raise typer.BadParameter("--poll-interval must be more than 0")
     from lowmark.batches.loop.microbatch import MicroBatchRunner
+    from lowmark.batches.loop.preflight import check_source_folders
 
     p = get_pipeline(pipeline, c.pipelines)
+    check_source_folders(p, c.data_root)  # before the runner opens or creates the checkpoint
     # Spark starts with the first batch that needs it: none if there is nothing to do.
     runner = MicroBatchRunner(c.spark, p, c.data_root, c.clock)
     show = _print_batch_json if as_json else _print_batch
