@@ -146,6 +146,13 @@ def test_every_relative_link_in_the_readme_points_at_a_file_and_heading() -> Non
     assert not broken, f"README.md links to what is not there: {broken}"
 
 
+def test_the_home_page_links_every_page_of_the_site() -> None:
+    index = DOCS / "index.md"
+    linked = {(DOCS / t.partition("#")[0]).resolve() for t in LINK.findall(index.read_text())}
+    unlinked = [str(p.relative_to(DOCS)) for p in PAGES if p != index and p not in linked]
+    assert not unlinked, f"docs/index.md's table of pages lacks {unlinked}"
+
+
 def test_the_readme_stays_a_front_door() -> None:
     text = README.read_text()
     assert len(text.splitlines()) < 300

@@ -101,9 +101,14 @@ EPOCH_MS_COLUMNS = frozenset(
         "watermark_ms",
         "batch_watermark_ms",
         "next_watermark_ms",
+        "window_watermark_ms",
         "max_event_time_ms",
         "last_seen_ms",
         "modified_ms",
+        "discovered_ms",
+        "next_timer_ms",
+        "timer_ms",
+        "expires_ms",
     )
 )
 """The checkpoint's columns that hold a moment as epoch milliseconds (the others named

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -377,8 +378,10 @@ def run(
     if poll_s <= 0:
         raise typer.BadParameter("--poll-interval must be more than 0")
     from lowmark.batches.loop.microbatch import MicroBatchRunner
+    from lowmark.batches.loop.preflight import check_source_folders
 
     p = get_pipeline(pipeline, c.pipelines)
+    check_source_folders(p, c.data_root)  # before the runner opens or creates the checkpoint
     # Spark starts with the first batch that needs it: none if there is nothing to do.
     runner = MicroBatchRunner(c.spark, p, c.data_root, c.clock)
     show = _print_batch_json if as_json else _print_batch
@@ -389,10 +392,19 @@ def run(
         return
     limit = max_batches or (None if until_caught_up else 1)
     status = err.status(f"running {pipeline}…")
-    with runner, metrics, status, _reported(runner), _interruptible(runner):
-        results = runner.run(max_batches=limit, on_batch=c.on_batch(runner, show), retry=retry)
-    if not results:
-        (err if as_json else out).print(f"{pipeline}: caught up, no new data")
+    with runner, metrics, status, _reported(runner), _interruptible(runner) as stopping:
+        results = runner.run(
+            max_batches=limit,
+            on_batch=c.on_batch(runner, show),
+            retry=retry,
+            should_stop=stopping,
+        )
+    words = err if as_json else out
+    if stopping():
+        n = len(results)
+        words.print(f"{pipeline}: stopped by SIGINT after {n} batch{'' if n == 1 else 'es'}")
+    elif not results:
+        words.print(f"{pipeline}: caught up, no new data")
 
 
 @contextmanager
@@ -431,34 +443,47 @@ def _reported(runner: MicroBatchRunner) -> Iterator[None]:
 
 
 @contextmanager
-def _interruptible(runner: MicroBatchRunner) -> Iterator[None]:
-    """Ctrl-C while ``runner``'s batches run: the first cancels the batch in progress
-    (``MicroBatchRunner.interrupt``: it is replayed by the next run), a second quits at
-    once, and any after that are ignored (a Ctrl-C inside Spark's calls only adds
-    tracebacks) — also once the run stopped on the first: the command is ending, and
-    a press while it says why must not turn its one line into a death by signal."""
+def _interruptible(runner: MicroBatchRunner) -> Iterator[Callable[[], bool]]:
+    """Ctrl-C while ``runner``'s batches run: the first lets the batch in progress commit
+    and starts no other (one line says so; the context gives whether it was pressed), a
+    second cancels the batch in progress (``MicroBatchRunner.interrupt``: it is replayed by
+    the next run) and quits at once, and any after that are ignored (a Ctrl-C inside
+    Spark's calls only adds tracebacks) — also once the run stopped: the command is
+    ending, and a press while it says why must not turn its one line into a death by
+    signal."""
     presses = 0
 
     def handle(signum: int, frame: object) -> None:
         nonlocal presses
         presses += 1
         if presses == 1:
-            # Not in this thread: it may be in the middle of a call to Spark.
-            threading.Thread(target=runner.interrupt, daemon=True).start()
+            planned = runner.attempting
+            batch = "the batch in progress" if planned is None else f"batch {planned.batch_id}"
+            said = f"stopping after {batch} commits (Ctrl-C again to cancel it; it is replayed"
+            # To the stderr the run began with: while Spark starts, fd 2 is the log file's.
+            os.write(terminal, f"{said} on the next run)\n".encode())
             return
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Not in this thread: it may be in the middle of a call to Spark.
+        threading.Thread(target=runner.interrupt, daemon=True).start()
         raise KeyboardInterrupt
 
+    def stopping() -> bool:
+        return presses > 0
+
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stopping
         return
+    err.file.flush()
+    terminal = os.dup(2)
     previous = signal.signal(signal.SIGINT, handle)
     try:
-        yield
+        yield stopping
     except KeyboardInterrupt:
         raise runner.interrupted() from None
     finally:
         signal.signal(signal.SIGINT, previous if presses == 0 else signal.SIG_IGN)
+        os.close(terminal)
 
 
 def _follow(

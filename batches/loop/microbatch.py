@@ -140,8 +140,10 @@ class MicroBatchRunner:
         max_seconds: float | None = None,
         on_batch: Callable[[BatchResult], None] | None = None,
         retry: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[BatchResult]:
-        """Run batches until caught up, ``max_batches`` ran, or ``max_seconds`` passed.
+        """Run batches until caught up, ``max_batches`` ran, ``max_seconds`` passed, or
+        ``should_stop`` (asked before each batch) says so.
 
         ``max_batches=None`` means no limit (drain until caught up). ``retry``:
         the first batch runs even if it is a poison batch (``run_batch``).
@@ -150,6 +152,8 @@ class MicroBatchRunner:
         results: list[BatchResult] = []
         while (max_batches is None or len(results) < max_batches) and not self._interrupted:
             if max_seconds is not None and self.clock.now_ms() - started >= max_seconds * 1000:
+                break
+            if should_stop is not None and should_stop():
                 break
             result = self.run_batch(retry=retry and not results)
             if result is None:

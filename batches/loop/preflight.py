@@ -11,6 +11,9 @@ freely until the first batch commits, ``lowmark.batches.loop.start_over``).
 
 What is checked, where it can be known without Spark:
 
+- before ``lowmark run`` opens or creates the checkpoint (``check_source_folders``): a
+  file source's folder (a union's too) exists, when it is a local path (a typo would
+  otherwise read as a folder with no new files, forever);
 - the input matches ``format``: a JSON source whose files do not start with a
   JSON object, a CSV source of JSON lines, a Parquet source of text (every
   record would be a bad record);
@@ -67,6 +70,7 @@ from lowmark.batches.pipeline import (
     Pipeline,
     PostgresSink,
     SinkKind,
+    UnionSource,
     resolve,
 )
 from lowmark.batches.sinks.kafka_topic import KafkaTopic
@@ -110,6 +114,33 @@ class SourceColumns:
         """The type of column ``name`` (matched without case, as Spark does), or None."""
         found = {n.lower(): t for n, t in self.types.items()}
         return found.get(name.lower())
+
+
+def check_source_folders(pipeline: Pipeline, data_root: Path) -> None:
+    """Raise ``DefinitionMismatch`` when a file source of ``pipeline`` (the source, or a
+    member of its union) names a local folder that does not exist.
+
+    Only local paths are checked (a plain path or a ``file:`` URL): an
+    object-store path (``s3a://bucket/in``) passes, as a prefix there exists
+    once a file lands under it. A folder that exists but is empty passes: there
+    is nothing to do yet.
+    """
+    config = pipeline.source
+    members = config.sources if isinstance(config, UnionSource) else {"": config}
+    for member, source in members.items():
+        if not isinstance(source, FileSource):
+            continue
+        local = local_path(resolve(source.path, data_root))
+        if local is None or os.path.isdir(local):
+            continue
+        of = f"source {member}" if member else "the file source"
+        key = f"source.sources.{member}.path" if member else "source.path"
+        what = "is a file" if os.path.exists(local) else "does not exist"
+        raise DefinitionMismatch(
+            f"folder {local} of {of} of pipeline {pipeline.name} {what}: create the folder, or "
+            f"correct `{key}` ({source.path!r}; a relative path is under the data root "
+            f"{data_root})"
+        )
 
 
 def check_definition(

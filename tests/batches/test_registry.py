@@ -84,11 +84,6 @@ def test_a_python_file_contributes_its_module_level_pipelines(tmp_path: Path) ->
             "    transform: no.such.module:f\n",
             r"pipelines\[0\]\.transform",
         ),
-        (
-            "pipelines:\n  - name: x\n    source: {path: i, format: csv}\n    sink: {path: o}\n"
-            "    sinc: {}\n",
-            r"pipelines\[0\]\.sinc: Extra inputs are not permitted",
-        ),
         ("pipeline: []\n", "expected a top-level `pipelines:` list"),
         ("pipelines: [\n", "is not valid YAML"),
     ],
@@ -99,6 +94,58 @@ def test_bad_yaml_names_the_field_and_the_problem(tmp_path: Path, body: str, mes
     with pytest.raises(PipelineConfigInvalid, match=message) as info:
         load_pipelines(str(path))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "message"),
+    [
+        (
+            "name: clicks\n  sourc: {path: i, format: csv}\n  sink: {path: o}\n",
+            "unknown key `sourc` in pipeline clicks (did you mean `source`?)",
+        ),
+        (
+            "name: clicks\n  source: {pth: i, format: csv}\n  sink: {path: o}\n",
+            "unknown key `source.pth` in pipeline clicks (did you mean `path`?)",
+        ),
+        (
+            "name: clicks\n  source: {kind: union, sources: {a: {path: i, format: csv, "
+            "max_file_per_batch: 2}, b: {path: j, format: csv}}}\n  sink: {path: o}\n",
+            "unknown key `source.sources.a.max_file_per_batch` in pipeline clicks (did you mean "
+            "`max_files_per_batch`?)",
+        ),
+        (
+            "source: {path: i, format: csv}\n  sink: {path: o}\n  event_time: {column: ts, "
+            "max_out_of_ordernes: 5s}\n  name: late\n",
+            "unknown key `event_time.max_out_of_ordernes` in pipeline late (did you mean "
+            "`max_out_of_orderness`?)",
+        ),
+        (
+            "sink: {path: o}\n  source: {path: i, format: csv}\n  zzz: 1\n",
+            "unknown key `zzz` in pipeline pipelines[0]: remove it (the keys there: aggregation,",
+        ),
+    ],
+)
+def test_a_mistyped_key_is_named_first_with_the_key_it_was_likely_meant_to_be(
+    tmp_path: Path, pipeline: str, message: str
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(f"pipelines:\n- {pipeline}")
+    with pytest.raises(PipelineConfigInvalid) as info:
+        load_pipelines(str(path))
+    assert str(info.value).startswith(f"{path}: {message}"), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_mistyped_keyword_in_a_python_file_names_the_model_and_the_key(tmp_path: Path) -> None:
+    module = tmp_path / "mine.py"
+    module.write_text(
+        "from lowmark.batches.pipeline import Pipeline, FileSource, DeltaSink\n"
+        "a = Pipeline(name='a', source=FileSource(pth='i', format='csv'), "
+        "sink=DeltaSink(path='o'))\n"
+    )
+    with pytest.raises(PipelineConfigInvalid) as info:
+        load_pipelines(str(module))
+    assert str(info.value) == f"{module}: unknown key `pth` in FileSource (did you mean `path`?)"
 
 
 def test_an_unknown_pipeline_lists_the_known_ones() -> None:

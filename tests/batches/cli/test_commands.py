@@ -367,6 +367,7 @@ def test_a_run_with_nothing_to_do_starts_no_spark_and_one_with_input_says_why_it
     env = os.environ | {"LOWMARK_JARS_DIR": str(no_jars)}
     args = [LOWMARK, "run", "orders", "--until-caught-up"]
 
+    (tmp_path / "data" / INCOMING).mkdir(parents=True)  # there, but empty
     idle = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert (idle.returncode, idle.stdout) == (0, "orders: caught up, no new data\n"), idle.stderr
 

@@ -1,6 +1,7 @@
 """A failing batch's first contact: `lowmark run` as a real process prints one short
 paragraph naming the batch, its input and the fix; the details are in the log file, and
-`--verbose` prints them. Ctrl-C twice is as short, and loses nothing."""
+`--verbose` prints them. One Ctrl-C lets the batch commit and says so; twice is as short, and
+loses nothing."""
 
 from __future__ import annotations
 
@@ -123,6 +124,30 @@ def _wait_for_batch_0(root: Path, process: subprocess.Popen[str]) -> None:
             return
         time.sleep(0.5)
     raise AssertionError("batch 0 never started")
+
+
+def test_one_ctrl_c_lets_the_batch_in_progress_commit_and_says_so(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = _root(tmp_path, [{"id": i, "ts": "x"} for i in range(4)])
+    process = subprocess.Popen(
+        [*_args(root), "run", "slow", "--until-caught-up"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=lowmark_env(),
+    )
+    _wait_for_batch_0(root, process)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[:5000]
+    assert stderr.strip() == (
+        "stopping after batch 0 commits (Ctrl-C again to cancel it; it is replayed on the next run)"
+    )
+    said = stdout.splitlines()
+    assert said[0].startswith("batch 0 committed: 4 rows in, 4 out"), stdout
+    assert said[1:] == ["slow: stopped by SIGINT after 1 batch"], stdout
+    assert sink_ids(spark, root) == list(range(4))
 
 
 @pytest.mark.integration

@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -25,6 +26,8 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.registry import load_pipelines
 from lowmark.state import catalog
+from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.keyed_state import BUCKET, SLOT, SLOT_MIN_MS, STATE, TIMER_INDEX
 from tests.helpers import delta_frame, json_lines_sink, lowmark
 
 PIPELINES = """
@@ -162,6 +165,48 @@ def test_show_reads_the_checkpoint_tables_newest_batch_first(
     cells = dict(zip(header.split(), first.split(), strict=True))
     moment = datetime.fromtimestamp(newest["watermark_ms"] / 1000, UTC)
     assert datetime.fromisoformat(cells["watermark_ms"]) == moment
+
+
+def keyed_checkpoint(root: Path, timer_ms: int) -> Path:
+    """The demo's ``orders`` checkpoint under ``root``, with keyed state and one timer at
+    ``timer_ms`` (as a keyed step writes them; no Spark)."""
+    location = orders.checkpoint_location(root)
+    Checkpoint(location, orders.name)
+    timer = {"timer_ms": timer_ms, "key": '["u1"]', BUCKET: 0, "pending": True, "batch_id": 0}
+    rows = pa.Table.from_pylist([timer | {SLOT: timer_ms // SLOT_MIN_MS}], TIMER_INDEX)
+    write_deltalake(f"{location}/keyed_timers", rows)
+    state = {"key": '["u1"]', "state": "s", "value": "1", "expires_ms": timer_ms}
+    rows = pa.Table.from_pylist([state | {"batch_id": 0, BUCKET: 0}], STATE)
+    write_deltalake(f"{location}/keyed_state", rows)
+    return Path(location)
+
+
+def test_show_reads_a_keyed_steps_timers_and_expiries_as_times_and_json_keeps_numbers(
+    capsys: pytest.CaptureFixture[str], data_root: Path
+) -> None:
+    at = int(datetime(2026, 11, 28, 9, 30, 15, tzinfo=UTC).timestamp() * 1000)
+    keyed_checkpoint(data_root, at)
+    for table, column in (("keyed_timers", "timer_ms"), ("keyed_state", "expires_ms")):
+        code, out, _ = lowmark(capsys, data_root, "show", "orders", table)
+        assert code == 0
+        header, row = out.splitlines()
+        cells = dict(zip(header.split(), row.split(), strict=True))
+        assert cells[column] == "2026-11-28T09:30:15Z", out
+        _, out, _ = lowmark(capsys, data_root, "show", "orders", table, "--json")
+        assert json_lines(out)[0][column] == at
+
+
+def test_every_epoch_millisecond_column_of_the_checkpoint_reads_as_a_time(tmp_path: Path) -> None:
+    location = keyed_checkpoint(tmp_path, 0)
+    milliseconds = {
+        field.name
+        for kind in tables.TABLES.values()
+        if kind.folder is not None and (location / kind.folder).exists()
+        for field in DeltaTable(str(location / kind.folder)).schema().fields
+        if field.name.endswith("_ms") and getattr(field.type, "type", None) == "long"
+    }
+    durations = {"lag_ms"}
+    assert milliseconds - durations == milliseconds & tables.EPOCH_MS_COLUMNS
 
 
 def test_sql_joins_tables_of_two_pipelines_as_spark_does(

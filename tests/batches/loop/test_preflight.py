@@ -22,11 +22,11 @@ from pyspark.sql import SparkSession
 from lowmark.batches.admin.status import pipeline_plan
 from lowmark.batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.loop.preflight import ddl_types
-from lowmark.batches.pipeline import DeltaSink, DeltaSource, FileSource, Pipeline
+from lowmark.batches.loop.preflight import check_source_folders, ddl_types
+from lowmark.batches.pipeline import DeltaSink, DeltaSource, FileSource, Pipeline, UnionSource
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from lowmark.state.checkpoint import Checkpoint
-from tests.helpers import double_amount, pipeline, write_json_lines
+from tests.helpers import double_amount, lowmark, pipeline, write_json_lines
 
 ROWS = [{"id": 1, "ts": "2026-01-01T00:00:00Z", "amount": 3}]
 
@@ -54,6 +54,46 @@ def json_source(**fields: Any) -> FileSource:
 
 def with_event_time(column: str, source: FileSource, **fields: Any) -> Pipeline:
     return pipeline(source=source, event_time=EventTime(column=column), **fields)
+
+
+def test_run_on_a_source_folder_that_does_not_exist_fails_in_one_line_and_creates_no_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    root = tmp_path / "data"
+    definitions = tmp_path / "p.yaml"
+    definitions.write_text(
+        "pipelines:\n- name: clicks\n  source: {path: incomin, format: json}\n  sink: {path: out}\n"
+    )
+    code, out, err = lowmark(capsys, root, "--pipelines", str(definitions), "run", "clicks")
+    assert code == 2 and out == "", out
+    assert err.strip() == (
+        f"error: folder {root / 'incomin'} of the file source of pipeline clicks does not exist: "
+        "create the folder, or correct `source.path` ('incomin'; a relative path is under the "
+        f"data root {root})"
+    )
+    assert not Checkpoint.exists(str(root / "_lowmark/clicks"))
+    # There but empty: nothing to do yet, and said so.
+    (root / "incomin").mkdir()
+    code, out, _ = lowmark(capsys, root, "--pipelines", str(definitions), "run", "clicks")
+    assert code == 0 and out.strip() == "clicks: caught up, no new data"
+
+
+def test_a_union_names_its_member_whose_folder_is_missing(tmp_path: Path) -> None:
+    sources = {"a": DeltaSource(path="events"), "b": FileSource(path="bb", format="json")}
+    union = pipeline(source=UnionSource(sources=sources))
+    with pytest.raises(DefinitionMismatch) as caught:
+        check_source_folders(union, tmp_path)
+    assert f"folder {tmp_path / 'bb'} of source b of pipeline t does not exist" in str(caught.value)
+    assert "correct `source.sources.b.path` ('bb';" in str(caught.value)
+
+
+def test_only_local_source_folders_are_checked(tmp_path: Path) -> None:
+    for remote in ("s3a://bucket/incoming", "gs://bucket/incoming"):
+        check_source_folders(pipeline(source=FileSource(path=remote, format="json")), tmp_path)
+    with pytest.raises(DefinitionMismatch, match="does not exist"):
+        check_source_folders(
+            pipeline(source=FileSource(path=f"file:{tmp_path}/x", format="json")), tmp_path
+        )
 
 
 def test_json_format_on_csv_files_names_the_file_and_the_format(tmp_path: Path) -> None:
