@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from lowmark.batches.loop.faults import STEPS, KillPoint
+from lowmark.batches.loop.faults import KillPoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline
 from tests.faults.class_archive import ARCHIVE_ENV, make_archive
@@ -116,8 +116,9 @@ on each side of each kind of write between the batch's offsets and its commit (a
 offsets, nothing else written; after the state; after the sink; every write done but the
 commit. A kill after the read writes no more than one after the offsets, one after the
 late rows no less than one after the sink; those, and the kills before the offsets and
-after the commit, run in ``make test-integration``), the stateless pipeline after Spark's sink write landed
-uncommitted, and one step of deduplication (every write done, the commit not).
+after the commit, run in ``make test-integration``), the stateless pipeline after Spark's
+sink write landed uncommitted, and one step of deduplication (every write done, the
+commit not).
 (Sessions killed after their state write are replayed in ``make test`` too, with
 maintenance between: ``test_kill_then_compact``.) A keyed step's and the Postgres and
 Kafka sinks' SIGKILLs are all in ``make test-integration`` (each costs its own reference

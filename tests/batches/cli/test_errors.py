@@ -126,6 +126,7 @@ def _wait_for_batch_0(root: Path, process: subprocess.Popen[str]) -> None:
     raise AssertionError("batch 0 never started")
 
 
+@pytest.mark.integration
 def test_one_ctrl_c_lets_the_batch_in_progress_commit_and_says_so(
     spark: SparkSession, tmp_path: Path
 ) -> None:
