@@ -115,13 +115,21 @@ def test_a_string_event_time_column_prints_a_short_paragraph_not_a_log_line(
     assert '"logger": "DataFrameQueryContextLogger"' in log_file(root).read_text()
 
 
-def _wait_for_batch_0(root: Path, process: subprocess.Popen[str]) -> None:
-    """Until batch 0 of ``slow`` is in its offset log (its data work then starts)."""
+def _slow_run_in_batch_0(root: Path, *options: str) -> subprocess.Popen[str]:
+    """`lowmark run slow` (with ``options``) started, once batch 0 is in its offset log (its
+    data work then starts)."""
+    process = subprocess.Popen(
+        [*_args(root), "run", "slow", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=lowmark_env(),
+    )
     location = str(root / "_lowmark/slow")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and process.poll() is None:
         if Checkpoint.exists(location) and Checkpoint(location, "slow").offsets.get_latest():
-            return
+            return process
         time.sleep(0.5)
     raise AssertionError("batch 0 never started")
 
@@ -131,14 +139,7 @@ def test_one_ctrl_c_lets_the_batch_in_progress_commit_and_says_so(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     root = _root(tmp_path, [{"id": i, "ts": "x"} for i in range(4)])
-    process = subprocess.Popen(
-        [*_args(root), "run", "slow", "--until-caught-up"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=lowmark_env(),
-    )
-    _wait_for_batch_0(root, process)
+    process = _slow_run_in_batch_0(root, "--until-caught-up")
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[:5000]
@@ -156,14 +157,7 @@ def test_ctrl_c_twice_prints_one_line_and_the_next_run_loses_nothing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     root = _root(tmp_path, [{"id": i, "ts": "x"} for i in range(20)])
-    process = subprocess.Popen(
-        [*_args(root), "run", "slow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=lowmark_env(),
-    )
-    _wait_for_batch_0(root, process)
+    process = _slow_run_in_batch_0(root)
     time.sleep(3)  # into the batch's Spark job (ten seconds of records)
     process.send_signal(signal.SIGINT)
     time.sleep(1)
