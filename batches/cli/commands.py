@@ -739,9 +739,11 @@ def plan(
     printed as `error: ...` and the exit code is 2.
     """
     from lowmark.batches.admin.status import pipeline_plan
+    from lowmark.batches.loop.preflight import check_source_folders
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
+    check_source_folders(p, c.data_root)  # as `lowmark run` does: not "nothing to do"
     plan = pipeline_plan(c.spark, p, c.data_root, c.clock)
     if as_json:
         print_json(out, plan.to_json())

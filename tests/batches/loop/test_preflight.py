@@ -78,6 +78,20 @@ def test_run_on_a_source_folder_that_does_not_exist_fails_in_one_line_and_create
     assert code == 0 and out.strip() == "clicks: caught up, no new data"
 
 
+def test_plan_names_a_source_folder_that_does_not_exist_as_run_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    root = tmp_path / "data"
+    definitions = tmp_path / "p.yaml"
+    definitions.write_text(
+        "pipelines:\n- name: clicks\n  source: {path: incomin, format: json}\n  sink: {path: out}\n"
+    )
+    code, out, err = lowmark(capsys, root, "--pipelines", str(definitions), "plan", "clicks")
+    assert code == 2 and out == "", out
+    assert err.startswith(f"error: folder {root / 'incomin'} of the file source of pipeline")
+    assert not Checkpoint.exists(str(root / "_lowmark/clicks"))
+
+
 def test_a_union_names_its_member_whose_folder_is_missing(tmp_path: Path) -> None:
     sources = {"a": DeltaSource(path="events"), "b": FileSource(path="bb", format="json")}
     union = pipeline(source=UnionSource(sources=sources))
