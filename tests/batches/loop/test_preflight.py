@@ -56,15 +56,21 @@ def with_event_time(column: str, source: FileSource, **fields: Any) -> Pipeline:
     return pipeline(source=source, event_time=EventTime(column=column), **fields)
 
 
-def test_run_on_a_source_folder_that_does_not_exist_fails_in_one_line_and_creates_no_checkpoint(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    root = tmp_path / "data"
-    definitions = tmp_path / "p.yaml"
+def _mistyped_folder(folder: Path) -> Path:
+    """A definitions file whose pipeline ``clicks`` reads the folder ``incomin`` (a typo)."""
+    definitions = folder / "p.yaml"
     definitions.write_text(
         "pipelines:\n- name: clicks\n  source: {path: incomin, format: json}\n  sink: {path: out}\n"
     )
-    code, out, err = lowmark(capsys, root, "--pipelines", str(definitions), "run", "clicks")
+    return definitions
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_a_source_folder_that_does_not_exist_fails_in_one_line_and_creates_no_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    root, definitions = tmp_path / "data", _mistyped_folder(tmp_path)
+    code, out, err = lowmark(capsys, root, "--pipelines", str(definitions), command, "clicks")
     assert code == 2 and out == "", out
     assert err.strip() == (
         f"error: folder {root / 'incomin'} of the file source of pipeline clicks does not exist: "
@@ -76,20 +82,6 @@ def test_run_on_a_source_folder_that_does_not_exist_fails_in_one_line_and_create
     (root / "incomin").mkdir()
     code, out, _ = lowmark(capsys, root, "--pipelines", str(definitions), "run", "clicks")
     assert code == 0 and out.strip() == "clicks: caught up, no new data"
-
-
-def test_plan_names_a_source_folder_that_does_not_exist_as_run_does(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    root = tmp_path / "data"
-    definitions = tmp_path / "p.yaml"
-    definitions.write_text(
-        "pipelines:\n- name: clicks\n  source: {path: incomin, format: json}\n  sink: {path: out}\n"
-    )
-    code, out, err = lowmark(capsys, root, "--pipelines", str(definitions), "plan", "clicks")
-    assert code == 2 and out == "", out
-    assert err.startswith(f"error: folder {root / 'incomin'} of the file source of pipeline")
-    assert not Checkpoint.exists(str(root / "_lowmark/clicks"))
 
 
 def test_a_union_names_its_member_whose_folder_is_missing(tmp_path: Path) -> None:
