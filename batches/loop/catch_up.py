@@ -406,8 +406,8 @@ class ReadAhead:
         collected = looked.closed_under_ms
         if collected is None:
             return True
-        ends = looked.partials.column("window_end").cast(pa.int64())
-        was_collected = pc.less(ends, self.stage.final_limit_us(collected))
+        was_collected = self._closed(looked, collected)
+        assert was_collected is not None  # the partials are not empty
         return bool(pc.any(pc.and_(closed, pc.invert(was_collected))).as_py())
 
     def _split(self, looked: _Looked, watermark_ms: int | None) -> tuple[pa.Table, pa.Table]:
