@@ -37,13 +37,14 @@ is left for the next time, with a warning.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.keyed_state import Expiry, compact_latest
-from lowmark.state.state_table import state_tables
+from lowmark.state.state_table import StateTable
 from lowmark.state.table import DriverTable
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,11 @@ def maintain(
     batch_id: int,
     keep: KeptBatches,
     recorded: dict[str, int],
+    state: Sequence[StateTable],
     expiry: Expiry | None = None,
 ) -> int:
-    """Maintain every table of ``checkpoint`` after batch ``batch_id`` committed; tables
-    maintained.
+    """Maintain every table of ``checkpoint`` after batch ``batch_id`` committed, its
+    ``state`` tables among them; tables maintained.
 
     ``recorded`` are the table versions that commit recorded: each state table
     (``lowmark.state.state_table``) keeps its version readable (``DriverTable.maintain``)
@@ -89,8 +91,7 @@ def maintain(
         (checkpoint.bad_records, None, None),
         (checkpoint.late, None, None),
     ]
-    for state in state_tables(checkpoint.location, checkpoint.pipeline_id):
-        plan.append((state.table, None, recorded.get(state.role)))
+    plan.extend((table.table, None, recorded.get(table.role)) for table in state)
     maintained = 0
     for table, drop_where, keep_version in plan:
         try:

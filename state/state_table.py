@@ -21,14 +21,14 @@ driver with delta-rs, under one rule:
 - **Maintenance** keeps the version the last commit recorded readable
   (``lowmark.state.maintenance``), the one a pending replay reads.
 
-``STATE_TABLES`` lists them: the one registration maintenance, skip-batch
-and reset go through. A new stateful feature adds its table there and builds
-its ``StateTable`` handles in its own module.
+Each is declared by a ``TableSpec`` of the step that holds it, registered
+with its step in ``lowmark.batches.loop.steps.STEPS``: the one registration
+the batches, maintenance, skip-batch and reset go through.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -37,16 +37,6 @@ import pyarrow.compute as pc
 from lowmark.state.errors import CheckpointCorrupt
 from lowmark.state.storage import open_table
 from lowmark.state.table import DriverTable
-
-STATE_TABLES = {
-    "state_windows": ("state", None),
-    "dedup_ids": ("dedup", 0),
-    "keyed_state": ("keyed_state", 0),
-    "keyed_timers": ("keyed_timers", 0),
-    "join_state": ("join_state", 0),
-}
-"""Every state table of a checkpoint: its folder, its role (the name commit N records its
-version under, and the last part of its application transaction id) and its ``base``."""
 
 BATCH_COLUMNS = ("batch_id", "updated_batch")
 """Columns of state rows that hold the number of the batch that wrote them."""
@@ -59,11 +49,24 @@ CARRIED = "lowmark:reset"
 
 
 @dataclass(frozen=True)
+class TableSpec:
+    """A state table a step holds, as a checkpoint names it."""
+
+    folder: str
+    """Its folder in the checkpoint."""
+    role: str
+    """The name commit N records its version under, and the last part of its application
+    transaction id (``StateTable.role``)."""
+    base: int | None
+    """``StateTable.base``."""
+
+
+@dataclass(frozen=True)
 class StateTable:
     """One state table of a checkpoint under the contract above."""
 
     role: str
-    """Its name in ``CommitEntry.table_versions`` (a value of ``STATE_TABLES``)."""
+    """Its name in ``CommitEntry.table_versions`` (``TableSpec.role``)."""
     table: DriverTable
     app_id: str
     """The application transaction of its writes: ``<pipeline id>:<role>``."""
@@ -145,15 +148,14 @@ class StateTable:
         return copy.version()
 
 
-def state_tables(location: str, pipeline_id: str) -> list[StateTable]:
-    """The state tables the checkpoint at ``location`` (of ``pipeline_id``) holds, whatever
-    step wrote them: what maintenance and ``lowmark reset --after-sink`` go through."""
+def existing(location: str, pipeline_id: str, specs: Sequence[TableSpec]) -> list[StateTable]:
+    """The tables of ``specs`` the checkpoint at ``location`` (of ``pipeline_id``) holds."""
     found = []
-    for folder, (role, base) in STATE_TABLES.items():
-        path = f"{location.rstrip('/')}/{folder}"
-        table = DriverTable(path, None, f"{folder} table")
+    for spec in specs:
+        path = f"{location.rstrip('/')}/{spec.folder}"
+        table = DriverTable(path, None, f"{spec.folder} table")
         if table.exists():
-            found.append(StateTable(role, table, f"{pipeline_id}:{role}", base))
+            found.append(StateTable(spec.role, table, f"{pipeline_id}:{spec.role}", spec.base))
     return found
 
 

@@ -48,6 +48,7 @@ from lowmark.batches.errors import (
     SinkBehind,
     SinkHeldElsewhere,
 )
+from lowmark.batches.loop.steps import found_state_tables
 from lowmark.batches.pipeline import (
     PRIMARY_SINK,
     DeltaSink,
@@ -70,7 +71,7 @@ from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, LowmarkEr
 from lowmark.state.offset_log import OffsetEntry, OffsetLog, Offsets
 from lowmark.state.ownership import last_writer, writer_metadata
 from lowmark.state.session import SparkLike, own_session, provider
-from lowmark.state.state_table import CARRIED, state_tables
+from lowmark.state.state_table import CARRIED
 from lowmark.state.storage import delta_rs_options, is_table, open_table
 from lowmark.state.table import DriverTable
 from lowmark.state.watermarks import WatermarkTable
@@ -407,7 +408,7 @@ def _carry_over(
     copied into ``staging``, and the commit the new checkpoint starts from: the watermark,
     per-partition times and next timer that commit left (None: a pipeline with neither
     state nor event time, which starts from nothing)."""
-    tables = state_tables(old, pipeline_id)
+    tables = found_state_tables(old, pipeline_id)
     if not tables and pipeline.event_time is None:
         return None
     done = CommitLog(f"{old}/commits", CommitEntry, "").get(batch_id)

@@ -71,7 +71,7 @@ def set_aside(
     recorded = planned.previous.table_versions if planned.previous else {}
     restored = {
         state.role: state.restore(recorded, batch_id)
-        for state in parts.work.state_tables
+        for state in parts.work.steps.tables
         if state.landed(batch_id) or state.version_after() != state.recorded(recorded)
     }
     inputs = parts.source.inputs(planned.start, planned.end)
@@ -92,11 +92,7 @@ def set_aside(
         ckpt.bad_records.delete(f'"batch_id" = {batch_id}', batch_id)
     ckpt.bad_records.append_once(table, skipped, batch_id)
     previous = planned.previous
-    versions = {
-        state.role: version
-        for state in parts.work.state_tables
-        if (version := state.version_after()) is not None
-    }
+    versions = parts.work.steps.versions_after()
     # The partition times stay as the batch before left them: it saw no event time.
     times = (
         parts.planner.partition_times(previous)

@@ -21,24 +21,24 @@ from pyspark.sql import functions as F
 
 from lowmark.batches.collect import collect, empty_of, observed, shuffle_partitions, to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.event_time.dedup import DedupSeen, DedupStep, Judged
+from lowmark.batches.event_time.dedup import DedupSeen, Judged
 from lowmark.batches.event_time.driver_merge import WindowChanges
-from lowmark.batches.event_time.interval_join import IntervalJoin, Joined
+from lowmark.batches.event_time.interval_join import Joined
 from lowmark.batches.event_time.stage import (
     BatchFrames,
     ObservedRecords,
-    WindowedStage,
     late_table,
     observe_records,
     partition_max_event_ms,
 )
 from lowmark.batches.expectations import DROPPED, Checks
-from lowmark.batches.keyed.step import KeyedSeen, KeyedStep, Processed
+from lowmark.batches.keyed.step import KeyedSeen, Processed
 from lowmark.batches.loop.catch_up import Seen, row_by_row
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.one_job import guarded, in_one_job, stopped_by_guard
 from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.loop.post_aggregation import post_aggregated
+from lowmark.batches.loop.steps import DEDUP, KEYED, STREAM_JOIN, WINDOWS, Steps
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import Sink, WindowedSink
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
@@ -90,31 +90,24 @@ class BatchWork:
         pipeline: Pipeline,
         checkpoint: Checkpoint,
         source: Source,
-        stage: WindowedStage | None,
         sink: Sink | WindowedSink,
-        dedup: DedupStep | None = None,
-        keyed: KeyedStep | None = None,
+        steps: Steps,
         dimensions: Dimensions | None = None,
-        join: IntervalJoin | None = None,
     ) -> None:
         self._spark = spark
         self.pipeline = pipeline
         self.checkpoint = checkpoint
         self.source = source
-        self.stage = stage
         self.sink = sink
-        self.dedup = dedup
-        self.keyed = keyed
+        self.steps = steps
+        """Its stateful steps (``lowmark.batches.loop.steps``); the data path below takes
+        each kind's in turn."""
+        self.stage = steps.of(WINDOWS)
+        self.dedup = steps.of(DEDUP)
+        self.keyed = steps.of(KEYED)
+        self.join = steps.of(STREAM_JOIN)
         self.dimensions = dimensions
-        self.join = join
         self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
-        self.state_tables: tuple[StateTable, ...] = (
-            *((stage.state.contract,) if stage is not None else ()),
-            *((dedup.seen_ids.contract,) if dedup is not None else ()),
-            *(keyed.tables.contracts.values() if keyed is not None else ()),
-            *((join.state.contract,) if join is not None else ()),
-        )
-        """Every state table the batches write (``lowmark.state.state_table``)."""
 
     def in_one_job(self, planned: PlannedBatch) -> bool:
         """Whether ``planned`` runs one Spark job: its sink's write, which looks at the batch
@@ -261,7 +254,7 @@ class BatchWork:
         ]
         if any(table.landed(app_id, batch_id) for table, app_id in written):
             return True
-        if any(state.landed(batch_id) for state in self.state_tables):
+        if any(state.landed(batch_id) for state in self.steps.tables):
             return True
         return self.sink.landed(batch_id) is not False  # a sink that cannot tell may have
 

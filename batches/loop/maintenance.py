@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lowmark.batches.pipeline import Maintenance, Pipeline
+from lowmark.batches.loop.steps import found_state_tables
+from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Range, Source
 from lowmark.state.checkpoint import Checkpoint
-from lowmark.state.keyed_state import Expiry
 from lowmark.state.maintenance import KeptBatches, maintain
 from lowmark.state.session import SparkLike
 
@@ -44,12 +44,8 @@ def maintain_checkpoint(spark: SparkLike, pipeline: Pipeline, data_root: Path) -
     offsets = ckpt.offsets.get(done.batch_id)
     assert offsets is not None, "a committed batch always has its offsets"
     batch = Range(done.batch_id, offsets.start_offsets, offsets.end_offsets)
-    expiry = (
-        pipeline.keyed.expiry(offsets.created_ms, done.next_watermark_ms)
-        if pipeline.keyed is not None
-        else None
-    )
-    tables = maintain_after(ckpt, source, batch, maintenance, done.table_versions, expiry)
+    ran = (offsets.created_ms, done.next_watermark_ms)
+    tables = maintain_after(ckpt, source, batch, pipeline, done.table_versions, ran)
     return Maintained(tables, max(0, done.batch_id - maintenance.log_batches + 1), done.batch_id)
 
 
@@ -57,15 +53,18 @@ def maintain_after(
     checkpoint: Checkpoint,
     source: Source,
     committed: Range,
-    maintenance: Maintenance,
+    pipeline: Pipeline,
     recorded: dict[str, int],
-    expiry: Expiry | None,
+    ran: tuple[int, int | None],
 ) -> int:
-    """Maintain ``checkpoint`` after batch ``committed`` as ``maintenance`` sets: the
-    source's bookkeeping first (``Source.retire``), then every table, keeping each state
-    table at the version ``committed``'s commit recorded (``recorded``) and dropping the
-    keyed states ``expiry`` (the committed batch's processing time and the watermark it
-    left) has expired; tables maintained."""
+    """Maintain ``pipeline``'s ``checkpoint`` after batch ``committed`` as its
+    ``maintenance`` sets: the source's bookkeeping first (``Source.retire``), then every
+    table, keeping each state table at the version ``committed``'s commit recorded
+    (``recorded``) and dropping the keyed states expired as of ``ran`` (the committed
+    batch's processing time and the watermark it left); tables maintained."""
+    maintenance, keyed = pipeline.maintenance, pipeline.keyed
+    expiry = keyed.expiry(*ran) if keyed is not None else None
     source.retire(committed.end, committed.batch_id)
     keep = KeptBatches(maintenance.log_batches, maintenance.progress_batches)
-    return maintain(checkpoint, committed.batch_id, keep, recorded, expiry)
+    state = found_state_tables(checkpoint.location, checkpoint.pipeline_id)
+    return maintain(checkpoint, committed.batch_id, keep, recorded, state, expiry)

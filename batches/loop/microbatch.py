@@ -233,7 +233,7 @@ class MicroBatchRunner:
                 read as of commit N-1 on the driver (one Spark job over local data).
         Step 6. Writes, each idempotent per batch: bad records (rows that did not parse,
                 and those expectations dropped), every state table
-                (``lowmark.state.state_table``; ``Outcome.write_state``), sink, late.
+                (``lowmark.state.state_table``; ``Steps.write``), sink, late.
         Step 7. Commit log (with the next watermark), after the per-partition times.
         Step 8. Source commit (upstream may discard), maintenance every
                 ``maintenance.every_batches`` batches, then the progress row.
@@ -318,12 +318,8 @@ class MicroBatchRunner:
         bad = outcome.bad(batch_id)
         if bad is not None:
             ckpt.bad_records.append_once(bad, ckpt.txn_app_id("bad_records"), batch_id)
-        next_timer_ms = outcome.write_state(work, planned)
-        versions = {
-            state.role: version
-            for state in work.state_tables
-            if (version := state.version_after()) is not None
-        }
+        next_timer_ms = work.steps.write(outcome, planned)
+        versions = work.steps.versions_after()
         timer.lap("state")
         faults.reached("after_state", batch_id)
         sink_version = outcome.write_sink(work, batch_id)
@@ -365,9 +361,8 @@ class MicroBatchRunner:
         timer.lap("source_commit")
         maintenance = self.pipeline.maintenance
         if (batch_id + 1) % maintenance.every_batches == 0:
-            declared = self.pipeline.keyed
-            expiry = declared.expiry(planned.planned_at_ms, next_watermark) if declared else None
-            maintain_after(ckpt, parts.source, planned.range, maintenance, versions, expiry)
+            ran = (planned.planned_at_ms, next_watermark)
+            maintain_after(ckpt, parts.source, planned.range, self.pipeline, versions, ran)
             timer.lap("maintenance")
         return self._progress(planned, counts, next_watermark, timer.durations)
 

@@ -119,26 +119,6 @@ class Outcome:
             rows_emitted=seen.emitted or 0,
         )
 
-    def write_state(self, work: BatchWork, planned: PlannedBatch) -> int | None:
-        """Step 6's state writes, each idempotent per batch (``lowmark.state.state_table``):
-        the window changes, the ids deduplication let through, the keyed step's state and
-        timers, the join's held rows. Returns the keyed step's next pending timer (None:
-        none, or no keyed step)."""
-        batch_id, seen, next_timer_ms = planned.batch_id, self.seen, None
-        if work.stage is not None and self.changes is not None:
-            work.stage.state.apply(self.changes.upserts, self.changes.deletes, batch_id)
-        if work.dedup is not None and seen.judged is not None:
-            if seen.judged.id_files:
-                work.dedup.seen_ids.commit(seen.judged.id_files, batch_id)
-            work.dedup.seen_ids.purge(planned.watermark_ms, batch_id)
-        if work.keyed is not None and seen.keyed is not None:
-            ran_at = work.keyed.ran_at(planned.watermark_ms, planned.planned_at_ms)
-            work.keyed.tables.write(seen.keyed.files, batch_id, ran_at)
-            next_timer_ms = work.keyed.tables.next_pending(ran_at)
-        if work.join is not None and self.joined is not None:
-            work.join.state.write(self.joined.state, batch_id, self.joined.evict_below)
-        return next_timer_ms
-
     def write_sink(self, work: BatchWork, batch_id: int) -> int | None:
         """Step 6's sink write (idempotent per batch), unless step 4's job made it; the
         sink's version after it (None: a sink without versions)."""

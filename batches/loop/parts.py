@@ -18,21 +18,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lowmark.batches.clock import Clock, SystemClock
-from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.event_time.stage import WindowedStage, window_state
+from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.plan import Planner
+from lowmark.batches.loop.steps import WINDOWS, Steps
 from lowmark.batches.sources import build_source
 from lowmark.state import catalog
 from lowmark.state.checkpoint import Checkpoint
 
-# The parts only batches run with (the Spark work, the sinks, the keyed, dedup and join
-# steps) are imported by what builds them: a read-only question (``lowmark status``,
-# ``plan``) needs the planner alone and must not import PySpark (docs/cli.md, "Fast commands").
+# The parts only batches run with (the Spark work, the sinks) are imported by what builds
+# them: a read-only question (``lowmark status``, ``plan``) needs the planner alone and must
+# not import PySpark (docs/cli.md, "Fast commands").
 if TYPE_CHECKING:
-    from lowmark.batches.event_time.dedup import DedupStep
-    from lowmark.batches.event_time.interval_join import IntervalJoin
-    from lowmark.batches.keyed.step import KeyedStep
     from lowmark.batches.loop.batch_work import BatchWork
     from lowmark.batches.loop.catch_up import ReadAhead
     from lowmark.batches.pipeline import Pipeline
@@ -100,35 +97,21 @@ def _parts(
 
     session = provider(spark)
     source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
-    stage = _stage(pipeline, checkpoint)
+    steps = Steps.build(pipeline, checkpoint, source)
+    stage = steps.of(WINDOWS)
     app_id = checkpoint.txn_app_id("sink")
     staged = partial(faults.reached, "before_sink_commit")
     sink = build_sink(spark, pipeline, data_root, app_id, staged)
     dimensions = Dimensions(pipeline, data_root)
-    work = BatchWork(
-        session,
-        pipeline,
-        checkpoint,
-        source,
-        stage,
-        sink,
-        _dedup(pipeline, checkpoint),
-        _keyed(pipeline, checkpoint),
-        dimensions,
-        _join(pipeline, checkpoint, source),
-    )
-    # A deduplicating batch judges its records against what the batches before it let
-    # through, a keyed step runs on the state the batches before it left, and a joining
-    # batch joins the dimensions' versions it is planned with: none is looked at ahead.
-    # (Nor is a stream-stream join's, which has no windows.)
+    work = BatchWork(session, pipeline, checkpoint, source, sink, steps, dimensions)
+    # A batch of a step that reads what the batches before it wrote (``StepKind.looks_ahead``)
+    # and a joining batch, which joins the dimensions' versions it is planned with, are not
+    # looked at ahead.
     read_ahead = (
         ReadAhead(
             session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
         )
-        if stage is not None
-        and pipeline.dedup is None
-        and pipeline.keyed is None
-        and not pipeline.joins
+        if stage is not None and steps.look_ahead and not pipeline.joins
         else None
     )
     planner = Planner(pipeline, checkpoint, source, stage, clock, dimensions)
@@ -148,74 +131,5 @@ def read_only_planner(
         return Planner(pipeline, location, source, None, clock, dimensions)
     checkpoint = Checkpoint(location, pipeline.name)
     source = build_source(spark, pipeline, data_root, checkpoint, clock)
-    stage = _stage(pipeline, checkpoint)
+    stage = WINDOWS.build(pipeline, checkpoint)
     return Planner(pipeline, checkpoint, source, stage, clock, dimensions)
-
-
-def _stage(pipeline: Pipeline, checkpoint: Checkpoint) -> WindowedStage | None:
-    """The event-time stage of a windowed pipeline, its state in ``checkpoint``. Behind a
-    keyed step it windows the step's output rows, by their event-time column
-    (``Keyed.output_event_time``)."""
-    event_time = pipeline.event_time
-    if pipeline.aggregation is None or event_time is None:
-        return None
-    if pipeline.keyed is not None and pipeline.keyed.output_event_time is not None:
-        event_time = event_time.model_copy(update={"column": pipeline.keyed.output_event_time})
-    return WindowedStage(
-        event_time, pipeline.aggregation, window_state(checkpoint, pipeline.aggregation)
-    )
-
-
-def _dedup(pipeline: Pipeline, checkpoint: Checkpoint) -> DedupStep | None:
-    """The deduplication of a pipeline with ``dedup``, its seen ids in ``checkpoint``."""
-    from lowmark.batches.event_time.dedup import DedupStep
-    from lowmark.state.seen_ids import SeenIds
-
-    if pipeline.dedup is None or pipeline.event_time is None:
-        return None
-    seen_ids = SeenIds(
-        checkpoint.table("dedup_ids"), checkpoint.txn_app_id("dedup"), pipeline.dedup.within * 1000
-    )
-    seen_ids.create()
-    return DedupStep(pipeline.dedup, pipeline.event_time.column, seen_ids)
-
-
-def _keyed(pipeline: Pipeline, checkpoint: Checkpoint) -> KeyedStep | None:
-    """The keyed step of a pipeline with ``keyed``, its state and timers in ``checkpoint``."""
-    from lowmark.batches.keyed.step import KeyedStep
-    from lowmark.state.keyed_state import KeyedTables
-
-    if pipeline.keyed is None or pipeline.event_time is None:
-        return None
-    tables = KeyedTables(
-        checkpoint.table("keyed_state"),
-        checkpoint.table("keyed_timers"),
-        checkpoint.pipeline_id,
-        slot_ms=pipeline.event_time.max_out_of_orderness,
-    )
-    tables.create()
-    return KeyedStep(pipeline.keyed, pipeline.event_time.column, tables)
-
-
-def _join(pipeline: Pipeline, checkpoint: Checkpoint, source: Source) -> IntervalJoin | None:
-    """The stream-stream join of a pipeline with ``stream_join``, its held rows in
-    ``checkpoint`` (partitioned by event time in steps of the out-of-orderness)."""
-    from lowmark.batches.event_time.interval_join import IntervalJoin
-    from lowmark.batches.sources.union import UnionStreamSource
-    from lowmark.state.join_state import TABLE as JOIN_TABLE
-    from lowmark.state.join_state import JoinState
-
-    if pipeline.stream_join is None or pipeline.event_time is None:
-        return None
-    if not isinstance(source, UnionStreamSource):
-        raise PipelineConfigInvalid(
-            f"pipeline {pipeline.name} joins two sources of a union, but runs with a "
-            f"{type(source).__name__}: give it the union's sources"
-        )
-    state = JoinState(
-        checkpoint.table(JOIN_TABLE),
-        checkpoint.txn_app_id(JOIN_TABLE),
-        slot_ms=pipeline.event_time.max_out_of_orderness,
-    )
-    state.create()
-    return IntervalJoin(pipeline.stream_join, pipeline.event_time, source, state)

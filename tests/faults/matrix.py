@@ -54,6 +54,7 @@ from lowmark.batches.loop.backfill import backfill_partition
 from lowmark.batches.loop.faults import STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.maintenance import maintain_checkpoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.loop.steps import STATE_TABLES as REGISTERED_STATE_TABLES
 from lowmark.batches.pipeline import DeltaSink, KafkaSink, Pipeline, PostgresSink, resolve
 from lowmark.state.errors import LowmarkError
 from lowmark.state.keyed_state import STATE_TABLE, TIMER_TABLE, latest
@@ -95,18 +96,11 @@ KILL_BATCH = 3
 """The batch every case is killed in: late and bad rows, and windows, ids, keyed state,
 timers and join rows held since earlier batches (``tests.faults.scenarios``' inputs)."""
 
-CONTRACT_TABLES = (
-    "late",
-    "bad_records",
-    "state_windows",
-    "dedup_ids",
-    "keyed_state",
-    "keyed_timers",
-    "join_state",
-)
+STATE_TABLES = tuple(spec.folder for spec in REGISTERED_STATE_TABLES)
+"""Every state table a stateful step registers (``lowmark.batches.loop.steps``)."""
+CONTRACT_TABLES = ("late", "bad_records", *STATE_TABLES)
 """The checkpoint tables a batch writes besides its offsets and commit: their live rows are
 compared (versions and history legitimately differ after an operator action)."""
-STATE_TABLES = CONTRACT_TABLES[2:]
 
 
 # Features.

@@ -48,7 +48,7 @@ def test_skip_batch_puts_every_state_table_back_as_the_batch_before_left_it(
     parts = build_parts(spark, pipeline, root, clock)
     before = parts.checkpoint.commits.get(SET_ASIDE - 1)
     assert before is not None
-    tables = parts.work.state_tables
+    tables = parts.work.steps.tables
     assert tables, f"{name} has state tables"
     changed = [t.role for t in tables if t.version_after() != t.recorded(before.table_versions)]
     assert changed, "the dead batch changed some state table"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lowmark.state.state_table import StateTable, state_tables
+from lowmark.batches.loop.steps import found_state_tables
+from lowmark.state.state_table import StateTable
 from lowmark.state.table import DriverTable
 
 ROWS = pa.schema(
@@ -65,7 +66,7 @@ def test_carried_rows_number_below_the_new_checkpoints_batches_in_their_order(
 
     version = state.carry_over({"join_state": state.table.version()}, 4, str(new))
 
-    [carried] = state_tables(str(new), "q")
+    [carried] = found_state_tables(str(new), "q")
     assert version == carried.table.version() and carried.role == "join_state"
     got = sorted(carried.table.read().to_pylist(), key=lambda r: r["row_id"])
     # Batch 4, the last carried, becomes -1: every batch of the new checkpoint is newer, and
