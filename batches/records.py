@@ -7,8 +7,11 @@ and keyed steps read them and build late records: this module sits below all of 
 
 from __future__ import annotations
 
-from pyspark.sql import Column
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
 
 PARTITION_COLUMN = "_lowmark_partition"
 """Every record a source returns names its source partition here (a string)."""
@@ -21,6 +24,8 @@ UNTIMED = "no event time: the event-time column is null"
 def late_struct(event_us: Column, reason: Column, payload: list[str]) -> Column:
     """A record's ``LATE_RECORD``: its event time (epoch µs), ``reason``, and its ``payload``
     columns as JSON."""
+    from pyspark.sql import functions as F
+
     return F.struct(
         event_us.alias("event_us"),
         reason.alias("reason"),

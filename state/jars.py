@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyspark
-
 from lowmark.state.errors import LowmarkError
 
 JVM_DIR = Path(__file__).resolve().parent.parent / "jvm"
@@ -123,6 +121,8 @@ def fetch(into: Path) -> None:
 
 def _drop_shipped_by_pyspark(folder: Path) -> None:
     """Remove each jar whose artifact pyspark ships (under any version)."""
+    import pyspark
+
     shipped = Path(pyspark.__file__).parent / "jars"
     for jar in folder.glob("*.jar"):
         artifact = _artifact(jar.name)

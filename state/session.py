@@ -16,13 +16,16 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
-from pyspark.sql import SparkSession
 
 from lowmark.state import jars
 from lowmark.state.errors import LowmarkError, first_line
 from lowmark.state.storage import S3Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 LOG4J_CONFIG = jars.JVM_DIR / "log4j2.properties"
 
@@ -103,7 +106,7 @@ class SparkNotStarted(LowmarkError):
     that asked (it is not counted against it, and the next run replays it)."""
 
 
-SparkLike = SparkSession | Callable[[], SparkSession]
+SparkLike: TypeAlias = "SparkSession | Callable[[], SparkSession]"
 """A session, or a function that returns one when first needed (it may start Spark)."""
 
 
@@ -135,6 +138,8 @@ class StartedOnUse:
         """How long starting Spark took (0: not started here, or a session was running)."""
 
     def __call__(self) -> SparkSession:
+        from pyspark.sql import SparkSession
+
         if self.session is None:
             fresh = SparkSession.getActiveSession() is None
             began = self._now_ms()
@@ -160,6 +165,8 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
     Later calls return the same session (Spark allows one per JVM); their
     settings are then ignored.
     """
+    from pyspark.sql import SparkSession
+
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -201,6 +208,8 @@ def jvm_confs(settings: SparkSettings) -> dict[str, str]:
 def _connect(settings: SparkSettings) -> SparkSession:
     """A Spark Connect session at ``settings.master``, with lowmark's session defaults and
     ``settings.confs``. The server was started with Delta (docs/deploy.md#spark-connect)."""
+    from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.remote(settings.master).appName(settings.app_name)
     for key, value in {**_SESSION_DEFAULTS, **settings.confs}.items():
         builder = builder.config(key, value)

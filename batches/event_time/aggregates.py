@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column
-from pyspark.sql import functions as F
 
 from lowmark.batches.windows import Aggregate, UserAggregate
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class AggregatePlan:
 def plan_aggregate(agg: Aggregate | UserAggregate, event_time: str) -> AggregatePlan:
     """How ``agg`` is kept, merged and finished; ``event_time`` is the event-time column
     (``first`` and ``last`` keep the time of their value)."""
+    from pyspark.sql import functions as F
+
     if isinstance(agg, UserAggregate):
         part = f"{agg.name}__partial"
         return AggregatePlan(
@@ -79,6 +83,8 @@ def _one_partial(
 ) -> tuple[Column, Column, Column]:
     """(partial over input rows, merge over partials, finish) of an aggregate kept in one
     state column ``part``."""
+    from pyspark.sql import functions as F
+
     match agg.fn:
         case "count":
             return F.count(col), F.sum(part), part
@@ -127,17 +133,23 @@ def _one_partial(
 def _extreme(smallest: bool, pick: Column, part: Column) -> tuple[Column, Column, Column]:
     """The value of the smallest (or largest) ``pick`` struct: kept as the struct, merged
     by min (max), finished as its ``value`` field."""
+    from pyspark.sql import functions as F
+
     extreme = F.min if smallest else F.max
     return extreme(pick), extreme(part), part.getField("value")
 
 
 def _union(part: Column) -> Column:
     """The distinct values of the ``part`` arrays of a group (an aggregate)."""
+    from pyspark.sql import functions as F
+
     return F.array_distinct(F.flatten(F.collect_list(part)))
 
 
 def _smallest(values: Column, agg: Aggregate) -> Column:
     """The ``max_items`` smallest of the array ``values``, sorted."""
+    from pyspark.sql import functions as F
+
     return F.slice(F.array_sort(values), 1, int(agg.max_items or 0))
 
 
@@ -149,6 +161,8 @@ def _count_distinct(agg: Aggregate, col: Column) -> AggregatePlan:
     more than ``max_items`` distinct values, so which of the two answers is given does
     not depend on the batching. The sketch counts a hash of each value (``xxhash64``), so
     any column type that has equality can be counted."""
+    from pyspark.sql import functions as F
+
     out, limit = agg.output, int(agg.max_items or 0)
     values, sketch = f"{out}__set", f"{out}__hll"
     distinct = F.collect_set(col)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import Window as SparkWindow
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from lowmark.batches.windows import Session
 from lowmark.state.window_state import ROWS, WINDOW_COLUMNS
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class SessionWindows:
 
         ``event_ms``: the column of ``accepted`` with the event time in epoch ms.
         """
+        from pyspark.sql import functions as F
+
         events = accepted.withColumn("_s", F.col(event_ms)).withColumn(
             "_e", F.col(event_ms) + F.lit(self.window.gap)
         )
@@ -73,6 +75,9 @@ class SessionWindows:
         batch). Returns (merged sessions, identities of stored sessions
         replaced by a merged one).
         """
+        from pyspark.sql import Window as SparkWindow
+        from pyspark.sql import functions as F
+
         if nearby is None:
             return partials, partials.select(*self.identity).limit(0)
         keys = partials.select(*self.keys).distinct()
@@ -104,6 +109,8 @@ class SessionWindows:
 
     def _as_windows(self, sessions: DataFrame) -> DataFrame:
         """Sessions with ``_s``/``_e`` (epoch ms) as state rows: identity, then partials."""
+        from pyspark.sql import functions as F
+
         return sessions.withColumn("window_start", F.timestamp_millis("_s")).select(
             *self.keys,
             "window_start",
@@ -115,6 +122,9 @@ class SessionWindows:
 
 def _islands(intervals: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     """Number the runs of overlapping ``[_s, _e)`` intervals per key as ``_island``."""
+    from pyspark.sql import Window as SparkWindow
+    from pyspark.sql import functions as F
+
     ordered = SparkWindow.partitionBy(*keys).orderBy("_s", "_e")
     reach = F.max("_e").over(ordered.rowsBetween(SparkWindow.unboundedPreceding, -1))
     starts = F.when(reach.isNull() | (F.col("_s") >= reach), 1).otherwise(0)
@@ -129,6 +139,8 @@ def null_safe_match(left: DataFrame, right: DataFrame, columns: tuple[str, ...])
     ``left`` and ``right`` must be the very frames joined: over Spark Connect a column is
     bound to its frame's plan, and one of a frame the join's side was derived from (a
     ``drop`` of it, say) does not resolve there."""
+    from pyspark.sql import functions as F
+
     cond = F.lit(True)
     for c in columns:
         cond = cond & left[c].eqNullSafe(right[c])

@@ -24,14 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, Observation
-from pyspark.sql import functions as F
 
-from lowmark.batches.collect import observed
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.aggregates import AggregatePlan, plan_aggregate
 from lowmark.batches.event_time.driver_merge import DriverMerge, WindowChanges
@@ -49,6 +47,9 @@ from lowmark.batches.windows import last_window_end_ms as last_end
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.table import UTC_MICROS
 from lowmark.state.window_state import ROWS, WINDOW_COLUMNS, WindowState
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Observation
 
 _ET_MS = "_lowmark_event_ms"
 CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"
@@ -112,6 +113,8 @@ class BatchFrames:
 
         A later batch's watermark is never below ``closed_under_ms`` (a watermark
         never goes back), so those records are late in whichever batch they are."""
+        from pyspark.sql import functions as F
+
         late = self.rejected_if
         if closed_under_ms is not None:
             late = late | self.stage.closed_under(closed_under_ms)
@@ -129,6 +132,8 @@ class BatchFrames:
     def stats(self) -> RecordStats | None:
         """Rows, late rows and max event time per partition, as the job over ``partials``
         observed them; None when Spark observed nothing (see ``collect.observed``)."""
+        from lowmark.batches.collect import observed
+
         metrics = observed(self.seen) if self.seen is not None else None
         if metrics is None:
             return None
@@ -240,6 +245,8 @@ def split_stats(groups: pa.Table, partitions: tuple[str, ...]) -> tuple[pa.Table
 def partition_max_event_ms(records: DataFrame, event_time: EventTime, now_ms: int) -> DataFrame:
     """Per source partition: rows and max event time (epoch ms) of the records that may
     move the watermark (none from beyond ``max_future``), as a lazy frame."""
+    from pyspark.sql import functions as F
+
     event_ms = _event_ms_of(records, event_time)
     return records.groupBy(PARTITION_COLUMN).agg(
         F.count(F.lit(1)).alias("rows"),
@@ -259,6 +266,8 @@ class ObservedRecords:
         """The records' count and, per source partition with a timed record, their max event
         time (as ``partition_max_event_ms`` gives them); None when Spark observed nothing
         (see ``collect.observed``)."""
+        from lowmark.batches.collect import observed
+
         metrics = observed(self.seen)
         if metrics is None:
             return None
@@ -272,6 +281,9 @@ def observe_records(
     """``records`` with an observation of their count and (with ``event_time``) each of
     ``partitions``' max event time, of the records that may move the watermark: what
     ``partition_max_event_ms`` computes, taken by whichever job reads them."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
     seen = Observation()
     metrics = [F.count(F.lit(1)).alias("rows")]
     if event_time is not None:
@@ -284,6 +296,8 @@ def observe_records(
 def _event_ms_of(records: DataFrame, event_time: EventTime) -> Column:
     """The event time of ``records`` in epoch ms; refused when the transform dropped the
     event-time column or the source partition."""
+    from pyspark.sql import functions as F
+
     column = event_time.column
     if PARTITION_COLUMN not in records.columns or column not in records.columns:
         raise PipelineConfigInvalid(
@@ -298,6 +312,8 @@ def _max_per_partition(
 ) -> list[Column]:
     """Aggregates ``max_ms_<i>``: the max ``event_ms`` of partition ``partitions[i]``'s
     records, leaving out those from the ``future``."""
+    from pyspark.sql import functions as F
+
     partition = F.col(PARTITION_COLUMN)
     return [
         F.max(F.when((partition == F.lit(p)) & ~future, event_ms)).alias(f"max_ms_{i}")
@@ -352,6 +368,9 @@ class WindowedStage:
         nothing is observed (the catch-up read-ahead computes the same counts
         in its aggregation, ``partials_with_stats``, at a fraction of the cost).
         """
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
         column = self.event_time.column
         missing = {column, PARTITION_COLUMN, *self.keys} - set(records.columns)
         if missing:
@@ -410,6 +429,9 @@ class WindowedStage:
         """True for a record (with ``_ET_MS``) whose every window is closed under
         ``watermark_ms`` (a number, or a column of one per record): ``last window_end +
         allowed_lateness <= watermark``."""
+        from pyspark.sql import Column
+        from pyspark.sql import functions as F
+
         last = self._last_end(F.col(_ET_MS))
         watermark = watermark_ms if isinstance(watermark_ms, Column) else F.lit(watermark_ms)
         return last + F.lit(self.event_time.allowed_lateness) <= watermark
@@ -452,6 +474,8 @@ class WindowedStage:
 
         One aggregation then gives what observing the records would (an observation
         costs a pass over every record per metric)."""
+        from pyspark.sql import functions as F
+
         assert not isinstance(self.window, Session), "sessions are not read ahead"
         partition = F.col(PARTITION_COLUMN)
         stats = [
@@ -517,6 +541,8 @@ class WindowedStage:
         ``nearby`` holds at least every stored window a partial can merge with;
         ``final`` every stored window the batch watermark makes final.
         """
+        from pyspark.sql import functions as F
+
         if isinstance(self.window, Session):
             merged, replaced = self._sessions.merge(partials, nearby)
         else:
@@ -543,6 +569,8 @@ class WindowedStage:
         No state, watermark or lateness: what a backfill writes for history
         that is complete. The windows and aggregates are the stream's own.
         """
+        from pyspark.sql import functions as F
+
         events = records.withColumn(_ET_MS, F.unix_millis(F.col(self.event_time.column)))
         if isinstance(self.window, Session):
             merged = self._sessions.of_batch(events, _ET_MS)
@@ -578,6 +606,8 @@ class WindowedStage:
 
         For a session window, the session the record alone would open.
         """
+        from pyspark.sql import functions as F
+
         if isinstance(self.window, Session):
             return event_ms + F.lit(self.window.gap)
         return last_end(self.window, event_ms)
@@ -592,6 +622,8 @@ class WindowedStage:
     ) -> DataFrame:
         """Tumbling/sliding: the batch's partials per (``by``, key, window), and the
         ``extra`` aggregates."""
+        from pyspark.sql import functions as F
+
         assigned = accepted.withColumn("_w", assign_windows(window, F.col(self.event_time.column)))
         if watermark_ms is not None:  # a sliding record may still feed its open windows only
             assigned = assigned.where(~self._final(F.col("_w.end"), watermark_ms))
@@ -623,6 +655,8 @@ class WindowedStage:
         return [expr.alias(name) for p in self.plans for name, expr in p.partials]
 
     def _merges(self) -> list[Column]:
+        from pyspark.sql import functions as F
+
         merged = [expr.alias(name) for p in self.plans for name, expr in p.merges]
         return [*merged, F.sum(ROWS).alias(ROWS)]
 
@@ -656,4 +690,6 @@ def timestamp_at(micros: int) -> Column:
     Built from a UTC-aware datetime, so neither the session nor the Python
     time zone (nor a DST fold) can shift it.
     """
+    from pyspark.sql import functions as F
+
     return F.lit(_EPOCH + timedelta(microseconds=micros))

@@ -11,17 +11,19 @@ batch planned after it; it does not start a batch by itself.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.pipeline import Pipeline, resolve
 from lowmark.batches.table_join import BROADCAST_MAX_BYTES, TableJoin
 from lowmark.state.errors import first_line
 from lowmark.state.storage import is_table, open_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 
 class Dimensions:
@@ -45,6 +47,8 @@ class Dimensions:
         """``records`` joined with each table, in order, as of ``versions`` (the batch's
         offset-log entry: ``newest`` when it was planned). Lazy: the columns are checked
         before any Spark job, each mistake raising ``PipelineConfigInvalid`` in one line."""
+        from pyspark.sql import functions as F
+
         for join in self.joins:
             assert versions is not None and join.table in versions, "planned without versions"
             version = versions[join.table]

@@ -24,7 +24,6 @@ from lowmark.batches.clock import Clock
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.event_time.watermarks import IngestionLags, PartitionTime, observe
-from lowmark.batches.keyed.state_schema import refusal
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.poison import blocked
 from lowmark.batches.pipeline import Pipeline, definition_changes
@@ -282,6 +281,8 @@ class Planner:
         (``state_schema.refusal``; a checkpoint from before state schemas were recorded
         reads under any); raise ``FingerprintMismatch`` otherwise, naming the state and
         field when only state schemas changed."""
+        from lowmark.batches.keyed.state_schema import refusal  # a keyed step's: PySpark types
+
         recorded = latest.pipeline_definition
         if recorded is None or _without_states(recorded) != _without_states(self.definition):
             raise self._changed(latest)

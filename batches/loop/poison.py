@@ -55,7 +55,6 @@ from collections.abc import Sequence
 from typing import Literal
 
 from confluent_kafka import KafkaException
-from pyspark.errors import AnalysisException
 
 from lowmark.batches.errors import (
     DefinitionInvalid,
@@ -161,6 +160,8 @@ def _retriable(exc: KafkaException) -> bool:
 def _analysis_condition(exc: Exception) -> str | None:
     """The first part of a Spark analysis error's condition (``UNRESOLVED_COLUMN`` of
     ``UNRESOLVED_COLUMN.WITH_SUGGESTION``); None for any other error."""
+    from pyspark.errors import AnalysisException
+
     if not isinstance(exc, AnalysisException):
         return None
     condition = exc.getCondition()

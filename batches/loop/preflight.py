@@ -48,11 +48,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from pyspark.sql.types import StructType
 
 from lowmark.batches.errors import (
     DefinitionMismatch,
@@ -77,10 +77,8 @@ from lowmark.batches.sinks.kafka_topic import KafkaTopic
 from lowmark.batches.sinks.owner import sink_not_a_table
 from lowmark.batches.sinks.postgres_db import PostgresTable
 from lowmark.batches.sources.base import Source
-from lowmark.batches.sources.delta_table import CHANGE_FIELDS
 from lowmark.batches.sources.files import FileStreamSource
 from lowmark.batches.sources.filesystem import local_path
-from lowmark.batches.sources.kafka import RAW_SCHEMA
 from lowmark.batches.windows import Aggregate
 
 SAMPLE_FILES = 3
@@ -186,7 +184,10 @@ def _source_columns(
         return _file_columns(pipeline.name, config, source, inputs, batch_id)
     if isinstance(config, KafkaSource):
         if config.schema_ddl is None:
-            return _spark_columns(RAW_SCHEMA, "Kafka's raw records (`value_format: raw`)")
+            from lowmark.batches.sources.kafka import RAW_SCHEMA  # a Spark schema
+
+            raw = RAW_SCHEMA.jsonValue()
+            return _spark_columns(raw, "Kafka's raw records (`value_format: raw`)")
         return SourceColumns(ddl_types(config.schema_ddl), "the source schema (`schema_ddl`)")
     if isinstance(config, DeltaSource):
         return _delta_source_columns(config, resolve(config.path, data_root))
@@ -202,8 +203,7 @@ def _file_columns(
     if config.schema_ddl:
         declared = SourceColumns(ddl_types(config.schema_ddl), "the source schema (`schema_ddl`)")
     elif (fixed := source.schema_store.get()) is not None:
-        schema = StructType.fromJson(json.loads(fixed))
-        declared = _spark_columns(schema, "the schema fixed for the checkpoint")
+        declared = _spark_columns(json.loads(fixed), "the schema fixed for the checkpoint")
     heads = _heads(inputs[:SAMPLE_FILES])
     _check_format(name, config.format, heads)
     sampled: SourceColumns | None = None
@@ -322,14 +322,44 @@ def _delta_source_columns(config: DeltaSource, table: str) -> SourceColumns | No
     local = local_path(table)
     if local is None or not os.path.isdir(os.path.join(local, "_delta_log")):
         return None
-    schema = StructType.fromJson(json.loads(DeltaTable(local).schema().to_json()))
+    schema = json.loads(DeltaTable(local).schema().to_json())
     if config.read == "changes":
-        schema = StructType([*schema.fields, *CHANGE_FIELDS])
+        from lowmark.batches.sources.delta_table import CHANGE_FIELDS  # Spark fields
+
+        schema["fields"] = [*schema["fields"], *(f.jsonValue() for f in CHANGE_FIELDS)]
     return _spark_columns(schema, f"the Delta table {local}")
 
 
-def _spark_columns(schema: StructType, where: str) -> SourceColumns:
-    return SourceColumns({f.name: f.dataType.simpleString() for f in schema.fields}, where)
+def _spark_columns(schema: dict[str, Any], where: str) -> SourceColumns:
+    """The columns of a Spark schema in its JSON form (``StructType.jsonValue``)."""
+    return SourceColumns({f["name"]: spark_type_name(f["type"]) for f in schema["fields"]}, where)
+
+
+_JSON_NAMES = {
+    "byte": "tinyint",
+    "short": "smallint",
+    "integer": "int",
+    "long": "bigint",
+    "decimal": "decimal(10,0)",
+}
+"""Spark types whose JSON name is not their SQL name."""
+
+
+def spark_type_name(data_type: str | dict[str, Any]) -> str:
+    """A Spark type in its JSON form as its SQL name (``DataType.simpleString``:
+    ``bigint``, ``array<string>``, ``struct<a:int>``), read without PySpark."""
+    if isinstance(data_type, str):
+        return _JSON_NAMES.get(data_type, data_type)
+    kind = data_type["type"]
+    if kind == "array":
+        return f"array<{spark_type_name(data_type['elementType'])}>"
+    if kind == "map":
+        key, value = data_type["keyType"], data_type["valueType"]
+        return f"map<{spark_type_name(key)},{spark_type_name(value)}>"
+    if kind == "struct":
+        fields = (f"{f['name']}:{spark_type_name(f['type'])}" for f in data_type["fields"])
+        return f"struct<{','.join(fields)}>"
+    return str(kind)
 
 
 def _arrow_type(data_type: pa.DataType) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lowmark.batches.pipeline import (
     PRIMARY_SINK,
@@ -17,13 +18,12 @@ from lowmark.batches.pipeline import (
     resolve,
 )
 from lowmark.batches.sinks.base import Sink, SinkFence, WindowedSink
-from lowmark.batches.sinks.custom import WindowsAsFrames, from_factory
-from lowmark.batches.sinks.delta import DeltaFence, DeltaTableSink, DeltaWindowSink
-from lowmark.batches.sinks.fan_out import FanOut, FanOutWindows
-from lowmark.batches.sinks.foreach_batch import ForeachBatch
-from lowmark.batches.sinks.kafka import KafkaFence, KafkaFrameSink
-from lowmark.batches.sinks.postgres import PostgresFence, PostgresFrameSink, PostgresWindowSink
-from lowmark.state.session import SparkLike
+
+# The sinks themselves (PySpark at their tops) are imported by what builds them: a module of
+# this package (``owner``, a fence's checks) must not cost a read-only command PySpark
+# (docs/cli.md, "Fast commands").
+if TYPE_CHECKING:
+    from lowmark.state.session import SparkLike
 
 __all__ = ["Sink", "SinkFence", "WindowedSink", "build_sink", "fences", "written_on_driver"]
 
@@ -58,6 +58,8 @@ def build_sink(
     ``foreach_batch`` function is called by one; a windowed or joining pipeline hands any
     of these its rows as DataFrames.
     """
+    from lowmark.batches.sinks.fan_out import FanOut, FanOutWindows
+
     windowed = written_on_driver(pipeline)
     built = {
         name: _built(
@@ -90,6 +92,10 @@ def fences(pipeline: Pipeline, data_root: Path, txn_app_id: str) -> dict[str, Si
     ``txn_app_id`` (each sink's own: ``sink_app_id``), to read what landed: no writer is
     built, no Spark is needed and no user code runs. A sink of the user's (``custom``,
     ``foreach_batch``) gets the plain ``SinkFence``, which cannot tell."""
+    from lowmark.batches.sinks.delta import DeltaFence
+    from lowmark.batches.sinks.kafka import KafkaFence
+    from lowmark.batches.sinks.postgres import PostgresFence
+
     found: dict[str, SinkFence] = {}
     for name, config in pipeline.sinks().items():
         app_id = sink_app_id(txn_app_id, name)
@@ -114,6 +120,12 @@ def _built(
     staged: Callable[[int], None],
 ) -> Sink | WindowedSink:
     """The runtime sink of one of ``pipeline``'s sinks, as written (``config``)."""
+    from lowmark.batches.sinks.custom import WindowsAsFrames, from_factory
+    from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+    from lowmark.batches.sinks.foreach_batch import ForeachBatch
+    from lowmark.batches.sinks.kafka import KafkaFrameSink
+    from lowmark.batches.sinks.postgres import PostgresFrameSink, PostgresWindowSink
+
     if isinstance(config, DeltaSink):
         path = resolve(config.path, data_root)
         if windowed:

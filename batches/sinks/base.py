@@ -5,12 +5,15 @@ answer the one protocol of a sink's fence (``SinkFence``)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
 
 from lowmark.batches.pipeline import Pipeline
 from lowmark.state.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 class SinkFence:

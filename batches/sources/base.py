@@ -12,10 +12,7 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
-
-from pyspark.sql import Column, DataFrame, Observation
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING, TypeAlias
 
 from lowmark.batches.errors import SourceReplaced
 
@@ -24,6 +21,9 @@ from lowmark.batches.records import BATCH_COLUMN
 from lowmark.batches.records import PARTITION_COLUMN as PARTITION_COLUMN
 from lowmark.state.errors import LowmarkError
 from lowmark.state.offset_log import Identity, Offsets
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Observation
 
 Clocks: TypeAlias = Mapping[str, int]
 """Per source partition, its watermark input in epoch millis (aligned admission): the lowest
@@ -152,6 +152,8 @@ def read_counts(tagged: bool, good: Column | None) -> list[Column]:
     ``untagged`` and, with ``good``, ``bad_from`` and ``bad_to``: the first and the last
     batch with bad rows (plain aggregates: a set of batches would cost a pass of its
     own)."""
+    from pyspark.sql import functions as F
+
     if tagged:
         batch = F.col(BATCH_COLUMN)
         untagged = F.count(F.when(batch.isNull(), 1)).alias("untagged")

@@ -26,14 +26,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
-
-from py4j.java_gateway import is_instance_of
-from pyspark import SparkContext
-from pyspark.sql import Column, Observation, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
-from pyspark.storagelevel import StorageLevel
+from typing import TYPE_CHECKING, Any
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import (
@@ -60,6 +53,10 @@ from lowmark.state.manifest import FileManifest, ManifestFile, numbered
 from lowmark.state.offset_log import Offsets
 from lowmark.state.session import SparkLike, provider
 from lowmark.state.source_schema import SourceSchema
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, SparkSession
+    from pyspark.sql.types import StructType
 
 PARTITION = "0"
 CORRUPT = "_corrupt_record"
@@ -321,6 +318,11 @@ class FileStreamSource(Source):
         tags: dict[str, int] | None = None,
     ) -> SourceRead:
         """``files`` parsed; with ``tags`` (path: batch id), records carry their batch."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StringType, StructField, StructType
+        from pyspark.storagelevel import StorageLevel
+
         paths = [f.path for f in files]
         schema = self._schema(paths)
         counts = Observation()
@@ -525,12 +527,16 @@ class FileStreamSource(Source):
 
     def _partition_of(self, file_path: Column) -> Column:
         """The source partition of a record from its file: the folder, or the one partition."""
+        from pyspark.sql import functions as F
+
         if not self.config.partition_by_folder:
             return F.lit(PARTITION)
         return F.element_at(F.split(file_path, "/"), -2)
 
     def _schema(self, paths: list[str]) -> StructType:
         """The configured schema, else the stored one, else inferred from ``paths`` and stored."""
+        from pyspark.sql.types import StructType
+
         if self._fixed_schema is None:
             if self.config.schema_ddl:
                 ddl = StructType.fromDDL(self.config.schema_ddl)
@@ -542,6 +548,8 @@ class FileStreamSource(Source):
         return self._fixed_schema
 
     def _infer(self, paths: list[str]) -> str:
+        from pyspark.sql.types import StructType
+
         reader = self.spark.read.format(self.config.format).options(**self.options)
         inferred = reader.load([literal(p) for p in paths])
         fields = [f for f in inferred.schema.fields if f.name != CORRUPT]
@@ -570,6 +578,9 @@ def _failed_read(exc: Exception) -> Any:
     Arrow collects wrap the job's failure in their own exception, so the
     condition may be some causes down.
     """
+    from py4j.java_gateway import is_instance_of
+    from pyspark import SparkContext
+
     gateway = SparkContext._gateway
     cause: Any = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
     while cause is not None and gateway is not None:

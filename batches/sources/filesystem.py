@@ -15,14 +15,15 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from typing import Any
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING, Any
 
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.state.errors import LowmarkError
 from lowmark.state.manifest import ManifestFile
 from lowmark.state.session import is_remote_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/._:=-]*")
 _GLOB_CHARACTER = re.compile(r"([\\\[\]{}*?])")

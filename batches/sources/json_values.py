@@ -9,13 +9,13 @@ becomes a bad record with its text, where it came from and the reason.
 from __future__ import annotations
 
 from collections.abc import Callable
-
-from pyspark.sql import Column, DataFrame, Observation
-from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from typing import TYPE_CHECKING
 
 from lowmark.batches.sources.base import PARTITION_COLUMN, SourceRead, read_counts
 from lowmark.state.errors import LowmarkError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 CORRUPT = "_corrupt_record"
 
@@ -34,6 +34,10 @@ def parse_json_values(
     e.g. ``topic:0@12``). ``cache`` persists the parse for a batch that runs
     several jobs over it.
     """
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
     schema = StructType.fromDDL(schema_ddl)
     assert isinstance(schema, StructType), "a schema DDL is a struct"
     with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import reduce
-
-from pyspark.sql import DataFrame, Observation
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from typing import TYPE_CHECKING
 
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.pipeline import UnionSource
@@ -32,6 +29,10 @@ from lowmark.batches.sources.base import (
 from lowmark.batches.sources.context import SourceContext
 from lowmark.state.errors import LowmarkError
 from lowmark.state.offset_log import Identity, Offsets
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation
+    from pyspark.sql.types import StructType
 
 SEPARATOR = "/"
 
@@ -114,6 +115,8 @@ class UnionStreamSource(Source):
     ) -> SourceRead:
         """The reads of the sources whose part of ``[start, end)`` moved (the first source's
         alone when none did), unioned by column name."""
+        from pyspark.sql import DataFrame
+
         moved = [n for n in self.parts if own(start, n) != own(end, n)] or list(self.parts)[:1]
         if self.joined:
             moved = list(self.parts)
@@ -147,6 +150,8 @@ class UnionStreamSource(Source):
         )
 
     def _records(self, name: str, read: SourceRead) -> DataFrame:
+        from pyspark.sql import functions as F
+
         records = read.records
         if name in self.transforms:
             records = self.transforms[name](records)

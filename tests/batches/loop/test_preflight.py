@@ -18,12 +18,15 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 from lowmark.batches.admin.status import pipeline_plan
 from lowmark.batches.errors import DefinitionMismatch, SinkNotATable, SourceFileUnreadable
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.loop.preflight import check_source_folders, ddl_types
+from lowmark.batches.loop.preflight import check_source_folders, ddl_types, spark_type_name
 from lowmark.batches.pipeline import DeltaSink, DeltaSource, FileSource, Pipeline, UnionSource
+from lowmark.batches.sources.delta_table import CHANGE_FIELDS
+from lowmark.batches.sources.kafka import RAW_SCHEMA
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
 from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import double_amount, lowmark, pipeline, write_json_lines
@@ -266,3 +269,33 @@ def test_ddl_columns_are_read_at_the_top_level_only() -> None:
         "d": "decimal(10, 2) not null",
         "m": "map<string, int>",
     }
+
+
+def test_a_spark_schemas_json_names_its_types_as_spark_does() -> None:
+    """A schema fixed for the checkpoint, a Delta table's and Kafka's raw records are read
+    from their JSON form without PySpark: each type is named as ``simpleString`` names it."""
+    nested = T.ArrayType(T.StructType([T.StructField("b", T.IntegerType())]))
+    schema = T.StructType(
+        [
+            T.StructField("a", nested),
+            T.StructField("m", T.MapType(T.StringType(), T.DecimalType(3, 1))),
+            *(T.StructField(f"t{i}", t) for i, t in enumerate(SIMPLE_TYPES)),
+            *RAW_SCHEMA.fields,
+            *CHANGE_FIELDS,
+        ]
+    )
+    for field in schema.fields:
+        assert spark_type_name(field.jsonValue()["type"]) == field.dataType.simpleString()
+
+
+SIMPLE_TYPES = [
+    T.ByteType(),
+    T.ShortType(),
+    T.IntegerType(),
+    T.LongType(),
+    T.DecimalType(),
+    T.NullType(),
+    T.VarcharType(3),
+    T.TimestampNTZType(),
+    T.DayTimeIntervalType(),
+]
