@@ -15,7 +15,8 @@ silence began), runs under both engines.
   ``maxFilesPerTrigger`` = lowmark's ``max_files_per_batch``,
   ``trigger(availableNow=True)``, the RocksDB state store
   (``spark.sql.streaming.stateStore.providerClass`` =
-  ``RocksDBStateStoreProvider``: transformWithState refuses any other).
+  ``RocksDBStateStoreProvider``: transformWithState refuses any other) with
+  changelog checkpointing (each trigger uploads its changes, not a snapshot).
 
 The data is generated from a seed: JSON-lines files of ``{user, ts, amount}``,
 each file covering 10 seconds of arrival time. A user sends bursts (1-5 events
@@ -122,6 +123,7 @@ DELAY = "30 seconds"
 DELAY_MS = parse_duration_ms(DELAY)
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 FILE_SPAN_MS = 10_000
 """Arrival time each file covers."""
 LAG_MS = 20_000
@@ -441,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {"small_batches": args.small_batches, "state_large": args.state_large}
     sizes = dataclasses.replace(sizes, **{k: v for k, v in overrides.items() if v})
     meta = run_meta(sizes, started, "bench.keyed_state")  # load average before Spark starts
-    spark = session("lowmark-bench-keyed-state", {PROVIDER: ROCKSDB})
+    spark = session("lowmark-bench-keyed-state", {PROVIDER: ROCKSDB, CHANGELOG: "true"})
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="lowmark-bench-keyed-"))
     try:
         sets = datasets(work / "data", args.seed, sizes)
