@@ -109,20 +109,19 @@ sources' replays are tested on their own in ``tests/batches/sources``, the sinks
 KILLED_IN_MAKE_TEST = {
     "tumbling_two_partitions": ("after_offset_log", "after_state", "after_sink", "before_commit"),
     "plain_append": ("after_sink",),
-    "dedup_tumbling": ("before_commit",),
 }
 """The kills ``make test`` runs (the rest run in ``make test-integration``): tumbling windows
 on each side of each kind of write between the batch's offsets and its commit (after the
 offsets, nothing else written; after the state; after the sink; every write done but the
 commit. A kill after the read writes no more than one after the offsets, one after the
 late rows no less than one after the sink; those, and the kills before the offsets and
-after the commit, run in ``make test-integration``), the stateless pipeline after Spark's
-sink write landed uncommitted, and one step of deduplication (every write done, the
-commit not).
-(Sessions killed after their state write are replayed in ``make test`` too, with
-maintenance between: ``test_kill_then_compact``.) A keyed step's and the Postgres and
-Kafka sinks' SIGKILLs are all in ``make test-integration`` (each costs its own reference
-run); ``make test`` crashes them in process instead (``tests/batches/loop/test_one_job.py``,
+after the commit, run in ``make test-integration``), and the stateless pipeline after
+Spark's sink write landed uncommitted.
+Deduplication's, a keyed step's and the Postgres and Kafka sinks' SIGKILLs are all in
+``make test-integration`` (each costs its own reference run; deduplication's ids are a
+state table written as the windows' are, ``lowmark.state.state_table``, so its kills fall on
+the same sides of the same writes as the windows'); ``make test`` crashes them in process
+instead (``tests/batches/loop/test_dedup.py``, ``tests/batches/loop/test_one_job.py``,
 ``tests/batches/keyed/test_keyed_windows.py``, ``tests/batches/sinks/test_postgres.py``,
 ``tests/batches/sinks/test_kafka.py``)."""
 NO_BAD_ROWS = ("delta_update",)

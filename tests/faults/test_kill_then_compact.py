@@ -32,21 +32,19 @@ from tests.faults.harness import (
 )
 from tests.faults.scenarios import session_update, stream_joined
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+"""All in `make test-integration`: `make test` compacts between a kill after the state write
+and its replay in the fault matrix's slice (``tumbling-delta-compact-after_state``, the same
+maintenance of the same state table, after an in-process crash; `lowmark compact` itself is
+``tests/batches/cli/test_commands.py``'s)."""
 
 STEPS = ("after_offset_log", "after_state", "before_commit")
 COMPACTED_AT = [
-    pytest.param(
-        step,
-        p.name,
-        marks=[] if (step, p) == ("after_state", session_update) else [pytest.mark.integration],
-        id=f"{step}-{p.name}",
-    )
+    pytest.param(step, p.name, id=f"{step}-{p.name}")
     for p in (session_update, stream_joined)
     for step in STEPS
 ]
-"""`make test` compacts the sessions after the state write; `make test-integration` at the
-other steps, and the join at every one."""
+
 
 CHANGED_BY_MAINTENANCE = ("commits", "state_windows history", "join_state history")
 """What a compaction rightly changes: its OPTIMIZE commits are versions of the state table,
