@@ -34,6 +34,7 @@ from lowmark.batches.loop.backfill import backfill_partition
 from lowmark.batches.loop.follow import FollowResult, follow
 from lowmark.batches.loop.metrics import exported_metrics, textfile_dir_from_env
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
+from lowmark.batches.loop.preflight import check_source_folders
 from lowmark.batches.pipeline import Pipeline
 from lowmark.orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, sink_key
 from lowmark.orchestration.metadata import batch_line
@@ -111,6 +112,7 @@ def run_batches(
     ``after_batch`` after each batch is reported; returns how many batches committed.
     With ``LOWMARK_METRICS_TEXTFILE_DIR`` set, the run's metrics are written there for
     node_exporter's textfile collector (``lowmark.batches.loop.metrics``)."""
+    check_source_folders(pipeline, data_root)  # as `lowmark run`: before a checkpoint is made
     runner = MicroBatchRunner(session, pipeline, data_root)
     with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
         partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def

@@ -37,6 +37,8 @@ import dagster as dg
 
 from lowmark.batches.admin.status import PipelineStatus, pending_work, pipeline_status
 from lowmark.batches.cli.display import iso_utc
+from lowmark.batches.errors import DefinitionMismatch
+from lowmark.batches.loop.preflight import check_source_folders
 from lowmark.batches.pipeline import Pipeline
 from lowmark.orchestration.jobs import microbatch_job_name
 from lowmark.orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key, resume_run_key
@@ -99,6 +101,10 @@ def pipeline_sensor(
         if running:
             run = running[0]
             return dg.SkipReason(f"run {run.run_id} of {pipeline.name} is {run.status.value}")
+        try:  # a source folder that is not there is a mistake to name, not "caught up"
+            check_source_folders(pipeline, lowmark.root())
+        except DefinitionMismatch as exc:
+            return dg.SkipReason(str(exc))
         # The session method, not a session: a tick over local folders starts no Spark.
         status = pipeline_status(spark.session, pipeline, lowmark.root())
         cursor = backlog_cursor(status.backlog)

@@ -39,8 +39,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from pyspark import SparkContext
-
 from lowmark.batches.errors import FaultSpecInvalid
 
 KILL_AT_ENV = "LOWMARK_KILL_AT"
@@ -113,6 +111,8 @@ def crash_at(point: KillPoint) -> Iterator[None]:
 def _kill() -> None:
     # The JVM first: left alone it would notice its parent's death and shut
     # down politely, which is more than a crashed machine gets.
+    from pyspark import SparkContext
+
     gateway = SparkContext._gateway
     jvm = getattr(gateway, "proc", None) if gateway is not None else None
     if jvm is not None:

@@ -17,8 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import ExpectationsFailed, Interrupted, PoisonBatch
@@ -28,7 +27,6 @@ from lowmark.batches.loop.commit import commit_batch
 from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
 from lowmark.batches.loop.listeners import Listeners, PipelineListener, configured_listeners
 from lowmark.batches.loop.maintenance import maintain_after
-from lowmark.batches.loop.outcome import Input, look_at, with_event_time
 from lowmark.batches.loop.parts import BatchParts, build_parts
 from lowmark.batches.loop.plan import PlannedBatch, Planner
 from lowmark.batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
@@ -43,6 +41,9 @@ from lowmark.state.failures import FailureKind
 from lowmark.state.offset_log import Offsets
 from lowmark.state.progress import ProgressEntry
 from lowmark.state.session import SparkLike, StartedOnUse, is_remote_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -245,12 +246,7 @@ class MicroBatchRunner:
         the runner checks that its checkpoint was not replaced meanwhile
         (``Checkpoint.fence``).
         """
-        parts, ckpt, work, name = (
-            self.parts,
-            self.parts.checkpoint,
-            self.parts.work,
-            self.pipeline.name,
-        )
+        parts, ckpt, name = self.parts, self.parts.checkpoint, self.pipeline.name
         timer = _StepTimer(self.clock, self._spark)
 
         # Step 1. Plan. Planning may record (a file source's discoveries, batch 0's start).
@@ -271,6 +267,10 @@ class MicroBatchRunner:
         self.attempting = planned
         if nxt.blocked is not None:
             raise PoisonBatch(nxt.blocked)
+        # What only a batch runs with is built (and PySpark imported) now.
+        from lowmark.batches.loop.outcome import Input, look_at, with_event_time
+
+        work = parts.work
         self.listeners.batch_started(
             BatchStarted(
                 name, batch_id, planned.replay, planned.watermark_ms, planned.planned_at_ms

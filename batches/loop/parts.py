@@ -12,8 +12,9 @@ session when it first needs it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,17 +41,43 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BatchParts:
-    """What the batches of one pipeline run with."""
+    """What the batches of one pipeline run with. What only a batch runs with (the sink, the
+    Spark work, the read-ahead) is built when first asked for, so that a run with nothing to
+    do plans and ends without importing PySpark."""
 
     checkpoint: Checkpoint
     source: Source
     stage: WindowedStage | None
     """Windowed pipelines' event-time stage (None: a stateless pipeline)."""
+    planner: Planner
+    built: Callable[[], SparkParts]
+    """Builds the rest (``sink``, ``work``, ``read_ahead``), once."""
+
+    @cached_property
+    def _spark_parts(self) -> SparkParts:
+        return self.built()
+
+    @property
+    def sink(self) -> Sink | WindowedSink:
+        return self._spark_parts.sink
+
+    @property
+    def work(self) -> BatchWork:
+        return self._spark_parts.work
+
+    @property
+    def read_ahead(self) -> ReadAhead | None:
+        """Windowed pipelines' catch-up read-ahead (``lowmark.batches.loop.catch_up``)."""
+        return self._spark_parts.read_ahead
+
+
+@dataclass(frozen=True)
+class SparkParts:
+    """The parts only a batch runs with (``BatchParts``)."""
+
     sink: Sink | WindowedSink
     work: BatchWork
     read_ahead: ReadAhead | None
-    """Windowed pipelines' catch-up read-ahead (``lowmark.batches.loop.catch_up``)."""
-    planner: Planner
 
 
 def build_parts(
@@ -75,7 +102,7 @@ def build_parts(
     checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
     catalog.remember(data_root, pipeline.catalog_entry(data_root))
     parts = _parts(spark, pipeline, data_root, checkpoint, clock or SystemClock(), source)
-    new = start_over(pipeline, parts.planner, parts.work, data_root)
+    new = start_over(pipeline, parts.planner, lambda: parts.work, data_root)
     if new is None:
         return parts
     return _parts(spark, pipeline, data_root, new, clock or SystemClock(), source)
@@ -89,33 +116,41 @@ def _parts(
     clock: Clock,
     source: Source | None,
 ) -> BatchParts:
-    from lowmark.batches.loop import faults
-    from lowmark.batches.loop.batch_work import BatchWork
-    from lowmark.batches.loop.catch_up import ReadAhead
-    from lowmark.batches.sinks import build_sink
-    from lowmark.state.session import provider
-
-    session = provider(spark)
-    source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
-    steps = Steps.build(pipeline, checkpoint, source)
-    stage = steps.of(WINDOWS)
-    app_id = checkpoint.txn_app_id("sink")
-    staged = partial(faults.reached, "before_sink_commit")
-    sink = build_sink(spark, pipeline, data_root, app_id, staged)
+    the_source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
+    stage = WINDOWS.build(pipeline, checkpoint)
     dimensions = Dimensions(pipeline, data_root)
-    work = BatchWork(session, pipeline, checkpoint, source, sink, steps, dimensions)
-    # A batch of a step that reads what the batches before it wrote (``StepKind.looks_ahead``)
-    # and a joining batch, which joins the dimensions' versions it is planned with, are not
-    # looked at ahead.
-    read_ahead = (
-        ReadAhead(
-            session, source, stage, work.unwatermarked, pipeline.read_ahead_batches, work.checks
+
+    def built() -> SparkParts:
+        from lowmark.batches.loop import faults
+        from lowmark.batches.loop.batch_work import BatchWork
+        from lowmark.batches.loop.catch_up import ReadAhead
+        from lowmark.batches.sinks import build_sink
+        from lowmark.state.session import provider
+
+        session = provider(spark)
+        steps = Steps.build(pipeline, checkpoint, the_source, {WINDOWS: stage})
+        staged = partial(faults.reached, "before_sink_commit")
+        sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"), staged)
+        work = BatchWork(session, pipeline, checkpoint, the_source, sink, steps, dimensions)
+        # A batch of a step that reads what the batches before it wrote
+        # (``StepKind.looks_ahead``) and a joining batch, which joins the dimensions'
+        # versions it is planned with, are not looked at ahead.
+        read_ahead = (
+            ReadAhead(
+                session,
+                the_source,
+                stage,
+                work.unwatermarked,
+                pipeline.read_ahead_batches,
+                work.checks,
+            )
+            if stage is not None and steps.look_ahead and not pipeline.joins
+            else None
         )
-        if stage is not None and steps.look_ahead and not pipeline.joins
-        else None
-    )
-    planner = Planner(pipeline, checkpoint, source, stage, clock, dimensions)
-    return BatchParts(checkpoint, source, stage, sink, work, read_ahead, planner)
+        return SparkParts(sink, work, read_ahead)
+
+    planner = Planner(pipeline, checkpoint, the_source, stage, clock, dimensions)
+    return BatchParts(checkpoint, the_source, stage, planner, built)
 
 
 def read_only_planner(

@@ -13,14 +13,17 @@ deleted) and a new one starts where the old one started.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lowmark.batches.loop.batch_work import BatchWork
 from lowmark.batches.loop.plan import Planner
 from lowmark.batches.pipeline import Pipeline, definition_changes, resolve
 from lowmark.state.checkpoint import Checkpoint, move_aside
 from lowmark.state.ownership import last_writer
+
+if TYPE_CHECKING:
+    from lowmark.batches.loop.batch_work import BatchWork
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +43,23 @@ def changed_before_first_commit(planner: Planner) -> list[str] | None:
 
 
 def start_over(
-    pipeline: Pipeline, planner: Planner, work: BatchWork, data_root: Path
+    pipeline: Pipeline, planner: Planner, work: Callable[[], BatchWork], data_root: Path
 ) -> Checkpoint | None:
     """A new checkpoint for ``pipeline`` if its definition changed before its first batch
     committed and that batch wrote nothing (its own tables, the sink now configured, and
-    the sink it was planned with); None otherwise (the planner then refuses the change).
+    the sink it was planned with: ``work`` gives the batches' work, built only then); None
+    otherwise (the planner then refuses the change).
 
     The new checkpoint keeps the old one's recorded start (and the source identity it was
     read from) when the source's definition is unchanged, so a start at "latest" does not
     move; a changed source starts where the new source starts.
     """
     changes = changed_before_first_commit(planner)
-    ckpt = work.checkpoint
-    if changes is None or work.wrote_any(0):
+    if changes is None:  # the batches' work is not built (nor PySpark imported) for nothing
+        return None
+    batches = work()
+    ckpt = batches.checkpoint
+    if batches.wrote_any(0):
         return None
     latest, _ = planner.position()
     assert latest is not None and latest.pipeline_definition is not None

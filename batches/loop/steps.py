@@ -218,9 +218,20 @@ class Steps:
     """Each kind the pipeline has, and its step."""
 
     @classmethod
-    def build(cls, pipeline: Pipeline, checkpoint: Checkpoint, source: Source) -> Steps:
-        """The steps ``pipeline`` has, over ``checkpoint``."""
-        built = {kind: kind.build(pipeline, checkpoint, source) for kind in STEPS}
+    def build(
+        cls,
+        pipeline: Pipeline,
+        checkpoint: Checkpoint,
+        source: Source,
+        given: Mapping[StepKind[Any], object | None] | None = None,
+    ) -> Steps:
+        """The steps ``pipeline`` has, over ``checkpoint``; those ``given`` (already built:
+        the windows a planner plans with) are taken as they are."""
+        given = given or {}
+        built = {
+            kind: given[kind] if kind in given else kind.build(pipeline, checkpoint, source)
+            for kind in STEPS
+        }
         return cls({kind: step for kind, step in built.items() if step is not None})
 
     def of(self, kind: StepKind[S]) -> S | None:

@@ -29,12 +29,17 @@ TICKS_BAD = dg.AssetKey(["lowmark", "ticks_bad_records"])
 
 
 def run_ticks(
-    defs: dg.Definitions, instance: dg.DagsterInstance, resources: dict[str, Any], **config: Any
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    raise_on_error: bool = True,
+    **config: Any,
 ) -> dg.ExecuteInProcessResult:
     return defs.resolve_job_def("ticks_microbatches").execute_in_process(
         instance=instance,
         resources=resources,
         run_config={"ops": {"ticks_batches": {"config": config}}},
+        raise_on_error=raise_on_error,
     )
 
 
@@ -151,6 +156,20 @@ def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
         expected = sink.where(F.hour("window_start") == hour).count()
         assert record.asset_materialization.metadata[ROW_COUNT].value == expected  # type: ignore[union-attr]
     assert sink.count() == 1
+
+
+def test_a_run_over_a_source_folder_that_is_not_there_fails_naming_it_and_makes_no_checkpoint(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+) -> None:
+    failed = run_ticks(defs, instance, resources, max_batches=1, raise_on_error=False)
+    assert not failed.success
+    [failure] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = failure.step_failure_data.error.to_string()  # type: ignore[union-attr]
+    assert "of the file source of pipeline ticks does not exist: create the folder" in message
+    assert not (data_root / "_lowmark").exists()
 
 
 def test_checks_run_alone_without_running_a_batch(

@@ -33,12 +33,36 @@ def drop(root: Path, index: int) -> None:
     write_json_lines(root / "slow/in", f"f{index}.json", [{"id": index}], 1_700_000_000 + index)
 
 
+@pytest.fixture(autouse=True)
+def input_folder(data_root: Path) -> Path:
+    """``slow``'s input folder, there and empty."""
+    folder = data_root / "slow/in"
+    folder.mkdir(parents=True)
+    return folder
+
+
 def test_no_data_skips_with_a_reason(
     defs: dg.Definitions, instance: dg.DagsterInstance, resources: dict[str, Any]
 ) -> None:
     data = tick(defs, instance, resources)
     assert not data.run_requests
     assert "caught up" in (data.skip_message or "")
+
+
+def test_a_source_folder_that_is_not_there_skips_naming_it_not_as_caught_up(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+    input_folder: Path,
+) -> None:
+    input_folder.rmdir()
+    data = tick(defs, instance, resources)
+    assert not data.run_requests
+    assert f"folder {data_root / 'slow/in'} of the file source of pipeline slow does not " in (
+        data.skip_message or ""
+    )
+    assert not (data_root / "_lowmark").exists()
 
 
 def test_new_files_request_a_run_keyed_by_the_next_batch_id(

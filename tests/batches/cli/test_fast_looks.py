@@ -46,16 +46,6 @@ LOOKS = {
     "run, caught up": ["run", "user_revenue"],
 }
 
-# Not there yet: a run builds its runner, whose modules (the Spark work of a batch, the
-# sinks, the commit) import PySpark at their top, before it plans. Strict: the day it stops,
-# this list must shrink. Run by `make test-integration` (each case starts a Python that
-# imports PySpark: seconds of `make test` that prove nothing new there).
-PLANNING = [
-    pytest.mark.xfail(strict=True, reason="the runner's modules import PySpark at their top"),
-    pytest.mark.integration,
-]
-STILL_IMPORTING = {"run, caught up"}
-
 
 def imported_by(argv: list[str], data_root: Path) -> tuple[list[str], str]:
     """Run ``lowmark --data-root DATA_ROOT ARGV`` in a new Python process: the heavy
@@ -89,9 +79,7 @@ def caught_up(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> 
     return root
 
 
-@pytest.mark.parametrize(
-    "look", [pytest.param(k, marks=PLANNING) if k in STILL_IMPORTING else k for k in LOOKS]
-)
+@pytest.mark.parametrize("look", list(LOOKS))
 def test_a_look_at_a_pipeline_that_ran_imports_neither_pyspark_nor_pandas_nor_dagster(
     caught_up: Path, look: str
 ) -> None:
