@@ -20,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import WindowedStage, window_state
@@ -32,14 +32,29 @@ from lowmark.state.state_table import StateTable, TableSpec, existing
 # (docs/cli.md, "Fast commands").
 if TYPE_CHECKING:
     from lowmark.batches.event_time.dedup import DedupStep
-    from lowmark.batches.event_time.interval_join import IntervalJoin
+    from lowmark.batches.event_time.driver_merge import WindowChanges
+    from lowmark.batches.event_time.interval_join import IntervalJoin, Joined
     from lowmark.batches.keyed.step import KeyedStep
-    from lowmark.batches.loop.outcome import Outcome
+    from lowmark.batches.loop.catch_up import Seen
     from lowmark.batches.loop.plan import PlannedBatch
     from lowmark.batches.pipeline import Pipeline
     from lowmark.batches.sources.base import Source
 
 S = TypeVar("S")
+
+
+class Outcome(Protocol):
+    """What a batch computed before its writes, as the steps' writes read it
+    (``lowmark.batches.loop.outcome.Outcome``, which imports the batch's Spark work)."""
+
+    @property
+    def seen(self) -> Seen: ...
+
+    @property
+    def changes(self) -> WindowChanges | None: ...
+
+    @property
+    def joined(self) -> Joined | None: ...
 
 
 class StepKind(ABC, Generic[S]):
