@@ -93,8 +93,12 @@ def test_show_and_sql_of_a_pipeline_that_has_run_load_no_definitions_nor_pyarrow
 
 
 def test_the_check_sees_an_import_of_pyspark(tmp_path: Path) -> None:
-    """The subprocess's report is not blind: a command that builds a pipeline's runner
-    (``lowmark plan``, which imports the engine) shows PySpark imported."""
-    (tmp_path / "demo" / "incoming").mkdir(parents=True)  # plan refuses a missing folder
-    commands = [["--data-root", str(tmp_path), "plan", "orders", "--json"]]
+    """The subprocess's report is not blind: a pipelines module that imports PySpark at its
+    top brings it in for a command that loads the definitions (``list``)."""
+    module = tmp_path / "spark_at_top.py"
+    module.write_text(
+        "from pyspark.sql import functions as F  # noqa: F401\n"
+        "from lowmark.batches.demo import orders  # noqa: F401\n"
+    )
+    commands = [["--data-root", str(tmp_path), "--pipelines", str(module), "list"]]
     assert "pyspark" in json.loads(run_commands(commands, tmp_path)[-1])
