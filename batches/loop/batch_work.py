@@ -123,7 +123,7 @@ class BatchWork:
     def fires_on_driver(self, batch: Range) -> bool:
         """Whether ``batch``'s keyed step runs on the driver (``KeyedStep.fired``): it has no
         records (an empty range: it runs because a timer is due) and the processor's rows go
-        straight to the sink. Behind a deduplication or before windows it runs in Spark, as
+        straight to the sink. After deduplication or before windows it runs in Spark, as
         the steps around it do."""
         alone = self.stage is None and self.dedup is None and self.join is None
         return self.keyed is not None and alone and batch.start == batch.end
@@ -311,7 +311,7 @@ class BatchWork:
         again, cached, for those rows; it must find as many rows and late rows
         as the first saw (a transform must be deterministic). No input, no
         job. Stateless: one job over the cached input (the sink write reads it
-        again).
+        again); none when the keyed step ran on the driver (``Taken.fired``).
         """
         read, frames = taken.read, taken.frames
         fired = taken.fired
