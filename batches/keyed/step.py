@@ -23,6 +23,11 @@ Per batch (``KeyedStep.processed``):
 Neither the keys a batch touched nor their changes reach the driver: only
 the files' descriptors do, a few per task, so a batch scales with the
 cluster.
+
+A batch known to have no records (its range is empty: it runs because a timer
+is due) has only markers to shuffle: its one task runs on the driver instead
+(``KeyedStep.fired``), the same ``_process`` over the marker rows of every
+bucket, with no Spark job; its output rows become a local frame.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
 
+from lowmark.batches.collect import to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.keyed.runtime import Key, KeyedRun, TimeMode
@@ -95,14 +101,32 @@ class Processed:
     def observed(self, seen: dict[str, Any], changes: dict[str, Any]) -> KeyedSeen:
         """The step's counts and written files from the observations' metrics
         (``collect.observed``)."""
-        files: dict[str, list[WrittenFile]] = {STATE_TABLE: [], TIMER_TABLE: []}
-        for written in (json.loads(c) for c in changes[CHANGES]):
-            files[written["table"]].append(WrittenFile.of(written["file"]))
         late = [r.asDict() for r in seen[LATE]]
-        return KeyedSeen(int(seen[INTO]), files, pa.Table.from_pylist(late, schema=_LATE))
+        return _keyed_seen(int(seen[INTO]), changes[CHANGES], late)
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A batch's keyed step run on the driver (``KeyedStep.fired``): no records, its due
+    timers only; what the job that read it would have observed, known already."""
+
+    output: DataFrame
+    """The processor's output rows, as a local frame (no job made them)."""
+    rows: int
+    """How many."""
+    seen: KeyedSeen
 
 
 _LATE = pa.schema([("event_us", pa.int64()), ("reason", pa.string()), ("record", pa.string())])
+
+
+def _keyed_seen(records: int, described: list[str], late: list[dict[str, Any]]) -> KeyedSeen:
+    """A batch's keyed step from its ``records`` count, the descriptors ``_process`` yielded of
+    the files it wrote, and its ``late`` records' rows."""
+    files: dict[str, list[WrittenFile]] = {STATE_TABLE: [], TIMER_TABLE: []}
+    for written in (json.loads(d) for d in described):
+        files[written["table"]].append(WrittenFile.of(written["file"]))
+    return KeyedSeen(records, files, pa.Table.from_pylist(late, schema=_LATE))
 
 
 class KeyedStep:
@@ -128,17 +152,10 @@ class KeyedStep:
         batch_id: int,
     ) -> Processed:
         """Steps 1-3 of the module's docstring over ``records``, lazily."""
-        keyed = self.keyed
-        missing = {*keyed.keys, self.column} - set(records.columns)
-        if missing:
-            raise PipelineConfigInvalid(
-                f"the records lack {sorted(missing)}: the transform must keep the keyed "
-                "step's keys and the event-time column"
-            )
-        payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+        payload = self._payload(records)
         event_ms = F.unix_millis(F.col(self.column))
         late = F.col(self.column).isNull()
-        if keyed.time_mode == "event_time" and watermark_ms is not None:
+        if self.keyed.time_mode == "event_time" and watermark_ms is not None:
             late = late | (event_ms < F.lit(watermark_ms))
         seen = Observation()
         observed = records.observe(
@@ -146,11 +163,88 @@ class KeyedStep:
             F.count(F.when(~late, 1)).alias(INTO),
             F.collect_list(F.when(late, _late_record(self.column, payload))).alias(LATE),
         )
+        rows, output, process = self._bucketed(
+            spark, observed.where(~late), payload, watermark_ms, processing_ms, pinned, batch_id
+        )
+        changes = Observation()
+        processed = (
+            rows.repartition(BUCKET)
+            .mapInArrow(process, output)
+            .observe(changes, F.collect_list(F.col(CHANGE)).alias(CHANGES))
+        )
+        output_rows = processed.where(F.col(CHANGE).isNull()).drop(CHANGE)
+        return Processed(output_rows, seen, changes, batch_id)
+
+    def fired(
+        self,
+        spark: SparkSession,
+        records: DataFrame,
+        watermark_ms: int | None,
+        processing_ms: int,
+        pinned: Pinned,
+        batch_id: int,
+    ) -> Fired:
+        """Steps 2-3 of a batch whose ``records`` are known to be none (its due timers fire,
+        nothing else), on the driver and with no Spark job: the one task of step 2
+        (``_process``) over the marker rows of every bucket, in this process. Its state and
+        timer changes are the files ``Processed`` would have observed, its output rows the
+        ones it would have given."""
+        payload = self._payload(records)
+        rows, output, process = self._bucketed(
+            spark, records, payload, watermark_ms, processing_ms, pinned, batch_id
+        )
+        given = to_arrow_schema(rows.schema, timezone="UTC")
+        markers = pa.table(
+            {
+                f.name: (
+                    pa.array(range(BUCKETS), f.type)
+                    if f.name == BUCKET
+                    else pa.array([True] * BUCKETS, f.type)
+                    if f.name == MARKER
+                    else pa.nulls(BUCKETS, f.type)
+                )
+                for f in given
+            },
+            schema=given,
+        )
+        schema = to_arrow_schema(output, timezone="UTC")
+        yielded = pa.Table.from_batches(list(process(iter(markers.to_batches()))), schema=schema)
+        change = yielded.column(CHANGE)
+        out = yielded.filter(pc.is_null(change)).drop_columns([CHANGE])
+        described = yielded.filter(pc.is_valid(change)).column(CHANGE).to_pylist()
+        declared = StructType(output.fields[:-1])
+        return Fired(to_frame(spark, out, declared), out.num_rows, _keyed_seen(0, described, []))
+
+    def _payload(self, records: DataFrame) -> list[str]:
+        """The columns of ``records`` the processor gets; raises when they lack the keys or the
+        event time."""
+        missing = {*self.keyed.keys, self.column} - set(records.columns)
+        if missing:
+            raise PipelineConfigInvalid(
+                f"the records lack {sorted(missing)}: the transform must keep the keyed "
+                "step's keys and the event-time column"
+            )
+        return [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+
+    def _bucketed(
+        self,
+        spark: SparkSession,
+        timely: DataFrame,
+        payload: list[str],
+        watermark_ms: int | None,
+        processing_ms: int,
+        pinned: Pinned,
+        batch_id: int,
+    ) -> tuple[
+        DataFrame, StructType, Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+    ]:
+        """Step 1's rows (the ``timely`` records with their buckets, and the markers), the
+        schema step 2's tasks yield, and a task (``_process`` for this batch)."""
+        keyed = self.keyed
         keys = [F.col(c) for c in keyed.keys]
-        timely = (
-            observed.where(~late)
-            .select(*payload)
-            .withColumn(EVENT_MS, event_ms)
+        records = (
+            timely.select(*payload)
+            .withColumn(EVENT_MS, F.unix_millis(F.col(self.column)))
             .withColumn(ORDER, F.xxhash64(F.to_json(F.struct(*payload))))
             .withColumn(BUCKET, F.pmod(F.xxhash64(*keys), F.lit(BUCKETS)).cast("int"))
             .withColumn(MARKER, F.lit(None).cast("boolean"))
@@ -160,7 +254,7 @@ class KeyedStep:
         markers = spark.range(0, BUCKETS, 1, numPartitions=1).select(
             F.col("id").cast("int").alias(BUCKET), F.lit(True).alias(MARKER)
         )
-        rows = timely.unionByName(markers, allowMissingColumns=True)
+        rows = records.unionByName(markers, allowMissingColumns=True)
         declared = StructType.fromDDL(keyed.output_schema)  # needs a running Spark
         assert isinstance(declared, StructType)
         output = StructType([*declared.fields, StructField(CHANGE, StringType())])
@@ -176,14 +270,7 @@ class KeyedStep:
             batch_id,
             to_arrow_schema(output, timezone="UTC"),
         )
-        changes = Observation()
-        processed = (
-            rows.repartition(BUCKET)
-            .mapInArrow(process, output)
-            .observe(changes, F.collect_list(F.col(CHANGE)).alias(CHANGES))
-        )
-        output_rows = processed.where(F.col(CHANGE).isNull()).drop(CHANGE)
-        return Processed(output_rows, seen, changes, batch_id)
+        return rows, output, process
 
 
 def _late_record(column: str, payload: list[str]) -> Column:

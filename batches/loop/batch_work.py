@@ -32,7 +32,7 @@ from lowmark.batches.event_time.stage import (
     partition_max_event_ms,
 )
 from lowmark.batches.expectations import DROPPED, Checks
-from lowmark.batches.keyed.step import KeyedSeen, Processed
+from lowmark.batches.keyed.step import Fired, KeyedSeen, Processed
 from lowmark.batches.loop.catch_up import Seen, row_by_row
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.one_job import guarded, in_one_job, stopped_by_guard
@@ -79,6 +79,9 @@ class Taken:
     expectations)."""
     emitted: ObservedRecords | None = None
     """Taken for one job, with ``keyed``: the processor's rows, observed likewise."""
+    fired: Fired | None = None
+    """With ``keyed``, when it runs on the driver (``BatchWork.fires_on_driver``): what it gave,
+    known already (``out`` is then its output rows, a local frame)."""
 
 
 class BatchWork:
@@ -113,9 +116,17 @@ class BatchWork:
         """Whether ``planned`` runs one Spark job: its sink's write, which looks at the batch
         as it writes (``lowmark.batches.loop.one_job``). A join's batch looks first: its sink
         gets the join's rows, not the records."""
-        if self.join is not None:
+        if self.join is not None or self.fires_on_driver(planned.range):
             return False
         return in_one_job(planned, self.stage is not None, self.sink, self.checks)
+
+    def fires_on_driver(self, batch: Range) -> bool:
+        """Whether ``batch``'s keyed step runs on the driver (``KeyedStep.fired``): it has no
+        records (an empty range: it runs because a timer is due) and the processor's rows go
+        straight to the sink. After deduplication or before windows it runs in Spark, as
+        the steps around it do."""
+        alone = self.stage is None and self.dedup is None and self.join is None
+        return self.keyed is not None and alone and batch.start == batch.end
 
     def take(self, planned: PlannedBatch, one_job: bool = False, landed: bool = False) -> Taken:
         """Step 3 for ``planned``: its read, transformed records and (windowed) stage frames,
@@ -194,6 +205,11 @@ class BatchWork:
                 out = watched.records
                 windowed_at, windowed_from = window_watermark_ms, ()
             timed = out
+            if self.fires_on_driver(batch):
+                fired = self.keyed.fired(
+                    self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id
+                )
+                return Taken(read, fired.output, None, checked, expected, timed=timed, fired=fired)
             processed = self.keyed.processed(
                 self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id
             )
@@ -295,9 +311,15 @@ class BatchWork:
         again, cached, for those rows; it must find as many rows and late rows
         as the first saw (a transform must be deterministic). No input, no
         job. Stateless: one job over the cached input (the sink write reads it
-        again).
+        again); none when the keyed step ran on the driver (``Taken.fired``).
         """
         read, frames = taken.read, taken.frames
+        fired = taken.fired
+        if fired is not None:  # no records: what the keyed step gave is all there is
+            violations = self.checks.violations({})
+            return Seen(
+                0, None, None, {}, 0, None, violations, keyed=fired.seen, emitted=fired.rows
+            )
         if frames is None:
             return self._counted(taken, None, planned)
         if planned.start == planned.end and taken.processed is None:

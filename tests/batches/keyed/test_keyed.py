@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
@@ -18,6 +20,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from examples.keyed import ALERTS, SESSIONS, SILENCE_MS, Sessions, SilenceAlert
 from lowmark.batches.admin.status import pipeline_plan, pipeline_status
 from lowmark.batches.keyed.definition import Keyed
+from lowmark.batches.loop.batch_work import BatchWork
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Maintenance, Pipeline
 from lowmark.batches.registry import get_pipeline
@@ -42,21 +45,26 @@ def _pipeline() -> Pipeline:
     )
 
 
-def test_sessions_through_the_batch_loop_equal_sessions_over_the_whole_input(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    stream = events(5)[:60]
-    cuts = sorted(random.Random(5).sample(range(1, len(stream)), 4))
+def _write_sessions(root: Path, stream: pd.DataFrame, files: int) -> None:
+    """``stream`` in ``files`` files under ``root/in``, and a last record, of another user, far
+    on: every session before it is over."""
+    cuts = sorted(random.Random(5).sample(range(1, len(stream)), files - 1))
     for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(stream)], strict=True)):
         rows = [
             {"user": r.user, "ts": r.ts.isoformat(), "action": r.action}
             for r in stream.iloc[a:b].itertuples()
         ]
-        write_json_lines(tmp_path / "in", f"f{i:03d}.json", rows, 1_700_000_000 + i)
-    # A last record, of another user, far on: every session before it is over.
+        write_json_lines(root / "in", f"f{i:03d}.json", rows, 1_700_000_000 + i)
     end = stream["ts"].max() + pd.Timedelta(hours=3)
     last = [{"user": "zz", "ts": end.isoformat(), "action": "view"}]
-    write_json_lines(tmp_path / "in", "f999.json", last, 1_700_000_999)
+    write_json_lines(root / "in", "f999.json", last, 1_700_000_999)
+
+
+def test_sessions_through_the_batch_loop_equal_sessions_over_the_whole_input(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stream = events(5)[:60]
+    _write_sessions(tmp_path, stream, 5)
 
     results = MicroBatchRunner(spark, _pipeline(), tmp_path, FakeClock()).run(max_batches=None)
 
@@ -128,6 +136,51 @@ def test_silence_alerts_equal_the_silences_over_the_whole_input_and_status_shows
     assert status.keyed is not None
     assert (status.keyed.keys, status.keyed.timers) == (len(still), len(still))
     assert status.accounting["into_processor"] == len(events)
+
+
+def test_timers_fired_on_the_driver_leave_the_sink_state_and_timers_a_run_in_spark_leaves(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch without input runs its keyed step on the driver (``KeyedStep.fired``): the
+    same sessions, state rows, timer rows and commits as the same batches with the step in
+    Spark."""
+    stream = events(7)[:30]
+    # No maintenance: the tables keep every batch's change rows, not only the newest.
+    whole = _pipeline().model_copy(update={"maintenance": Maintenance(every_batches=1000)})
+    left = {}
+    for run in ("driver", "spark"):
+        _write_sessions(tmp_path / run, stream, 3)
+        with monkeypatch.context() as patched:
+            if run == "spark":
+                patched.setattr(BatchWork, "fires_on_driver", lambda _self, _batch: False)
+            MicroBatchRunner(spark, whole, tmp_path / run, FakeClock()).run(max_batches=None)
+        left[run] = _left_behind(tmp_path / run)
+
+    commits = left["driver"]["commits"]
+    assert any(c[1] == 0 and c[2] > 0 for c in commits), "no batch fired timers alone"
+    assert {name: len(rows) for name, rows in left["driver"].items()} == {
+        name: len(rows) for name, rows in left["spark"].items()
+    }
+    assert left["driver"] == left["spark"]
+
+
+def _left_behind(root: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """The rows of the sessions pipeline's sink, keyed state and timer tables under ``root``,
+    and each commit's batch, counts, next watermark and next timer."""
+    location = root / "_lowmark" / "sessions"
+    tables = {"sink": root / "out", **{t: location / t for t in ("keyed_state", "keyed_timers")}}
+    left = {
+        name: sorted(
+            (tuple(r.values()) for r in DeltaTable(str(path)).to_pyarrow_table().to_pylist()),
+            key=repr,
+        )
+        for name, path in tables.items()
+    }
+    left["commits"] = [
+        (c.batch_id, c.rows_in, c.rows_out, c.rows_keyed, c.next_watermark_ms, c.next_timer_ms)
+        for c in Checkpoint(str(location), "sessions").commits.get_range()
+    ]
+    return left
 
 
 class _Reminder(StatefulProcessor):

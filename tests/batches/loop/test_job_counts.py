@@ -8,6 +8,7 @@ counts are printed for the README's table.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,25 @@ def test_every_batch_of_a_long_windowed_run_with_late_rows_and_maintenance_runs_
         late += result.rows_late
     assert late == LONG_RUN // 5
     assert max(jobs.values()) <= WINDOWED_LIMIT, jobs
+
+
+def test_a_keyed_batch_that_only_fires_timers_runs_its_processor_on_the_driver_in_no_spark_job(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b's silence timer (5 s + 10 s) is due once a's later event moves the watermark to 20 s:
+    the batch after has no input, and its one alert's append to the sink is its only Spark
+    work (a's alert came with its event at 20 s)."""
+    drop_batches(data_root, [[event("a", 0, 1), event("b", 5, 1)], [event("a", 20, 1)]])
+    runner = MicroBatchRunner(spark, STATELESS["keyed"], data_root, FakeClock())
+    runner.run(max_batches=2)
+    result, counter = counted_batch(spark, runner, monkeypatch)
+    assert (result.rows_in, result.rows_out) == (0, 1)
+    # The keyed step ran on the driver: steps 3-4 are no job, the sink's append its two.
+    assert counter.per_step["after_read"] == 0, counter.per_step
+    assert counter.jobs() == counter.per_step["after_sink"] <= ONE_JOB_LIMIT, counter.per_step
+    alerts = delta_frame(spark, data_root / "out").collect()
+    naive_t0 = T0.replace(tzinfo=None)  # Spark hands back the session's (UTC) wall time
+    assert sorted((r.user, r.silent_since - naive_t0) for r in alerts) == [
+        ("a", timedelta(0)),
+        ("b", timedelta(seconds=5)),
+    ]
