@@ -12,6 +12,7 @@ ones.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -34,6 +35,7 @@ from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 from lowmark.orchestration.instance import POSTGRES_VARIABLES, DagsterStorage
 from lowmark.orchestration.project import find_project
 from lowmark.state.errors import LowmarkError
+from lowmark.state.spark_confs import CONFS_ENV, confs_from_env
 
 # Dagster (and, through the engine, PySpark) is imported by what needs it: reporting a
 # batch, `lowmark ui`, `init`. `lowmark --help`, `list`, `show`, `sql`, `status` and
@@ -130,6 +132,7 @@ def ui(
             show_default=False,
         ),
     ] = None,
+    conf: commands.ConfOption = None,
 ) -> None:
     """Open the Dagster UI over the pipelines: webserver, daemon (sensors, schedules, run
     queue) and code server, with the instance in DAGSTER_HOME (default ./.dagster_home),
@@ -141,6 +144,11 @@ def ui(
     from lowmark.orchestration.ui import PROJECT, DagsterDev
 
     c: commands.Context = ctx.obj
+    confs = commands.given_confs(conf)
+    if confs:
+        # The runs, ticks and shared Spark this starts read them there (SparkSettings).
+        given = {**confs_from_env(CONFS_ENV), **confs}
+        os.environ[CONFS_ENV] = json.dumps(given, sort_keys=True)
     home = Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()
     env = {"LOWMARK_DATA_ROOT": str(c.data_root)}
     if c.pipelines:

@@ -14,7 +14,10 @@ spark_master    ``--master``     LOWMARK_SPARK_MASTER ``local[*]``
 s3_endpoint     (none)           LOWMARK_S3_ENDPOINT  unset (no object storage)
 ==============  ===============  ===================  ================================
 
-so: flag > environment > ``lowmark.toml`` > lowmark's default. The file works by
+so: flag > environment > ``lowmark.toml`` > lowmark's default. Its ``[spark]`` table holds
+Spark confs (``"spark.sql.shuffle.partitions" = "8"``), one layer of those
+``lowmark.state.spark_confs`` merges: over spark-defaults.conf, under
+``PYSPARK_SUBMIT_ARGS`` and ``--conf``. The file works by
 filling in the environment variables that are unset (``Project.use``), so every
 process lowmark starts — ``dagster dev``, its code server, the runs — sees the
 same project. Paths in the file are relative to its folder, and the folder goes
@@ -33,16 +36,18 @@ lowmark's modules (nor one of its modules for an installed one).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import stat
 import sys
 import tomllib
-from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, fields
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
+from lowmark.state.spark_confs import PROJECT_CONFS_ENV
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -56,7 +61,8 @@ on ``sys.path``, so none of its modules is found in the folder instead."""
 
 @dataclass(frozen=True)
 class ProjectSettings:
-    """What ``lowmark.toml`` holds: strings, each key once, no other key.
+    """What ``lowmark.toml`` holds: strings, each key once, no other key; and a ``[spark]``
+    table of Spark confs, string values.
 
     Checked by hand, not by a pydantic model: every ``lowmark`` command in a project reads
     this file, and importing pydantic would cost the fast ones (``show``, ``sql``) a
@@ -75,20 +81,44 @@ class ProjectSettings:
     s3_endpoint: str | None = None
     """The S3-compatible store's URL, for checkpoints and sinks at ``s3a://`` paths
     (``lowmark.state.storage``); credentials come from the AWS variables, never this file."""
+    spark: dict[str, str] = field(default_factory=dict)
+    """Spark confs every session of the project gets, over spark-defaults.conf and under
+    ``PYSPARK_SUBMIT_ARGS`` and ``--conf`` (``lowmark.state.spark_confs``)."""
 
     @classmethod
     def parse(cls, doc: dict[str, Any]) -> ProjectSettings:
         """The settings in the TOML document ``doc``; ``ValueError`` ``"field: what is
-        wrong"`` for the first key that is unknown, missing or not a string."""
+        wrong"`` for the first key that is unknown, missing or not a string. Keys of
+        ``[spark]`` may be quoted (``"spark.sql.shuffle.partitions"``) or dotted: TOML
+        makes tables of a dotted key's parts, joined again here."""
         known = {f.name for f in fields(cls)}
+        settings: dict[str, Any] = {}
         for key, value in doc.items():
             if key not in known:
                 raise ValueError(f"{key}: Extra inputs are not permitted")
-            if not isinstance(value, str):
+            if key == "spark":
+                if not isinstance(value, dict):
+                    raise ValueError("spark: want a table of Spark confs ([spark])")
+                settings[key] = dict(_spark_confs(value, ""))
+            elif not isinstance(value, str):
                 raise ValueError(f"{key}: Input should be a valid string")
+            else:
+                settings[key] = value
         if "pipelines" not in doc:
             raise ValueError("pipelines: Field required")
-        return cls(**doc)
+        return cls(**settings)
+
+
+def _spark_confs(table: dict[str, Any], prefix: str) -> Iterator[tuple[str, str]]:
+    """The confs of a ``[spark]`` table: its keys, those of tables in it joined by dots."""
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from _spark_confs(value, f"{prefix}{key}.")
+        elif isinstance(value, str):
+            yield prefix + key, value
+        else:
+            shown = str(value).lower() if isinstance(value, bool) else value
+            raise ValueError(f'spark: {prefix}{key}: give the value as a string ("{shown}")')
 
 
 @dataclass(frozen=True)
@@ -121,9 +151,11 @@ class Project:
 
     def environment(self) -> dict[str, str]:
         """The environment variables this project sets when they are unset."""
+        spark = self.settings.spark
         optional = {
             "LOWMARK_SPARK_MASTER": self.settings.spark_master,
             "LOWMARK_S3_ENDPOINT": self.settings.s3_endpoint,
+            PROJECT_CONFS_ENV: json.dumps(spark, sort_keys=True) if spark else None,
         }
         return {
             "LOWMARK_PIPELINES": self.pipelines,

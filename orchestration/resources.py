@@ -25,12 +25,14 @@ class SparkResource(dg.ConfigurableResource):
         "Default: LOWMARK_SPARK_MASTER, else local[*].",
     )
     confs: dict[str, str] = Field(
-        default_factory=dict, description="Extra Spark confs; they win over lowmark's defaults."
+        default_factory=dict,
+        description="Spark confs for this job's runs: they win over every other layer "
+        "(lowmark.toml's [spark], PYSPARK_SUBMIT_ARGS, lowmark ui --conf; docs/deploy.md).",
     )
 
     def session(self) -> SparkSession:
         """The process's session, created with these settings on first use."""
-        settings = SparkSettings(confs=self.confs)
+        settings = SparkSettings().with_confs(self.confs)
         if self.master:
             settings = settings.model_copy(update={"master": self.master})
         return get_spark(settings)

@@ -18,11 +18,13 @@ credentials, which check that the peer is on this machine), so the address
 given to clients of a server on loopback names ``localhost``.
 
 The server is pyspark's own ``bin/spark-submit`` running ``SparkConnectServer``
-(its jar, ``spark-connect_2.13``, ships in pyspark's ``jars/``) in local mode,
-with the confs a local lowmark session has (``lowmark.state.session.jvm_confs``:
-Delta's jars, extension and catalog, the driver memory, S3A when an S3
-endpoint is set). It is a JVM in a process group of its own, bound to one
-interface and port. Its Python workers (a keyed step, deduplication, a UDF)
+(its jar, ``spark-connect_2.13``, ships in pyspark's ``jars/``) in local mode or
+against a cluster's master, with the confs a local lowmark session has
+(``lowmark.state.session.jvm_confs``: Delta's jars, extension and catalog, the
+driver memory, S3A when an S3 endpoint is set, then the user's settings:
+spark-defaults.conf, lowmark.toml's ``[spark]``, ``PYSPARK_SUBMIT_ARGS``'s confs,
+``--conf``). It is a JVM in a process group of its own, bound to one interface
+and port. Its Python workers (a keyed step, deduplication, a UDF)
 run this interpreter, with ``python_path`` first on their ``PYTHONPATH``, so
 they import a project's modules as the client does.
 
@@ -130,10 +132,13 @@ class ConnectServer:
         confs: dict[str, str] | None = None,
         python_path: Sequence[Path] = (),
         token: str | None = None,
+        master: str | None = None,
     ) -> ConnectServer:
         """Start a server on ``host``:``port`` (default: a free one) running ``cores``
-        local cores; its output goes to ``log``. Returns at once: ``wait_until_up`` waits
-        for it. ``confs`` win over lowmark's. It serves only clients presenting ``token``
+        local cores, or the executors of the cluster at ``master`` (``spark://...``); its
+        output goes to ``log``. Returns at once: ``wait_until_up`` waits for it. ``confs``
+        win over every other layer (``LOWMARK_SPARK_CONFS``'s too; lowmark.state.spark_confs).
+        It serves only clients presenting ``token``
         (default: a new random one), which its environment holds; ``TokenOnCommandLine``
         when ``confs`` would put a token on its command line instead."""
         if TOKEN_CONF in (confs or {}):
@@ -143,15 +148,20 @@ class ConnectServer:
             )
         port = port or free_port(host)
         token = token or new_token()
-        settings = SparkSettings(confs=confs or {})
+        if master is not None and master.startswith(CONNECT_SCHEME):
+            raise NotAClusterMaster(
+                f"--master {master}: a Spark Connect server runs Spark itself; give it a "
+                "cluster's master (spark://host:7077) or none (local)"
+            )
+        settings = SparkSettings().with_confs(confs or {})
         server_confs = {
-            **jvm_confs(settings),
+            **jvm_confs(settings).values,
             "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port),
         }
         args = [
             str(SPARK_HOME / "bin" / "spark-submit"),
-            *("--master", f"local[{cores}]", "--name", "lowmark-spark-connect"),
+            *("--master", master or f"local[{cores}]", "--name", "lowmark-spark-connect"),
             *("--class", SERVER_CLASS),
             *(arg for k, v in server_confs.items() for arg in ("--conf", f"{k}={v}")),
             "spark-internal",
@@ -166,7 +176,8 @@ class ConnectServer:
                 [*map(str, python_path), *([inherited] if inherited else [])]
             ),
         }
-        if host in ("127.0.0.1", "localhost"):
+        if host in ("127.0.0.1", "localhost") and master is None:
+            # A cluster's executors must reach the driver: it binds where Spark decides.
             env["SPARK_LOCAL_IP"] = "127.0.0.1"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
@@ -220,6 +231,10 @@ class ConnectServer:
 
 class ServerDidNotStart(LowmarkError):
     """The Spark Connect server exited or did not answer in time."""
+
+
+class NotAClusterMaster(LowmarkError):
+    """A server was given a Spark Connect endpoint as its master."""
 
 
 class TokenOnCommandLine(LowmarkError):

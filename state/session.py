@@ -2,7 +2,10 @@
 
 Local by default (``local[*]``) with Delta configured from the jars ``lowmark.state.jars``
 finds (or fetches on first use); the master and any Spark conf can be overridden, so a
-cluster master or another deployment needs no code change. A Spark Connect endpoint
+cluster master or another deployment needs no code change. The confs are lowmark's
+defaults below, overridden by the settings a user gives the standard ways
+(``lowmark.state.spark_confs``: spark-defaults.conf, lowmark.toml's ``[spark]``,
+``PYSPARK_SUBMIT_ARGS``, ``--conf``). A Spark Connect endpoint
 (``sc://host:port``) gives a remote session: the server's JVM has Delta, this process
 starts none and sends only session confs.
 """
@@ -10,26 +13,31 @@ starts none and sends only session confs.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lowmark.state import jars
+from lowmark.state import jars, spark_confs
 from lowmark.state.errors import LowmarkError, first_line
+from lowmark.state.spark_confs import SparkConfs
 from lowmark.state.storage import S3Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 LOG4J_CONFIG = jars.JVM_DIR / "log4j2.properties"
+_log = logging.getLogger(__name__)
 
-# Confs that keep small local batches fast; every one can be overridden.
+# Confs that keep small local batches fast; every one can be overridden (docs/deploy.md,
+# "Spark settings").
 #
 # A batch's bookkeeping runs on the driver (lowmark.state.table); Spark's own Delta
 # writes are left to a stateless pipeline's sink, where each idempotent write
@@ -91,7 +99,14 @@ class SparkSettings(BaseModel):
         description="Folder with the Delta jars (see lowmark.state.jars).",
     )
     confs: dict[str, str] = Field(
-        default_factory=dict, description="Extra Spark confs; they win over lowmark's defaults."
+        default_factory=lambda: spark_confs.confs_from_env(spark_confs.CONFS_ENV),
+        description="Spark confs given for this process (--conf): they win over every other "
+        "layer (lowmark.state.spark_confs). Default: LOWMARK_SPARK_CONFS, a JSON object.",
+    )
+    project_confs: dict[str, str] = Field(
+        default_factory=lambda: spark_confs.confs_from_env(spark_confs.PROJECT_CONFS_ENV),
+        description="The project's Spark confs (lowmark.toml's [spark] table). Default: "
+        "LOWMARK_PROJECT_SPARK_CONFS, a JSON object.",
     )
 
     @property
@@ -99,6 +114,10 @@ class SparkSettings(BaseModel):
         """True for a Spark Connect endpoint: the JVM is the server's, so no jars and no
         JVM confs go from here, only session confs."""
         return self.master.startswith(CONNECT_SCHEME)
+
+    def with_confs(self, confs: Mapping[str, str]) -> SparkSettings:
+        """These settings with ``confs`` over their ``confs``."""
+        return self.model_copy(update={"confs": {**self.confs, **confs}})
 
 
 class SparkNotStarted(LowmarkError):
@@ -179,21 +198,25 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
         # Python tasks (deduplication, users' UDFs) run in this interpreter, whose packages
         # (pyarrow, numpy, lowmark) they need, not in whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    confs = jvm_confs(settings)
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
-    for key, value in jvm_confs(settings).items():
+    for key, value in confs.values.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    _log_given(confs)
+    with _submit_args(confs.submit_args):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def jvm_confs(settings: SparkSettings) -> dict[str, str]:
+def jvm_confs(settings: SparkSettings, environ: Mapping[str, str] = os.environ) -> SparkConfs:
     """The confs of a Spark JVM lowmark starts: a local session's, a cluster driver's, or a
     Spark Connect server's (``lowmark.state.connect_server``). Delta's jars, extension and
     catalog; S3A with delta-spark's S3 log store when an S3 endpoint is set
-    (``lowmark.state.storage``); lowmark's defaults; ``settings.confs`` win over them all."""
+    (``lowmark.state.storage``); lowmark's defaults; then the user's layers over them
+    (``lowmark.state.spark_confs.merge``), ``settings.confs`` last."""
     delta = jars.delta_jars(settings.jars_dir)
-    return {
+    lowmark = {
         **_LOCAL_DEFAULTS,
         "spark.ui.enabled": str(settings.ui).lower(),
         "spark.jars": ",".join(delta),
@@ -201,17 +224,45 @@ def jvm_confs(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J_CONFIG}",
         **(s3.spark_confs(delta) if (s3 := S3Settings.from_env()) is not None else {}),
-        **settings.confs,
     }
+    return spark_confs.merge(lowmark, settings.project_confs, settings.confs, environ)
+
+
+@contextmanager
+def _submit_args(args: str | None) -> Iterator[None]:
+    """``PYSPARK_SUBMIT_ARGS`` is ``args`` while PySpark launches the JVM (None: as it is):
+    it puts those arguments after the session's confs on spark-submit's command line, where
+    a ``--driver-memory`` would win over a ``--conf`` given later (docs/deploy.md)."""
+    if args is None:
+        yield
+        return
+    before = os.environ[spark_confs.SUBMIT_ARGS]
+    os.environ[spark_confs.SUBMIT_ARGS] = args or "pyspark-shell"
+    try:
+        yield
+    finally:
+        os.environ[spark_confs.SUBMIT_ARGS] = before
+
+
+def _log_given(confs: SparkConfs) -> None:
+    given = confs.given()
+    if given:
+        _log.info(
+            "Spark confs not lowmark's defaults: %s",
+            "; ".join(f"{k}={v}" for k, v in given.items()),
+        )
 
 
 def _connect(settings: SparkSettings) -> SparkSession:
-    """A Spark Connect session at ``settings.master``, with lowmark's session defaults and
-    ``settings.confs``. The server was started with Delta (docs/deploy.md#spark-connect)."""
+    """A Spark Connect session at ``settings.master``, with lowmark's session defaults, the
+    project's confs and ``settings.confs`` (the server's JVM read spark-defaults.conf and
+    the rest itself; the confs it cannot change per session, pyspark leaves out). The server
+    was started with Delta (docs/deploy.md#spark-connect)."""
     from pyspark.sql import SparkSession
 
+    confs = spark_confs.merge(_SESSION_DEFAULTS, settings.project_confs, settings.confs, jvm=False)
     builder = SparkSession.builder.remote(settings.master).appName(settings.app_name)
-    for key, value in {**_SESSION_DEFAULTS, **settings.confs}.items():
+    for key, value in confs.values.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

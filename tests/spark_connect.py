@@ -43,11 +43,15 @@ class RunningServer:
         self.command.wait(timeout=60)
 
 
-def start_server(folder: Path) -> RunningServer:
-    """The server, returned once it takes connections (the command printed its JSON)."""
-    confs = {**INTERPRETED, "spark.driver.memory": "1g"}
+def start_server(
+    folder: Path, master: str | None = None, confs: dict[str, str] | None = None
+) -> RunningServer:
+    """The server, returned once it takes connections (the command printed its JSON): on two
+    local cores, or on the cluster at ``master``; ``confs`` over the suite's."""
+    confs = {**INTERPRETED, "spark.driver.memory": "1g", **(confs or {})}
     args = [str(LOWMARK), "--data-root", str(folder), "spark-connect", "--json"]
-    args += ["--port", str(free_port()), "--cores", "2"]
+    args += ["--port", str(free_port())]
+    args += ["--master", master] if master else ["--cores", "2"]
     args += [arg for k, v in confs.items() for arg in ("--conf", f"{k}={v}")]
     command = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert command.stdout is not None

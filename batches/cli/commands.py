@@ -48,6 +48,7 @@ from lowmark.batches.errors import BatchFailed, RunInFlight
 from lowmark.batches.loop.metrics import TEXTFILE_ENV
 from lowmark.batches.registry import get_pipeline, load_pipelines
 from lowmark.state.errors import LowmarkError, first_line
+from lowmark.state.spark_confs import key_value
 
 # The engine (lowmark.batches.loop, the sources, lowmark.state.session) and PySpark are imported by
 # the commands that run or plan batches, the pipeline definitions (pydantic, pyarrow) by those
@@ -86,6 +87,20 @@ if TYPE_CHECKING:
 JsonFlag = Annotated[
     bool, typer.Option("--json", help="Print JSON instead of text (keys in the README).")
 ]
+ConfOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--conf",
+        help="A Spark conf KEY=VALUE; repeatable. Wins over lowmark's defaults, "
+        "spark-defaults.conf, lowmark.toml's [spark] and PYSPARK_SUBMIT_ARGS "
+        "(docs/deploy.md, 'Spark settings').",
+    ),
+]
+
+
+def given_confs(items: list[str] | None) -> dict[str, str]:
+    """The confs of repeated ``--conf KEY=VALUE`` options, later ones winning."""
+    return dict(key_value(item) for item in items or [])
 
 
 class Context:
@@ -107,6 +122,8 @@ class Context:
         self.listeners = listeners
         self.clock = clock or SystemClock()
         self.reset_guards = reset_guards
+        self.confs: dict[str, str] = {}
+        """The command's ``--conf`` settings: they win over every other layer."""
 
     def spark(self) -> SparkSession:
         from pyspark.sql import SparkSession
@@ -115,6 +132,7 @@ class Context:
         from lowmark.state.session import SparkSettings, get_spark
 
         settings = SparkSettings(master=self.master) if self.master else SparkSettings()
+        settings = settings.with_confs(self.confs)
         send_pyspark_logs()
         if settings.remote or SparkSession.getActiveSession() is not None:
             return get_spark(settings)  # no JVM starts here
@@ -354,6 +372,7 @@ def run(
             "batch, for node_exporter's textfile collector (replaced whole, atomically).",
         ),
     ] = None,
+    conf: ConfOption = None,
 ) -> None:
     """Run micro-batches of PIPELINE: one by default, N, until caught up, or --follow.
 
@@ -366,6 +385,7 @@ def run(
     batches ran and why it stopped.
     """
     c: Context = ctx.obj
+    c.confs = given_confs(conf)
     if follow_source and (max_batches is not None or until_caught_up):
         raise typer.BadParameter(
             "--follow runs until stopped: drop --max-batches and "

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from lowmark.batches.cli.commands import Context, app, err, out
+from lowmark.batches.cli.commands import ConfOption, Context, app, err, given_confs, out
 from lowmark.batches.cli.display import print_json
 from lowmark.batches.cli.logs import log_file
 
@@ -36,14 +36,18 @@ def spark_connect(
         ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to serve on (Spark Connect's own).")] = 15002,
-    cores: Annotated[str, typer.Option(help="Local cores its tasks run on: a number or *.")] = "*",
-    conf: Annotated[
-        list[str] | None,
+    cores: Annotated[
+        str, typer.Option(help="Local cores its tasks run on: a number or *. Local only.")
+    ] = "*",
+    master: Annotated[
+        str | None,
         typer.Option(
-            help="A Spark conf KEY=VALUE for the server's JVM (memory, executors, ...); "
-            "repeatable. They win over lowmark's.",
+            "--master",
+            help="A cluster's master (spark://host:7077, ...) whose executors run its tasks. "
+            "Default: local, on --cores.",
         ),
     ] = None,
+    conf: ConfOption = None,
     token_file: Annotated[
         Path | None,
         typer.Option(
@@ -67,12 +71,17 @@ def spark_connect(
     from lowmark.state.connect_server import ConnectServer, token_from_file
 
     c: Context = ctx.obj
-    confs = dict(_key_value(item) for item in conf or [])
+    if master is not None and cores != "*":
+        raise typer.BadParameter(
+            "--cores is for a local server: a cluster's executors bring their cores "
+            "(--conf spark.cores.max=N)"
+        )
+    confs = given_confs(conf)
     log = log_file(c.data_root).with_name("spark-connect.log")
     token_file = token_file or c.data_root / "_lowmark" / "spark-connect.token"
     token = token_from_file(token_file)
     server = ConnectServer.start(
-        log, host, port, cores, confs, python_path=[Path.cwd()], token=token
+        log, host, port, cores, confs, python_path=[Path.cwd()], token=token, master=master
     )
     stopping: list[int] = []
 
@@ -81,7 +90,8 @@ def spark_connect(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    err.print(f"starting Spark Connect on {server.url} (log {log})…")
+    on = f" against {master}" if master else ""
+    err.print(f"starting Spark Connect on {server.url}{on} (log {log})…")
     server.wait_until_up()
     if as_json:
         ready = {"url": server.url, "token_file": str(token_file), "log": str(log)}
@@ -102,10 +112,3 @@ def spark_connect(
         err.print(f"the Spark Connect server exited ({exited}); see {log}")
         raise typer.Exit(1)
     err.print("stopped Spark Connect")
-
-
-def _key_value(item: str) -> tuple[str, str]:
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise typer.BadParameter(f"{item!r}: give KEY=VALUE, e.g. spark.driver.memory=8g")
-    return key.strip(), value

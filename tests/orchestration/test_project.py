@@ -3,6 +3,7 @@ environment leaves unset, and refused in one line when broken."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from lowmark.orchestration.cli import main
 from lowmark.orchestration.errors import ProjectFileInvalid, ProjectUnsafe
 from lowmark.orchestration.project import SAFE_DIRECTORIES_ENV, find_project, load_project
 from lowmark.orchestration.scaffold import init_project
+from lowmark.state.spark_confs import PROJECT_CONFS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,3 +170,31 @@ def test_a_projects_own_batches_and_state_modules_never_stand_in_for_lowmarks(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert Path(done.stdout.strip()).resolve() == REPO / "batches" / "pipeline.py"
+
+
+def test_a_spark_table_of_strings_reaches_every_process_and_dotted_keys_are_joined_again(
+    project: Path,
+) -> None:
+    (project / "lowmark.toml").write_text(
+        'pipelines = "pipelines"\n[spark]\n"spark.sql.shuffle.partitions" = "8"\n'
+        'spark.sql.adaptive.enabled = "true"\n'
+    )
+    environ: dict[str, str] = {}
+    load_project(project).use(environ, [])
+    assert json.loads(environ[PROJECT_CONFS_ENV]) == {
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.adaptive.enabled": "true",
+    }
+
+
+def test_a_spark_conf_that_is_not_a_string_is_refused_with_the_quoted_value(
+    project: Path,
+) -> None:
+    (project / "lowmark.toml").write_text(
+        'pipelines = "pipelines"\n[spark]\n"spark.sql.shuffle.partitions" = 8\n'
+    )
+    with pytest.raises(
+        ProjectFileInvalid,
+        match=r'spark.sql.shuffle.partitions: give the value as a string \("8"\)',
+    ):
+        load_project(project)

@@ -31,6 +31,7 @@ from lowmark.state.connect_server import (
     token_from_file,
 )
 from tests.helpers import command_line, descendants
+from tests.spark_cluster import SparkCluster
 from tests.spark_connect import RunningServer, start_server
 
 COUNT = (
@@ -163,3 +164,21 @@ def _interpreter_for(account: str) -> tuple[str, list[str]]:
         if subprocess.run(probe, capture_output=True).returncode == 0:
             return python, [f"PYTHONPATH={packages}"]
     pytest.skip(f"no Python {sys.version_info[:2]} the account {account} may run")
+
+
+@pytest.mark.integration
+def test_a_server_given_a_cluster_s_master_runs_its_queries_on_that_cluster(
+    tmp_path: Path,
+) -> None:
+    cluster = SparkCluster.start(tmp_path / "cluster")
+    try:
+        server = start_server(tmp_path, master=cluster.master_url, confs=cluster.driver_confs())
+        try:
+            client = _client(server.url, server.client_env())
+            assert _outcome(client) == ("3", "")
+            apps = cluster.state()["activeapps"]
+        finally:
+            server.stop()
+    finally:
+        cluster.stop()
+    assert [app["name"] for app in apps] == ["lowmark-spark-connect"]

@@ -260,6 +260,7 @@ def test_demo_writes_samples_runs_both_pipelines_and_prints_the_sinks(
             "error: pipeline file missing.yaml does not exist",
         ),
         (["--pipelines", "no_such_module_xyz", "list"], "error: cannot import pipelines"),
+        (["run", "orders", "--conf", "spark.sql.shuffle.partitions"], "error: --conf 'spark."),
     ],
 )
 def test_user_errors_are_one_line_without_a_stack_trace(
