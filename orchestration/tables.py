@@ -3,19 +3,23 @@
 No Spark: delta-rs reads the logs (and DataFusion, for a partition's rows and the
 window state's open windows), a few milliseconds on small tables. Each table
 asset's materialization carries Dagster's standard ``dagster/row_count`` and
-``dagster/column_schema``; the windowed sink's also the window state: how many
-windows are open and which closes next.
+``dagster/column_schema`` (column types as Spark SQL names them: ``bigint``,
+``timestamp``); the windowed sink's also the window state: how many windows are
+open and which closes next.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
+from typing import Any
 
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 
+from lowmark.batches.loop.preflight import spark_type_name
 from lowmark.batches.pipeline import Pipeline
 from lowmark.state.keyed_state import Expiry, held
 from lowmark.state.storage import is_table, open_table
@@ -40,8 +44,8 @@ def table_metadata(path: str) -> dict[str, dg.RawMetadataValue]:
     actions = pa.table(table.get_add_actions(flatten=True))
     rows = _sum(actions, "num_records") - _sum(actions, "deletionVector.cardinality")
     columns = [
-        dg.TableColumn(f.name, str(f.type), constraints=_nullable(f))
-        for f in table.schema().to_arrow()  # type: ignore[attr-defined]
+        dg.TableColumn(f["name"], spark_type_name(f["type"]), constraints=_nullable(f))
+        for f in json.loads(table.schema().to_json())["fields"]
     ]
     return {
         ROW_COUNT: dg.MetadataValue.int(rows),
@@ -61,8 +65,9 @@ def _sum(actions: pa.Table, column: str) -> int:
     return int(total or 0)
 
 
-def _nullable(field: pa.Field) -> dg.TableColumnConstraints | None:
-    return None if field.nullable else dg.TableColumnConstraints(nullable=False)
+def _nullable(field: dict[str, Any]) -> dg.TableColumnConstraints | None:
+    """A column's constraint, from its Delta schema field (Spark's JSON form)."""
+    return None if field["nullable"] else dg.TableColumnConstraints(nullable=False)
 
 
 def partition_rows(path: str, start: datetime, end: datetime) -> int:

@@ -81,8 +81,8 @@ class SparkConfs:
     values: dict[str, str]
     sources: dict[str, str]
     """Per key, the layer its value is from (``lowmark``, a spark-defaults.conf path,
-    ``lowmark.toml``, ``PYSPARK_SUBMIT_ARGS``, ``--conf``; ``lowmark + <layer>`` for a
-    list a user added to)."""
+    ``lowmark.toml``, ``PYSPARK_SUBMIT_ARGS``, ``--conf``; for a list a user added to,
+    "lowmark + " and the layer)."""
     submit_args: str | None = None
     """``PYSPARK_SUBMIT_ARGS`` without what ``values`` took from it (None: it is unset), for
     the JVM PySpark launches, so no flag there overrides a later layer."""

@@ -264,13 +264,14 @@ class MicroBatchRunner:
             inputs = parts.source.inputs(planned.start, planned.end)
             check_definition(self.pipeline, parts.source, inputs, self.data_root, batch_id)
             self._checked = True
-        self.attempting = planned
-        if nxt.blocked is not None:
-            raise PoisonBatch(nxt.blocked)
-        # What only a batch runs with is built (and PySpark imported) now.
+        # What only a batch runs with is built (and PySpark imported) now: a sink the
+        # definition cannot make is its fault too, not the batch's.
         from lowmark.batches.loop.outcome import Input, look_at, with_event_time
 
         work = parts.work
+        self.attempting = planned
+        if nxt.blocked is not None:
+            raise PoisonBatch(nxt.blocked)
         self.listeners.batch_started(
             BatchStarted(
                 name, batch_id, planned.replay, planned.watermark_ms, planned.planned_at_ms

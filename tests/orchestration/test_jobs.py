@@ -93,7 +93,8 @@ def test_a_run_records_one_readable_materialization_per_batch(
     sink = delta_frame(spark, str(data_root / "ticks/out"))
     assert metadata[-1][ROW_COUNT].value == sink.count() == 2
     schema = metadata[-1][COLUMN_SCHEMA].value
-    assert [c.name for c in schema.columns] == sink.columns  # type: ignore[union-attr]
+    columns = [(c.name, c.type) for c in schema.columns]  # type: ignore[union-attr]
+    assert columns == sink.dtypes  # the types as Spark SQL names them, not Arrow's reprs
     # Open windows: those the input has that the sink does not yet (append mode), the
     # next to close the one ending first, final at its end + 10 s lateness.
     events = spark.read.schema(SCHEMA).json(str(data_root / "ticks/in"))

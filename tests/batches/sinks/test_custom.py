@@ -102,14 +102,19 @@ def test_a_custom_sink_gets_the_sessions_a_merge_retracts(
     assert [(r["count"], r["sum_amount"]) for r in merged] == [(3, 7)]
 
 
-def test_a_factory_that_returns_no_sink_is_refused_in_one_line(
+def test_a_factory_that_returns_no_sink_is_refused_in_one_line_before_the_batch_is_written(
     spark: SparkSession, data_root: Path
 ) -> None:
     p = pipeline(sink=CustomSink.model_validate({"factory": "tests.helpers:not_a_sink"}))
+    drop_file(data_root, 0)
+    runner = MicroBatchRunner(spark, p, data_root)
     with pytest.raises(
         PipelineConfigInvalid, match=r"returned dict, not a lowmark\.batches\.sinks"
     ):
-        MicroBatchRunner(spark, p, data_root)
+        runner.run()
+    # The definition is at fault, not the batch: no offsets written, no failed attempt.
+    assert runner.checkpoint.offsets.get(0) is None
+    assert runner.checkpoint.failures.of(0) == []
 
 
 def test_a_reset_of_a_pipeline_with_a_custom_sink_is_refused_naming_the_way_on(
