@@ -4,11 +4,19 @@ Its rows are the batch's records (any size), so Spark's executors write them.
 Every write carries ``txnAppId = "<pipeline_id>:sink"`` and ``txnVersion =
 batch_id``, so Delta skips a write of the same batch that already landed.
 Everything else a batch writes is small and goes through ``lowmark.state.table``.
+
+Delta checks a write's transaction against the table's state (``txnVersion`` reads
+the snapshot's set transactions), which it builds in a Spark job for every new
+version: the check of batch N+1's write would cost a job for the version batch N's
+wrote. So once a write lands, that state is built at once, off the batch's path
+(``_build_state_for_next_check``); the next write finds it built, or waits for it.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,6 +32,11 @@ from lowmark.state.storage import is_table, open_table
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+log = logging.getLogger(__name__)
+
+STATE_JOB_GROUP = "lowmark-sink-state"
+"""The Spark job group of the jobs that build a table's state for its next write's check."""
 
 _DUPLICATE_KEY = re.compile(r"lowmark: duplicate merge key (.*?) :lowmark", re.DOTALL)
 """The error a MERGE source row raises when another row of the batch has its keys (Spark's
@@ -51,6 +64,7 @@ def append_once(
         )
 
     retry_conflicts(append, path, version)
+    _build_state_for_next_check(df.sparkSession, path)
 
 
 @contextmanager
@@ -130,6 +144,36 @@ def upsert_once(
         retry_conflicts(merge, path, version)
     finally:
         spark.catalog.dropGlobalTempView(view)
+    _build_state_for_next_check(spark, path)
+
+
+def _build_state_for_next_check(spark: SparkSession, path: str) -> None:
+    """Build, in a thread of its own and in job group ``STATE_JOB_GROUP``, the state of the
+    Delta table at ``path`` as the write that just landed left it: the snapshot delta-spark
+    keeps for the table, whose set transactions the next write's check reads (a lazy value:
+    a check that comes first builds it itself, one that comes during waits for it). Nothing
+    over Spark Connect (the server's Delta is out of reach). A failure only means the next
+    check builds the state itself: logged, never raised."""
+    if is_remote_session(spark):
+        return
+
+    def build() -> None:
+        try:
+            spark.sparkContext.setJobGroup(
+                STATE_JOB_GROUP, f"lowmark: the state of {path} for its next write's check"
+            )
+            jvm = spark._jvm
+            table = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(  # type: ignore[union-attr]
+                spark._jsparkSession, path
+            )
+            # As the next write's check will find it (after a Delta checkpoint, another
+            # snapshot of the same version).
+            nothing = jvm.scala.Option.empty()  # type: ignore[union-attr]
+            table.update(False, nothing, nothing).setTransactions()
+        except Exception as exc:  # a stopped Spark, a table replaced meanwhile
+            log.debug("state of %s not built ahead: %s", path, exc)
+
+    threading.Thread(target=build, name=f"{STATE_JOB_GROUP} {path}", daemon=True).start()
 
 
 def _upsert_once_per_identity(identity: tuple[str, ...]) -> Column:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ from lowmark.batches.windows import (
 )
 from lowmark.orchestration.cli import report_to_dagster
 from lowmark.state.checkpoint import Checkpoint
+from lowmark.state.delta import STATE_JOB_GROUP
 from lowmark.state.offset_log import OffsetEntry, Offsets
 
 if TYPE_CHECKING:
@@ -372,6 +374,12 @@ SPARK_EXAMPLES = settings(
 def counted_batch(
     spark: SparkSession, runner: MicroBatchRunner, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[BatchResult, JobCounter]:
+    """The next batch of ``runner`` and its jobs, counted once the sink state the write
+    before builds for this batch's check is built (``lowmark.state.delta``): as when a
+    batch follows another's write by more than that job."""
+    for thread in threading.enumerate():
+        if thread.name.startswith(STATE_JOB_GROUP):
+            thread.join()
     counter = JobCounter(spark)
     with counter.counting(monkeypatch):
         result = runner.run_batch()
