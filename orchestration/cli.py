@@ -12,6 +12,7 @@ ones.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -132,16 +133,28 @@ def ui(
             show_default=False,
         ),
     ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help="Print all of Dagster's output here (every run event, every sensor tick, "
+            "Dagster's warnings) instead of into DAGSTER_HOME/lowmark-ui.log.",
+        ),
+    ] = False,
     conf: commands.ConfOption = None,
 ) -> None:
     """Open the Dagster UI over the pipelines: webserver, daemon (sensors, schedules, run
     queue) and code server, with the instance in DAGSTER_HOME (default ./.dagster_home),
     and the Spark its runs share.
 
+    It prints its address, each pipeline's runs as they start and end, a sensor's reason
+    to skip when it changes, and errors; the rest of Dagster's output goes to
+    DAGSTER_HOME/lowmark-ui.log (--verbose: here).
+
     Ctrl-C or SIGTERM stops all of it, runs and their Spark included, within
     about 10 s: a run following the source finishes its batch first.
     """
-    from lowmark.orchestration.ui import PROJECT, DagsterDev
+    from lowmark.orchestration.ui import PROJECT, UI_LOG, DagsterDev
 
     c: commands.Context = ctx.obj
     confs = commands.given_confs(conf)
@@ -167,9 +180,17 @@ def ui(
         workspace = project.workspace if project else PROJECT / "workspace.yaml"
     share = master is None and shared_spark is not False
     spark_note = " and a shared Spark" if share else ""
-    commands.err.print(f"starting the Dagster UI{spark_note} (instance {home})…")
-    dev = DagsterDev.start(home, port, host, workspace, env, shared_spark=share)
+    log = None if verbose else home / UI_LOG
+    logged = f"; its log: {log}" if log else ""
+    commands.err.print(
+        f"starting the Dagster UI{spark_note} (instance {home}{logged})…", soft_wrap=True
+    )
+    dev = DagsterDev.start(home, port, host, workspace, env, shared_spark=share, log=log)
     stopping: list[str] = []
+
+    def say(lines: list[str]) -> None:
+        for line in lines:
+            commands.err.print(line, highlight=False, markup=False, soft_wrap=True)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         stopping.append(signal.Signals(signum).name)
@@ -183,6 +204,10 @@ def ui(
         raise
     if not up and not stopping:
         dev.stop()
+        if log is not None:
+            with dev.feed() as last:
+                say(last.poll())
+        commands.err.print(f"the Dagster UI did not start{logged}", soft_wrap=True)
         raise typer.Exit(1)
     spark = dev.spark.url if dev.spark else master
     if not stopping and as_json:
@@ -202,11 +227,16 @@ def ui(
             "Ctrl-C stops the UI, its runs and their Spark.\n",
             soft_wrap=True,
         )
-    while not stopping and dev.process.poll() is None:
-        if dev.spark is not None and dev.spark.process.poll() is not None:
-            commands.err.print(f"the shared Spark exited (its log: {dev.spark.log}): stopping")
-            break
-        time.sleep(0.5)
+    with dev.feed() if log else contextlib.nullcontext() as feed:
+        while True:
+            ended = stopping or dev.process.poll() is not None
+            say(feed.poll() if feed else [])  # once more after the end: its last words
+            if ended:
+                break
+            if dev.spark is not None and dev.spark.process.poll() is not None:
+                commands.err.print(f"the shared Spark exited (its log: {dev.spark.log}): stopping")
+                break
+            time.sleep(0.5)
     took = dev.stop()
     commands.err.print(f"stopped the Dagster UI and its runs in {took:.1f} s")
 

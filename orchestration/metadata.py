@@ -8,6 +8,12 @@ backlog, each table's row count, a windowed sink's open windows. The batch
 id, the watermark and the offsets are text and timestamps (shown, not
 plotted).
 
+Dagster has no duration type: a number is shown as written (``lag_seconds
+1656.3``). So the lag is twice: ``lag_seconds``, the float its plot needs (the
+unit in its name), and ``lag``, text that reads as a duration (``27 min 36 s``,
+as the CLI writes durations). A batch's duration is seconds a person reads at
+a glance (``duration_seconds 4.2``) and stays a number only.
+
 A partitioned sink's plots default to one point per partition (the newest
 materialization of each), which leaves out the batches' own, unpartitioned,
 materializations: so each partition's materialization carries its rows
@@ -22,6 +28,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from lowmark.batches.cli.display import duration
 from lowmark.batches.loop.microbatch import BatchResult
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sources.base import describe_range
@@ -62,6 +69,7 @@ def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawM
     if r.watermark_ms is not None:
         metadata["watermark"] = dg.MetadataValue.timestamp(r.watermark_ms / 1000)
     if r.lag_ms is not None:
+        metadata["lag"] = dg.MetadataValue.text(duration(r.lag_ms))
         metadata["lag_seconds"] = round(r.lag_ms / 1000, 1)
     if r.ingestion_ms is not None:  # the ingestion clock of each source partition
         metadata["ingested_up_to"] = dg.MetadataValue.json(

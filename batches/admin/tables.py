@@ -113,6 +113,13 @@ EPOCH_MS_COLUMNS = frozenset(
 )
 """The checkpoint's columns that hold a moment as epoch milliseconds (the others named
 ``*_ms``, such as ``lag_ms``, are durations): what a view for people shows as a time."""
+DURATION_MS_COLUMNS = frozenset(("lag_ms",))
+"""The checkpoint's columns that hold a duration in milliseconds: shown with its units."""
+JSON_EPOCH_MS_COLUMNS = frozenset(("ingestion_ms",))
+"""JSON columns of moments in epoch milliseconds by name (``ingestion_ms``: by source
+partition): a view for people shows each as a time."""
+JSON_DURATION_MS_COLUMNS = frozenset(("durations_ms",))
+"""JSON columns of durations in milliseconds by name (``durations_ms``: by step)."""
 
 _PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 

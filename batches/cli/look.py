@@ -2,10 +2,11 @@
 
 The rows come from ``lowmark.batches.admin.tables`` (delta-rs's query engine, on the
 driver). For people, a table (``lowmark.batches.cli.display``) whose times read as ISO
-8601 UTC, the checkpoint's epoch-millisecond moments included, and a line on
-stderr saying how many rows matched; with ``--json``, JSON Lines: one object
-per row, timestamps as ISO 8601 strings, epoch milliseconds as numbers (as
-every ``--json`` of lowmark), binary as base64.
+8601 UTC, the checkpoint's epoch-millisecond moments included (each partition's, in a
+JSON column of them), its millisecond durations with units (``27 min 36 s``), and a
+line on stderr saying how many rows matched; with ``--json``, JSON Lines: one object
+per row, timestamps as ISO 8601 strings, milliseconds as numbers (as every ``--json``
+of lowmark), binary as base64.
 
 Registered on the ``lowmark`` app of ``lowmark.batches.cli.commands`` when imported
 (``lowmark.orchestration.cli``, the console entry point, does).
@@ -15,15 +16,26 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any
 
 import typer
 
-from lowmark.batches.admin.tables import EPOCH_MS_COLUMNS, TABLES, Rows, locate, query, show
+from lowmark.batches.admin.tables import (
+    DURATION_MS_COLUMNS,
+    EPOCH_MS_COLUMNS,
+    JSON_DURATION_MS_COLUMNS,
+    JSON_EPOCH_MS_COLUMNS,
+    TABLES,
+    Rows,
+    locate,
+    query,
+    show,
+)
 from lowmark.batches.cli.commands import Context, app, err, out
-from lowmark.batches.cli.display import iso_time, print_json, print_table
+from lowmark.batches.cli.display import duration, iso_time, print_json, print_table
 
 DEFAULT_LIMIT = 20
 
@@ -105,9 +117,9 @@ def sql_query(
 
 
 def _print_rows(rows: Rows) -> None:
-    """``rows`` as a table for people (its times ISO 8601 UTC)."""
-    epoch_ms = [name in EPOCH_MS_COLUMNS for name in rows.column_names]
-    cells = [[_cell(v, ms) for v, ms in zip(row, epoch_ms, strict=True)] for row in _values(rows)]
+    """``rows`` as a table for people (its times ISO 8601 UTC, its durations with units)."""
+    kinds = [_milliseconds(name) for name in rows.column_names]
+    cells = [[_cell(v, ms) for v, ms in zip(row, kinds, strict=True)] for row in _values(rows)]
     print_table(out, rows.column_names, cells)
 
 
@@ -116,13 +128,31 @@ def _values(rows: Rows) -> list[tuple[Any, ...]]:
     return list(zip(*(column.to_pylist() for column in rows.columns), strict=True))
 
 
-def _cell(value: Any, epoch_ms: bool) -> str:
-    """One value in words: ISO times, floats to the 15 digits a double holds, JSON for
-    nested values, ``null`` for none."""
+def _milliseconds(column: str) -> Callable[[int], str] | None:
+    """How a checkpoint column of milliseconds reads (a moment, a duration); None: it holds
+    none."""
+    if column in EPOCH_MS_COLUMNS | JSON_EPOCH_MS_COLUMNS:
+        return _moment
+    if column in DURATION_MS_COLUMNS | JSON_DURATION_MS_COLUMNS:
+        return duration
+    return None
+
+
+def _moment(ms: int) -> str:
+    return iso_time(_EPOCH + timedelta(milliseconds=ms))
+
+
+def _cell(value: Any, milliseconds: Callable[[int], str] | None) -> str:
+    """One value in words: ISO times, durations with units (``milliseconds`` reads a
+    column of them, or a JSON object of them by name: ``0: 2026-11-25T10:04:12Z, 1: …``),
+    floats to the 15 digits a double holds, JSON for nested values, ``null`` for none."""
     if value is None:
         return "null"
-    if epoch_ms and isinstance(value, int):
-        return iso_time(_EPOCH + timedelta(milliseconds=value))
+    if milliseconds is not None and isinstance(value, int):
+        return milliseconds(value)
+    if milliseconds is not None and isinstance(value, str):
+        named = json.loads(value)
+        return ", ".join(f"{name}: {milliseconds(ms)}" for name, ms in named.items())
     if isinstance(value, datetime):
         return iso_time(value)
     if isinstance(value, bool):

@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 from dagster._core.instance.ref import InstanceRef
 
-from lowmark.orchestration.ui import live_group_members
+from lowmark.orchestration.ui import UI_LOG, live_group_members
 from lowmark.state.connect_server import free_port
 from tests.helpers import children, command_line
 
@@ -36,6 +36,12 @@ class DagsterDev:
     home: Path
     data_root: Path
     log: Path
+    """What ``lowmark ui`` printed."""
+
+    @property
+    def dagster_log(self) -> Path:
+        """The rest of ``dagster dev``'s output: every run event, every sensor tick."""
+        return self.home / UI_LOG
 
     def instance(self) -> dg.DagsterInstance:
         return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(self.home)))
@@ -114,5 +120,10 @@ def wait_for(what: str, ready: Callable[[], Any], dev: DagsterDev, seconds: floa
         if value:
             return value
         time.sleep(1)
-    tail = "\n".join(dev.log.read_text().splitlines()[-40:])
-    pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}; lowmark ui log:\n{tail}")
+    tail = "\n".join(dev.log.read_text().splitlines()[-20:])
+    logged = dev.dagster_log.read_text() if dev.dagster_log.exists() else ""
+    rest = "\n".join(logged.splitlines()[-40:])
+    pytest.fail(
+        f"timed out after {seconds:.0f} s waiting for {what}; lowmark ui printed:\n{tail}\n"
+        f"its log {dev.dagster_log}:\n{rest}"
+    )

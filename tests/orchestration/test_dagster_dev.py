@@ -65,7 +65,9 @@ def test_ticks_start_no_spark_and_a_following_run_takes_files_as_they_land(
 ) -> None:
     # Several ticks over empty folders first: no JVM anywhere in the server's processes.
     wait_for(
-        "two sensor ticks", lambda: dev.log.read_text().count("ticks_sensor skipped") >= 2, dev
+        "two sensor ticks",
+        lambda: dev.dagster_log.read_text().count("ticks_sensor skipped") >= 2,
+        dev,
     )
     assert [p for p in dev.dagster_group() if "java" in command_line(p)] == []
     assert any(SHARED_SPARK in command_line(p) for p in dev.group())
@@ -139,10 +141,6 @@ def test_the_ui_shows_readable_assets_and_launches_batches_and_backfills(
             executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
         )
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        page.add_locator_handler(
-            page.get_by_text("Join the Dagster community"),
-            lambda: page.get_by_role("button", name="Skip").click(),
-        )
         # The sink's page: the newest batch's watermark as a time, the sensor as automation.
         page.goto(f"{dev.url}/assets/lowmark/ticks")
         watermark = page.get_by_role("row").filter(has_text="watermark").first

@@ -4,6 +4,7 @@ as materialized, checks are evaluated (alone too), and a backfill replaces one p
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,9 @@ def test_a_run_records_one_readable_materialization_per_batch(
     }  # fmt: skip
     lag = metadata[0]["lag_seconds"].value
     assert isinstance(lag, float) and lag > (datetime.now(UTC) - T0).total_seconds() - 3600
+    # The lag as a person reads it too (the events are from January): days and hours.
+    text = metadata[0]["lag"]
+    assert isinstance(text, dg.TextMetadataValue) and re.fullmatch(r"\d+ d( \d+ h)?", text.value)
 
     # The sink's row count and schema are its table's, as Spark reads it.
     sink = delta_frame(spark, str(data_root / "ticks/out"))

@@ -28,6 +28,8 @@ from lowmark.batches.registry import load_pipelines
 from lowmark.state import catalog
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.keyed_state import BUCKET, SLOT, SLOT_MIN_MS, STATE, TIMER_INDEX
+from lowmark.state.offset_log import OffsetEntry
+from lowmark.state.progress import ProgressEntry
 from tests.helpers import delta_frame, json_lines_sink, lowmark
 
 PIPELINES = """
@@ -196,6 +198,44 @@ def test_show_reads_a_keyed_steps_timers_and_expiries_as_times_and_json_keeps_nu
         assert json_lines(out)[0][column] == at
 
 
+def test_show_reads_each_partitions_ingestion_time_and_a_batchs_lag_and_durations_with_units(
+    capsys: pytest.CaptureFixture[str], data_root: Path
+) -> None:
+    at = int(datetime(2026, 11, 28, 9, 30, 15, tzinfo=UTC).timestamp() * 1000)
+    checkpoint = Checkpoint(orders.checkpoint_location(data_root), orders.name)
+    ingestion_ms = {"0": at, "1": at + 1_500}
+    offsets = OffsetEntry(
+        batch_id=0,
+        runner_id="r",
+        start_offsets={},
+        end_offsets={},
+        pipeline_fingerprint="f",
+        ingestion_ms=ingestion_ms,
+    )
+    checkpoint.offsets.add(offsets)
+    checkpoint.progress.add(
+        ProgressEntry(
+            batch_id=0,
+            runner_id="r",
+            durations_ms={"plan": 840, "total": 4_250},
+            rows_in=1,
+            rows_out=1,
+            rows_bad=0,
+            lag_ms=1_656_300,
+        )
+    )
+    shown = {}
+    for table in ("offsets", "progress"):
+        code, out, _ = lowmark(capsys, data_root, "show", "orders", table)
+        assert code == 0
+        shown[table] = out
+    assert "0: 2026-11-28T09:30:15Z, 1: 2026-11-28T09:30:16.5Z" in shown["offsets"]
+    assert "27 min 36 s" in shown["progress"]  # lag_ms
+    assert "plan: 840 ms, total: 4.2 s" in shown["progress"]
+    _, out, _ = lowmark(capsys, data_root, "show", "orders", "offsets", "--json")
+    assert json.loads(json_lines(out)[0]["ingestion_ms"]) == ingestion_ms  # numbers, as stored
+
+
 def test_every_epoch_millisecond_column_of_the_checkpoint_reads_as_a_time(tmp_path: Path) -> None:
     location = keyed_checkpoint(tmp_path, 0)
     milliseconds = {
@@ -205,7 +245,7 @@ def test_every_epoch_millisecond_column_of_the_checkpoint_reads_as_a_time(tmp_pa
         for field in DeltaTable(str(location / kind.folder)).schema().fields
         if field.name.endswith("_ms") and getattr(field.type, "type", None) == "long"
     }
-    durations = {"lag_ms"}
+    durations = tables.DURATION_MS_COLUMNS
     assert milliseconds - durations == milliseconds & tables.EPOCH_MS_COLUMNS
 
 
