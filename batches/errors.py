@@ -146,6 +146,6 @@ class StateValueInvalid(LowmarkError):
     written."""
 
 
-class PreviewUnsupported(LowmarkError):
-    """``lowmark preview`` cannot run a pipeline's batch without writing (a step whose Spark
-    tasks write state files as they run)."""
+class PreviewImpossible(LowmarkError):
+    """``lowmark preview`` cannot run a pipeline's next batch without writing (a step whose
+    Spark tasks write state files as they run), or its input moved while it planned."""

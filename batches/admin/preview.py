@@ -12,8 +12,8 @@ not run: no offset-log entry, no state, sink, late, bad, watermark or progress r
 and no file is made under the checkpoint or the sink.
 
 A pipeline that never ran has no checkpoint, and the preview makes none: its batch 0
-starts from empty state, which a checkpoint in a temporary folder holds for the
-length of the preview.
+is planned again over an empty checkpoint in a temporary folder, which holds what the
+read records (a file source's inferred schema) for the length of the preview.
 
 Not covered: deduplication, a keyed step and a stream-stream join, whose Spark tasks
 write their state changes as (uncommitted) data files of the checkpoint's tables as
@@ -34,13 +34,14 @@ import pyarrow as pa
 from lowmark.batches.admin.status import BatchPlan, planned_next
 from lowmark.batches.clock import Clock
 from lowmark.batches.collect import collect
-from lowmark.batches.errors import ExpectationsFailed, PreviewUnsupported
+from lowmark.batches.errors import ExpectationsFailed, PreviewImpossible
 from lowmark.batches.loop.batch_work import BatchWork, explained
 from lowmark.batches.loop.outcome import Input, Outcome, look_at, with_event_time
 from lowmark.batches.loop.plan import PlannedBatch, Planner
-from lowmark.batches.loop.steps import Steps
+from lowmark.batches.loop.steps import WINDOWS, Steps
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import build_sink
+from lowmark.batches.sources import build_source
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.errors import first_line
 from lowmark.state.session import SparkLike, provider
@@ -126,36 +127,52 @@ def preview_next(
     limit: int = 20,
 ) -> Preview:
     """Run ``pipeline``'s next batch without committing anything (the module's contract);
-    its first ``limit`` sink rows. Raises ``PreviewUnsupported`` (``refusal``) before
+    its first ``limit`` sink rows. Raises ``PreviewImpossible`` (``refusal``) before
     anything is read."""
     why = refusal(pipeline)
     if why is not None:
-        raise PreviewUnsupported(why)
+        raise PreviewImpossible(why)
     plan, planner, nxt = planned_next(spark, pipeline, data_root, clock)
     planned = nxt.planned
     if planned is None or plan.batch_id is None or plan.problem is not None:
         return Preview(plan=plan, batch=None)
-    with _checkpoint_of(planner) as checkpoint:
-        work = _work(spark, pipeline, data_root, planner, checkpoint)
+    with _over_a_checkpoint(spark, data_root, planner, planned) as (planner, planned):
+        work = _work(spark, pipeline, data_root, planner)
         return Preview(plan=plan, batch=_run(work, planned, limit))
 
 
 @contextmanager
-def _checkpoint_of(planner: Planner) -> Iterator[Checkpoint]:
-    """The checkpoint the batch reads its state from: the pipeline's, or while it has
-    none, an empty one in a temporary folder (gone afterwards)."""
+def _over_a_checkpoint(
+    spark: SparkLike, data_root: Path, planner: Planner, planned: PlannedBatch
+) -> Iterator[tuple[Planner, PlannedBatch]]:
+    """The planner over the checkpoint the batch runs with, and its plan: the pipeline's,
+    or while it has none, an empty one in a temporary folder (gone afterwards), planned
+    anew there, so that what a source fixes on its first read (a file source's inferred
+    schema) lands there too. Raises ``PreviewImpossible`` if that plan takes other
+    input (some landed in between)."""
     if planner.checkpoint is not None:
-        yield planner.checkpoint
+        yield planner, planned
         return
+    pipeline, clock = planner.pipeline, planner.clock
     with tempfile.TemporaryDirectory(prefix="lowmark-preview-") as folder:
-        yield Checkpoint(folder, planner.pipeline.name)
+        checkpoint = Checkpoint(folder, pipeline.name)
+        source = build_source(spark, pipeline, data_root, checkpoint, clock)
+        stage = WINDOWS.build(pipeline, checkpoint)
+        again = Planner(pipeline, checkpoint, source, stage, clock, planner.dimensions)
+        replanned = again.next_batch(dry_run=True).planned
+        if replanned is None or replanned.range != planned.range:
+            raise PreviewImpossible(
+                f"the input of {pipeline.name}'s batch {planned.batch_id} changed while "
+                "lowmark preview planned it: preview it again"
+            )
+        yield again, replanned
 
 
-def _work(
-    spark: SparkLike, pipeline: Pipeline, data_root: Path, planner: Planner, checkpoint: Checkpoint
-) -> BatchWork:
-    """The batch's Spark work over the planner's source (the one that planned its range)."""
-    source = planner.source
+def _work(spark: SparkLike, pipeline: Pipeline, data_root: Path, planner: Planner) -> BatchWork:
+    """The batch's Spark work over ``planner``'s checkpoint and source (the one that planned
+    its range)."""
+    checkpoint, source = planner.checkpoint, planner.source
+    assert checkpoint is not None  # _over_a_checkpoint's
     steps = Steps.build(pipeline, checkpoint, source)
     # Only asked whether a replay's write landed: building a sink writes nothing.
     sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
