@@ -17,7 +17,7 @@ read records (a file source's inferred schema) for the length of the preview.
 
 Not covered: deduplication, a keyed step and a stream-stream join, whose Spark tasks
 write their state changes as (uncommitted) data files of the checkpoint's tables as
-they run: ``refusal`` names the feature.
+they run: ``check_previewable`` names the feature.
 """
 
 from __future__ import annotations
@@ -101,22 +101,21 @@ class Preview:
         return {"pipeline": self.plan.pipeline, "plan": self.plan.to_json(), "batch": batch}
 
 
-def refusal(pipeline: Pipeline) -> str | None:
-    """Why ``pipeline``'s batches cannot be previewed (a step whose Spark tasks write state
-    files as they run), or None."""
+def check_previewable(pipeline: Pipeline) -> None:
+    """Raise ``PreviewImpossible`` naming the steps of ``pipeline`` whose Spark tasks write
+    state files as they run (what a preview cannot run), if it has any."""
     features = {
         "dedup": pipeline.dedup,
         "keyed": pipeline.keyed,
         "stream_join": pipeline.stream_join,
     }
     named = [name for name, feature in features.items() if feature is not None]
-    if not named:
-        return None
-    return (
-        f"pipeline {pipeline.name} has {' and '.join(named)}, whose Spark tasks write state "
-        f"files as they run: lowmark preview covers {COVERED}; `lowmark plan "
-        f"{pipeline.name}` shows the next batch's input"
-    )
+    if named:
+        raise PreviewImpossible(
+            f"pipeline {pipeline.name} has {' and '.join(named)}, whose Spark tasks write "
+            f"state files as they run: lowmark preview covers {COVERED}; `lowmark plan "
+            f"{pipeline.name}` shows the next batch's input"
+        )
 
 
 def preview_next(
@@ -127,11 +126,9 @@ def preview_next(
     limit: int = 20,
 ) -> Preview:
     """Run ``pipeline``'s next batch without committing anything (the module's contract);
-    its first ``limit`` sink rows. Raises ``PreviewImpossible`` (``refusal``) before
+    its first ``limit`` sink rows. Raises ``PreviewImpossible`` (``check_previewable``) before
     anything is read."""
-    why = refusal(pipeline)
-    if why is not None:
-        raise PreviewImpossible(why)
+    check_previewable(pipeline)
     plan, planner, nxt = planned_next(spark, pipeline, data_root, clock)
     planned = nxt.planned
     if planned is None or plan.batch_id is None or plan.problem is not None:
