@@ -144,3 +144,8 @@ class StateValueInvalid(LowmarkError):
     """A keyed step's processor gave a state a value its declared schema does not hold (a
     tuple of another arity, a value not of the field's type): the batch fails, nothing
     written."""
+
+
+class PreviewImpossible(LowmarkError):
+    """``lowmark preview`` cannot run a pipeline's next batch without writing (a step whose
+    Spark tasks write state files as they run), or its input moved while it planned."""

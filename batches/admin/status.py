@@ -269,6 +269,14 @@ def pipeline_plan(
 ) -> BatchPlan:
     """What the next batch would take, by the runner's own rule, writing nothing (``lowmark
     plan``: a dry run, like ``spark-pipelines dry-run``)."""
+    return planned_next(spark, pipeline, data_root, clock)[0]
+
+
+def planned_next(
+    spark: SparkLike, pipeline: Pipeline, data_root: Path, clock: Clock | None = None
+) -> tuple[BatchPlan, Planner, NextBatch]:
+    """``pipeline_plan``, with the read-only planner it asked and its answer: what ``lowmark
+    preview`` runs the batch of, so that it runs exactly the batch ``lowmark plan`` shows."""
     as_of = (clock or SystemClock()).now_ms()
     planner = read_only_planner(spark, pipeline, data_root, clock)
     nxt = planner.next_batch(dry_run=True)
@@ -294,10 +302,10 @@ def pipeline_plan(
     )
     next_status = _next_batch(planner, nxt, backlog)
     if planned is None or next_status is None:
-        return nothing
+        return nothing, planner, nxt
     inputs = source.inputs(planned.start, planned.end)
     problem = find_problem(pipeline, source, inputs, data_root, planned.batch_id)
-    return dataclasses.replace(
+    found = dataclasses.replace(
         nothing,
         reason=next_status.reason,
         batch_id=next_status.batch_id,
@@ -316,6 +324,7 @@ def pipeline_plan(
         window_watermark_ms=planned.window_watermark,
         dimension_versions=planned.dimension_versions,
     )
+    return found, planner, nxt
 
 
 def _committed_end(planner: Planner, committed: OffsetEntry | None) -> Offsets:

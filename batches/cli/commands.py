@@ -57,7 +57,8 @@ from lowmark.state.spark_confs import key_value
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lowmark.batches.admin.status import NextBatchStatus, PipelineStatus
+    from lowmark.batches.admin.preview import PreviewedBatch
+    from lowmark.batches.admin.status import BatchPlan, NextBatchStatus, PipelineStatus
     from lowmark.batches.loop.events import BatchResult
     from lowmark.batches.loop.microbatch import MicroBatchRunner
     from lowmark.batches.pipeline import Pipeline, SinkKind
@@ -838,6 +839,113 @@ def plan(
         # What `lowmark run` would stop on, before Spark starts.
         err.print(f"[red]error:[/] {plan.problem}", highlight=False, soft_wrap=True)
         raise typer.Exit(2)
+
+
+@app.command()
+def preview(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    limit: Annotated[
+        int, typer.Option(min=0, help="Show at most this many of the sink's rows.")
+    ] = 20,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON: the plan, the counts, and the rows (keys in docs/cli.md).",
+        ),
+    ] = False,
+) -> None:
+    """Run PIPELINE's next batch and show what it would write, committing nothing.
+
+    The batch `lowmark plan` shows (a replay's offsets and watermark when the
+    last batch is uncommitted) is read, transformed and judged by its
+    expectations, and its windows are merged with the window state as it
+    stands. Printed: the first --limit rows its sink would get, and its
+    counts: rows in and out, bad, late, each expectation's violations, and
+    windows emitted, updated and closed.
+
+    Nothing is written: no offsets, state, sink rows, late or bad records,
+    watermarks or progress, and no file under the checkpoint or the sink; the
+    next `lowmark run` writes the rows shown. Pipelines with dedup, a keyed step or a
+    stream-stream join are refused (their Spark tasks write state files).
+    """
+    from lowmark.batches.admin.preview import check_previewable, preview_next
+    from lowmark.batches.loop.preflight import check_source_folders
+
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+    check_previewable(p)  # the definition first: no folder makes it previewable
+    check_source_folders(p, c.data_root)  # as `lowmark plan` does
+    with err.status(f"previewing {pipeline}…"):
+        shown = preview_next(c.spark, p, c.data_root, c.clock, limit)
+    plan, batch = shown.plan, shown.batch
+    if as_json:
+        print_json(out, shown.to_json(), default=_json_value)
+    elif plan.batch_id is None:
+        out.print(f"{p.name}: {plan.reason}", soft_wrap=True, highlight=False)
+    elif batch is not None:
+        _print_preview(p, plan, batch)
+    if plan.problem is not None:
+        if not as_json:
+            err.print(f"[red]error:[/] {plan.problem}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
+
+
+def _print_preview(p: Pipeline, plan: BatchPlan, batch: PreviewedBatch) -> None:
+    """``lowmark preview``'s text: the batch, its counts, then the first sink rows."""
+    from lowmark.batches.expectations import PARSABLE
+
+    kind = " (a replay of the uncommitted batch)" if plan.replay else ""
+    out.print(
+        f"{p.name}: batch {plan.batch_id}{kind}, previewed: nothing was written",
+        soft_wrap=True,
+        highlight=False,
+    )
+    fields = [
+        ("  input", plan.input or ""),
+        (
+            "  rows",
+            f"{batch.rows_in} in, {batch.rows_out} out, {batch.rows_bad} bad, "
+            f"{batch.rows_late} late",
+        ),
+    ]
+    violated = [f"{n} {v}" for n, v in batch.violations.items() if n != PARSABLE]
+    if violated:
+        fields.append(("  expectations", ", ".join(violated)))
+    if batch.windows is not None:
+        w = batch.windows
+        retracted = f", {w.retracted} retracted" if w.retracted else ""
+        fields.append(
+            (
+                "  windows",
+                f"{w.emitted} emitted, {w.updated} updated, {w.closed} closed{retracted}",
+            )
+        )
+    if batch.stops is not None:
+        fields.append(("  a run stops", batch.stops))
+    print_fields(out, fields)
+    if not batch.columns:
+        return
+    cells = [[_cell(row[c]) for c in batch.columns] for row in batch.rows]
+    print_table(out, batch.columns, cells)
+    if len(batch.rows) < batch.rows_out:
+        out.print(f"(the first {len(batch.rows)} of {batch.rows_out} rows)", highlight=False)
+
+
+def _cell(value: object) -> str:
+    """A sink row's value in a text table: times in ISO 8601, nothing as empty."""
+    if value is None:
+        return ""
+    return str(_json_value(value)) if isinstance(value, datetime) else str(value)
+
+
+def _json_value(value: object) -> object:
+    """What JSON has no type for, in a sink row: times as ISO 8601, the rest as text."""
+    if isinstance(value, datetime):
+        moment_utc = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return moment_utc.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return str(value)
 
 
 @app.command()

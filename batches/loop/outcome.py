@@ -134,15 +134,28 @@ class Outcome:
             return self.sink_version
         taken = self.taken
         assert taken is not None  # a stateless batch always reads its input itself
-        rows = taken.out.drop(PARTITION_COLUMN)
+        rows = self.sink_rows()
         return explained(taken.read, lambda: sink.write(rows, batch_id))
 
+    def sink_rows(self) -> pa.Table | DataFrame:
+        """The rows step 6 hands the sink: a join's rows or the windows' output (on the
+        driver), else the transformed records (lazy, over the batch's own read)."""
+        if self.joined is not None:
+            return self.joined.output
+        if self.changes is not None:
+            return self.changes.output
+        assert self.taken is not None  # a stateless batch always reads its input itself
+        return self.taken.out.drop(PARTITION_COLUMN)
 
-def look_at(work: BatchWork, read_ahead: ReadAhead | None, planned: PlannedBatch) -> Outcome:
+
+def look_at(
+    work: BatchWork, read_ahead: ReadAhead | None, planned: PlannedBatch, writing: bool = True
+) -> Outcome:
     """Steps 3 and 4 of ``planned``: what the catch-up read-ahead saw of exactly its range,
     or its own read and one job over its records (then its input is confirmed unchanged by
     the read). A stateless batch that nothing it finds can stop has its sink written by
-    that job (``lowmark.batches.loop.one_job``); otherwise nothing is written yet."""
+    that job (``lowmark.batches.loop.one_job``) unless not ``writing`` (``lowmark preview``);
+    otherwise nothing is written yet."""
     batch = planned.range
     if read_ahead is not None:
         seen = read_ahead.seen(
@@ -150,7 +163,7 @@ def look_at(work: BatchWork, read_ahead: ReadAhead | None, planned: PlannedBatch
         )
         if seen is not None:
             return Outcome(seen=seen, taken=None)
-    one_job = work.in_one_job(planned)
+    one_job = writing and work.in_one_job(planned)
     taken = work.take(planned, one_job)
     written = None
     if one_job:

@@ -228,7 +228,8 @@ class FileStreamSource(Source):
                 )
 
     def _taken(self, batch: Range) -> list[ManifestFile]:
-        """The manifest's files of ``batch`` (re-read once if it lacks some)."""
+        """The manifest's files of ``batch`` (re-read once if it lacks some), and those a
+        dry-run ``plan`` numbered (``lowmark preview`` reads them, recording nothing)."""
         start, end = batch.start, batch.end
         expected = sum(n - start.get(p, 0) for p, n in end.items())
 
@@ -237,9 +238,9 @@ class FileStreamSource(Source):
                 f for f in known if start.get(f.partition, 0) <= f.seq < end.get(f.partition, 0)
             ]
 
-        files = in_range(self._manifest())
+        files = in_range(self._planned(refresh=False))
         if len(files) != expected:
-            files = in_range(self._manifest(refresh=True))
+            files = in_range(self._planned(refresh=True))
         if len(files) != expected:  # a committed batch's, retired by maintenance
             files = in_range(self.manifest.files(retired=True))
         if len(files) != expected:

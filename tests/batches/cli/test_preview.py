@@ -1,0 +1,122 @@
+"""`lowmark preview`: the next batch run on its planned input, nothing committed."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from lowmark.batches.demo import orders, user_revenue, write_sample_files
+from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
+from tests.helpers import FakeClock, lowmark
+
+
+def on_disk(*folders: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folders``: its size and modification time."""
+    return {
+        str(f): (f.stat().st_size, f.stat().st_mtime_ns)
+        for folder in folders
+        for f in folder.rglob("*")
+        if f.is_file()
+    }
+
+
+def delta_versions(*folders: Path) -> dict[str, int]:
+    """The version of every Delta table under ``folders``."""
+    return {
+        str(log.parent): DeltaTable(str(log.parent)).version()
+        for folder in folders
+        for log in folder.rglob("_delta_log")
+    }
+
+
+def as_shown(row: dict[str, Any]) -> str:
+    """A sink row as ``preview --json`` prints it (times in ISO 8601, UTC), comparable."""
+    shown = {
+        k: v.astimezone(UTC).isoformat().replace("+00:00", "Z") if isinstance(v, datetime) else v
+        for k, v in row.items()
+    }
+    return json.dumps(shown, sort_keys=True)
+
+
+def sink_rows(path: Path) -> Counter[str]:
+    return Counter(as_shown(r) for r in DeltaTable(str(path)).to_pyarrow_table().to_pylist())
+
+
+def folders_of(p: Pipeline, root: Path) -> tuple[Path, Path]:
+    """The checkpoint and sink folders of demo pipeline ``p``."""
+    assert isinstance(p.sink, DeltaSink)  # the demo's pipelines write Delta tables
+    return Path(p.checkpoint_location(root)), Path(resolve(p.sink.path, root))
+
+
+@pytest.mark.parametrize("pipeline", [orders, user_revenue], ids=lambda p: p.name)
+def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_showed(
+    spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+    data_root: Path,
+    clock: FakeClock,
+    pipeline: Pipeline,
+) -> None:
+    now = datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
+    write_sample_files(data_root, files=4, rows_per_file=10, now=now)
+    name = pipeline.name
+    checkpoint, sink = folders_of(pipeline, data_root)
+
+    # Before the first run there is no checkpoint, and the preview makes none.
+    code, out, _ = lowmark(capsys, data_root, "preview", name, "--limit", "2", clock=clock)
+    assert code == 0 and f"{name}: batch 0, previewed: nothing was written" in out
+    assert not checkpoint.exists() and not sink.exists()
+
+    code, _, _ = lowmark(capsys, data_root, "run", name, clock=clock)
+    assert code == 0
+    files, versions = on_disk(checkpoint, sink), delta_versions(checkpoint, sink)
+    before = sink_rows(sink)
+
+    code, out, _ = lowmark(capsys, data_root, "preview", name, "--json", clock=clock)
+    assert code == 0
+    shown = json.loads(out)
+    assert on_disk(checkpoint, sink) == files
+    assert delta_versions(checkpoint, sink) == versions
+    assert shown["plan"]["batch_id"] == 1 and shown["plan"]["input"] == "2 → 4 (+2)"
+    batch = shown["batch"]
+
+    code, out, _ = lowmark(capsys, data_root, "run", name, "--json", clock=clock)
+    ran = json.loads(out)
+    assert (ran["batch_id"], ran["input"]) == (1, "2 → 4 (+2)")
+    counts = ("rows_in", "rows_out", "rows_bad", "rows_late", "violations")
+    assert {k: batch[k] for k in counts} == {k: ran[k] for k in counts}
+    assert batch["rows_bad"] == 2  # the third file's malformed lines
+    written = sink_rows(sink) - before
+    assert written.total() == batch["rows_out"] > 0
+    assert Counter(json.dumps(r, sort_keys=True) for r in batch["rows"]) == written
+    if pipeline.aggregation is not None:
+        assert batch["windows"]["emitted"] == batch["rows_out"]
+
+    # An emit-only batch of windows the watermark closes is previewed too; once caught up,
+    # one line.
+    lowmark(capsys, data_root, "run", name, "--until-caught-up", clock=clock)
+    code, out, _ = lowmark(capsys, data_root, "preview", name, clock=clock)
+    assert code == 0 and out.strip() == f"{name}: nothing to do (0 new files (0 bytes) waiting)"
+
+
+def test_preview_refuses_deduplication_in_one_line_saying_what_it_covers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_root: Path
+) -> None:
+    defined = tmp_path / "deduped.py"
+    defined.write_text(
+        "from lowmark.batches import demo\n"
+        "from lowmark.batches.dedup import Dedup\n"
+        "deduped = demo.user_revenue.model_copy(update={'name': 'deduped', "
+        "'dedup': Dedup(columns=('order_id',), within='1 hour')})\n"
+    )
+    code, out, err = lowmark(capsys, data_root, "--pipelines", str(defined), "preview", "deduped")
+    assert code == 2 and out == ""
+    assert err.startswith("error: pipeline deduped has dedup, whose Spark tasks write state")
+    assert "lowmark preview covers reads, transforms, expectations" in err
+    assert len(err.strip().splitlines()) == 1
