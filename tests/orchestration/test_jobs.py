@@ -159,6 +159,36 @@ def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
     assert sink.count() == 1
 
 
+def test_each_final_partition_carries_the_numbers_of_the_batch_that_closed_it_for_the_plots(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+) -> None:
+    # A partitioned asset's plots are by partition: the newest materialization of each,
+    # those without a partition left out. Batch 1 runs with batch 0's watermark (2 h 30 s)
+    # and makes hours 0 and 1 final: their materializations plot batch 1's numbers.
+    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 7230, 2)])
+    drop_order_files(data_root, 1, [tick("a", 7231, 4), tick("b", 5, 8)])  # b@5 s is late
+    assert run_ticks(defs, instance, resources).success
+    [closing] = [
+        r.asset_materialization.metadata  # type: ignore[union-attr]
+        for r in instance.fetch_materializations(TICKS, limit=10).records
+        if r.partition_key is None and r.asset_materialization.metadata["batch"].value == "1"  # type: ignore[union-attr]
+    ]
+    plotted = ("rows_in", "rows_out", "rows_late", "rows_bad", "duration_seconds", "lag_seconds")
+    for key in ("2026-01-01-00:00", "2026-01-01-01:00"):
+        [record] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(TICKS, asset_partitions=[key]), limit=1
+        ).records
+        metadata = record.asset_materialization.metadata  # type: ignore[union-attr]
+        for label in plotted:
+            assert isinstance(metadata[label], dg.IntMetadataValue | dg.FloatMetadataValue)
+            assert metadata[label] == closing[label], label
+        assert metadata["rows_in"].value == 2 and metadata["rows_late"].value == 1
+
+
 def test_a_run_over_a_source_folder_that_is_not_there_fails_naming_it_and_makes_no_checkpoint(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
