@@ -16,7 +16,8 @@ Per pipeline, one multi-asset whose op is the pipeline's run
   tables, materialized by every batch (with the rows it appended), so
   downstream assets can depend on them.
 - ``lowmark/sources/<kind>_<path>`` — the input, an external asset upstream
-  of all three, observed by the pipeline's sensor (``lowmark.orchestration.observations``).
+  of all three, observed by the pipeline's runs after each batch and by its sensor
+  (``lowmark.orchestration.observations``).
 - ``lowmark/dimensions/<table>`` — each table the pipeline joins its records with
   (``joins``), an external asset upstream of all three, not observed (``dimension_specs``).
 
@@ -53,6 +54,7 @@ from lowmark.orchestration.keys import (
     source_key,
     upstream_keys,
 )
+from lowmark.orchestration.observations import observed_inputs
 from lowmark.orchestration.partitions import event_time_partitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.runs import RunConfig, backfill, run_batches
@@ -140,6 +142,7 @@ def pipeline_assets(
     selected checks after each; only checks selected → just those. ``sinks``: other
     pipelines' sink assets, upstream of a pipeline that reads their tables."""
     upstream = upstream_keys(pipeline, data_root, sinks or {})
+    observed = observed_inputs(pipeline, data_root, sinks or {})
     name = pipeline.name
     specs = [
         dg.AssetSpec(
@@ -215,7 +218,7 @@ def pipeline_assets(
             elif context.selected_asset_keys:
                 session = spark.session()
                 batches = run_batches(
-                    context, pipeline, session, lowmark.root(), config, evaluate_checks
+                    context, pipeline, session, lowmark.root(), config, evaluate_checks, observed
                 )
         except Exception as exc:  # the checks still say what state it left
             failed = exc

@@ -4,7 +4,8 @@ Thin: builds the engine's objects and calls ``batches``. Each committed batch
 is logged as one readable line and reported as materializations
 (``lowmark.orchestration.metadata``): of the sink, of the late and bad-records tables
 when it appended to them, and of every event-time partition that became final
-with it.
+with it; and as an observation of what still waits in each input
+(``lowmark.orchestration.observations``).
 
 A run that follows the source holds the pipeline's pool slot; as soon as
 another run of the pipeline is queued — a backfill, a Materialize — it ends
@@ -20,7 +21,7 @@ its window's end) records nothing and is not resumed.
 # parameter annotations (config, resources) at definition time.
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -106,17 +107,22 @@ def run_batches(
     data_root: Path,
     config: RunConfig,
     after_batch: Callable[[], None],
+    inputs: Mapping[str, dg.AssetKey],
 ) -> int:
     """Batches until caught up or a limit, replaying a pending batch first; then, with
-    ``follow_seconds``, follow the source that long (``lowmark.batches.loop.follow``). Calls
-    ``after_batch`` after each batch is reported; returns how many batches committed.
+    ``follow_seconds``, follow the source that long (``lowmark.batches.loop.follow``). Each
+    batch is reported with what still waits in ``inputs`` (input assets by source name:
+    ``observations.observed_inputs``). Calls ``after_batch`` after each batch is reported;
+    returns how many batches committed.
     With ``LOWMARK_METRICS_TEXTFILE_DIR`` set, the run's metrics are written there for
     node_exporter's textfile collector (``lowmark.batches.loop.metrics``)."""
     check_source_folders(pipeline, data_root)  # as `lowmark run`: before a checkpoint is made
     runner = MicroBatchRunner(session, pipeline, data_root)
     with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
         partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
-        reports = BatchReports(context.instance, pipeline, runner, data_root, lambda: partitions)
+        reports = BatchReports(
+            context.instance, pipeline, runner, data_root, lambda: partitions, inputs
+        )
         return _drain_then_follow(context, pipeline, runner, reports, config, after_batch)
 
 

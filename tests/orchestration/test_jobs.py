@@ -189,6 +189,31 @@ def test_each_final_partition_carries_the_numbers_of_the_batch_that_closed_it_fo
         assert metadata["rows_in"].value == 2 and metadata["rows_late"].value == 1
 
 
+def test_after_each_batch_the_input_is_observed_with_the_files_still_waiting(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+) -> None:
+    # ticks takes one file per batch: while a run goes on, files wait behind each batch.
+    for i in range(3):
+        drop_order_files(data_root, i, [tick("a", 10 * i + 1, i)])
+    ticks_in = dg.AssetKey(["lowmark", "sources", "files_ticks_in"])
+
+    def newest_waiting() -> Any:
+        [record] = instance.fetch_observations(ticks_in, limit=1).records
+        return record.asset_observation.metadata["ticks/waiting_files"].value  # type: ignore[union-attr]
+
+    assert run_ticks(defs, instance, resources, max_batches=2).success
+    folder = sorted(p.name for p in (data_root / "ticks/in").iterdir())
+    assert newest_waiting() == 1 == len(folder) - 2  # two files taken, one waits
+    observations = instance.fetch_observations(ticks_in, limit=10).records
+    assert len(observations) == 2  # one per batch
+    assert run_ticks(defs, instance, resources).success
+    assert newest_waiting() == 0
+
+
 def test_a_run_over_a_source_folder_that_is_not_there_fails_naming_it_and_makes_no_checkpoint(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
