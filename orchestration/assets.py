@@ -55,7 +55,7 @@ from lowmark.orchestration.keys import (
     upstream_keys,
 )
 from lowmark.orchestration.observations import observed_inputs
-from lowmark.orchestration.partitions import event_time_partitions
+from lowmark.orchestration.partitions import backfill_policy, event_time_partitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.runs import RunConfig, backfill, run_batches
 from lowmark.orchestration.sensors import sensor_interval_seconds
@@ -138,7 +138,8 @@ def pipeline_assets(
     pipeline: Pipeline, data_root: Path, sinks: Sinks | None = None
 ) -> dg.AssetsDefinition:
     """The sink, late and bad-records assets of ``pipeline`` and their checks, computed by
-    one op: partitions selected → backfill them; else run micro-batches, evaluating the
+    one op: a partition or a range of them selected (a backfill's runs:
+    ``partitions.backfill_policy``) → backfill them; else run micro-batches, evaluating the
     selected checks after each; only checks selected → just those. ``sinks``: other
     pipelines' sink assets, upstream of a pipeline that reads their tables."""
     upstream = upstream_keys(pipeline, data_root, sinks or {})
@@ -194,6 +195,7 @@ def pipeline_assets(
         can_subset=True,
         group_name=GROUP,
         pool=pool(pipeline),
+        backfill_policy=backfill_policy(pipeline),
         op_tags={PIPELINE_TAG: name},
         description=f"Micro-batches of lowmark pipeline {name}; with partitions, a backfill.",
     )
@@ -211,10 +213,8 @@ def pipeline_assets(
         failed: Exception | None = None
         batches = 0
         try:
-            if context.has_partition_key:
-                yield from backfill(
-                    context, pipeline, spark.session(), lowmark.root(), config.force
-                )
+            if context.has_partition_key or context.has_partition_key_range:
+                backfill(context, pipeline, spark.session(), lowmark.root(), config.force)
             elif context.selected_asset_keys:
                 session = spark.session()
                 batches = run_batches(

@@ -4,12 +4,16 @@ as materialized, checks are evaluated (alone too), and a backfill replaces one p
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.execution.backfill import BulkActionStatus
+from dagster._daemon.backfill import execute_backfill_iteration
+from dagster_graphql.test.utils import execute_dagster_graphql
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -22,6 +26,12 @@ from lowmark.orchestration.tables import COLUMN_SCHEMA, ROW_COUNT
 from lowmark.state.table import DriverTable
 from tests.helpers import TICKS, delta_frame, drop_order_files, samples, tick, value
 from tests.orchestration.pipelines import SCHEMA, ticks
+from tests.orchestration.workspace import (
+    LAUNCH_BACKFILL,
+    backfill_params,
+    in_process_workspace,
+)
+from tests.orchestration.workspace import defs as workspace_defs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TICKS_LATE = dg.AssetKey(["lowmark", "ticks_late"])
@@ -282,6 +292,50 @@ def test_the_backfill_job_replaces_one_hour_partition(
     assert not refused.success
     failure = refused.get_step_failure_events()[0].step_failure_data.error
     assert failure is not None and "is still open" in failure.message
+
+
+def test_a_backfill_of_several_partitions_from_the_ui_runs_ranges_that_backfill_each(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
+    # Hours 0 and 1 hold a window each; a late record for each lands after hour 2's data
+    # closed them.
+    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 3601, 2), tick("a", 7230, 4)])
+    drop_order_files(data_root, 1, [tick("a", 2, 8), tick("a", 3602, 16)])
+    hours = ["2026-01-01-00:00", "2026-01-01-01:00"]
+    with in_process_workspace() as workspace:
+        instance = workspace.instance
+        assert run_ticks(workspace_defs, instance, {}).success  # the stream: both hours final
+        location = workspace.create_request_context()
+        launched = execute_dagster_graphql(
+            location, LAUNCH_BACKFILL, backfill_params(TICKS, hours)
+        ).data["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        backfill_id = launched["backfillId"]
+        # The daemon's iterations: plan and submit the runs (they run in process), see
+        # them done, complete the backfill.
+        for _ in range(3):
+            list(execute_backfill_iteration(workspace, logging.getLogger("backfill")))
+        backfill = instance.get_backfill(backfill_id)
+        assert backfill is not None and backfill.status == BulkActionStatus.COMPLETED_SUCCESS
+        assert backfill.asset_backfill_data is not None
+        target = backfill.asset_backfill_data.target_subset
+        assert set(target.get_partitions_subset(TICKS).get_partition_keys()) == set(hours)
+        # One run for the range, which replaced each hour with its late record included.
+        [run] = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        assert run.tags["dagster/asset_partition_range_start"] == hours[0]
+        assert run.tags["dagster/asset_partition_range_end"] == hours[1]
+        for key in hours:
+            [record] = instance.fetch_materializations(
+                dg.AssetRecordsFilter(TICKS, asset_partitions=[key]), limit=1
+            ).records
+            assert record.run_id == run.run_id
+            metadata = record.asset_materialization.metadata  # type: ignore[union-attr]
+            assert metadata["written_by"] == dg.TextMetadataValue("backfill")
+            assert metadata[ROW_COUNT] == dg.IntMetadataValue(1)
+    out = delta_frame(spark, str(data_root / "ticks/out")).orderBy("window_start")
+    assert [(r["count"], r["sum_amount"]) for r in out.collect()] == [(2, 9), (2, 18)]
 
 
 def test_the_daily_compact_schedule_runs_checkpoint_maintenance(
