@@ -33,7 +33,7 @@ from lowmark.orchestration.instance import POSTGRES_VARIABLES
 from tests.helpers import delta_frame, per_window, tick, write_json_lines
 from tests.orchestration.dagster_dev import DagsterDev, command_line, start_ui, wait_for
 from tests.orchestration.pipelines import SCHEMA
-from tests.orchestration.workspace import LAUNCH_BACKFILL, backfill_params
+from tests.orchestration.workspace import LAUNCH_BACKFILL, backfill_params, partition_range
 from tests.postgres_server import USER, PostgresServer
 
 TICKS = dg.AssetKey(["lowmark", "ticks"])
@@ -181,7 +181,7 @@ def test_on_postgres_a_following_run_a_killed_daemon_and_a_ui_backfill_lose_and_
             ),
             dev,
         )
-        assert [r.tags["dagster/partition"] for r in backfilled] == [HOUR_0]
+        assert [partition_range(r) for r in backfilled] == [(HOUR_0, HOUR_0)]
         assert rows(delta_frame(spark, sink)) == expected  # the slice replaced by itself
 
         # All of it is in Postgres: the runs, their events, the sensor's ticks (from before

@@ -30,6 +30,7 @@ from tests.orchestration.workspace import (
     LAUNCH_BACKFILL,
     backfill_params,
     in_process_workspace,
+    partition_range,
 )
 from tests.orchestration.workspace import defs as workspace_defs
 
@@ -324,8 +325,7 @@ def test_a_backfill_of_several_partitions_from_the_ui_runs_ranges_that_backfill_
         # One run for the range, which replaced each hour with its late record included.
         [run] = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
         assert run.status == dg.DagsterRunStatus.SUCCESS
-        assert run.tags["dagster/asset_partition_range_start"] == hours[0]
-        assert run.tags["dagster/asset_partition_range_end"] == hours[1]
+        assert partition_range(run) == (hours[0], hours[1])
         for key in hours:
             [record] = instance.fetch_materializations(
                 dg.AssetRecordsFilter(TICKS, asset_partitions=[key]), limit=1

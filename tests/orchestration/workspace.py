@@ -42,6 +42,13 @@ def backfill_params(key: dg.AssetKey, partitions: list[str]) -> dict[str, Any]:
     return {"backfillParams": params}
 
 
+def partition_range(run: dg.DagsterRun) -> tuple[str, str]:
+    """The first and last partition a backfill's run backfilled (its range tags)."""
+    return run.tags["dagster/asset_partition_range_start"], run.tags[
+        "dagster/asset_partition_range_end"
+    ]
+
+
 @contextmanager
 def in_process_workspace() -> Iterator[WorkspaceProcessContext]:
     """This module's ``defs`` as the one code location of a workspace over a temporary
