@@ -16,7 +16,8 @@ Per pipeline, one multi-asset whose op is the pipeline's run
   tables, materialized by every batch (with the rows it appended), so
   downstream assets can depend on them.
 - ``lowmark/sources/<kind>_<path>`` — the input, an external asset upstream
-  of all three, observed by the pipeline's sensor (``lowmark.orchestration.observations``).
+  of all three, observed by the pipeline's runs after each batch and by its sensor
+  (``lowmark.orchestration.observations``).
 - ``lowmark/dimensions/<table>`` — each table the pipeline joins its records with
   (``joins``), an external asset upstream of all three, not observed (``dimension_specs``).
 
@@ -53,7 +54,8 @@ from lowmark.orchestration.keys import (
     source_key,
     upstream_keys,
 )
-from lowmark.orchestration.partitions import event_time_partitions
+from lowmark.orchestration.observations import observed_inputs
+from lowmark.orchestration.partitions import backfill_policy, event_time_partitions
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.runs import RunConfig, backfill, run_batches
 from lowmark.orchestration.sensors import sensor_interval_seconds
@@ -136,10 +138,12 @@ def pipeline_assets(
     pipeline: Pipeline, data_root: Path, sinks: Sinks | None = None
 ) -> dg.AssetsDefinition:
     """The sink, late and bad-records assets of ``pipeline`` and their checks, computed by
-    one op: partitions selected → backfill them; else run micro-batches, evaluating the
+    one op: a partition or a range of them selected (a backfill's runs:
+    ``partitions.backfill_policy``) → backfill them; else run micro-batches, evaluating the
     selected checks after each; only checks selected → just those. ``sinks``: other
     pipelines' sink assets, upstream of a pipeline that reads their tables."""
     upstream = upstream_keys(pipeline, data_root, sinks or {})
+    observed = observed_inputs(pipeline, data_root, sinks or {})
     name = pipeline.name
     specs = [
         dg.AssetSpec(
@@ -191,6 +195,7 @@ def pipeline_assets(
         can_subset=True,
         group_name=GROUP,
         pool=pool(pipeline),
+        backfill_policy=backfill_policy(pipeline),
         op_tags={PIPELINE_TAG: name},
         description=f"Micro-batches of lowmark pipeline {name}; with partitions, a backfill.",
     )
@@ -208,14 +213,12 @@ def pipeline_assets(
         failed: Exception | None = None
         batches = 0
         try:
-            if context.has_partition_key:
-                yield from backfill(
-                    context, pipeline, spark.session(), lowmark.root(), config.force
-                )
+            if context.has_partition_key or context.has_partition_key_range:
+                backfill(context, pipeline, spark.session(), lowmark.root(), config.force)
             elif context.selected_asset_keys:
                 session = spark.session()
                 batches = run_batches(
-                    context, pipeline, session, lowmark.root(), config, evaluate_checks
+                    context, pipeline, session, lowmark.root(), config, evaluate_checks, observed
                 )
         except Exception as exc:  # the checks still say what state it left
             failed = exc

@@ -66,12 +66,21 @@ def report_to_dagster(
     prepare_home(Path(home))
     instance = dg.DagsterInstance.get()
     pipeline = runner.pipeline
+    # No input observed: which inputs are other pipelines' sinks is the code location's to
+    # say (`observed_inputs`); the sensor's next tick records what waits there.
     reports = BatchReports(
-        instance, pipeline, runner, data_root, lambda: event_time_partitions(pipeline, data_root)
+        instance,
+        pipeline,
+        runner,
+        data_root,
+        lambda: event_time_partitions(pipeline, data_root),
+        inputs={},
     )
 
     def report(r: BatchResult) -> None:
-        events: list[dg.AssetMaterialization | dg.AssetCheckEvaluation] = [*reports.of(r)]
+        events: list[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckEvaluation] = [
+            *reports.of(r)
+        ]
         events += check_evaluations(pipeline, data_root, check_keys(pipeline))
         for event in events:
             instance.report_runless_asset_event(event)

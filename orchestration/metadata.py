@@ -14,11 +14,14 @@ unit in its name), and ``lag``, text that reads as a duration (``27 min 36 s``,
 as the CLI writes durations). A batch's duration is seconds a person reads at
 a glance (``duration_seconds 4.2``) and stays a number only.
 
-A partitioned sink's plots default to one point per partition (the newest
-materialization of each), which leaves out the batches' own, unpartitioned,
-materializations: so each partition's materialization carries its rows
-(``dagster/row_count``) as a number, and the per-batch numbers are under
-*Events*.
+
+*Metadata plots*) default to one point per partition: the newest
+materialization of each of the newest 120 partitions, materializations
+without a partition left out. So the materialization of each partition a batch
+makes final carries that batch's numbers (``batch_numbers``) beside the
+partition's rows (``dagster/row_count``): the per-batch series, one point per
+partition, by the batch that closed it. Every batch, one point each, is
+plotted by time (*Plots* → *Events*).
 """
 
 from __future__ import annotations
@@ -50,14 +53,11 @@ def batch_line(pipeline: Pipeline, r: BatchResult) -> str:
     return line
 
 
-def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawMetadataValue]:
-    """The sink materialization's metadata for one batch; ``backlog`` is what the source
-    still held past the batch (``Source.backlog``), plotted by its headline unit:
+def batch_numbers(r: BatchResult, backlog: dict[str, int]) -> dict[str, int | float]:
+    """What Dagster plots of one batch: its rows, duration and lag; ``backlog`` is what the
+    source still held past the batch (``Source.backlog``), by its headline unit:
     ``backlog_files``, ``backlog_records`` (Kafka: end offsets minus committed)."""
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "batch": dg.MetadataValue.text(str(r.batch_id)),
-        "replayed": r.replay,
-        "input": dg.MetadataValue.text(describe_range(r.start, r.end)),
+    numbers: dict[str, int | float] = {
         "rows_in": r.rows_in,
         "rows_out": r.rows_out,
         "rows_late": r.rows_late,
@@ -65,18 +65,31 @@ def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawM
         "duration_seconds": round(_seconds(r), 2),
     }
     if r.rows_duplicate is not None:
-        metadata["rows_duplicate"] = r.rows_duplicate
+        numbers["rows_duplicate"] = r.rows_duplicate
+    if r.lag_ms is not None:
+        numbers["lag_seconds"] = round(r.lag_ms / 1000, 1)
+    for unit, count in list(backlog.items())[:1]:
+        numbers[f"backlog_{unit}"] = count
+    return numbers
+
+
+def batch_metadata(r: BatchResult, backlog: dict[str, int]) -> dict[str, dg.RawMetadataValue]:
+    """The sink materialization's metadata for one batch: its numbers (``batch_numbers``),
+    and its id, offsets and watermark as text and times."""
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "batch": dg.MetadataValue.text(str(r.batch_id)),
+        "replayed": r.replay,
+        "input": dg.MetadataValue.text(describe_range(r.start, r.end)),
+        **batch_numbers(r, backlog),
+    }
     if r.watermark_ms is not None:
         metadata["watermark"] = dg.MetadataValue.timestamp(r.watermark_ms / 1000)
     if r.lag_ms is not None:
         metadata["lag"] = dg.MetadataValue.text(duration(r.lag_ms))
-        metadata["lag_seconds"] = round(r.lag_ms / 1000, 1)
     if r.ingestion_ms is not None:  # the ingestion clock of each source partition
         metadata["ingested_up_to"] = dg.MetadataValue.json(
             {p: _iso(ms) for p, ms in sorted(r.ingestion_ms.items())}
         )
-    for unit, count in list(backlog.items())[:1]:
-        metadata[f"backlog_{unit}"] = count
     return metadata
 
 
@@ -99,17 +112,18 @@ def batch_materializations(
     (a windowed sink's: its open windows too); the late (event-time pipelines) and
     bad-records tables' — every batch, so neither reads as in progress for the whole of a
     run that follows the source — with the rows ``r`` appended and their row count and
-    schema; one per event-time partition of the sink it made final, with its rows: the
-    numbers the partitioned sink's plots (by partition) show; each extra sink's, with the
-    rows ``r`` wrote to it."""
+    schema; one per event-time partition of the sink it made final, with its rows and
+    ``r``'s numbers: what the partitioned sink's plots (by partition) show; each extra
+    sink's, with the rows ``r`` wrote to it."""
     batch = dg.MetadataValue.text(str(r.batch_id))
+    numbers = batch_numbers(r, backlog)
     # The partitions first: the asset page shows the newest event, the batch's own.
     events = [
         dg.AssetMaterialization(
             sink_key(pipeline),
             partition=key,
             description=f"every window of {key} final with batch {r.batch_id}",
-            metadata={"written_by": "stream", "batch": batch, ROW_COUNT: rows},
+            metadata={"written_by": "stream", "batch": batch, **numbers, ROW_COUNT: rows},
         )
         for key, rows in tables.partitions.items()
     ]

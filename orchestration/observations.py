@@ -1,18 +1,25 @@
-"""The input assets as the sensors observe them: what waits for each pipeline.
+"""The input assets as lowmark observes them: what waits for each pipeline.
 
 An input (``lowmark/sources/<kind>_<path>``) is written by others, so Dagster
-never materializes it; each sensor tick that reads the pipeline's position
-(``lowmark.batches.admin.status``, no Spark) records an observation of each of the
-pipeline's inputs when what waits there changed since the last one it
-recorded: the source's backlog (files, records, versions) past the committed
-batch. The inputs are observable sources (``observable_inputs``): their page's Observe
-button records the same on demand. Pipelines reading one input each observe it under their
-own name, as the backlog is per checkpoint (``<pipeline>/waiting_<unit>``, plotted).
+never materializes it. What waits there for a pipeline — the source's backlog
+(files, records, versions) past its committed batch — is recorded as an
+observation of each of the pipeline's inputs:
+
+- by the pipeline's run after each batch it commits (``lowmark.orchestration.reporting``),
+  so it is current while a run follows the source;
+- by each sensor tick that reads the pipeline's position (no run in flight;
+  ``lowmark.batches.admin.status``, no Spark), when it differs from the newest
+  observation of the pipeline recorded for that input (``changed_observations``):
+  files that landed after the last run ended;
+- by the input's Observe button (the inputs are observable sources:
+  ``observable_inputs``), on demand.
+
+Pipelines reading one input each observe it under their own name, as the backlog is per
+checkpoint (``<pipeline>/waiting_<unit>``, plotted).
 """
 
 # No `from __future__ import annotations`: Dagster reads the observation function's
 # annotations at definition time to find its resources.
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -60,10 +67,33 @@ def input_observations(
     return events
 
 
-def backlog_cursor(backlog: dict[str, int]) -> str:
-    """The sensor's cursor: the backlog last observed, to record an observation only when
-    it changed (a tick every 30 s would otherwise record 2,880 a day)."""
-    return json.dumps(backlog, sort_keys=True)
+OBSERVATIONS_LOOKED_AT = 20
+"""A tick looks for the newest observation of the pipeline among this many of an input's
+newest observations (the others are of the pipelines reading the same input)."""
+
+
+def changed_observations(
+    instance: dg.DagsterInstance, pipeline: Pipeline, observations: Sequence[dg.AssetObservation]
+) -> list[dg.AssetObservation]:
+    """Those of ``observations`` (``input_observations``) whose numbers differ from the
+    newest observation of ``pipeline`` recorded for that input (by a tick, a run's batch or
+    Observe): a tick every 30 s would otherwise record 2,880 a day of the same numbers."""
+    return [o for o in observations if _newest(instance, pipeline, o.asset_key) != o.metadata]
+
+
+def _newest(
+    instance: dg.DagsterInstance, pipeline: Pipeline, key: dg.AssetKey
+) -> dict[str, dg.MetadataValue] | None:
+    """The numbers of the newest observation of ``key`` recorded for ``pipeline``."""
+    prefix = f"{pipeline.name}/waiting_"
+    for record in instance.fetch_observations(key, limit=OBSERVATIONS_LOOKED_AT).records:
+        observation = record.asset_observation
+        if observation is None:  # typed optional; an observation record always has one
+            continue
+        mine = {k: v for k, v in observation.metadata.items() if k.startswith(prefix)}
+        if mine:
+            return mine
+    return None
 
 
 def observable_inputs(

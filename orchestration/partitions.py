@@ -10,7 +10,8 @@ A partition counts as written by the stream once a batch ran with a
 watermark at or past its ``final_at_ms`` (``lowmark.batches.loop.backfill``): every window
 of it was closed and emitted by then. The micro-batch run reports such
 partitions materialized, so the asset's partition view shows what the stream
-wrote; a backfill reports the partition it replaced.
+wrote; a backfill reports each partition it replaced. A backfill of several
+partitions runs them in ranges (``backfill_policy``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ from lowmark.state.storage import open_table
 
 HOURLY_KEY = "%Y-%m-%d-%H:%M"
 DAILY_KEY = "%Y-%m-%d"
+
+PARTITIONS_PER_BACKFILL_RUN = 24
+"""At most this many partitions (a day of hours) per run of a backfill: each run starts
+Spark (unless shared) and takes the pipeline's one pool slot once, then backfills its
+partitions in turn, each over the whole committed history; more per run would hold the
+slot, and so the stream, longer between its batches."""
 
 
 def event_time_partitions(
@@ -52,6 +59,15 @@ def event_time_partitions(
         cron_schedule="0 * * * *" if hourly else "0 0 * * *",
         timezone="UTC",
     )
+
+
+def backfill_policy(pipeline: Pipeline) -> dg.BackfillPolicy | None:
+    """How Dagster splits a backfill of ``pipeline``'s partitions into runs: ranges of up to
+    ``PARTITIONS_PER_BACKFILL_RUN`` consecutive partitions, a run each (the backfill dialog's
+    *Launch backfill*, listed under *Backfills*); None without partitions."""
+    if pipeline.backfill is None:
+        return None
+    return dg.BackfillPolicy.multi_run(max_partitions_per_run=PARTITIONS_PER_BACKFILL_RUN)
 
 
 def _first_window(pipeline: Pipeline, data_root: Path) -> datetime | None:

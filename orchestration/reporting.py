@@ -1,5 +1,6 @@
-"""Each committed batch as the materializations Dagster records (see
-``lowmark.orchestration.metadata``).
+"""Each committed batch as the events Dagster records: materializations (see
+``lowmark.orchestration.metadata``) and observations of what still waits in each
+input (``lowmark.orchestration.observations``).
 
 One ``BatchReports`` per runner: it remembers the watermark each batch ran
 with and the event-time partitions already reported, so every partition is
@@ -12,7 +13,7 @@ schemas, open windows, a final partition's rows). Used by the pipeline's runs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -22,6 +23,7 @@ from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, Pipeline
 from lowmark.orchestration.keys import sink_key
 from lowmark.orchestration.metadata import TablesRead, batch_materializations
+from lowmark.orchestration.observations import input_observations
 from lowmark.orchestration.partitions import final_partition_keys
 from lowmark.orchestration.tables import (
     keyed_held,
@@ -36,7 +38,8 @@ are derived from the sink after each batch, as the UI derives them when it loads
 
 
 class BatchReports:
-    """The materializations of each batch ``runner`` commits, in order."""
+    """The events of each batch ``runner`` commits, in order; ``inputs``: the input assets
+    observed after each batch, by source name (``observations.observed_inputs``)."""
 
     def __init__(
         self,
@@ -45,8 +48,10 @@ class BatchReports:
         runner: MicroBatchRunner,
         data_root: Path,
         partitions: Partitions,
+        inputs: Mapping[str, dg.AssetKey],
     ) -> None:
         self.pipeline = pipeline
+        self.inputs = inputs
         self.source = runner.source
         self.data_root = data_root
         self.partitions = partitions
@@ -58,8 +63,9 @@ class BatchReports:
             else set()
         )
 
-    def of(self, r: BatchResult) -> list[dg.AssetMaterialization]:
-        """Batch ``r``'s materializations: call once per committed batch, in order."""
+    def of(self, r: BatchResult) -> list[dg.AssetMaterialization | dg.AssetObservation]:
+        """Batch ``r``'s materializations, then the observations of what waits in each input
+        past it: call once per committed batch, in order."""
         tables = self._read(r)
         partitions = self.partitions()
         if isinstance(partitions, dg.TimeWindowPartitionsDefinition):
@@ -70,7 +76,12 @@ class BatchReports:
                     tables.partitions[key] = partition_rows(sink, window.start, window.end)
                     self.reported.add(key)
         self.ran_with_ms = r.watermark_ms
-        return batch_materializations(self.pipeline, r, self.source.backlog(r.end), tables)
+        backlog = self.source.backlog(r.end)
+        described = self.source.describe_backlog(backlog)
+        return [
+            *batch_materializations(self.pipeline, r, backlog, tables),
+            *input_observations(self.pipeline, self.inputs, backlog, described),
+        ]
 
     def _read(self, r: BatchResult) -> TablesRead:
         """The tables' metadata after batch ``r`` (what has expired by its commit's

@@ -4,7 +4,8 @@ Thin: builds the engine's objects and calls ``batches``. Each committed batch
 is logged as one readable line and reported as materializations
 (``lowmark.orchestration.metadata``): of the sink, of the late and bad-records tables
 when it appended to them, and of every event-time partition that became final
-with it.
+with it; and as an observation of what still waits in each input
+(``lowmark.orchestration.observations``).
 
 A run that follows the source holds the pipeline's pool slot; as soon as
 another run of the pipeline is queued — a backfill, a Materialize — it ends
@@ -20,7 +21,7 @@ its window's end) records nothing and is not resumed.
 # parameter annotations (config, resources) at definition time.
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -106,17 +107,22 @@ def run_batches(
     data_root: Path,
     config: RunConfig,
     after_batch: Callable[[], None],
+    inputs: Mapping[str, dg.AssetKey],
 ) -> int:
     """Batches until caught up or a limit, replaying a pending batch first; then, with
-    ``follow_seconds``, follow the source that long (``lowmark.batches.loop.follow``). Calls
-    ``after_batch`` after each batch is reported; returns how many batches committed.
+    ``follow_seconds``, follow the source that long (``lowmark.batches.loop.follow``). Each
+    batch is reported with what still waits in ``inputs`` (input assets by source name:
+    ``observations.observed_inputs``). Calls ``after_batch`` after each batch is reported;
+    returns how many batches committed.
     With ``LOWMARK_METRICS_TEXTFILE_DIR`` set, the run's metrics are written there for
     node_exporter's textfile collector (``lowmark.batches.loop.metrics``)."""
     check_source_folders(pipeline, data_root)  # as `lowmark run`: before a checkpoint is made
     runner = MicroBatchRunner(session, pipeline, data_root)
     with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
         partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
-        reports = BatchReports(context.instance, pipeline, runner, data_root, lambda: partitions)
+        reports = BatchReports(
+            context.instance, pipeline, runner, data_root, lambda: partitions, inputs
+        )
         return _drain_then_follow(context, pipeline, runner, reports, config, after_batch)
 
 
@@ -209,26 +215,50 @@ def backfill(
     session: SparkSession,
     data_root: Path,
     force: bool,
-) -> Iterator[dg.MaterializeResult]:
-    """Recompute and replace the sink's slice of the run's one event-time partition."""
-    window = context.partition_time_window
-    try:
-        result = backfill_partition(session, pipeline, data_root, window.start, window.end, force)
-    except (PartitionNotClosed, BackfillHistoryLost) as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
-    verb = "already backfilled from" if result.skipped else "replaced from"
-    context.log.info(
-        f"partition {context.partition_key}: {result.windows} windows {verb} the history "
-        f"up to batch {result.based_on_batch} (sink version {result.sink_version})"
-    )
-    yield dg.MaterializeResult(
-        asset_key=sink_key(pipeline),
-        metadata={
-            "written_by": "backfill",
-            "windows": result.windows,
-            ROW_COUNT: result.windows,  # the partition's rows, as the stream reports them
-            "based_on_batch": dg.MetadataValue.text(str(result.based_on_batch)),
-            "skipped": result.skipped,
-            "sink_version": dg.MetadataValue.text(str(result.sink_version)),
-        },
-    )
+) -> None:
+    """Recompute and replace the sink's slice of each event-time partition of the run (one,
+    or a range: ``lowmark.orchestration.partitions.backfill_policy``), oldest first, each
+    reported as that partition's materialization. A partition the engine refuses (still
+    open, history lost) is named and the others still backfilled; the run then fails,
+    naming every refused one."""
+    partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
+    assert isinstance(partitions, dg.TimeWindowPartitionsDefinition)  # set with `backfill`
+    refused: list[str] = []
+    for key in context.partition_keys:
+        window = partitions.time_window_for_partition_key(key)
+        try:
+            result = backfill_partition(
+                session, pipeline, data_root, window.start, window.end, force
+            )
+        except (PartitionNotClosed, BackfillHistoryLost) as exc:
+            context.log.error(f"partition {key}: {exc}")
+            refused.append(f"{key}: {exc}")
+            continue
+        verb = "already backfilled from" if result.skipped else "replaced from"
+        context.log.info(
+            f"partition {key}: {result.windows} windows {verb} the history up to batch "
+            f"{result.based_on_batch} (sink version {result.sink_version})"
+        )
+        # Logged, not an output: a run over a range materializes each partition with its own
+        # numbers, which one output (the whole range's) cannot carry.
+        context.log_event(
+            dg.AssetMaterialization(
+                sink_key(pipeline),
+                partition=key,
+                description=f"backfill of {key}",
+                metadata={
+                    "written_by": "backfill",
+                    "windows": result.windows,
+                    ROW_COUNT: result.windows,  # the partition's rows, as the stream reports
+                    "based_on_batch": dg.MetadataValue.text(str(result.based_on_batch)),
+                    "skipped": result.skipped,
+                    "sink_version": dg.MetadataValue.text(str(result.sink_version)),
+                },
+            )
+        )
+    if refused:
+        raise dg.Failure(
+            description=f"{len(refused)} of {len(context.partition_keys)} partitions refused: "
+            + "; ".join(refused),
+            allow_retries=False,
+        )

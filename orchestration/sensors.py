@@ -23,7 +23,8 @@ operational error (a file gone, a damaged checkpoint) is not relaunched on
 every tick: the tick waits one interval after the first stop, two after the
 second, and so on (``lowmark.batches.admin.status.pending_work``), until it is blocked.
 Each tick that reads the pipeline's position also observes its input assets
-when what waits there changed (``lowmark.orchestration.observations``).
+when what waits there differs from their newest observation of the pipeline,
+which a run records after each batch (``lowmark.orchestration.observations``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -42,7 +43,7 @@ from lowmark.batches.loop.preflight import check_source_folders
 from lowmark.batches.pipeline import Pipeline
 from lowmark.orchestration.jobs import microbatch_job_name
 from lowmark.orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key, resume_run_key
-from lowmark.orchestration.observations import backlog_cursor, input_observations
+from lowmark.orchestration.observations import changed_observations, input_observations
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.runs import IN_FLIGHT, runs_of
 from lowmark.orchestration.yields import Yielded
@@ -82,8 +83,8 @@ def pipeline_sensor(
     inputs: Mapping[str, dg.AssetKey] | None = None,
 ) -> dg.SensorDefinition:
     """The sensor of ``pipeline``, requesting ``job`` runs; it observes ``inputs`` (input
-    assets by source name: ``lowmark.orchestration.observations``) whenever their backlog
-    changed."""
+    assets by source name: ``lowmark.orchestration.observations``) whenever what waits there
+    differs from their newest observation of ``pipeline``."""
 
     @dg.sensor(
         name=f"{pipeline.name}_sensor",
@@ -107,18 +108,16 @@ def pipeline_sensor(
             return dg.SkipReason(str(exc))
         # The session method, not a session: a tick over local folders starts no Spark.
         status = pipeline_status(spark.session, pipeline, lowmark.root())
-        cursor = backlog_cursor(status.backlog)
-        observed = (
-            input_observations(pipeline, inputs or {}, status.backlog, status.backlog_described)
-            if cursor != context.cursor
-            else []
+        observed = changed_observations(
+            context.instance,
+            pipeline,
+            input_observations(pipeline, inputs or {}, status.backlog, status.backlog_described),
         )
         answer = _decide(context, pipeline, status)
         return dg.SensorResult(
             run_requests=[answer] if isinstance(answer, dg.RunRequest) else None,
             skip_reason=answer if isinstance(answer, dg.SkipReason) else None,
             asset_events=observed,
-            cursor=cursor,
         )
 
     return _sensor

@@ -33,6 +33,7 @@ from lowmark.orchestration.instance import POSTGRES_VARIABLES
 from tests.helpers import delta_frame, per_window, tick, write_json_lines
 from tests.orchestration.dagster_dev import DagsterDev, command_line, start_ui, wait_for
 from tests.orchestration.pipelines import SCHEMA
+from tests.orchestration.workspace import LAUNCH_BACKFILL, backfill_params, partition_range
 from tests.postgres_server import USER, PostgresServer
 
 TICKS = dg.AssetKey(["lowmark", "ticks"])
@@ -81,27 +82,9 @@ def test_an_init_postgres_instance_keeps_runs_and_events_in_postgres_and_no_sqli
     assert "storage" not in yaml.safe_load(default.read_text())
 
 
-LAUNCH_BACKFILL = """
-mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $backfillParams) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PythonError { message }
-  }
-}
-"""
-"""The mutation the UI's *Launch backfill* sends for an asset's partitions."""
-
-
 def launch_backfill(dev: DagsterDev, key: dg.AssetKey, partitions: list[str]) -> str:
     """Launch a backfill of ``key``'s ``partitions`` through GraphQL as the UI does; its id."""
-    params = {
-        "assetSelection": [{"path": list(key.path)}],
-        "partitionNames": partitions,
-        "fromFailure": False,
-        "tags": [],
-    }
-    body = {"query": LAUNCH_BACKFILL, "variables": {"backfillParams": params}}
+    body = {"query": LAUNCH_BACKFILL, "variables": backfill_params(key, partitions)}
     request = urllib.request.Request(
         f"{dev.url}/graphql",
         data=json.dumps(body).encode(),
@@ -198,7 +181,7 @@ def test_on_postgres_a_following_run_a_killed_daemon_and_a_ui_backfill_lose_and_
             ),
             dev,
         )
-        assert [r.tags["dagster/partition"] for r in backfilled] == [HOUR_0]
+        assert [partition_range(r) for r in backfilled] == [(HOUR_0, HOUR_0)]
         assert rows(delta_frame(spark, sink)) == expected  # the slice replaced by itself
 
         # All of it is in Postgres: the runs, their events, the sensor's ticks (from before

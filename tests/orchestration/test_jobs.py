@@ -4,6 +4,7 @@ as materialized, checks are evaluated (alone too), and a backfill replaces one p
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.execution.backfill import BulkActionStatus
+from dagster._daemon.backfill import execute_backfill_iteration
+from dagster_graphql.test.utils import execute_dagster_graphql
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -23,6 +27,13 @@ from lowmark.orchestration.tables import COLUMN_SCHEMA, ROW_COUNT
 from lowmark.state.table import DriverTable
 from tests.helpers import TICKS, delta_frame, drop_order_files, samples, tick, value
 from tests.orchestration.pipelines import SCHEMA, ticks
+from tests.orchestration.workspace import (
+    LAUNCH_BACKFILL,
+    backfill_params,
+    in_process_workspace,
+    partition_range,
+)
+from tests.orchestration.workspace import defs as workspace_defs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TICKS_LATE = dg.AssetKey(["lowmark", "ticks_late"])
@@ -163,6 +174,61 @@ def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
     assert sink.count() == 1
 
 
+def test_each_final_partition_carries_the_numbers_of_the_batch_that_closed_it_for_the_plots(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+) -> None:
+    # A partitioned asset's plots are by partition: the newest materialization of each,
+    # those without a partition left out. Batch 1 runs with batch 0's watermark (2 h 30 s)
+    # and makes hours 0 and 1 final: their materializations plot batch 1's numbers.
+    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 7230, 2)])
+    drop_order_files(data_root, 1, [tick("a", 7231, 4), tick("b", 5, 8)])  # b@5 s is late
+    assert run_ticks(defs, instance, resources).success
+    [closing] = [
+        r.asset_materialization.metadata  # type: ignore[union-attr]
+        for r in instance.fetch_materializations(TICKS, limit=10).records
+        if r.partition_key is None and r.asset_materialization.metadata["batch"].value == "1"  # type: ignore[union-attr]
+    ]
+    plotted = ("rows_in", "rows_out", "rows_late", "rows_bad", "duration_seconds", "lag_seconds")
+    for key in ("2026-01-01-00:00", "2026-01-01-01:00"):
+        [record] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(TICKS, asset_partitions=[key]), limit=1
+        ).records
+        metadata = record.asset_materialization.metadata  # type: ignore[union-attr]
+        for label in plotted:
+            assert isinstance(metadata[label], dg.IntMetadataValue | dg.FloatMetadataValue)
+            assert metadata[label] == closing[label], label
+        assert metadata["rows_in"].value == 2 and metadata["rows_late"].value == 1
+
+
+def test_after_each_batch_the_input_is_observed_with_the_files_still_waiting(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+) -> None:
+    # ticks takes one file per batch: while a run goes on, files wait behind each batch.
+    for i in range(3):
+        drop_order_files(data_root, i, [tick("a", 10 * i + 1, i)])
+    ticks_in = dg.AssetKey(["lowmark", "sources", "files_ticks_in"])
+
+    def newest_waiting() -> Any:
+        [record] = instance.fetch_observations(ticks_in, limit=1).records
+        return record.asset_observation.metadata["ticks/waiting_files"].value  # type: ignore[union-attr]
+
+    assert run_ticks(defs, instance, resources, max_batches=2).success
+    folder = sorted(p.name for p in (data_root / "ticks/in").iterdir())
+    assert newest_waiting() == 1 == len(folder) - 2  # two files taken, one waits
+    observations = instance.fetch_observations(ticks_in, limit=10).records
+    assert len(observations) == 2  # one per batch
+    assert run_ticks(defs, instance, resources).success
+    assert newest_waiting() == 0
+
+
 def test_a_run_over_a_source_folder_that_is_not_there_fails_naming_it_and_makes_no_checkpoint(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -231,6 +297,49 @@ def test_the_backfill_job_replaces_one_hour_partition(
     assert not refused.success
     failure = refused.get_step_failure_events()[0].step_failure_data.error
     assert failure is not None and "is still open" in failure.message
+
+
+def test_a_backfill_of_several_partitions_from_the_ui_runs_ranges_that_backfill_each(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
+    # Hours 0 and 1 hold a window each; a late record for each lands after hour 2's data
+    # closed them.
+    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 3601, 2), tick("a", 7230, 4)])
+    drop_order_files(data_root, 1, [tick("a", 2, 8), tick("a", 3602, 16)])
+    hours = ["2026-01-01-00:00", "2026-01-01-01:00"]
+    with in_process_workspace() as workspace:
+        instance = workspace.instance
+        assert run_ticks(workspace_defs, instance, {}).success  # the stream: both hours final
+        location = workspace.create_request_context()
+        launched = execute_dagster_graphql(
+            location, LAUNCH_BACKFILL, backfill_params(TICKS, hours)
+        ).data["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        backfill_id = launched["backfillId"]
+        # The daemon's iterations: plan and submit the runs (they run in process), see
+        # them done, complete the backfill.
+        for _ in range(3):
+            list(execute_backfill_iteration(workspace, logging.getLogger("backfill")))
+        backfill = instance.get_backfill(backfill_id)
+        assert backfill is not None and backfill.status == BulkActionStatus.COMPLETED_SUCCESS
+        assert backfill.asset_backfill_data is not None
+        target = backfill.asset_backfill_data.target_subset
+        assert set(target.get_partitions_subset(TICKS).get_partition_keys()) == set(hours)
+        # One run for the range, which replaced each hour with its late record included.
+        [run] = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        assert partition_range(run) == (hours[0], hours[1])
+        for key in hours:
+            [record] = instance.fetch_materializations(
+                dg.AssetRecordsFilter(TICKS, asset_partitions=[key]), limit=1
+            ).records
+            assert record.run_id == run.run_id
+            metadata = record.asset_materialization.metadata  # type: ignore[union-attr]
+            assert metadata["written_by"] == dg.TextMetadataValue("backfill")
+            assert metadata[ROW_COUNT] == dg.IntMetadataValue(1)
+    out = delta_frame(spark, str(data_root / "ticks/out")).orderBy("window_start")
+    assert [(r["count"], r["sum_amount"]) for r in out.collect()] == [(2, 9), (2, 18)]
 
 
 def test_the_daily_compact_schedule_runs_checkpoint_maintenance(

@@ -3,6 +3,7 @@ following run that yielded to a queued run."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,25 +184,40 @@ def test_a_tick_reads_the_checkpoint_and_the_folder_without_spark(
     assert keys == [f"slow:{runner.checkpoint.pipeline_id}:batch-1"]
 
 
-def test_a_tick_observes_the_input_when_what_waits_there_changed(
-    defs: dg.Definitions, instance: dg.DagsterInstance, data_root: Path
+def test_a_tick_observes_the_input_when_what_waits_there_differs_from_its_newest_observation(
+    spark: SparkSession,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
     no_spark = {"spark": NoSpark(), "lowmark": LowmarkResource(data_root=str(data_root))}
 
-    def observe(cursor: str | None) -> Any:
-        context = dg.build_sensor_context(instance=instance, resources=no_spark, cursor=cursor)
-        return defs.resolve_sensor_def("slow_sensor").evaluate_tick(context)
+    def observe() -> Sequence[Any]:
+        """A tick's observations, recorded as the daemon records them."""
+        context = dg.build_sensor_context(instance=instance, resources=no_spark)
+        events = defs.resolve_sensor_def("slow_sensor").evaluate_tick(context).asset_events
+        for event in events:
+            instance.report_runless_asset_event(event)
+        return events
 
     drop(data_root, 0)
-    first = observe(None)
-    [seen] = first.asset_events
+    [seen] = observe()
     assert seen.asset_key == dg.AssetKey(["lowmark", "sources", "files_slow_in"])
     assert seen.metadata["slow/waiting_files"] == dg.IntMetadataValue(1)
     assert seen.description == "for slow: 1 new files (10 bytes) waiting"
-    assert not observe(first.cursor).asset_events  # nothing changed: nothing observed
+    assert not observe()  # nothing changed: nothing observed
+
+    # A run takes the file and observes none waiting; one file (of the same size) lands
+    # after it: what the tick before the run saw, but not what the newest observation says.
+    job = defs.resolve_job_def("slow_microbatches")
+    assert job.execute_in_process(instance=instance, resources=resources).success
     drop(data_root, 1)
-    [again] = observe(first.cursor).asset_events
-    assert again.metadata["slow/waiting_files"] == dg.IntMetadataValue(2)
+    [after_run] = observe()
+    assert after_run.metadata["slow/waiting_files"] == dg.IntMetadataValue(1)
+    assert not observe()
 
 
 def test_observe_sources_records_what_waits_for_each_pipeline_reading_an_input(
