@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -65,7 +66,13 @@ def in_process_workspace() -> Iterator[WorkspaceProcessContext]:
         },
     }
     origin = InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(module_name=__name__, attribute="defs"), location_name="lowmark"
+        # The project folder: the runs' step processes import this module from there.
+        LoadableTargetOrigin(
+            module_name=__name__,
+            attribute="defs",
+            working_directory=str(Path(__file__).resolve().parents[2]),
+        ),
+        location_name="lowmark",
     )
     with (
         instance_for_test(overrides=overrides) as instance,
