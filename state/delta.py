@@ -14,6 +14,7 @@ wrote. So once a write lands, that state is built at once, off the batch's path
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
 import threading
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 STATE_JOB_GROUP = "lowmark-sink-state"
 """The Spark job group of the jobs that build a table's state for its next write's check."""
+_building: set[threading.Thread] = set()
+"""The threads building a table's state now."""
 
 _DUPLICATE_KEY = re.compile(r"lowmark: duplicate merge key (.*?) :lowmark", re.DOTALL)
 """The error a MERGE source row raises when another row of the batch has its keys (Spark's
@@ -172,8 +175,30 @@ def _build_state_for_next_check(spark: SparkSession, path: str) -> None:
             table.update(False, nothing, nothing).setTransactions()
         except Exception as exc:  # a stopped Spark, a table replaced meanwhile
             log.debug("state of %s not built ahead: %s", path, exc)
+        finally:
+            _building.discard(thread)
 
-    threading.Thread(target=build, name=f"{STATE_JOB_GROUP} {path}", daemon=True).start()
+    thread = threading.Thread(target=build, name=f"{STATE_JOB_GROUP} {path}", daemon=True)
+    _building.add(thread)
+    thread.start()
+
+
+@atexit.register
+def _cancel_building() -> None:
+    """At exit, the state jobs still running cancelled and waited for: Spark, stopping, would
+    otherwise print errors of the tasks it stopped under them (the next process's first check
+    builds the state itself). Registered after PySpark's own exit hooks, so it runs first."""
+    running = list(_building)
+    if not running:
+        return
+    try:
+        spark = SparkSession.getActiveSession()
+        if spark is not None:
+            spark.sparkContext.cancelJobGroup(STATE_JOB_GROUP)
+    except Exception as exc:  # Spark already gone: nothing left to cancel
+        log.debug("state jobs not cancelled: %s", exc)
+    for thread in running:
+        thread.join(timeout=5)
 
 
 def _upsert_once_per_identity(identity: tuple[str, ...]) -> Column:
