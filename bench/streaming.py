@@ -730,25 +730,26 @@ def build_report(r: dict[str, Any]) -> tuple[list[Measure], list[Ratio]]:
     scaling = r.get("state_scaling", {})
     follow = r.get("follow", {})
     rss = r.get("rss_mib", {})
-    measures = [
+    measures = [  # the like-for-like catch-up first: the comparison a skeptic starts from
+        Measure(
+            "b_wide_rate",
+            f"(b) like-for-like catch-up, SSS maxFilesPerTrigger {wide_files}"
+            " (one read-ahead): events/s",
+            rate("lowmark"),
+            wide_rate,
+        ),
+        Measure(
+            "b_wide_seconds",
+            f"(b) like-for-like catch-up, SSS maxFilesPerTrigger {wide_files}: wall s",
+            catchup["lowmark"].get("seconds"),
+            wide.get("seconds"),
+        ),
         *small_batch_measures(small["lowmark"].get("batch_s", []), small["sss"].get("batch_s", [])),
         Measure("b_rate", "(b) catch-up: events/s", rate("lowmark"), rate("sss"), rate("plain")),
         Measure(
             "b_seconds",
             "(b) catch-up: wall s",
             *(catchup[e].get("seconds") for e in ("lowmark", "sss", "plain")),
-        ),
-        Measure(
-            "b_wide_rate",
-            f"(b) catch-up, SSS maxFilesPerTrigger {wide_files} (one read-ahead): events/s",
-            rate("lowmark"),
-            wide_rate,
-        ),
-        Measure(
-            "b_wide_seconds",
-            f"(b) catch-up, SSS maxFilesPerTrigger {wide_files}: wall s",
-            catchup["lowmark"].get("seconds"),
-            wide.get("seconds"),
         ),
         Measure(
             "c_scaling",
@@ -780,14 +781,15 @@ def build_report(r: dict[str, Any]) -> tuple[list[Measure], list[Ratio]]:
     if follow.get("batch_s"):
         expected_d = follow["poll_s"] + (m["d_batch"].lowmark or 0)
     ratios = [
-        lowmark_over_sss("a", "(a) small batch median", m["a_median"], "<= 1.0"),
-        lowmark_over_sss("b_sss", "(b) catch-up events/s", m["b_rate"], ">= 1.2"),
         Ratio(
             "b_wide",
-            f"(b) catch-up events/s, lowmark / SSS with maxFilesPerTrigger {wide_files}",
+            "(b) like-for-like catch-up events/s, lowmark / SSS with maxFilesPerTrigger "
+            f"{wide_files}",
             _div(m["b_rate"].lowmark, wide_rate),
             ">= 1.0",
         ),
+        lowmark_over_sss("a", "(a) small batch median", m["a_median"], "<= 1.0"),
+        lowmark_over_sss("b_sss", "(b) catch-up events/s", m["b_rate"], ">= 1.2"),
         Ratio(
             "b_plain",
             "(b) catch-up events/s, lowmark / plain batch",
