@@ -15,9 +15,10 @@ A pipeline that never ran has no checkpoint, and the preview makes none: its bat
 is planned again over an empty checkpoint in a temporary folder, which holds what the
 read records (a file source's inferred schema) for the length of the preview.
 
-Not covered: deduplication, a keyed step and a stream-stream join, whose Spark tasks
-write their state changes as (uncommitted) data files of the checkpoint's tables as
-they run: ``check_previewable`` names the feature.
+Deduplication judges against the ids held, its tasks writing no files of the ids they
+let through (``DedupStep.previewing``). Not covered: a keyed step and a stream-stream
+join, whose Spark tasks write their state changes as (uncommitted) data files of the
+checkpoint's tables as they run: ``check_previewable`` names the feature.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from lowmark.batches.errors import ExpectationsFailed, PreviewImpossible
 from lowmark.batches.loop.batch_work import BatchWork, explained
 from lowmark.batches.loop.outcome import Input, Outcome, look_at, with_event_time
 from lowmark.batches.loop.plan import PlannedBatch, Planner
-from lowmark.batches.loop.steps import WINDOWS, Steps
+from lowmark.batches.loop.steps import DEDUP, WINDOWS, Steps
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import build_sink
 from lowmark.batches.sources import build_source
@@ -46,7 +47,7 @@ from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.errors import first_line
 from lowmark.state.session import SparkLike, provider
 
-COVERED = "reads, transforms, expectations, table joins and windows"
+COVERED = "reads, transforms, expectations, table joins, deduplication and windows"
 """What a preview runs, as its refusal says."""
 
 
@@ -104,11 +105,7 @@ class Preview:
 def check_previewable(pipeline: Pipeline) -> None:
     """Raise ``PreviewImpossible`` naming the steps of ``pipeline`` whose Spark tasks write
     state files as they run (what a preview cannot run), if it has any."""
-    features = {
-        "dedup": pipeline.dedup,
-        "keyed": pipeline.keyed,
-        "stream_join": pipeline.stream_join,
-    }
+    features = {"keyed": pipeline.keyed, "stream_join": pipeline.stream_join}
     named = [name for name, feature in features.items() if feature is not None]
     if named:
         raise PreviewImpossible(
@@ -171,6 +168,9 @@ def _work(spark: SparkLike, pipeline: Pipeline, data_root: Path, planner: Planne
     checkpoint, source = planner.checkpoint, planner.source
     assert checkpoint is not None  # _over_a_checkpoint's
     steps = Steps.build(pipeline, checkpoint, source)
+    dedup = steps.of(DEDUP)
+    if dedup is not None:
+        steps = Steps({**steps.built, DEDUP: dedup.previewing()})
     # Only asked whether a replay's write landed: building a sink writes nothing.
     sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
     return BatchWork(provider(spark), pipeline, checkpoint, source, sink, steps, planner.dimensions)

@@ -102,10 +102,19 @@ _LATE = pa.schema([("event_us", pa.int64()), ("reason", pa.string()), ("record",
 class DedupStep:
     """The deduplication of one pipeline's batches, over its seen-ids table."""
 
-    def __init__(self, dedup: Dedup, event_time_column: str, seen_ids: SeenIds) -> None:
+    def __init__(
+        self, dedup: Dedup, event_time_column: str, seen_ids: SeenIds, writes: bool = True
+    ) -> None:
         self.dedup = dedup
         self.column = event_time_column
         self.seen_ids = seen_ids
+        self.writes = writes
+        """False: the tasks write no files of the ids they let through (``previewing``)."""
+
+    def previewing(self) -> DedupStep:
+        """This step judging as it does, its tasks writing nothing (``lowmark preview``: the
+        verdicts without the files a commit would add)."""
+        return DedupStep(self.dedup, self.column, self.seen_ids, writes=False)
 
     def judged(
         self, records: DataFrame, watermark_ms: int | None, version: int | None, batch_id: int
@@ -135,7 +144,13 @@ class DedupStep:
         )
         ids = self.seen_ids
         judge = functools.partial(
-            _judge, ids.path, ids.slot_us, version, ids.live_from_us(watermark_ms), batch_id
+            _judge,
+            ids.path,
+            ids.slot_us,
+            version,
+            ids.live_from_us(watermark_ms),
+            batch_id,
+            self.writes,
         )
         verdicts = keyed.repartition(KEY).mapInArrow(judge, schema)
         verdict = F.col(VERDICT)
@@ -200,11 +215,13 @@ def _judge(
     version: int | None,
     live_from_us: int | None,
     batch_id: int,
+    writes: bool,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """One task's verdicts (see the module's step 2): its records, each with ``VERDICT``,
-    judged against the ids the seen-ids table at ``path`` held as of ``version``; the ids
-    of those let through written as data files of that table, described in ``WRITTEN``."""
+    judged against the ids the seen-ids table at ``path`` held as of ``version``; with
+    ``writes``, the ids of those let through written as data files of that table, described
+    in ``WRITTEN``."""
     parts = [b for b in batches if b.num_rows]
     if not parts:
         return
@@ -225,7 +242,7 @@ def _judge(
     ).astype(np.int8)
     let_through = np.flatnonzero(verdicts == NEW)
     written: list[str | None] = [None] * len(verdicts)
-    if len(let_through):
+    if writes and len(let_through):
         chosen = pa.array(let_through)
         files = write_ids(path, slot_us, ids.take(chosen), event_us.take(chosen), batch_id)
         written[let_through[0]] = json.dumps([f.as_dict() for f in files])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from lowmark.batches.dedup import Dedup
 from lowmark.batches.demo import orders, user_revenue, write_sample_files
 from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
 from tests.helpers import FakeClock, lowmark
@@ -55,30 +57,49 @@ def folders_of(p: Pipeline, root: Path) -> tuple[Path, Path]:
     return Path(p.checkpoint_location(root)), Path(resolve(p.sink.path, root))
 
 
-@pytest.mark.parametrize("pipeline", [orders, user_revenue], ids=lambda p: p.name)
+DEDUPED = user_revenue.model_copy(
+    update={
+        "name": "deduped",
+        "sink": DeltaSink(path="demo/deduped_revenue"),
+        "dedup": Dedup(columns=("order_id",), within="1 hour"),
+    }
+)
+"""The demo's revenue windows over orders deduplicated by id (``DEDUPED`` in the module the
+tests write)."""
+DEFINED = (
+    "from lowmark.batches.demo import orders, user_revenue\n"
+    "from tests.batches.cli.test_preview import DEDUPED as deduped\n"
+)
+
+
+@pytest.mark.parametrize("pipeline", [orders, user_revenue, DEDUPED], ids=lambda p: p.name)
 def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_showed(
     spark: SparkSession,
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
     data_root: Path,
     clock: FakeClock,
     pipeline: Pipeline,
 ) -> None:
     now = datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
     write_sample_files(data_root, files=4, rows_per_file=10, now=now)
+    defined = tmp_path / "defined.py"
+    defined.write_text(DEFINED)
     name = pipeline.name
     checkpoint, sink = folders_of(pipeline, data_root)
+    run = functools.partial(lowmark, capsys, data_root, "--pipelines", str(defined), clock=clock)
 
     # Before the first run there is no checkpoint, and the preview makes none.
-    code, out, _ = lowmark(capsys, data_root, "preview", name, "--limit", "2", clock=clock)
+    code, out, _ = run("preview", name, "--limit", "2")
     assert code == 0 and f"{name}: batch 0, previewed: nothing was written" in out
     assert not checkpoint.exists() and not sink.exists()
 
-    code, _, _ = lowmark(capsys, data_root, "run", name, clock=clock)
+    code, _, _ = run("run", name)
     assert code == 0
     files, versions = on_disk(checkpoint, sink), delta_versions(checkpoint, sink)
     before = sink_rows(sink)
 
-    code, out, _ = lowmark(capsys, data_root, "preview", name, "--json", clock=clock)
+    code, out, _ = run("preview", name, "--json")
     assert code == 0
     shown = json.loads(out)
     assert on_disk(checkpoint, sink) == files
@@ -86,7 +107,7 @@ def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_show
     assert shown["plan"]["batch_id"] == 1 and shown["plan"]["input"] == "2 → 4 (+2)"
     batch = shown["batch"]
 
-    code, out, _ = lowmark(capsys, data_root, "run", name, "--json", clock=clock)
+    code, out, _ = run("run", name, "--json")
     ran = json.loads(out)
     assert (ran["batch_id"], ran["input"]) == (1, "2 → 4 (+2)")
     counts = ("rows_in", "rows_out", "rows_bad", "rows_late", "violations")
@@ -100,23 +121,24 @@ def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_show
 
     # An emit-only batch of windows the watermark closes is previewed too; once caught up,
     # one line.
-    lowmark(capsys, data_root, "run", name, "--until-caught-up", clock=clock)
-    code, out, _ = lowmark(capsys, data_root, "preview", name, clock=clock)
+    run("run", name, "--until-caught-up")
+    code, out, _ = run("preview", name)
     assert code == 0 and out.strip() == f"{name}: nothing to do (0 new files (0 bytes) waiting)"
 
 
-def test_preview_refuses_deduplication_in_one_line_saying_what_it_covers(
+def test_preview_refuses_a_keyed_step_in_one_line_saying_what_it_covers(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, data_root: Path
 ) -> None:
-    defined = tmp_path / "deduped.py"
+    defined = tmp_path / "keyed.py"
     defined.write_text(
+        "from examples.keyed import ALERTS, SilenceAlert\n"
         "from lowmark.batches import demo\n"
-        "from lowmark.batches.dedup import Dedup\n"
-        "deduped = demo.user_revenue.model_copy(update={'name': 'deduped', "
-        "'dedup': Dedup(columns=('order_id',), within='1 hour')})\n"
+        "from lowmark.batches.keyed.definition import Keyed\n"
+        "keyed = demo.user_revenue.model_copy(update={'name': 'keyed', 'aggregation': None, "
+        "'keyed': Keyed(processor=SilenceAlert, keys=('user_id',), output_schema=ALERTS)})\n"
     )
-    code, out, err = lowmark(capsys, data_root, "--pipelines", str(defined), "preview", "deduped")
+    code, out, err = lowmark(capsys, data_root, "--pipelines", str(defined), "preview", "keyed")
     assert code == 2 and out == ""
-    assert err.startswith("error: pipeline deduped has dedup, whose Spark tasks write state")
+    assert err.startswith("error: pipeline keyed has keyed, whose Spark tasks write state")
     assert "lowmark preview covers reads, transforms, expectations" in err
     assert len(err.strip().splitlines()) == 1
