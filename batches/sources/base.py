@@ -95,24 +95,50 @@ def fair_share(waiting: dict[str, int], limit: int) -> dict[str, int]:
     return taken
 
 
-def aligned_share(waiting: dict[str, int], limit: int, clocks: Clocks | None) -> dict[str, int]:
+Ingested: TypeAlias = Callable[[list[str], int], dict[str, int]]
+"""Asked partitions and a time in epoch millis, how many of each one's waiting records (from
+the start ``plan`` was given) were ingested at or before that time, by the source's own
+ingestion clock (a Kafka record's append time, a file's listing time)."""
+
+
+def aligned_share(
+    waiting: dict[str, int], limit: int, clocks: Clocks | None, ingested: Ingested | None = None
+) -> dict[str, int]:
     """``fair_share`` in order of the partitions' ``clocks`` (aligned admission): the
     partitions with the lowest clock take what they have waiting first, then the next
     lowest, and so on, until ``limit``; partitions with equal clocks share fairly. A
     partition with no clock (none known yet) comes first, as the lowest may be there.
-    Without ``clocks``, ``fair_share``. Deterministic, as ``fair_share``."""
+    Without ``clocks``, ``fair_share``. Deterministic, as ``fair_share``.
+
+    With ``ingested`` (the ``clocks`` are the source's ingestion clock), admission caps at
+    the next clock: the lowest tier takes only its records ingested at or before the next
+    tier's clock; what the limit leaves, the two tiers share, capped at the clock after
+    that, and so on; the last tier's clock caps nothing. So no partition runs ahead of a
+    lower one's clock while that one has records to take, and a batch takes as many
+    records as without the cap (never none when some wait)."""
     if clocks is None:
         return fair_share(waiting, limit)
     rank = clock_rank(clocks)
-    tiers: dict[tuple[bool, int], dict[str, int]] = {}
-    for partition, n in waiting.items():
-        tiers.setdefault(rank(partition), {})[partition] = n
-    taken: dict[str, int] = {}
+    tiers: dict[tuple[bool, int], list[str]] = {}
+    for partition in sorted(waiting):
+        tiers.setdefault(rank(partition), []).append(partition)
+    order = sorted(tiers)
+    taken = dict.fromkeys(waiting, 0)
     left = limit
-    for tier in sorted(tiers):
-        share = fair_share(tiers[tier], left)
-        taken |= share
+    group: list[str] = []
+    for i, tier in enumerate(order):
+        group += tiers[tier]
+        room = {p: waiting[p] for p in group}
+        if ingested is not None and i + 1 < len(order):
+            # The group catches up to the next tier's clock, not past it.
+            by_then = ingested(group, order[i + 1][1])
+            room = {p: min(max(by_then.get(p, n), 0), n) for p, n in room.items()}
+        share = fair_share({p: max(room[p] - taken[p], 0) for p in group}, left)
+        for partition, n in share.items():
+            taken[partition] += n
         left -= sum(share.values())
+        if left <= 0:
+            break
     return taken
 
 
