@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -153,6 +153,24 @@ def clock_rank(clocks: Clocks | None) -> Callable[[str], tuple[bool, int]]:
         return (clock is not None, clock or 0)
 
     return rank
+
+
+def capped_rank(
+    clocks: Clocks | None, partitions: Collection[str]
+) -> Callable[[str, int], tuple[bool, int]]:
+    """A sort key of records for aligned admission capped at the next clock, as
+    ``aligned_share`` with ``ingested`` caps it: a record of ``partition`` ingested at
+    ``ms`` (epoch millis) is taken at the step of the highest clock of ``partitions`` below
+    ``ms`` (whose cap, the next clock, reaches it), or of its partition's own clock if that
+    is higher; records by these keys in order are the steps' order."""
+    rank = clock_rank(clocks)
+    tiers = sorted({rank(p) for p in partitions})
+
+    def stage(partition: str, ms: int) -> tuple[bool, int]:
+        below = [t for t in tiers if t[0] and t[1] < ms]
+        return max(rank(partition), below[-1] if below else tiers[0])
+
+    return stage
 
 
 def plan_in_clock_order(
