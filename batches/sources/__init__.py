@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,14 @@ def build_source(
     function its config model names (``SourceKind.RUNTIME``).
     """
 
-    def build(config: SourceKind) -> Source:
-        source: Source = runtime_builder(type(config))(config, context)
+    def build(config: SourceKind, ingestion_clock: bool) -> Source:
+        own = replace(context, ingestion_clock=ingestion_clock)
+        source: Source = runtime_builder(type(config))(config, own)
         return source
 
     context = SourceContext(spark, pipeline.name, data_root, checkpoint, clock, build)
-    return build(pipeline.source)
+    event_time = pipeline.event_time
+    return build(pipeline.source, event_time is not None and event_time.watermark is not None)
 
 
 def runtime_builder(model: type[SourceKind]) -> Callable[[Any, SourceContext], Source]:

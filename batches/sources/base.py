@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -95,24 +95,50 @@ def fair_share(waiting: dict[str, int], limit: int) -> dict[str, int]:
     return taken
 
 
-def aligned_share(waiting: dict[str, int], limit: int, clocks: Clocks | None) -> dict[str, int]:
+Ingested: TypeAlias = Callable[[list[str], int], dict[str, int]]
+"""Asked partitions and a time in epoch millis, how many of each one's waiting records (from
+the start ``plan`` was given) were ingested at or before that time, by the source's own
+ingestion clock (a Kafka record's append time, a file's listing time)."""
+
+
+def aligned_share(
+    waiting: dict[str, int], limit: int, clocks: Clocks | None, ingested: Ingested | None = None
+) -> dict[str, int]:
     """``fair_share`` in order of the partitions' ``clocks`` (aligned admission): the
     partitions with the lowest clock take what they have waiting first, then the next
     lowest, and so on, until ``limit``; partitions with equal clocks share fairly. A
     partition with no clock (none known yet) comes first, as the lowest may be there.
-    Without ``clocks``, ``fair_share``. Deterministic, as ``fair_share``."""
+    Without ``clocks``, ``fair_share``. Deterministic, as ``fair_share``.
+
+    With ``ingested`` (the ``clocks`` are the source's ingestion clock), admission caps at
+    the next clock: the lowest tier takes only its records ingested at or before the next
+    tier's clock; what the limit leaves, the two tiers share, capped at the clock after
+    that, and so on; the last tier's clock caps nothing. So no partition runs ahead of a
+    lower one's clock while that one has records to take, and a batch takes as many
+    records as without the cap (never none when some wait)."""
     if clocks is None:
         return fair_share(waiting, limit)
     rank = clock_rank(clocks)
-    tiers: dict[tuple[bool, int], dict[str, int]] = {}
-    for partition, n in waiting.items():
-        tiers.setdefault(rank(partition), {})[partition] = n
-    taken: dict[str, int] = {}
+    tiers: dict[tuple[bool, int], list[str]] = {}
+    for partition in sorted(waiting):
+        tiers.setdefault(rank(partition), []).append(partition)
+    order = sorted(tiers)
+    taken = dict.fromkeys(waiting, 0)
     left = limit
-    for tier in sorted(tiers):
-        share = fair_share(tiers[tier], left)
-        taken |= share
+    group: list[str] = []
+    for i, tier in enumerate(order):
+        group += tiers[tier]
+        room = {p: waiting[p] for p in group}
+        if ingested is not None and i + 1 < len(order):
+            # The group catches up to the next tier's clock, not past it.
+            by_then = ingested(group, order[i + 1][1])
+            room = {p: min(max(by_then.get(p, n), 0), n) for p, n in room.items()}
+        share = fair_share({p: max(room[p] - taken[p], 0) for p in group}, left)
+        for partition, n in share.items():
+            taken[partition] += n
         left -= sum(share.values())
+        if left <= 0:
+            break
     return taken
 
 
@@ -127,6 +153,24 @@ def clock_rank(clocks: Clocks | None) -> Callable[[str], tuple[bool, int]]:
         return (clock is not None, clock or 0)
 
     return rank
+
+
+def capped_rank(
+    clocks: Clocks | None, partitions: Collection[str]
+) -> Callable[[str, int], tuple[bool, int]]:
+    """A sort key of records for aligned admission capped at the next clock, as
+    ``aligned_share`` with ``ingested`` caps it: a record of ``partition`` ingested at
+    ``ms`` (epoch millis) is taken at the step of the highest clock of ``partitions`` below
+    ``ms`` (whose cap, the next clock, reaches it), or of its partition's own clock if that
+    is higher; records by these keys in order are the steps' order."""
+    rank = clock_rank(clocks)
+    tiers = sorted({rank(p) for p in partitions})
+
+    def stage(partition: str, ms: int) -> tuple[bool, int]:
+        below = [t for t in tiers if t[0] and t[1] < ms]
+        return max(rank(partition), below[-1] if below else tiers[0])
+
+    return stage
 
 
 def plan_in_clock_order(

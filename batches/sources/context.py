@@ -30,5 +30,9 @@ class SourceContext:
     answers read-only questions, such as its backlog)."""
     clock: Clock | None
     """What a paced source reads "now" from (None: the system clock)."""
-    build: Callable[[SourceKind], Source]
-    """Builds another source of the same pipeline (a union's parts)."""
+    build: Callable[[SourceKind, bool], Source]
+    """Builds another source of the same pipeline (a union's parts), and whether the
+    watermark follows its ingestion clock (``ingestion_clock``)."""
+    ingestion_clock: bool = False
+    """The pipeline's watermark follows this source's ingestion clock (an ingestion-time
+    watermark): aligned admission's clocks are its ingestion times."""

@@ -42,6 +42,7 @@ from lowmark.batches.sources.base import (
     Range,
     Source,
     SourceRead,
+    capped_rank,
     clock_rank,
     read_counts,
 )
@@ -75,10 +76,13 @@ class FileStreamSource(Source):
         schema_store: SourceSchema,
         archive: str | None = None,
         clock: Clock | None = None,
+        ingestion_clock: bool = False,
     ) -> None:
         """``clock``: what a discovered file's listing time (its ingestion time) is read
-        from; the system clock by default."""
+        from; the system clock by default. ``ingestion_clock``: the pipeline's watermark
+        follows the files' ingestion times, so aligned admission's clocks are those."""
         self._spark = provider(spark)
+        self.ingestion_clock = ingestion_clock
         self.clock = clock or SystemClock()
         self.config = config
         self.storage = SourceFolder(
@@ -105,7 +109,16 @@ class FileStreamSource(Source):
             schema = SourceSchema(f"{checkpoint}/schema", ":schema")
         archive = resolve(config.archive_dir, data_root) if config.archive_dir else None
         folder = resolve(config.path, data_root)
-        return cls(context.spark, config, folder, manifest, schema, archive, context.clock)
+        return cls(
+            context.spark,
+            config,
+            folder,
+            manifest,
+            schema,
+            archive,
+            context.clock,
+            context.ingestion_clock,
+        )
 
     @property
     def spark(self) -> SparkSession:
@@ -129,7 +142,9 @@ class FileStreamSource(Source):
         clocks: Clocks | None = None,
     ) -> Offsets:
         """The next batch's end: the pending files ``_admit`` takes (lowest ``clocks``
-        first, when given), newly listed files recorded first (unless ``record`` is False)."""
+        first, when given, capped at the next clock when they are the files' ingestion
+        times: ``capped_rank``), newly listed files recorded first (unless ``record`` is
+        False)."""
         known = self._manifest()
         if not known and any(start.values()):
             raise CheckpointMissing(
@@ -149,7 +164,15 @@ class FileStreamSource(Source):
             known = self._manifest(refresh=True)
         pending = [f for f in known if f.seq >= start.get(f.partition, 0)]
         end = dict(start)
-        for f in self._admit(pending, clock_rank(clocks)):
+        rank, stage = clock_rank(clocks), capped_rank(clocks, {f.partition for f in pending})
+        recorded, now = {f.path for f in self._manifest()}, self.clock.now_ms()
+
+        def key(f: ManifestFile) -> tuple[bool, int]:
+            if self.ingestion_clock and clocks:
+                return stage(f.partition, self._ingested(f, recorded, now))
+            return rank(f.partition)
+
+        for f in self._admit(pending, key):
             end[f.partition] = f.seq + 1
         return end
 
@@ -404,21 +427,23 @@ class FileStreamSource(Source):
         recorded before lowmark kept the listing time counts as listed at time 0: it holds
         its partition's clock back until a batch takes it. A dry run's unrecorded files
         count as listed at ``observed_ms``."""
-        by_modification = self.config.ingestion_time == "modified"
         times = {p: observed_ms for p in self.initial_offsets()}
         recorded = {f.path for f in self._manifest()}
         for f in self._planned(refresh=False):
             times.setdefault(f.partition, observed_ms)
             if f.seq < position.get(f.partition, 0):
                 continue
-            if by_modification:
-                ingested = f.modified_ms
-            elif f.path not in recorded:
-                ingested = observed_ms
-            else:
-                ingested = f.discovered_ms if f.discovered_ms is not None else 0
-            times[f.partition] = min(times[f.partition], ingested)
+            times[f.partition] = min(times[f.partition], self._ingested(f, recorded, observed_ms))
         return times
+
+    def _ingested(self, f: ManifestFile, recorded: set[str], observed_ms: int) -> int:
+        """``f``'s ingestion time (``ingestion_times``): its modification time, or when the
+        planning that recorded it listed it; ``observed_ms`` when it is not ``recorded``."""
+        if self.config.ingestion_time == "modified":
+            return f.modified_ms
+        if f.path not in recorded:
+            return observed_ms
+        return f.discovered_ms if f.discovered_ms is not None else 0
 
     def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
         """The partitions with files past ``end`` that the last ``plan`` found."""
@@ -485,20 +510,20 @@ class FileStreamSource(Source):
         return f"{backlog['files']} new files ({backlog['bytes']} bytes) waiting"
 
     def _admit(
-        self, pending: list[ManifestFile], rank: Callable[[str], tuple[bool, int]]
+        self, pending: list[ManifestFile], rank: Callable[[ManifestFile], tuple[bool, int]]
     ) -> list[ManifestFile]:
-        """Oldest pending files within the limits (at least one file), the partitions that
-        ``rank`` puts first (the lowest clock, with aligned admission) before the others.
+        """Oldest pending files within the limits (at least one file), the files that
+        ``rank`` puts first (of the lowest clock, with aligned admission) before the others.
 
-        Partitions of equal rank are interleaved by (modification time, path) of
-        their next file, and each partition is taken in ``seq`` order, so a
-        batch's files are a ``seq`` prefix of every partition: exactly what
-        offsets express.
+        Partitions whose next files rank equal are interleaved by (modification
+        time, path) of their next file, and each partition is taken in ``seq``
+        order, so a batch's files are a ``seq`` prefix of every partition:
+        exactly what offsets express.
         """
         queues: dict[str, list[ManifestFile]] = {}
         for f in sorted(pending, key=lambda f: f.seq, reverse=True):
             queues.setdefault(f.partition, []).append(f)
-        heads = [(rank(p), q[-1].modified_ms, q[-1].path, p) for p, q in queues.items()]
+        heads = [(rank(q[-1]), q[-1].modified_ms, q[-1].path, p) for p, q in queues.items()]
         heapq.heapify(heads)
         taken: list[ManifestFile] = []
         total = 0
@@ -512,7 +537,7 @@ class FileStreamSource(Source):
             total += f.size
             if queues[partition]:
                 nxt = queues[partition][-1]
-                heapq.heappush(heads, (rank(partition), nxt.modified_ms, nxt.path, partition))
+                heapq.heappush(heads, (rank(nxt), nxt.modified_ms, nxt.path, partition))
         return taken
 
     def _unseen(self, known: list[ManifestFile]) -> list[ManifestFile]:

@@ -9,7 +9,10 @@ and the committed frontier use a small client on the driver
 
 - Admission: ``max_offsets_per_batch`` split fairly over the partitions with
   records waiting (``fair_share``), or, with aligned admission, to the
-  partitions with the lowest clock first (``aligned_share``).
+  partitions with the lowest clock first (``aligned_share``); under an
+  ingestion-time watermark in a ``LogAppendTime`` topic, capped at the next
+  partition's clock (the offset where the append time passes it, which the
+  brokers answer).
 - New partitions are picked up at the next plan, from their earliest offset.
   A partition whose earliest offset is past 0 is first registered at that
   offset by a batch that takes none of its records, so every range read is
@@ -111,8 +114,13 @@ def split_key(key: str) -> tuple[str, int]:
 class KafkaStreamSource(Source):
     """``config``'s topics; ``group`` receives the committed frontier."""
 
-    def __init__(self, spark: SparkLike, config: KafkaSource, group: str) -> None:
+    def __init__(
+        self, spark: SparkLike, config: KafkaSource, group: str, ingestion_clock: bool = False
+    ) -> None:
+        """``ingestion_clock``: the pipeline's watermark follows this source's ingestion clock
+        (``ingestion_times``), so aligned admission's clocks are append times."""
         self._spark = provider(spark)
+        self.ingestion_clock = ingestion_clock
         self.config = config
         self.group = group
         # librdkafka's own log lines go through this module's logger, not to stderr.
@@ -136,7 +144,7 @@ class KafkaStreamSource(Source):
     def from_config(cls, config: KafkaSource, context: SourceContext) -> KafkaStreamSource:
         """``config``'s topics, committing to its group (default ``lowmark-<pipeline>``)."""
         group = config.consumer_group or f"lowmark-{context.pipeline}"
-        return cls(context.spark, config, group)
+        return cls(context.spark, config, group, context.ingestion_clock)
 
     # -- the brokers, on the driver ------------------------------------------------
 
@@ -234,7 +242,8 @@ class KafkaStreamSource(Source):
         clocks: Clocks | None = None,
     ) -> Offsets:
         """The next batch's end: up to ``max_offsets_per_batch`` records, split fairly, or
-        lowest ``clocks`` first (``aligned_share``).
+        lowest ``clocks`` first (``aligned_share``), capped at the next clock when the
+        clocks are append times (``ingestion_clock``, ``_appended_by``).
 
         Nothing is recorded (the offset log holds the plan). ``discover`` is
         ignored: every plan asks the brokers.
@@ -253,12 +262,31 @@ class KafkaStreamSource(Source):
         registered = {k: earliest[k] for k in keys if k not in start and earliest[k] > 0}
         begin = {k: start.get(k, 0) for k in keys if k not in registered}
         waiting = {k: max(latest[k] - begin[k], 0) for k in begin}
-        taken = aligned_share(waiting, self.config.max_offsets_per_batch, clocks)
+        ingested = (
+            (lambda keys, ms: self._appended_by(keys, ms, begin, latest))
+            if self.ingestion_clock
+            else None
+        )
+        taken = aligned_share(waiting, self.config.max_offsets_per_batch, clocks, ingested)
         return {
             **dict(start),
             **registered,
             **{k: begin[k] + n for k, n in taken.items() if n or k in start},
         }
+
+    def _appended_by(
+        self, keys: list[str], ms: int, begin: Offsets, latest: Offsets
+    ) -> dict[str, int]:
+        """Per partition of ``keys``, how many records from ``begin`` the broker appended at
+        or before ``ms``: up to the first offset whose timestamp is later (``list_offsets``
+        for a time). A partition of a ``CreateTime`` topic has no append times: all it has
+        waiting."""
+        appended = self._log_append_time(sorted({split_key(k)[0] for k in keys}))
+        stamped = [k for k in keys if appended[split_key(k)[0]]]
+        later = self._offsets(stamped, lambda: OffsetSpec.for_timestamp(ms + 1))
+        # -1: no record appended later, all of them count.
+        ends = {k: latest[k] if later.get(k, -1) < 0 else min(later[k], latest[k]) for k in keys}
+        return {k: ends[k] - begin[k] for k in keys}
 
     def _check_kept(self, start: Offsets, earliest: Offsets) -> None:
         """Refuse a start retention already deleted (the records were never read)."""

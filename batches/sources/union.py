@@ -72,7 +72,10 @@ class UnionStreamSource(Source):
     @classmethod
     def from_config(cls, config: UnionSource, context: SourceContext) -> UnionStreamSource:
         """Each named source of ``config``, built in the same context."""
-        parts = {name: context.build(part) for name, part in config.sources.items()}
+        parts = {
+            name: context.build(part, name in config.watermarks)
+            for name, part in config.sources.items()
+        }
         return cls(parts, config.transforms)
 
     def _each(self, offsets: Offsets, ask: Callable[[str, Source, Offsets], Offsets]) -> Offsets:

@@ -17,8 +17,12 @@ from lowmark.batches.loop import faults
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource
 from lowmark.batches.sources.base import Range
+from lowmark.batches.sources.files import FileStreamSource
 from lowmark.state.errors import CheckpointMissing
-from tests.helpers import delta_frame, drop_file, pipeline, sink_ids
+from lowmark.state.manifest import FileManifest
+from lowmark.state.source_schema import SourceSchema
+from tests.helpers import FakeClock, delta_frame, drop_file, pipeline, sink_ids
+from tests.helpers import write_json_lines as land
 
 SCHEMA = "id LONG, amount LONG"
 
@@ -340,3 +344,32 @@ def test_maintenance_retires_committed_files_once_they_left_the_folder_and_no_ot
     assert runner.run_batch() is not None  # planning goes on after the retired files
     assert sink_ids(spark, data_root) == [i * 100 + r for i in range(4) for r in range(3)]
     assert runner.planner.next_batch(dry_run=True).planned is None
+
+
+def test_aligned_admission_by_listing_time_stops_a_folder_at_the_next_folders_clock(
+    spark: SparkSession, data_root: Path
+) -> None:
+    clock = FakeClock()
+    config = FileSource(
+        path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=2, partition_by_folder=True
+    )
+    manifest = FileManifest(str(data_root / "cp" / "files"), ":files")
+    schema = SourceSchema(str(data_root / "cp" / "schema"), ":schema")
+
+    def source(ingestion_clock: bool) -> FileStreamSource:
+        folder = str(data_root / "in")
+        return FileStreamSource(
+            spark, config, folder, manifest, schema, clock=clock, ingestion_clock=ingestion_clock
+        )
+
+    # Listed (recorded by a plan) at 0 s, 10 s, 20 s; the late folder's file modified first.
+    for seconds, (folder, mtime) in enumerate((("early", 300), ("late", 100), ("early", 301))):
+        land(data_root / "in" / folder, f"{mtime}.json", [{"id": mtime, "amount": 1}], mtime)
+        source(False).plan({}, seconds)
+        clock.advance(10_000)
+    clocks = {"early": clock.now - 30_000, "late": clock.now - 20_000}
+    # The early folder's second file was listed after the late folder's clock: the late
+    # folder's file goes before it.
+    assert source(True).plan({}, 3, record=False, clocks=clocks) == {"early": 1, "late": 1}
+    # Clocks that are not listing times (event times seen) cap nothing: lowest first.
+    assert source(False).plan({}, 3, record=False, clocks=clocks) == {"early": 2}

@@ -104,6 +104,42 @@ def test_a_batch_reads_exactly_its_range_split_fairly_and_a_replay_reads_the_sam
     assert source.backlog(end) == {"records": 13, "partitions": 3}
 
 
+def test_aligned_admission_by_append_time_stops_a_partition_at_the_next_partitions_clock(
+    spark: SparkSession, kafka: KafkaBroker
+) -> None:
+    """Partition 0's records are appended milliseconds before and after partition 1's first
+    one: the batch takes partition 0 only up to partition 1's clock, then shares."""
+    topic = f"t_{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2, {"message.timestamp.type": "LogAppendTime"})
+    for partition in (0, 1, 0):
+        kafka.produce(topic, [event("u", i) for i in range(30)], partition=partition)
+        time.sleep(0.02)  # the next produce is appended at a later millisecond
+    raw = KafkaSource(bootstrap_servers=kafka.bootstrap, topics=(topic,), value_format="raw")
+    latest = {f"{topic}:0": 60, f"{topic}:1": 30}
+    # The broker's append times, read back by Spark's reader: the reference.
+    read = KafkaStreamSource(spark, raw, "g").read({}, latest, 0).records
+    stamps: dict[int, list[int]] = {0: [], 1: []}
+    for r in read.orderBy("offset").collect():
+        stamps[r.partition].append(int(r.timestamp.timestamp() * 1000))
+    clocks = {f"{topic}:0": stamps[0][0], f"{topic}:1": stamps[1][0]}
+    by_then = sum(1 for ms in stamps[0] if ms <= clocks[f"{topic}:1"])
+    assert by_then == 30
+    limited = raw.model_copy(update={"max_offsets_per_batch": by_then + 20})
+    start = {f"{topic}:0": 0, f"{topic}:1": 0}
+    by_append_time = KafkaStreamSource(spark, limited, "g", ingestion_clock=True)
+    # Up to partition 1's clock, then the 20 left shared by the two, now at one clock.
+    assert by_append_time.plan(start, 0, clocks=clocks) == {
+        f"{topic}:0": by_then + 10,
+        f"{topic}:1": 10,
+    }
+    # Clocks that are not append times (event times seen) cap nothing: lowest first.
+    by_event_time = KafkaStreamSource(spark, limited, "g")
+    assert by_event_time.plan(start, 0, clocks=clocks) == {
+        f"{topic}:0": by_then + 20,
+        f"{topic}:1": 0,
+    }
+
+
 def test_values_that_do_not_parse_and_tombstones_are_bad_records_with_their_text(
     spark: SparkSession, kafka: KafkaBroker
 ) -> None:
