@@ -147,7 +147,7 @@ def test_a_run_records_one_readable_materialization_per_batch(
     assert value(written, "lowmark_batch_rows_total", kind="late") == 1
 
 
-def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
+def test_partitions_the_watermark_made_final_count_as_written_and_plot_the_batch_that_closed_them(
     spark: SparkSession,
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -157,51 +157,34 @@ def test_partitions_the_watermark_made_final_count_as_written_by_the_stream(
     # Watermark 2 h 30 s after the first batch; the second batch runs with it. Hour 0 is
     # final at 1 h + 10 s window + 10 s lateness; hour 1 at 2 h 20 s; hour 2 not yet.
     drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 7230, 2)])
-    drop_order_files(data_root, 1, [tick("a", 7231, 4)])
+    drop_order_files(data_root, 1, [tick("a", 7231, 4), tick("b", 5, 8)])  # b@5 s is late
     assert run_ticks(defs, instance, resources).success
     written = instance.get_materialized_partitions(TICKS)
     assert written == {"2026-01-01-00:00", "2026-01-01-01:00"}
-    # Each carries its windows in the sink as a number (what the sink's plots, by
-    # partition, show): one window in hour 0, none yet in hour 1 (a@2 h is in hour 2).
+    # Each carries its windows in the sink as a number: one window in hour 0, none yet in
+    # hour 1 (a@2 h is in hour 2). A partitioned asset's plots are by partition (the newest
+    # materialization of each, those without a partition left out): each also carries the
+    # numbers of batch 1, which made it final.
     sink = delta_frame(spark, str(data_root / "ticks/out"))
-    hours = {"2026-01-01-00:00": 0, "2026-01-01-01:00": 1}
-    for key, hour in hours.items():
-        [record] = instance.fetch_materializations(
-            dg.AssetRecordsFilter(TICKS, asset_partitions=[key]), limit=1
-        ).records
-        expected = sink.where(F.hour("window_start") == hour).count()
-        assert record.asset_materialization.metadata[ROW_COUNT].value == expected  # type: ignore[union-attr]
-    assert sink.count() == 1
-
-
-def test_each_final_partition_carries_the_numbers_of_the_batch_that_closed_it_for_the_plots(
-    spark: SparkSession,
-    defs: dg.Definitions,
-    instance: dg.DagsterInstance,
-    resources: dict[str, Any],
-    data_root: Path,
-) -> None:
-    # A partitioned asset's plots are by partition: the newest materialization of each,
-    # those without a partition left out. Batch 1 runs with batch 0's watermark (2 h 30 s)
-    # and makes hours 0 and 1 final: their materializations plot batch 1's numbers.
-    drop_order_files(data_root, 0, [tick("a", 1, 1), tick("a", 7230, 2)])
-    drop_order_files(data_root, 1, [tick("a", 7231, 4), tick("b", 5, 8)])  # b@5 s is late
-    assert run_ticks(defs, instance, resources).success
     [closing] = [
         r.asset_materialization.metadata  # type: ignore[union-attr]
         for r in instance.fetch_materializations(TICKS, limit=10).records
         if r.partition_key is None and r.asset_materialization.metadata["batch"].value == "1"  # type: ignore[union-attr]
     ]
     plotted = ("rows_in", "rows_out", "rows_late", "rows_bad", "duration_seconds", "lag_seconds")
-    for key in ("2026-01-01-00:00", "2026-01-01-01:00"):
+    hours = {"2026-01-01-00:00": 0, "2026-01-01-01:00": 1}
+    for key, hour in hours.items():
         [record] = instance.fetch_materializations(
             dg.AssetRecordsFilter(TICKS, asset_partitions=[key]), limit=1
         ).records
         metadata = record.asset_materialization.metadata  # type: ignore[union-attr]
+        expected = sink.where(F.hour("window_start") == hour).count()
+        assert metadata[ROW_COUNT].value == expected
         for label in plotted:
             assert isinstance(metadata[label], dg.IntMetadataValue | dg.FloatMetadataValue)
             assert metadata[label] == closing[label], label
         assert metadata["rows_in"].value == 2 and metadata["rows_late"].value == 1
+    assert sink.count() == 1
 
 
 def test_after_each_batch_the_input_is_observed_with_the_files_still_waiting(
