@@ -1,6 +1,8 @@
 """The looks at a pipeline (``status``, ``show``, ``sql``, ``plan``, ``list``) and a run with
 nothing to do import neither PySpark nor pandas nor Dagster: importing them costs seconds
-(more where no bytecode is cached), the commands' own work a fraction of one.
+(more where no bytecode is cached), the commands' own work a fraction of one. Nor the
+clients of sinks the pipelines do not have (psycopg for Postgres, confluent_kafka for
+Kafka): a tenth of a second each.
 
 Each command runs in a new Python process (the suite's own process has them all imported)
 through the console entry point the ``lowmark`` script runs, over the checkpoint of a real
@@ -22,7 +24,7 @@ from pyspark.sql import SparkSession
 from lowmark.batches.demo import user_revenue, write_sample_files
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 
-HEAVY = ("pyspark", "pandas", "dagster")
+HEAVY = ("pyspark", "pandas", "dagster", "psycopg", "confluent_kafka")
 
 RUN_COMMAND = """
 import json, sys
@@ -80,7 +82,7 @@ def caught_up(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.mark.parametrize("look", list(LOOKS))
-def test_a_look_at_a_pipeline_that_ran_imports_neither_pyspark_nor_pandas_nor_dagster(
+def test_a_look_at_a_pipeline_that_ran_imports_no_spark_pandas_dagster_or_unused_sink_client(
     caught_up: Path, look: str
 ) -> None:
     imported, printed = imported_by(LOOKS[look], caught_up)
