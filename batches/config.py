@@ -8,9 +8,10 @@ is its docstring as written followed by its fields, each with its type, default 
 description; its signature lists the keys and defaults without pydantic's annotations.
 The configuration reference (``scripts/config_reference.py``) reads the same words.
 
-The attribute docstrings are read from each module's source parsed once, not with
-pydantic's ``use_attribute_docstrings``, which finds and parses each class's source
-apart as it is created: more than half the time the pipeline models take to define,
+The attribute docstrings, and the ``__doc__`` made of them, are read when first asked
+for (``help()``, the reference), from each module's source parsed once: not as each
+model class is defined, as pydantic's ``use_attribute_docstrings`` does (it parses every
+class's source apart), which was half the time the pipeline models take to define,
 paid by every command that loads pipelines (docs/cli.md, "Fast commands").
 """
 
