@@ -2,23 +2,34 @@
 model's fields read in words.
 
 ``UserConfig`` models are frozen and refuse keys they do not know; a field's
-description is its ``Field(description=...)`` or its attribute docstring. Each
-model's ``__doc__`` (what ``help()``, IDEs and notebooks show) is its docstring
-as written followed by its fields, each with its type, default and description;
-its signature lists the keys and defaults without pydantic's annotations. The
-configuration reference (``scripts/config_reference.py``) reads the same words.
+description is its ``Field(description=...)`` or its attribute docstring
+(``descriptions``). Each model's ``__doc__`` (what ``help()``, IDEs and notebooks show)
+is its docstring as written followed by its fields, each with its type, default and
+description; its signature lists the keys and defaults without pydantic's annotations.
+The configuration reference (``scripts/config_reference.py``) reads the same words.
+
+The attribute docstrings, and the ``__doc__`` made of them, are read when first asked
+for (``help()``, the reference), from each module's source parsed once: not as each
+model class is defined, as pydantic's ``use_attribute_docstrings`` does (it parses every
+class's source apart), which was half the time the pipeline models take to define,
+paid by every command that loads pipelines (docs/cli.md, "Fast commands").
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
+import sys
 import textwrap
 import types
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from itertools import pairwise
+from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import annotated_types
 from pydantic import BaseModel, ConfigDict
+from pydantic._internal._model_construction import ModelMetaclass
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -125,37 +136,103 @@ def default_text(field: FieldInfo) -> str:
 
 def written_doc(model: type[BaseModel]) -> str:
     """A model's docstring as written in its class, without the fields ``__doc__`` adds."""
-    return inspect.cleandoc(model.__dict__.get("__written_doc__") or "")
+    return inspect.cleandoc(model.__dict__.get("__doc__") or "")
+
+
+def _docstrings_in(body: list[ast.stmt]) -> dict[str, str]:
+    """The string literal under each annotated name in a class body."""
+    return {
+        node.target.id: inspect.cleandoc(after.value.value)
+        for node, after in pairwise(body)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    }
+
+
+@functools.cache
+def _module_docstrings(module: str) -> dict[str, dict[str, str]]:
+    """Per class of ``module`` (by qualified name, outside functions), its attribute
+    docstrings: the module's source parsed once for all its models."""
+    try:
+        tree = ast.parse(inspect.getsource(sys.modules[module]))
+    except (KeyError, OSError, TypeError):
+        return {}
+    found: dict[str, dict[str, str]] = {}
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                found[prefix + node.name] = _docstrings_in(node.body)
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(tree.body, "")
+    return found
+
+
+def _attribute_docstrings(cls: type) -> dict[str, str]:
+    """The attribute docstrings in ``cls``'s own body ({}: its source cannot be read)."""
+    found = _module_docstrings(cls.__module__).get(cls.__qualname__)
+    if found is not None:
+        return found
+    try:  # a class defined in a function
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    return _docstrings_in(
+        next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)).body
+    )
+
+
+def descriptions(model: type[BaseModel]) -> dict[str, str]:
+    """Each field's description: its ``Field(description=...)``, else its attribute
+    docstring in the class that declares it or a base ("": neither)."""
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if issubclass(cls, BaseModel):
+            docs.update(_attribute_docstrings(cls))
+    return {
+        name: field.description or docs.get(name, "") for name, field in model.model_fields.items()
+    }
 
 
 def fields_text(model: type[BaseModel]) -> str:
     """A model's fields, one entry each: ``name (type, default): description``."""
     entries = []
+    described = descriptions(model)
     for name, field in model.model_fields.items():
         kind = type_text(field.annotation, field.metadata)
         if bounds := bounds_text(field.metadata):
             kind = f"{kind}, {bounds}"
         default = default_text(field).replace("**", "")
         default = default if default == "required" else f"default {default}"
-        entry = f"{name} ({kind}; {default}): {' '.join((field.description or '').split())}"
+        entry = f"{name} ({kind}; {default}): {' '.join(described[name].split())}"
         entries.append(textwrap.fill(entry, 88, initial_indent="    ", subsequent_indent=" " * 8))
     return "\n".join(entries)
 
 
-class UserConfig(BaseModel):
+class _Documented(ModelMetaclass):
+    """A model's ``__doc__`` (``help()``, IDEs): its docstring as written, then its fields
+    (``fields_text``), made when read. A property of the metaclass, as ``pydoc`` reads a
+    class's own ``__doc__`` past any descriptor in the class's namespace."""
+
+    @property
+    def __doc__(cls) -> str:  # type: ignore[override]
+        model = cast("type[BaseModel]", cls)
+        doc = written_doc(model)
+        return f"{doc}\n\nFields:\n{fields_text(model)}\n" if model.model_fields else doc
+
+
+class UserConfig(BaseModel, metaclass=_Documented):
     """A model users write: frozen, strict about keys, documented from its fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-    __written_doc__: ClassVar[str | None] = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
-        written = cls.__dict__.get("__doc__")
-        cls.__written_doc__ = written
-        doc = inspect.cleandoc(written or "")
-        cls.__doc__ = f"{doc}\n\nFields:\n{fields_text(cls)}\n" if cls.model_fields else doc
         keys = [
             inspect.Parameter(
                 name,

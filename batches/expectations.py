@@ -40,12 +40,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import pyarrow as pa
 from pydantic import Field
 
 from lowmark.batches.config import UserConfig
 from lowmark.batches.errors import ExpectationsFailed, PipelineConfigInvalid
-from lowmark.state import quarantine
 from lowmark.state.errors import first_line
 
 if TYPE_CHECKING:
@@ -234,26 +232,6 @@ class Checks:
             "quality.max_bad_fraction / quality.fail_on / on_violation, then `lowmark run "
             f"{self.pipeline}` replays the batch with the same offsets"
         )
-
-
-def bad_rows(parsed: pa.Table | None, dropped: pa.Table | None, batch_id: int) -> pa.Table | None:
-    """Batch ``batch_id``'s rows of the ``bad_records`` table: the source's bad rows
-    (``parsed``, in its schema) and the records ``drop`` expectations removed (``dropped``:
-    ``raw`` and ``reason``, as ``Checks.dropped_rows`` gives them); None when neither has
-    any. One table: the batch writes ``bad_records`` once (its idempotency key)."""
-    schema = quarantine.SCHEMA
-    tables = [parsed.select(schema.names).cast(schema)] if parsed is not None else []
-    if dropped is not None and dropped.num_rows:
-        n = dropped.num_rows
-        rows = {
-            "batch_id": pa.array([batch_id] * n, pa.int64()),
-            "source_file": pa.nulls(n, pa.string()),
-            "raw": dropped.column("raw").cast(pa.string()),
-            "reason": dropped.column("reason").cast(pa.string()),
-        }
-        tables.append(pa.table(rows, schema=schema))
-    tables = [t for t in tables if t.num_rows]
-    return pa.concat_tables(tables) if tables else None
 
 
 def _any(flags: list[Column]) -> Column:

@@ -2,7 +2,7 @@
 
 Every key a pipeline takes is a field of a pydantic model reachable from
 ``lowmark.batches.pipeline.Pipeline``; its description is the field's ``description`` or
-its attribute docstring (the models set ``use_attribute_docstrings``). The page
+its attribute docstring (``lowmark.batches.config.descriptions``). The page
 is one section per model, in the order a reader meets them from ``Pipeline``
 down, each with a table of key, type, default and description. Nothing is
 written by hand, so the page cannot drift from the code: ``make docs`` rewrites
@@ -25,7 +25,13 @@ from typing import Any, get_args
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from lowmark.batches.config import bounds_text, default_text, type_text, written_doc
+from lowmark.batches.config import (
+    bounds_text,
+    default_text,
+    descriptions,
+    type_text,
+    written_doc,
+)
 from lowmark.batches.pipeline import Pipeline
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "pipeline.md"
@@ -144,11 +150,12 @@ def section(model: type[BaseModel], models: list[type[BaseModel]]) -> Iterator[s
     operational = frozenset(getattr(model, "OPERATIONAL", frozenset()))
     yield "| key | type | default | description |"
     yield "| --- | --- | --- | --- |"
+    described = descriptions(model)
     for name, field in model.model_fields.items():
         kind_of = type_text(field.annotation, field.metadata, link)
         if bounds := bounds_text(field.metadata):
             kind_of = f"{kind_of} ({bounds})"
-        description = field.description or ""
+        description = described[name]
         if name in operational:
             description += " *Changeable.*"
         yield f"| `{name}` | {cell(kind_of)} | {cell(default_text(field))} | {cell(description)} |"
@@ -169,8 +176,8 @@ def missing_descriptions(root: type[BaseModel] = Pipeline) -> list[str]:
     return [
         f"{model.__name__}.{name}"
         for model in reachable(root)
-        for name, field in model.model_fields.items()
-        if not field.description
+        for name, description in descriptions(model).items()
+        if not description
     ]
 
 

@@ -17,13 +17,14 @@ from pyspark.sql import DataFrame
 
 from lowmark.batches.event_time.driver_merge import WindowChanges
 from lowmark.batches.event_time.interval_join import Joined
-from lowmark.batches.expectations import PARSABLE, bad_rows
+from lowmark.batches.expectations import PARSABLE
 from lowmark.batches.loop.batch_work import BatchWork, Taken, explained, total
 from lowmark.batches.loop.catch_up import ReadAhead, Seen
 from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.sinks import Sink, WindowedSink
 from lowmark.batches.sources.base import PARTITION_COLUMN
 from lowmark.state.commit_log import BatchCounts
+from lowmark.state.quarantine import bad_rows
 from lowmark.state.window_state import ROWS
 
 

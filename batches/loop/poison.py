@@ -54,8 +54,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from confluent_kafka import KafkaException
-
 from lowmark.batches.errors import (
     DefinitionInvalid,
     DefinitionMismatch,
@@ -135,7 +133,7 @@ def failure_kind(exc: Exception) -> ErrorKind:
         return "none"
     if isinstance(exc, TransientError | ConnectionError | TimeoutError):
         return "transient"
-    if isinstance(exc, KafkaException) and _retriable(exc):
+    if _kafka_retriable(exc):
         return "transient"
     if TRANSIENT_JVM_CAUSES & set(jvm_causes(exc)):
         return "transient"
@@ -151,8 +149,14 @@ def failure_kind(exc: Exception) -> ErrorKind:
     return "data"
 
 
-def _retriable(exc: KafkaException) -> bool:
-    """True if the Kafka client calls the error retriable (a broker away, a timeout)."""
+def _kafka_retriable(exc: Exception) -> bool:
+    """True if ``exc`` is a Kafka client error it calls retriable (a broker away, a timeout)."""
+    # Imported here, as a batch failed: planning (`lowmark status`, `plan`, a caught-up
+    # `run`) must not pay for the Kafka client (docs/cli.md, "Fast commands").
+    from confluent_kafka import KafkaException
+
+    if not isinstance(exc, KafkaException):
+        return False
     error = exc.args[0] if exc.args else None
     return bool(getattr(error, "retriable", lambda: False)())
 

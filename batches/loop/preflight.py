@@ -73,9 +73,7 @@ from lowmark.batches.pipeline import (
     UnionSource,
     resolve,
 )
-from lowmark.batches.sinks.kafka_topic import KafkaTopic
 from lowmark.batches.sinks.owner import sink_not_a_table
-from lowmark.batches.sinks.postgres_db import PostgresTable
 from lowmark.batches.sources.base import Source
 from lowmark.batches.sources.files import FileStreamSource
 from lowmark.batches.sources.filesystem import local_path
@@ -466,10 +464,17 @@ def _check_sinks(pipeline: Pipeline, data_root: Path) -> None:
 
 
 def _check_sink(pipeline: Pipeline, config: SinkKind, data_root: Path) -> None:
+    # A Postgres or Kafka sink's client (psycopg, confluent_kafka) is imported by the
+    # pipelines that have one: the others' `lowmark status` and `plan` must not pay for it
+    # (docs/cli.md, "Fast commands").
     if isinstance(config, PostgresSink):
+        from lowmark.batches.sinks.postgres_db import PostgresTable
+
         PostgresTable(config, txn_app_id="").check()
         return
     if isinstance(config, KafkaSink):
+        from lowmark.batches.sinks.kafka_topic import KafkaTopic
+
         KafkaTopic(config, txn_app_id="").check()
         return
     if not isinstance(config, DeltaSink):

@@ -9,6 +9,7 @@ import re
 import pytest
 from pydantic import BaseModel
 
+from lowmark.batches.config import descriptions
 from lowmark.batches.pipeline import SOURCE_MODELS, CustomSink, DeltaSink, Pipeline
 from lowmark.batches.windows import EventTime, Session, Sliding, Tumbling, WindowedAggregation
 
@@ -23,9 +24,9 @@ def test_help_shows_every_field_with_its_description_near_the_top(model: type[Ba
     top = shown[: shown.index("Method resolution order")]
     flat = " ".join(top.replace("|", " ").split())
     assert model.__doc__ is not None and len(model.__doc__.splitlines()) < 120
-    for name, field in model.model_fields.items():
-        assert field.description, f"{model.__name__}.{name} has no description"
-        assert f"{name} (" in flat and " ".join(field.description.split()) in flat, name
+    for name, description in descriptions(model).items():
+        assert description, f"{model.__name__}.{name} has no description"
+        assert f"{name} (" in flat and " ".join(description.split()) in flat, name
     # The signature names the keys, not pydantic's annotations.
     assert "Annotated" not in top and "Discriminator" not in top
 
