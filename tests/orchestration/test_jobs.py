@@ -282,6 +282,7 @@ def test_the_backfill_job_replaces_one_hour_partition(
     assert failure is not None and "is still open" in failure.message
 
 
+@pytest.mark.integration  # 35 s: the slowest test of `make test` (docs/development.md)
 def test_a_backfill_of_several_partitions_from_the_ui_runs_ranges_that_backfill_each(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
