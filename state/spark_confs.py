@@ -3,7 +3,9 @@ standard ways, each layer winning over the ones before it.
 
 ==  =======================  =====================================================
 1   lowmark                  its defaults (``lowmark.state.session``)
-2   spark-defaults.conf      in ``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``
+2   spark-defaults.conf      in ``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``; or the
+                             file of ``--properties-file`` in ``PYSPARK_SUBMIT_ARGS``
+                             (after spark-defaults.conf with ``--load-spark-defaults``)
 3   lowmark.toml             the project's ``[spark]`` table (``LOWMARK_PROJECT_SPARK_CONFS``)
 4   PYSPARK_SUBMIT_ARGS      its ``--conf k=v`` and the spark-submit flags that are confs
 5   --conf                   the command's ``--conf k=v``, a Dagster resource's ``confs``
@@ -109,15 +111,18 @@ def merge(
     ``SparkConfRefused`` for a conf that would replace Delta's catalog and for a
     ``--conf`` without ``=`` in ``PYSPARK_SUBMIT_ARGS``."""
     layers: list[tuple[str, Mapping[str, str]]] = []
-    submit_args = None
+    submitted = parse_submit_args(environ[SUBMIT_ARGS]) if jvm and SUBMIT_ARGS in environ else None
     if jvm:
-        defaults = spark_defaults_file(environ)
-        if defaults is not None:
-            layers.append((str(defaults), read_properties(defaults)))
+        files = [spark_defaults_file(environ)]
+        if submitted is not None and submitted.properties_file is not None:
+            # As spark-submit: the file replaces spark-defaults.conf, unless asked to add to it.
+            files = [*files[: submitted.load_defaults], submitted.properties_file]
+        for path in files:
+            if path is not None:
+                layers.append((str(path), read_properties(path)))
     layers.append((PROJECT, project))
-    if jvm and SUBMIT_ARGS in environ:
-        submitted, submit_args = parse_submit_args(environ[SUBMIT_ARGS])
-        layers.append((SUBMIT_ARGS, submitted))
+    if submitted is not None:
+        layers.append((SUBMIT_ARGS, submitted.confs))
     layers.append((GIVEN, given))
     values, sources = dict(lowmark), dict.fromkeys(lowmark, LOWMARK)
     for layer, confs in layers:
@@ -135,6 +140,7 @@ def merge(
                 sources[key] = f"{LOWMARK} + {layer}"
             else:
                 values[key], sources[key] = value, layer
+    submit_args = submitted.rest if submitted is not None else None
     return SparkConfs(values=values, sources=sources, submit_args=submit_args)
 
 
@@ -168,18 +174,38 @@ def read_properties(path: Path) -> dict[str, str]:
     return confs
 
 
-def parse_submit_args(args: str) -> tuple[dict[str, str], str]:
+@dataclass(frozen=True)
+class Submitted:
+    """What ``PYSPARK_SUBMIT_ARGS`` says of a session's confs (``parse_submit_args``)."""
+
+    confs: dict[str, str]
+    """Its ``--conf`` settings and the flags that stand for a conf (``SUBMIT_FLAGS``)."""
+    rest: str
+    """The arguments left, shell-quoted: what spark-submit is still given (the properties
+    files it reads included, so that it reads the ones the layers read)."""
+    properties_file: Path | None = None
+    """``--properties-file``: read instead of spark-defaults.conf."""
+    load_defaults: bool = False
+    """``--load-spark-defaults``: spark-defaults.conf read too, before the properties file."""
+
+
+def parse_submit_args(args: str) -> Submitted:
     """The confs in spark-submit arguments (``--conf k=v``, ``-c k=v``, ``--conf=k=v``, the
-    flags of ``SUBMIT_FLAGS``), later ones winning, and the arguments left (shell-quoted)."""
+    flags of ``SUBMIT_FLAGS``), later ones winning, ``--properties-file`` and
+    ``--load-spark-defaults``, and the arguments left (``Submitted``)."""
     confs: dict[str, str] = {}
     rest: list[str] = []
+    properties_file, load_defaults = None, False
     words = shlex.split(args)
     i = 0
     while i < len(words):
         word = words[i]
         flag, eq, attached = word.partition("=")
         name = flag if flag.startswith("--") and eq else word
-        if name in ("--conf", "-c") or name in SUBMIT_FLAGS:
+        if name == "--load-spark-defaults":
+            load_defaults = True
+            rest.append(word)
+        elif name in ("--conf", "-c", "--properties-file") or name in SUBMIT_FLAGS:
             value = attached if name == flag and eq else None
             if value is None:
                 if i + 1 >= len(words):
@@ -188,6 +214,16 @@ def parse_submit_args(args: str) -> tuple[dict[str, str], str]:
                 value = words[i]
             if name in SUBMIT_FLAGS:
                 confs[SUBMIT_FLAGS[name]] = value
+            elif name == "--properties-file":
+                properties_file = Path(value)
+                if not properties_file.is_file():
+                    raise SparkConfRefused(
+                        f"{SUBMIT_ARGS}: --properties-file {value}: no such file; "
+                        "give the path of a Spark properties file"
+                    )
+                # Left to spark-submit too: it then reads what the layers read (its own
+                # reads fill in only keys the session's confs do not set).
+                rest += [name, value]
             else:
                 key, sep, conf = value.partition("=")
                 if not sep or not key:
@@ -199,7 +235,7 @@ def parse_submit_args(args: str) -> tuple[dict[str, str], str]:
         else:
             rest.append(word)
         i += 1
-    return confs, shlex.join(rest)
+    return Submitted(confs, shlex.join(rest), properties_file, load_defaults)
 
 
 def confs_from_env(name: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -139,9 +139,10 @@ def test_shuffle_partitions_given_in_one_layer_win_over_lowmark_s(
 
 
 def test_spark_submit_flags_that_stand_for_confs_are_taken_and_the_rest_left() -> None:
-    confs, rest = parse_submit_args(
+    submitted = parse_submit_args(
         "--conf a=1 -c b=2=3 --conf=c=4 --driver-memory 2g --jars=x.jar --verbose pyspark-shell"
     )
+    confs, rest = submitted.confs, submitted.rest
     assert confs == {
         "a": "1",
         "b": "2=3",
@@ -150,6 +151,37 @@ def test_spark_submit_flags_that_stand_for_confs_are_taken_and_the_rest_left() -
         "spark.jars": "x.jar",
     }
     assert rest == "--verbose pyspark-shell"
+
+
+def test_a_properties_file_replaces_spark_defaults_unless_it_is_loaded_too(tmp_path: Path) -> None:
+    """As spark-submit reads them: ``--properties-file`` instead of spark-defaults.conf, or
+    after it with ``--load-spark-defaults``; both below the project's [spark] table."""
+    conf_dir, extra = tmp_path / "conf", tmp_path / "extra.properties"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(f"{SHUFFLE} 5\nspark.lowmark.test.file on\n")
+    extra.write_text(f"{SHUFFLE}=7\n")
+    environ = {"SPARK_CONF_DIR": str(conf_dir)}
+    instead = merge(
+        {SHUFFLE: "4"},
+        {},
+        {},
+        environ={**environ, "PYSPARK_SUBMIT_ARGS": f"--properties-file {extra} pyspark-shell"},
+    )
+    assert (instead.values[SHUFFLE], instead.sources[SHUFFLE]) == ("7", str(extra))
+    assert "spark.lowmark.test.file" not in instead.values
+    assert instead.submit_args == f"--properties-file {extra} pyspark-shell"  # spark-submit
+    both = merge(
+        {SHUFFLE: "4"},
+        {"spark.lowmark.test.file": "toml"},
+        {},
+        environ={
+            **environ,
+            "PYSPARK_SUBMIT_ARGS": f"--load-spark-defaults --properties-file={extra} pyspark-shell",
+        },
+    )
+    assert both.values[SHUFFLE] == "7" and both.values["spark.lowmark.test.file"] == "toml"
+    with pytest.raises(SparkConfRefused, match="--properties-file nope: no such file"):
+        merge({}, {}, {}, environ={"PYSPARK_SUBMIT_ARGS": "--properties-file nope pyspark-shell"})
 
 
 def test_a_conf_that_would_replace_delta_s_catalog_is_refused_naming_its_layer() -> None:
