@@ -72,7 +72,12 @@ DEFINED = (
 )
 
 
-@pytest.mark.parametrize("pipeline", [orders, user_revenue, DEDUPED], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "pipeline",
+    # The windows alone in `make test-integration`: the deduplicated windows cover them.
+    [orders, pytest.param(user_revenue, marks=pytest.mark.integration), DEDUPED],
+    ids=lambda p: p.name,
+)
 def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_showed(
     spark: SparkSession,
     capsys: pytest.CaptureFixture[str],
