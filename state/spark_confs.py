@@ -113,10 +113,11 @@ def merge(
     layers: list[tuple[str, Mapping[str, str]]] = []
     submitted = parse_submit_args(environ[SUBMIT_ARGS]) if jvm and SUBMIT_ARGS in environ else None
     if jvm:
-        files = [spark_defaults_file(environ)]
-        if submitted is not None and submitted.properties_file is not None:
-            # As spark-submit: the file replaces spark-defaults.conf, unless asked to add to it.
-            files = [*files[: submitted.load_defaults], submitted.properties_file]
+        given_file = submitted.properties_file if submitted is not None else None
+        # As spark-submit: a properties file replaces spark-defaults.conf, unless asked to
+        # add to it.
+        with_defaults = given_file is None or (submitted is not None and submitted.load_defaults)
+        files = [spark_defaults_file(environ) if with_defaults else None, given_file]
         for path in files:
             if path is not None:
                 layers.append((str(path), read_properties(path)))
