@@ -18,6 +18,7 @@ written by delta-rs from the driver)::
     keyed_state/    a keyed step's state and timers (``keyed``; lowmark.state.keyed_state)
     keyed_timers/
     failures/       failed attempts at batches (created by the first failure)
+    pipeline_id     a file: the metadata table's pipeline_id, for ``Checkpoint.fence``
 
 ``pipeline_id`` is random per checkpoint (Spark's query id) and is part of
 every idempotency key, so a new checkpoint never collides with an old one.
@@ -69,6 +70,14 @@ checkpoint whose sink writes this one continues, set by ``lowmark reset``; ``sta
 --after-sink``), which batch 0 checks; ``start_commit`` (a ``CommitEntry`` of batch -1, JSON):
 what batch 0 builds on after ``lowmark reset --after-sink`` (the state tables it carried over,
 the watermark, the next timer). Checkpoints written before they existed have none of them."""
+
+
+ID_FILE = "pipeline_id"
+"""The file beside the tables that repeats the metadata table's ``pipeline_id``: a runner
+checks it before each step that writes (``Checkpoint.fence``), and reading one small file
+costs a fraction of opening the metadata table (which reads its Delta log). The first fence
+that finds none reads the metadata table instead and, finding its own id there, writes it:
+looks at a checkpoint never write."""
 
 
 class Checkpoint:
@@ -201,12 +210,17 @@ class Checkpoint:
         the old one open: every table handle names a path, so that runner's
         next writes would land in the new checkpoint and the emptied sink. A
         runner calls this before each step that writes, so it stops instead.
-        One small driver-side read; no Spark.
+        It reads ``ID_FILE``, or where there is none (a checkpoint moved aside, one not
+        yet fenced) the metadata table. No Spark.
         """
-        # A new handle: the open one follows the log of the table it first read.
-        table = DriverTable(self.metadata.path, _METADATA_SCHEMA)
-        ids = table.read().column("pipeline_id").to_pylist() if table.exists() else []
-        current = str(ids[0]) if len(ids) == 1 else None
+        current = self._fenced_id()
+        if current is None:
+            # A new handle: the open one follows the log of the table it first read.
+            table = DriverTable(self.metadata.path, _METADATA_SCHEMA)
+            ids = table.read().column("pipeline_id").to_pylist() if table.exists() else []
+            current = str(ids[0]) if len(ids) == 1 else None
+            if current == self.pipeline_id:
+                self._write_id_file()
         if current != self.pipeline_id:
             now = f"holds checkpoint {current}" if current else "holds no checkpoint"
             raise CheckpointReplaced(
@@ -214,6 +228,26 @@ class Checkpoint:
                 f"{self.pipeline_name} started on (`lowmark reset` ran meanwhile): it stopped "
                 "before writing into it; run the pipeline again to go on from the new checkpoint"
             )
+
+    def _fenced_id(self) -> str | None:
+        """``ID_FILE``'s pipeline id; None where there is none (or it is empty)."""
+        store, path = storage.filesystem(self.table(ID_FILE))
+        try:
+            with store.open_input_stream(path) as stream:
+                found = stream.read().decode().strip()
+        except FileNotFoundError:
+            return None
+        return found or None
+
+    def _write_id_file(self) -> None:
+        """Write ``ID_FILE`` whole: renamed into place locally, one PUT on object storage,
+        so a fence never reads half of it."""
+        store, path = storage.filesystem(self.table(ID_FILE))
+        written = path if is_object_store(self.location) else f"{path}.{uuid.uuid4().hex}.tmp"
+        with store.open_output_stream(written) as stream:
+            stream.write(self.pipeline_id.encode())
+        if written != path:
+            store.move(written, path)
 
     def _read_pipeline_id(self) -> str:
         rows = self.metadata.read().to_pylist()

@@ -110,6 +110,10 @@ class DriverTable:
         """delta-rs's storage options: None for a local table, the store's for one on
         object storage (``lowmark.state.storage``)."""
         self._handle: DeltaTable | None = None
+        """The newest version this object read or wrote, brought up to date by ``open``:
+        opening a table again reads its log from the last checkpoint (4-12 ms), bringing
+        a handle up to date reads the commits since (under 1 ms), and a delta-rs write or
+        MERGE through a handle moves the handle to the version it committed."""
 
     def exists(self) -> bool:
         return is_table(self.path)
@@ -260,7 +264,6 @@ class DriverTable:
         harmless); creates the table if needed."""
         table = self.open() if self.exists() else None
         self._writer(rows, "append")(table, CommitProperties())
-        self._handle = None
 
     def insert_new_once(
         self, rows_for: Callable[[pa.Table], pa.Table], key: str, app_id: str, version: int
@@ -449,7 +452,6 @@ class DriverTable:
             )
             try:
                 write(table, commit)
-                self._handle = None
                 return True
             except (CommitFailedError, DeltaError) as exc:
                 self._handle = None

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lowmark.state.checkpoint import Checkpoint
-from lowmark.state.errors import CheckpointMissing
+from lowmark.state.checkpoint import ID_FILE, Checkpoint
+from lowmark.state.errors import CheckpointMissing, CheckpointReplaced
 from tests.helpers import entry
 
 
@@ -55,3 +55,27 @@ def test_a_checkpoint_made_before_the_manifest_history_existed_opens_and_gains_i
     shutil.rmtree(tmp_path / "c" / "files")
     with pytest.raises(CheckpointMissing, match="files is missing"):
         Checkpoint(str(tmp_path / "c"), "p")
+
+
+def test_the_fence_stops_a_runner_whose_checkpoint_was_replaced_whichever_way_it_reads(
+    tmp_path: Path,
+) -> None:
+    """The fence reads the id file when there is one, the metadata table when there is
+    none (a checkpoint made before the file existed, or moved aside): either way, its own
+    checkpoint passes and a replaced one stops it."""
+    location = tmp_path / "c"
+    runner = Checkpoint(str(location), "p")
+    (location / ID_FILE).unlink(missing_ok=True)
+    runner.fence()  # no id file: the metadata table's id is its own, and the file is written
+    assert (location / ID_FILE).read_text() == runner.pipeline_id
+    runner.fence()
+
+    location.rename(tmp_path / "aside")
+    with pytest.raises(CheckpointReplaced, match="holds no checkpoint"):
+        runner.fence()
+    new = Checkpoint(str(location), "p")
+    with pytest.raises(CheckpointReplaced, match=f"holds checkpoint {new.pipeline_id}"):
+        runner.fence()  # the new one's metadata table, before any fence wrote its file
+    new.fence()
+    with pytest.raises(CheckpointReplaced, match=f"holds checkpoint {new.pipeline_id}"):
+        runner.fence()  # the new one's id file
