@@ -92,14 +92,14 @@ log = logging.getLogger(__name__)
 
 MAX_BYTES = 1024 * 1024 * 1024
 """Input one read-ahead takes at most (its batches' partials are held on the driver)."""
-JOB_CONFS = {
-    "spark.sql.files.minPartitionNum": "1",
-    "spark.sql.codegen.useIdInClassName": "false",
-}
-"""The read-ahead job's settings. Each batch's scan in as few splits as its size allows
-(the union of the batches' scans is the job's parallelism, and a task per small file
-split is most of its time); generated code named without its stage id, so the batches'
-scans, alike but for their files, compile once."""
+JOB_CONFS = {"spark.sql.codegen.useIdInClassName": "false"}
+"""The read-ahead job's settings: generated code named without its stage id, so the
+batches' scans, alike but for their files, compile once."""
+SCAN_PER_BATCH_CONFS = {**JOB_CONFS, "spark.sql.files.minPartitionNum": "1"}
+"""With a scan per batch, each in as few splits as its size allows: the union of the
+batches' scans is the job's parallelism, and a task per small file split is most of its
+time. One scan keeps Spark's default, a split per core at least: in one split, a wide
+read-ahead parsed its input on one core while the others waited."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,11 @@ class _Read:
     """Input bytes."""
     one_scan: bool
     """Read in one scan (the transform keeps each record), not a scan per batch."""
+
+    @property
+    def confs(self) -> dict[str, str]:
+        """The session's settings for the job over these records."""
+        return JOB_CONFS if self.one_scan else SCAN_PER_BATCH_CONFS
 
 
 Frames = Callable[[Sequence[Range], int], tuple[SourceRead, BatchFrames] | None]
@@ -305,7 +310,7 @@ class ReadAhead:
         groups = self.stage.partials_with_stats(flagged, partitions, (BATCH_COLUMN,), violated)
         spark = self._spark()
         try:
-            with shuffle_partitions(spark, total), session_confs(spark, JOB_CONFS):
+            with shuffle_partitions(spark, total), session_confs(spark, ahead.confs):
                 table = collect({"partials": groups})["partials"]
         except (Py4JJavaError, PySparkException) as exc:
             # Each batch's own job fails the same way, and names its bad input.
@@ -459,7 +464,7 @@ class ReadAhead:
         )
         spark = self._spark()
         try:
-            with shuffle_partitions(spark, read.size), session_confs(spark, JOB_CONFS):
+            with shuffle_partitions(spark, read.size), session_confs(spark, read.confs):
                 late = read.records.select(BATCH_COLUMN, LATE_RECORDS)
                 found = collect({"late": late})["late"]
         except (Py4JJavaError, PySparkException) as exc:

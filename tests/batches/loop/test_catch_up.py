@@ -266,3 +266,20 @@ def test_row_by_row_tells_the_transforms_one_scan_may_take(
         .withColumn(BATCH_COLUMN, F.lit(0))
     )
     assert row_by_row(transform(records), records) is expected
+
+
+def test_a_read_ahead_in_one_scan_parses_its_files_on_every_core(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan of a read-ahead over several files is split at least once per core, as
+    Spark splits any scan: in one split, a wide read-ahead parsed its input on one core
+    while the others waited."""
+    _land_backlog(tmp_path)
+    runner = MicroBatchRunner(spark, _pipeline(10), tmp_path)
+    _, counter = counted_batch(spark, runner, monkeypatch)
+    tracker = spark.sparkContext.statusTracker()
+    (job,) = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(counter.group)]
+    assert job is not None
+    scan = tracker.getStageInfo(min(job.stageIds))  # the first stage: the scan
+    assert scan is not None
+    assert scan.numTasks >= spark.sparkContext.defaultParallelism > 1
