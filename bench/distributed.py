@@ -139,7 +139,9 @@ def run_deployments(work: Path, sizes: Sizes, seed: int) -> dict[str, dict[str, 
         server.wait_until_up()
         for engine in ENGINES:
             scenarios = engine_scenarios(work, "connect", engine, sizes)
-            results["connect"][engine], _ = run_engine(work, engine, scenarios, server.url)
+            results["connect"][engine], _ = run_engine(
+                work, engine, scenarios, server.url, env=server.client_env()
+            )
     finally:
         server.stop()
     _check_outputs(results)

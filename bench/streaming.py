@@ -425,9 +425,11 @@ def run_engine(
     scenarios: dict[str, Any],
     master: str | None = None,
     confs: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], float]:
     """Run ``engine``'s scenarios in a child process (its Spark on ``master``, with
-    ``confs``; by default local); its results and the driver's peak RSS (MiB)."""
+    ``confs``; by default local; ``env`` added to its environment, as a Spark Connect
+    server's token); its results and the driver's peak RSS (MiB)."""
     tag = f"{engine}-{master.split(':')[0]}" if master else engine
     result_path = work / f"{tag}.json"
     spec = {
@@ -445,7 +447,7 @@ def run_engine(
         proc = subprocess.Popen(
             [sys.executable, "-m", "bench.streaming", "--child", str(spec_path)],
             cwd=REPO,
-            env=_env(),
+            env={**_env(), **(env or {})},
             stderr=log,
         )
         with PeakRss(proc.pid) as rss:
