@@ -164,7 +164,7 @@ def ui(
 ) -> None:
     """Open the Dagster UI over the pipelines: webserver, daemon (sensors, schedules, run
     queue) and code server, with the instance in DAGSTER_HOME (default ./.dagster_home),
-    and the Spark its runs share.
+    and the warm runner that executes every pipeline's runs on one Spark (lowmark serve).
 
     It prints its address, each pipeline's runs as they start and end, a sensor's reason
     to skip when it changes, and errors; the rest of Dagster's output goes to

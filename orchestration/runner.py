@@ -38,6 +38,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -49,13 +50,16 @@ from typing import Any
 import dagster as dg
 from dagster._core.events import EngineEventData
 from dagster._core.instance.ref import InstanceRef
+from dagster._core.origin import get_python_environment_entry_point
 from dagster._grpc.impl import core_execute_run
 from dagster._grpc.types import ExecuteRunArgs
+from dagster._serdes import serialize_value
 from dagster._utils.hosted_user_process import recon_job_from_origin
 from pyspark.sql import SparkSession
 
 from lowmark.orchestration.launcher import RUN_PID_TAG, RUNNER_PID_TAG, RunnerFiles, alive
 from lowmark.orchestration.runs import IN_FLIGHT, RUN_STOPS
+from lowmark.state.errors import first_line
 from lowmark.state.session import get_spark, lent_session
 
 log = logging.getLogger(__name__)
@@ -135,7 +139,7 @@ class Runner:
             if entry.name in self.threads:
                 continue
             thread = threading.Thread(
-                target=self.execute, args=(entry.name,), name=f"run {entry.name[:8]}"
+                target=self.execute_or_fail, args=(entry.name,), name=f"run {entry.name[:8]}"
             )
             self.threads[entry.name] = thread
             thread.start()
@@ -161,6 +165,19 @@ class Runner:
                 f"the lowmark runner that executed it (pid {pid}) exited; the pipeline's sensor "
                 "replays its batch",
             )
+
+    def execute_or_fail(self, run_id: str) -> None:
+        """``execute``; a run it could not execute (a process that would not start) is failed
+        with the reason, not left starting."""
+        try:
+            self.execute(run_id)
+        except Exception as exc:
+            log.exception("run %s not executed", run_id)
+            run = self.instance.get_run_by_id(run_id)
+            if run is not None and not run.is_finished:
+                self.instance.report_run_failed(
+                    run, f"the lowmark runner could not execute it: {first_line(exc)}"
+                )
 
     def execute(self, run_id: str) -> None:
         """Execute run ``run_id``: on this Spark, or in a process of its own when its Spark
@@ -213,7 +230,9 @@ class Runner:
             instance_ref=self.instance.get_ref(),
             set_exit_code_on_failure=True,
         )
-        child = subprocess.Popen(args.get_command_args())
+        # This interpreter's dagster: the origin's entry point is a bare `dagster`, for PATH.
+        command = [*get_python_environment_entry_point(sys.executable), "api", "execute_run"]
+        child = subprocess.Popen([*command, serialize_value(args)])
         self.children[run.run_id] = child
         self.instance.add_run_tags(run.run_id, {RUN_PID_TAG: str(child.pid)})
         child.wait()

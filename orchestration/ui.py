@@ -10,7 +10,12 @@ its batch and ends), then SIGKILL to what is left after ``grace`` seconds. A
 batch killed then is replayed by the next run with the same offsets, as after
 any crash.
 
-With a shared Spark (``lowmark ui``'s default when no Spark master is set), a
+With the warm runner (``lowmark ui``'s default: ``lowmark.orchestration.runner``), one
+more process executes every run on one Spark it starts and warms with the UI; it
+leads a process group of its own, stopped with ``dagster dev``'s (SIGTERM: its runs
+end after their batch), and is started again if it dies.
+
+With a shared Spark (``lowmark ui --no-runner``'s default when no Spark master is set), a
 Spark Connect server (``lowmark.state.connect_server``) starts beside it and
 every run, sensor tick and backfill connects to it (``LOWMARK_SPARK_MASTER``,
 and its token in their environment, never on a command line): a run's start

@@ -93,7 +93,7 @@ def test_the_sensor_runs_of_two_pipelines_execute_in_the_one_runner_process(
             for e in instance.all_logs(r.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
         ]
     assert sum(f"Started in the lowmark runner (pid: {pid})" in m for m in started) == 2
-    [ticked] = dev.materializations(TICKS)
+    ticked = dev.materializations(TICKS)[0]  # batch 0's (emit-only batches may follow)
     assert ticked.asset_materialization.metadata["rows_in"].value == 2  # type: ignore[union-attr]
     slow = delta_frame(spark, str(dev.data_root / "slow/out")).collect()
     assert sorted(r.id for r in slow) == [1, 2]
