@@ -266,12 +266,9 @@ def ui(
             if dev.spark is not None and dev.spark.process.poll() is not None:
                 commands.err.print(f"the shared Spark exited (its log: {dev.spark.log}): stopping")
                 break
-            if dev.runner is not None and dev.runner.poll() is not None:
-                commands.err.print(
-                    f"the lowmark runner exited ({dev.runner.returncode}): starting another, "
-                    "which fails the runs it left and takes the queued ones"
-                )
-                dev.start_runner()
+            runner_exited = dev.runner_exited()
+            if runner_exited is not None:
+                commands.err.print(runner_exited, soft_wrap=True)
             time.sleep(0.5)
     took = dev.stop()
     commands.err.print(f"stopped the Dagster UI and its runs in {took:.1f} s")

@@ -57,9 +57,15 @@ from dagster._serdes import serialize_value
 from dagster._utils.hosted_user_process import recon_job_from_origin
 from pyspark.sql import SparkSession
 
-from lowmark.orchestration.launcher import RUN_PID_TAG, RUNNER_PID_TAG, RunnerFiles, alive
+from lowmark.orchestration.launcher import (
+    RUN_PID_TAG,
+    RUNNER_PID_TAG,
+    RunnerFiles,
+    RunnerLauncher,
+    alive,
+)
 from lowmark.orchestration.runs import IN_FLIGHT, RUN_STOPS
-from lowmark.state.errors import first_line
+from lowmark.state.errors import LowmarkError, first_line
 from lowmark.state.session import get_spark, lent_session
 
 log = logging.getLogger(__name__)
@@ -121,7 +127,7 @@ class Runner:
             self.poll()
             stop.wait(POLL_S)
         RUN_STOPS.request()
-        for child in self.children.values():
+        for child in list(self.children.values()):  # a run's thread may remove its own
             child.send_signal(signal.SIGTERM)
         for thread in list(self.threads.values()):
             thread.join()
@@ -248,6 +254,10 @@ def _entries(folder: Path) -> list[Path]:
     return sorted(entries, key=lambda e: e.stat().st_mtime)
 
 
+class NotHandedRuns(LowmarkError):
+    """The instance's run launcher is not lowmark's: no run would come to the runner."""
+
+
 def _configure_python_log_handlers_once(instance: dg.DagsterInstance) -> None:
     """Read the instance's ``python_logs`` handlers now, once, for every run to reuse.
 
@@ -269,19 +279,28 @@ def serve(home: Path) -> None:
         log.info("%s received: runs end after their batch in progress", signal.Signals(signum).name)
         stop.set()
 
-    files.folder.mkdir(parents=True, exist_ok=True)
-    files.pid_file.write_text(str(os.getpid()))
-    try:
-        spark = get_spark()
-        # After Spark's start: PySpark's context puts a Ctrl-C handler of its own in place.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, stop_serving)
-        warm(spark)
-        ref = InstanceRef.from_dir(str(home), overrides=UNCAPTURED_LOGS)
-        with dg.DagsterInstance.from_ref(ref) as instance:
-            _configure_python_log_handlers_once(instance)
+    ref = InstanceRef.from_dir(str(home), overrides=UNCAPTURED_LOGS)
+    with dg.DagsterInstance.from_ref(ref) as instance:
+        launcher = instance.run_launcher
+        if not isinstance(launcher, RunnerLauncher):
+            raise NotHandedRuns(
+                f"{home / 'dagster.yaml'}: its run_launcher is {type(launcher).__name__}, "
+                "which hands no run to a runner; add `run_launcher: {module: "
+                "lowmark.orchestration.launcher, class: RunnerLauncher}` to it"
+            )
+        _configure_python_log_handlers_once(instance)
+        # Serving from now: a run handed over while Spark starts waits for it, which is
+        # sooner than a process of its own would start one.
+        files.folder.mkdir(parents=True, exist_ok=True)
+        files.pid_file.write_text(str(os.getpid()))
+        try:
+            spark = get_spark()
+            # After Spark's start: PySpark's context puts a Ctrl-C handler of its own in place.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, stop_serving)
+            warm(spark)
             log.info("lowmark runner (pid %d) serving %s on a warm Spark", os.getpid(), home)
             Runner(instance, files, spark).serve(stop)
-    finally:
-        if files.pid_file.read_text() == str(os.getpid()):
-            files.pid_file.unlink()
+        finally:
+            if files.pid_file.read_text() == str(os.getpid()):
+                files.pid_file.unlink()

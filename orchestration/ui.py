@@ -58,6 +58,8 @@ DAGSTER = Path(sys.executable).parent / "dagster"
 LOWMARK = Path(sys.executable).parent / "lowmark"
 PROJECT = Path(__file__).resolve().parents[1]
 """The lowmark project: its ``dagster.yaml`` is the default instance configuration."""
+RUNNER_STEADY_S = 60
+"""A runner that exits sooner after its start is not started again."""
 UI_LOG = "lowmark-ui.log"
 """``dagster dev``'s output, in the instance folder (appended to, start after start)."""
 
@@ -96,6 +98,8 @@ class DagsterDev:
     """The warm runner executing every run (``lowmark serve``, leading a process group of
     its own); None: a process per run."""
     runner_start: Callable[[], subprocess.Popen[bytes]] | None = None
+    runner_started_at: float = 0.0
+    """When the runner last started (``time.monotonic``)."""
 
     @classmethod
     def start(
@@ -159,6 +163,26 @@ class DagsterDev:
         """Start the warm runner (again: after it exited)."""
         assert self.runner_start is not None, "started without a runner"
         self.runner = self.runner_start()
+        self.runner_started_at = time.monotonic()
+
+    def runner_exited(self) -> str | None:
+        """When the runner has exited: what ``lowmark ui`` says of it, after starting another
+        unless it had run less than ``RUNNER_STEADY_S`` (a runner that cannot start Spark
+        would be started again and again: runs then start processes of their own)."""
+        if self.runner is None or self.runner.poll() is None:
+            return None
+        code = self.runner.returncode
+        if time.monotonic() - self.runner_started_at < RUNNER_STEADY_S:
+            self.runner = None
+            return (
+                f"the lowmark runner exited ({code}) within {RUNNER_STEADY_S} s of its start "
+                f"(its log: {self.log or 'above'}): runs start processes of their own"
+            )
+        self.start_runner()
+        return (
+            f"the lowmark runner exited ({code}): started another, which fails the runs it "
+            "left (their sensors replay them) and takes the queued ones"
+        )
 
     @contextlib.contextmanager
     def feed(self) -> Iterator[ConsoleFeed]:

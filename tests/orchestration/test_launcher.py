@@ -19,6 +19,7 @@ from lowmark.orchestration.launcher import (
     RunnerLauncher,
 )
 from lowmark.orchestration.ui import prepare_home
+from tests.helpers import lowmark
 
 
 def gone_pid() -> int:
@@ -73,3 +74,16 @@ def test_a_run_whose_process_is_gone_fails_the_health_check(tmp_path: Path) -> N
         health = launcher.check_run_worker_health(dead)
         assert health.status == WorkerStatus.FAILED
         assert "exited" in (health.msg or "")
+
+
+def test_serve_refuses_in_one_line_an_instance_whose_launcher_hands_it_no_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # Dagster's launcher
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    code, _, err = lowmark(capsys, tmp_path / "data", "serve")
+    assert code != 0
+    assert "its run_launcher is DefaultRunLauncher" in err and "RunnerLauncher" in err
+    assert not RunnerFiles.of(home).pid_file.exists()  # it never said it serves
