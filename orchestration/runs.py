@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 from pyspark.sql import SparkSession
 
@@ -101,8 +102,14 @@ class RunStops:
                 self._runs.add(run_id)
 
     def requested(self, run_id: str) -> bool:
+        """Whether run ``run_id`` is to stop (on its own, or with every run)."""
         with self._lock:
             return self._all or run_id in self._runs
+
+    def terminated(self, run_id: str) -> bool:
+        """Whether run ``run_id`` itself is to stop (a terminate), not every run."""
+        with self._lock:
+            return run_id in self._runs
 
 
 RUN_STOPS = RunStops()
@@ -205,6 +212,8 @@ def _follow(
         should_stop=lambda: RUN_STOPS.requested(run_id) or queued_behind(),
     )
     context.log.info(f"{pipeline.name} followed the source: {followed.describe()}")
+    if RUN_STOPS.terminated(run_id):  # as a run process's interrupt: the run is canceled
+        raise DagsterExecutionInterruptedError(f"run {run_id} terminated after its batch")
     yielded_to = None if RUN_STOPS.requested(run_id) else queued_behind.run_id
     if followed.stopped_by == "should_stop" and yielded_to is not None:
         yielded = Yielded(yielded_to, until_ms)

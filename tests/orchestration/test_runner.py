@@ -6,6 +6,7 @@ beside it):
 - the runs the sensors of two pipelines launch execute in the runner's process, not in
   one of their own, and their sinks hold the files' rows;
 - a run whose Spark settings the warm Spark cannot change gets a process of its own;
+- a run terminated from the UI ends canceled after its batch, and the runner serves on;
 - the runner killed mid-batch: ``lowmark ui`` starts another, which fails the run the dead
   one left; the sensor replays its batch and the sink holds each row once.
 
@@ -120,6 +121,25 @@ def test_a_run_with_a_spark_setting_the_warm_spark_cannot_take_runs_in_its_own_p
     with dev.instance() as instance:
         said = [e.message for e in instance.all_logs(run_id)]
     assert any("process of its own" in m and "spark.driver.memory=1g" in m for m in said)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_run_terminated_from_the_ui_ends_canceled_and_the_runner_serves_on(
+    dev: DagsterDev,
+) -> None:
+    pid = runner_pid(dev)
+    [following] = [r for r in dev.runs(tags={"lowmark/pipeline": "ticks"}) if not r.is_finished]
+    client = DagsterGraphQLClient("127.0.0.1", port_number=int(dev.url.rsplit(":", 1)[1]))
+    client.terminate_run(following.run_id)
+    ended = wait_for(
+        "the terminated run to end",
+        lambda: (r := dev.instance().get_run_by_id(following.run_id)) and r.is_finished and r,
+        dev,
+        seconds=60,
+    )
+    assert ended.status == dg.DagsterRunStatus.CANCELED
+    assert RunnerFiles.of(dev.home).serving() == pid
 
 
 @pytest.mark.slow
