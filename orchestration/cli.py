@@ -282,10 +282,10 @@ def serve(ctx: typer.Context, conf: commands.ConfOption = None) -> None:
     settings this Spark cannot take at runtime gets a process of its own, and its log says
     why. `lowmark ui` starts one; run it yourself beside `dagster dev`.
 
-    Ctrl-C or SIGTERM: every run ends after its batch in progress, then it exits.
+    Ctrl-C or SIGTERM: every run ends after its batch in progress, then it exits. Its own
+    log is every command's (the data root's _lowmark/_logs/lowmark.log); the runs' raw
+    output is its stdout and stderr.
     """
-    import logging
-
     from lowmark.orchestration.runner import serve as serve_runs
     from lowmark.orchestration.ui import prepare_home
 
@@ -297,9 +297,6 @@ def serve(ctx: typer.Context, conf: commands.ConfOption = None) -> None:
         os.environ["LOWMARK_PIPELINES"] = c.pipelines
     if c.master:
         os.environ["LOWMARK_SPARK_MASTER"] = c.master
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s - %(name)s - %(levelname)s - %(message)s"
-    )
     serve_runs(prepare_home(_dagster_home()))
 
 
