@@ -12,7 +12,7 @@ one in a process of its own (Dagster's ``core_execute_run``: the run's events, l
 materializations and status are the same), with a session of its own on the one
 Spark (``SparkSession.newSession``: its own SQL confs, so one pipeline's idempotent-
 write confs never reach another's) lent to the run's ``SparkResource``
-(``lowmark.state.session.lent_session``). A pipeline's runs never overlap (its pool
+(``lowmark.orchestration.resources.lent_session``). A pipeline's runs never overlap (its pool
 has one slot, as before); runs of different pipelines run side by side, as their
 processes did: a run follows its source for ``LOWMARK_FOLLOW_SECONDS``, so runs taken
 one at a time would leave every other pipeline waiting for that long.
@@ -57,6 +57,7 @@ from dagster._serdes import serialize_value
 from dagster._utils.hosted_user_process import recon_job_from_origin
 from pyspark.sql import SparkSession
 
+from lowmark.orchestration.errors import NotHandedRuns
 from lowmark.orchestration.launcher import (
     RUN_PID_TAG,
     RUNNER_PID_TAG,
@@ -64,9 +65,10 @@ from lowmark.orchestration.launcher import (
     RunnerLauncher,
     alive,
 )
+from lowmark.orchestration.resources import fixed_settings, lent_session
 from lowmark.orchestration.runs import IN_FLIGHT, RUN_STOPS
-from lowmark.state.errors import LowmarkError, first_line
-from lowmark.state.session import get_spark, lent_session
+from lowmark.state.errors import first_line
+from lowmark.state.session import get_spark
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +89,6 @@ def warm(spark: SparkSession) -> None:
     with tempfile.TemporaryDirectory(prefix="lowmark-warm-") as folder:
         spark.range(1).write.format("delta").save(folder)
         spark.read.format("delta").load(folder).count()
-
-
-def own_process_reason(spark: SparkSession, master: str | None, confs: Mapping[str, str]) -> str:
-    """Why a run with a Spark resource of ``master`` and ``confs`` cannot run on ``spark``
-    (the settings it cannot change at runtime, named), or "" when it can."""
-    fixed = []
-    if master and master != spark.conf.get("spark.master"):
-        fixed.append(f"master {master} (this Spark's: {spark.conf.get('spark.master')})")
-    for key, value in confs.items():
-        if spark.conf.get(key, None) != value and not spark.conf.isModifiable(key):
-            fixed.append(f"{key}={value}")
-    return ", ".join(fixed)
 
 
 def spark_resource_config(run: dg.DagsterRun) -> tuple[str | None, dict[str, str]]:
@@ -196,7 +186,7 @@ class Runner:
             log.info("run %s is no longer waiting to start: not executed", run_id)
             return
         master, confs = spark_resource_config(run)
-        reason = own_process_reason(self.spark, master, confs)
+        reason = fixed_settings(self.spark, master, confs)
         if reason:
             self._execute_in_own_process(run, reason)
             return
@@ -207,9 +197,7 @@ class Runner:
             run,
             EngineEventData.in_process(pid),
         )
-        session = self.spark.newSession()
-        for key, value in confs.items():
-            session.conf.set(key, value)
+        session = self.spark.newSession()  # the run's confs: set by its SparkResource
         origin = run.job_code_origin
         assert origin is not None, f"run {run_id} has no job origin to load it from"
         try:
@@ -252,10 +240,6 @@ def _entries(folder: Path) -> list[Path]:
     except FileNotFoundError:
         return []
     return sorted(entries, key=lambda e: e.stat().st_mtime)
-
-
-class NotHandedRuns(LowmarkError):
-    """The instance's run launcher is not lowmark's: no run would come to the runner."""
 
 
 def _configure_python_log_handlers_once(instance: dg.DagsterInstance) -> None:

@@ -20,7 +20,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -81,8 +80,6 @@ _LOCAL_DEFAULTS = {
     "spark.python.sql.dataFrameDebugging.enabled": "false",  # static: set when Spark starts
 }
 CONNECT_SCHEME = "sc://"
-_lent: ContextVar[SparkSession | None] = ContextVar("lowmark_lent_session", default=None)
-"""The session ``get_spark`` returns in this context (``lent_session``), if any."""
 
 
 class SparkSettings(BaseModel):
@@ -185,13 +182,10 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
     delta-spark's S3 log store when an S3 endpoint is set: ``lowmark.state.storage``).
 
     Later calls return the same session (Spark allows one per JVM); their
-    settings are then ignored. Within ``lent_session``, they return the session lent.
+    settings are then ignored.
     """
     from pyspark.sql import SparkSession
 
-    lent = _lent.get()
-    if lent is not None:
-        return lent
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -213,17 +207,6 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-@contextmanager
-def lent_session(session: SparkSession) -> Iterator[None]:
-    """``get_spark`` returns ``session`` in this context (this thread, for this block): how a
-    process executing several runs at once gives each its own session on its one Spark."""
-    token = _lent.set(session)
-    try:
-        yield
-    finally:
-        _lent.reset(token)
 
 
 def jvm_confs(settings: SparkSettings, environ: Mapping[str, str] = os.environ) -> SparkConfs:

@@ -24,8 +24,9 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 from pyspark.sql import SparkSession
 
+from lowmark.orchestration.errors import SparkSettingsFixed
 from lowmark.orchestration.launcher import RUN_PID_TAG, RunnerFiles, alive
-from lowmark.orchestration.runner import own_process_reason
+from lowmark.orchestration.resources import SparkResource, fixed_settings, lent_session
 from tests.helpers import delta_frame, tick, write_json_lines
 from tests.orchestration.dagster_dev import DagsterDev, command_line, start_ui, wait_for
 from tests.orchestration.pipelines import HOLD
@@ -39,15 +40,26 @@ RUN_PROCESS = "execute_run"
 def test_a_static_conf_needs_a_spark_of_its_own_and_a_runtime_one_does_not(
     spark: SparkSession,
 ) -> None:
-    assert own_process_reason(spark, None, {"spark.sql.shuffle.partitions": "3"}) == ""
-    assert own_process_reason(spark, None, {"spark.driver.memory": "1g"}) == (
-        "spark.driver.memory=1g"
-    )
+    assert fixed_settings(spark, None, {"spark.sql.shuffle.partitions": "3"}) == ""
+    assert fixed_settings(spark, None, {"spark.driver.memory": "1g"}) == "spark.driver.memory=1g"
     same = spark.conf.get("spark.sql.extensions")
-    assert own_process_reason(spark, None, {"spark.sql.extensions": same}) == ""
-    assert own_process_reason(spark, "spark://elsewhere:7077", {}).startswith(
+    assert same is not None
+    assert fixed_settings(spark, None, {"spark.sql.extensions": same}) == ""
+    assert fixed_settings(spark, "spark://elsewhere:7077", {}).startswith(
         "master spark://elsewhere:7077"
     )
+
+
+def test_a_lent_session_takes_a_runs_runtime_confs_and_refuses_its_static_ones_in_one_line(
+    spark: SparkSession,
+) -> None:
+    lent = spark.newSession()
+    with lent_session(lent):
+        session = SparkResource(confs={"spark.sql.shuffle.partitions": "3"}).session()
+        assert session is lent and lent.conf.get("spark.sql.shuffle.partitions") == "3"
+        assert spark.conf.get("spark.sql.shuffle.partitions") != "3"  # the run's own session
+        with pytest.raises(SparkSettingsFixed, match=r"spark.driver.memory=1g.*--no-runner"):
+            SparkResource(confs={"spark.driver.memory": "1g"}).session()
 
 
 @pytest.fixture(scope="module")
