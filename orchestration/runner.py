@@ -179,6 +179,9 @@ class Runner:
         """Execute run ``run_id``: on this Spark, or in a process of its own when its Spark
         settings need one. Whatever it raises is on the run's log already."""
         run = self.instance.get_run_by_id(run_id)
+        if run is not None and run.status == dg.DagsterRunStatus.CANCELING:
+            self.instance.report_run_canceled(run, "terminated before it started")
+            return
         if run is None or run.status not in (
             dg.DagsterRunStatus.STARTING,
             dg.DagsterRunStatus.NOT_STARTED,
