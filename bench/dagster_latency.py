@@ -1,34 +1,42 @@
-"""File-to-sink latency through a real ``dagster dev``, each run starting its own Spark and
-with the Spark ``lowmark ui`` shares, next to ``lowmark run --follow``.
+"""File-to-sink latency through a real ``dagster dev``: each run starting its own Spark, runs
+sharing a Spark Connect server, and the warm runner ``lowmark ui`` starts; next to ``lowmark
+run --follow``.
 
 The Dagster path a user takes: ``lowmark ui`` over the benchmark's windowed
-pipeline (``bench.streaming.bench_follow``), sensors every
-``--sensor-interval`` seconds, a run following the source for
-``--follow-seconds`` once caught up. In each of two modes:
+pipeline (``bench.streaming.bench_follow``; with ``--pipelines N``, N copies of it:
+``bench.many_pipelines``), sensors every ``--sensor-interval`` seconds, a run
+following the source for ``--follow-seconds`` once caught up. In each mode:
 
-- ``per-run``: each run starts a local Spark JVM of its own (what ``lowmark ui``
-  did before it shared one; ``--no-shared-spark``);
-- ``shared``: ``lowmark ui``'s default, a Spark Connect server started with
-  the UI, which every run connects to.
+- ``per-run``: each run a process of its own starting a local Spark JVM of its own
+  (``--no-runner --no-shared-spark``);
+- ``shared``: each run a process of its own, a client of a Spark Connect server
+  started with the UI (``--no-runner``);
+- ``runner``: ``lowmark ui``'s default, one runner process executing every run on
+  one Spark it starts and warms with the UI.
 
-the same schedule: the first file lands while no run exists (cold: the sensor
-tick, the run's start, its Spark, the batch); then ``--files`` files land
-``--gap`` seconds apart while that run follows the source (warm); then,
-``--restarts`` times, the following run's window ends and a file lands while
-no run is following (what every Materialize, backfill or end of a follow
-window left before: a new run, and before the shared Spark, a new JVM). A
-file's latency is the commit time of the batch that took it (checkpoint
-``files`` + ``commits``) minus the time it landed.
+The same schedule: the UI starts (time until it answers); the first file lands
+as soon as it answers, while no run exists (cold: the sensor tick, the run's start,
+its Spark unless warm, the batch); then ``--files`` files land ``--gap`` seconds
+apart while that run follows the source (warm); then, ``--restarts`` times, the
+following run's window ends and a file lands while no run is following. With
+``--pipelines N`` every file lands in each pipeline's folder at once and each
+pipeline's latency counts. A file's latency is the commit time of the batch that
+took it (checkpoint ``files`` + ``commits``) minus the time it landed. Memory: the
+largest sum of the resident set sizes of every process the UI started (its groups
+and their children: webserver, daemon, code server, runs, runner, JVMs), sampled
+every second.
 
 In the same run, for comparison, the same landing schedule against
 ``lowmark run --follow`` with no Dagster (scenario (d) of
-``bench/streaming.py``). Targets: following, p50 within the sensor interval +
-one batch + 10 s; a file landing with no run following, with the shared
-Spark, within the sensor interval + 15 s (a run's start costs no JVM). No
+``bench/streaming.py``; ``--no-cli`` leaves it out). Targets: following, p50 within
+the sensor interval + one batch + 10 s; a file landing with no run following,
+within the sensor interval + 15 s; with the runner, the first file within 10 s
+beyond Spark's start, a warm file within 2 s, 20 pipelines within 4 GiB. No
 assertions; prints a table and ratios.
 
-    .venv/bin/python -m bench.dagster_latency            # about 12 minutes
-    .venv/bin/python -m bench.dagster_latency --files 5 --restarts 2
+    .venv/bin/python -m bench.dagster_latency            # about 15 minutes
+    .venv/bin/python -m bench.dagster_latency --modes runner --files 3 --restarts 1
+    .venv/bin/python -m bench.dagster_latency --modes runner --pipelines 20 --no-cli
 """
 
 from __future__ import annotations
@@ -36,13 +44,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.many_pipelines import COUNT_ENV, names
 from bench.streaming import (
     FOLLOW_PIPELINE,
     FULL,
@@ -56,14 +67,14 @@ from bench.streaming import (
     follow_latency,
     land,
 )
-from lowmark.orchestration.ui import DagsterDev
+from lowmark.orchestration.ui import DagsterDev, live_group_members
 from lowmark.state.connect_server import free_port
 
 SEED = 7
 
 
-MODES = {"per-run": False, "shared": True}
-"""Mode name → whether ``lowmark ui`` shares one Spark among its runs."""
+MODES = {"per-run": (False, False), "shared": (True, False), "runner": (False, True)}
+"""Mode name → (a Spark Connect server the runs share, the warm runner)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,41 +88,59 @@ class Schedule:
     """Files landing, one at a time, after the following run's window ended."""
 
 
-def dagster_latency(work: Path, schedule: Schedule, shared: bool) -> dict[str, Any]:
-    """Land files into a pipeline ``lowmark ui`` serves (module docstring); latencies in
-    seconds."""
-    mode = "shared" if shared else "per-run"
-    root = work / mode
-    incoming = root / "in"
+def dagster_latency(work: Path, schedule: Schedule, mode: str, pipelines: int) -> dict[str, Any]:
+    """Land files into the pipelines ``lowmark ui`` serves (module docstring); latencies in
+    seconds, memory in MiB."""
+    shared, runner = MODES[mode]
+    root = work / f"{mode}-{pipelines}"
+    many = pipelines > 1
+    folders = {
+        n: (root / f"in_{i:02d}", root / "_lowmark" / n) for i, n in enumerate(names(pipelines))
+    }
+    if not many:
+        folders = {FOLLOW_PIPELINE: (root / "in", root / "_lowmark" / FOLLOW_PIPELINE)}
     env = {
         **_env(),
-        "LOWMARK_PIPELINES": "bench.streaming",
+        "LOWMARK_PIPELINES": "bench.many_pipelines" if many else "bench.streaming",
+        COUNT_ENV: str(pipelines),
         "LOWMARK_DATA_ROOT": str(root),
         "LOWMARK_SENSOR_INTERVAL_SECONDS": str(schedule.sensor_interval_s),
         "LOWMARK_SENSORS": "running",
         "LOWMARK_FOLLOW_SECONDS": str(schedule.follow_s),
     }
     env.pop("LOWMARK_SPARK_MASTER", None)
-    checkpoint = root / "_lowmark" / FOLLOW_PIPELINE
-    log = work / f"dagster-dev-{mode}.log"
+    for incoming, _ in folders.values():
+        incoming.mkdir(parents=True, exist_ok=True)  # a missing folder is a mistake to name
+    log = work / f"dagster-dev-{mode}-{pipelines}.log"
+    started = time.monotonic()
     with log.open("w") as out:
         dev = DagsterDev.start(
-            work / f"dagster_home_{mode}", free_port(), env=env, output=out, shared_spark=shared
+            work / f"dagster_home_{mode}_{pipelines}",
+            free_port(),
+            env=env,
+            output=out,
+            shared_spark=shared,
+            runner=runner,
         )
+    memory = Memory(dev)
     landed: dict[str, float] = {}
     try:
         if not dev.wait_until_up():
             raise RuntimeError(f"dagster dev did not start; see {log}")
-        _say(f"[{mode}] {dev.url} up; sensors every {schedule.sensor_interval_s} s")
+        ui_s = time.monotonic() - started
+        memory.start()
+        _say(f"[{mode}, {pipelines}] {dev.url} up in {ui_s:.1f} s")
 
         def drop(k: int) -> str:
             name = f"f{k:05d}.json"
-            land(incoming, name, event_lines(SEED, "follow", k, 200, FULL.users), time.time())
+            text = event_lines(SEED, "follow", k, 200, FULL.users)
+            for incoming, _ in folders.values():
+                land(incoming, name, text, time.time())
             landed[name] = time.time()
             _say(f"  landed {name}")
             return name
 
-        def until(what: str, done: Callable[[], bool], timeout_s: float = 600) -> None:
+        def until(what: str, done: Callable[[], bool], timeout_s: float = 900) -> None:
             deadline = time.monotonic() + timeout_s
             while not done():
                 if time.monotonic() > deadline:
@@ -119,7 +148,7 @@ def dagster_latency(work: Path, schedule: Schedule, shared: bool) -> dict[str, A
                 time.sleep(0.2)
 
         def committed() -> bool:
-            return _all_committed(checkpoint, landed)
+            return all(_all_committed(checkpoint, landed) for _, checkpoint in folders.values())
 
         first = drop(0)
         until("the first file", committed)
@@ -129,27 +158,85 @@ def dagster_latency(work: Path, schedule: Schedule, shared: bool) -> dict[str, A
         until("the followed files", committed)
         unfollowed = []
         for k in range(schedule.files + 1, schedule.files + 1 + schedule.restarts):
-            until("the following run's end", lambda: dev.runs_in_flight() == 0, 900)
+            until("the following runs' end", lambda: dev.runs_in_flight() == 0, 900)
             time.sleep(1)
             unfollowed.append(drop(k))
             until(f"file {k}", committed)
-        taken = _committed_at(checkpoint)
-        batches = _read_delta(checkpoint / "progress", "batch_id, rows_in, durations_ms")
+        taken = {n: _committed_at(checkpoint) for n, (_, checkpoint) in folders.items()}
+        batches = [
+            b
+            for _, checkpoint in folders.values()
+            for b in _read_delta(checkpoint / "progress", "batch_id, rows_in, durations_ms")
+        ]
     finally:
+        memory.stop()
         stopped_in = dev.stop()
     followed = [n for n in landed if n != first and n not in unfollowed]
+
+    def latencies(files: list[str]) -> list[float]:
+        return sorted(t[f] - landed[f] for t in taken.values() for f in files)
+
     batch_s = [
         json.loads(b["durations_ms"])["total"] / 1000
         for b in batches
         if b["batch_id"] > 0 and b["rows_in"]
     ]
     return {
-        "first_s": taken[first] - landed[first],
-        "latency_s": sorted(taken[n] - landed[n] for n in followed),
-        "unfollowed_s": [taken[n] - landed[n] for n in unfollowed],
+        "pipelines": pipelines,
+        "ui_s": ui_s,
+        "first_s": max(latencies([first])),
+        "latency_s": latencies(followed),
+        "unfollowed_s": latencies(unfollowed),
         "batch_s": batch_s,
         "stop_s": stopped_in,
+        "rss_mib": memory.peak_mib,
     }
+
+
+class Memory:
+    """The largest sum of resident set sizes of a ``DagsterDev``'s processes (its groups, the
+    shared Spark's, and every descendant), sampled every second in a thread."""
+
+    def __init__(self, dev: DagsterDev) -> None:
+        self.dev, self.peak_mib = dev, 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._done.wait(1.0):
+            self.peak_mib = max(self.peak_mib, sum(map(_rss_mib, self._pids())))
+
+    def _pids(self) -> set[int]:
+        roots = set(self.dev.processes())
+        if self.dev.spark is not None:
+            roots |= set(live_group_members(self.dev.spark.process.pid))
+        found, todo = set(), list(roots)
+        while todo:
+            pid = todo.pop()
+            if pid in found:
+                continue
+            found.add(pid)
+            try:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                continue
+            todo += map(int, children)
+        return found
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1024 / 1024
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,8 +251,15 @@ def main(argv: list[str] | None = None) -> None:
         "--restarts", type=int, default=3, help="Files landing after a follow window ended."
     )
     parser.add_argument(
-        "--modes", default="per-run,shared", help="Modes to measure, comma-separated."
+        "--modes", default="per-run,shared,runner", help="Modes to measure, comma-separated."
     )
+    parser.add_argument(
+        "--pipelines",
+        default="1",
+        help="How many pipelines the UI serves, comma-separated for several measures (e.g. "
+        "1,20); every mode is measured with each.",
+    )
+    parser.add_argument("--no-cli", action="store_true", help="Leave out lowmark run --follow.")
     parser.add_argument("--work-dir", type=Path, help="Where the data goes (default: a temp dir).")
     args = parser.parse_args(argv)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="lowmark-dagster-latency-"))
@@ -173,56 +267,76 @@ def main(argv: list[str] | None = None) -> None:
     schedule = Schedule(
         args.files, args.gap, args.sensor_interval, args.follow_seconds, args.restarts
     )
-    results = {m: dagster_latency(work, schedule, MODES[m]) for m in args.modes.split(",")}
-    sizes = dataclasses.replace(FULL, follow_files=args.files, follow_gap_s=args.gap)
-    cli = follow_latency(work, sizes, SEED)
-    print(report(results, cli["latency_s"], schedule), flush=True)
+    results = {
+        (m, int(n)): dagster_latency(work, schedule, m, int(n))
+        for n in args.pipelines.split(",")
+        for m in args.modes.split(",")
+    }
+    cli = None
+    if not args.no_cli:
+        sizes = dataclasses.replace(FULL, follow_files=args.files, follow_gap_s=args.gap)
+        cli = follow_latency(work, sizes, SEED)["latency_s"]
+    print(report(results, cli, schedule), flush=True)
 
 
-def report(results: dict[str, dict[str, Any]], cli_latency: list[float], schedule: Schedule) -> str:
-    """The table ``main`` prints: latencies per mode, the targets, and shared / per-run."""
+def report(
+    results: dict[tuple[str, int], dict[str, Any]],
+    cli_latency: list[float] | None,
+    schedule: Schedule,
+) -> str:
+    """The table ``main`` prints: per mode and pipeline count, the UI's start, latencies,
+    memory; then the targets and the ratios to per-run."""
     interval = schedule.sensor_interval_s
     lines = [
         f"file-to-sink latency through dagster dev (sensor interval {interval} s; "
         f"{schedule.files} files {schedule.gap_s:g} s apart while a run follows; "
         f"{schedule.restarts} landing after a {schedule.follow_s:g} s follow window ended)",
-        f"  {'':<10} {'first file':>11} {'no run following (median)':>26} "
-        f"{'following p50':>14} {'p95':>6} {'batch':>6} {'stop':>6}",
+        f"  {'mode':<8} {'pipes':>5} {'UI up':>6} {'first file':>11} {'no run (med)':>13} "
+        f"{'following p50':>14} {'p95':>6} {'batch':>6} {'stop':>6} {'RSS MiB':>8}",
     ]
-    for mode, r in results.items():
+    for (mode, n), r in results.items():
         unfollowed = statistics.median(r["unfollowed_s"]) if r["unfollowed_s"] else 0.0
         lines.append(
-            f"  {mode:<10} {r['first_s']:>10.1f}s {unfollowed:>25.1f}s "
+            f"  {mode:<8} {n:>5} {r['ui_s']:>5.1f}s {r['first_s']:>10.1f}s {unfollowed:>12.1f}s "
             f"{statistics.median(r['latency_s']):>13.2f}s {_p95(r['latency_s']) or 0.0:>5.2f}s "
             f"{statistics.median(r['batch_s']) if r['batch_s'] else 0.0:>5.2f}s "
-            f"{r['stop_s']:>5.1f}s"
+            f"{r['stop_s']:>5.1f}s {r['rss_mib']:>8.0f}"
         )
-    lines.append(f"  lowmark run --follow, same files: p50 {statistics.median(cli_latency):.2f} s")
-    if "shared" in results:
-        shared = results["shared"]
-        p50 = statistics.median(shared["latency_s"])
-        batch = statistics.median(shared["batch_s"]) if shared["batch_s"] else 0.0
+    if cli_latency:
+        lines.append(
+            f"  lowmark run --follow, same files: p50 {statistics.median(cli_latency):.2f} s"
+        )
+    for (mode, n), r in results.items():
+        if mode == "per-run":
+            continue
+        p50 = statistics.median(r["latency_s"])
+        batch = statistics.median(r["batch_s"]) if r["batch_s"] else 0.0
         bound = interval + batch + 10
         lines.append(
-            f"  target, following: p50 <= sensor interval + one batch + 10 s = {bound:.1f} s: "
+            f"  {mode}, {n}: following p50 <= sensor interval + one batch + 10 s = {bound:.1f} s: "
             f"{p50:.2f} s ({'met' if p50 <= bound else 'NOT met'})"
         )
-        if shared["unfollowed_s"]:
-            worst = max(shared["unfollowed_s"])
+        if r["unfollowed_s"]:
+            worst = max(r["unfollowed_s"])
             lines.append(
-                f"  target, no run following: every file <= sensor interval + 15 s = "
+                f"  {mode}, {n}: no run following, every file <= sensor interval + 15 s = "
                 f"{interval + 15} s: worst {worst:.1f} s "
                 f"({'met' if worst <= interval + 15 else 'NOT met'})"
             )
-    if {"shared", "per-run"} <= set(results) and results["per-run"]["unfollowed_s"]:
-        before, after = results["per-run"], results["shared"]
-        unfollowed = statistics.median(after["unfollowed_s"]) / statistics.median(
-            before["unfollowed_s"]
-        )
-        lines.append(
-            f"  shared / per-run: first file {after['first_s'] / before['first_s']:.2f}, "
-            f"no run following {unfollowed:.2f}"
-        )
+        if mode == "runner" and n >= 20:
+            lines.append(
+                f"  runner, {n} pipelines within 4 GiB: {r['rss_mib']:.0f} MiB "
+                f"({'met' if r['rss_mib'] <= 4096 else 'NOT met'})"
+            )
+        before = results.get(("per-run", n))
+        if before is not None and before["unfollowed_s"] and r["unfollowed_s"]:
+            unfollowed = statistics.median(r["unfollowed_s"]) / statistics.median(
+                before["unfollowed_s"]
+            )
+            lines.append(
+                f"  {mode} / per-run, {n}: first file {r['first_s'] / before['first_s']:.2f}, "
+                f"no run following {unfollowed:.2f}, memory {r['rss_mib'] / before['rss_mib']:.2f}"
+            )
     return "\n".join(lines)
 
 

@@ -128,7 +128,8 @@ def ui(
         typer.Option(
             "--json",
             help="Once the UI is up, print one line of JSON: url, dagster_home, pipelines, "
-            "spark (the Spark master its runs use; null: each starts its own).",
+            "spark (the Spark master its runs use; null: the runner's, or each starts its "
+            "own), runner (the runner's pid; null: a process per run).",
         ),
     ] = False,
     shared_spark: Annotated[
@@ -136,12 +137,21 @@ def ui(
         typer.Option(
             "--shared-spark/--no-shared-spark",
             help="Start one Spark (a Spark Connect server on loopback) that every run, tick "
-            "and backfill uses, so a run's start costs no JVM. Default: on, unless a Spark "
-            "master is set (--master, LOWMARK_SPARK_MASTER, lowmark.toml): then the runs use "
-            "that.",
+            "and backfill uses, so a run's start costs no JVM. Default: on with --no-runner "
+            "(with the runner, its Spark is the one the runs share), unless a Spark master is "
+            "set (--master, LOWMARK_SPARK_MASTER, lowmark.toml): then the runs use that.",
             show_default=False,
         ),
     ] = None,
+    runner: Annotated[
+        bool,
+        typer.Option(
+            "--runner/--no-runner",
+            help="Execute every pipeline's runs in one warm runner process (lowmark serve) "
+            "on one Spark, started and warmed with the UI: a run pays no Python or Spark "
+            "start. --no-runner: a process per run, as Dagster's default launcher does.",
+        ),
+    ] = True,
     verbose: Annotated[
         bool,
         typer.Option(
@@ -154,7 +164,7 @@ def ui(
 ) -> None:
     """Open the Dagster UI over the pipelines: webserver, daemon (sensors, schedules, run
     queue) and code server, with the instance in DAGSTER_HOME (default ./.dagster_home),
-    and the Spark its runs share.
+    and the warm runner that executes every pipeline's runs on one Spark (lowmark serve).
 
     It prints its address, each pipeline's runs as they start and end, a sensor's reason
     to skip when it changes, and errors; the rest of Dagster's output goes to
@@ -166,12 +176,8 @@ def ui(
     from lowmark.orchestration.ui import PROJECT, UI_LOG, DagsterDev
 
     c: commands.Context = ctx.obj
-    confs = commands.given_confs(conf)
-    if confs:
-        # The runs, ticks and shared Spark this starts read them there (SparkSettings).
-        given = {**confs_from_env(CONFS_ENV), **confs}
-        os.environ[CONFS_ENV] = json.dumps(given, sort_keys=True)
-    home = Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()
+    _hand_down_confs(conf)
+    home = _dagster_home()
     env = {"LOWMARK_DATA_ROOT": str(c.data_root)}
     if c.pipelines:
         env["LOWMARK_PIPELINES"] = c.pipelines
@@ -187,14 +193,17 @@ def ui(
     if workspace is None:
         project = find_project(Path.cwd())
         workspace = project.workspace if project else PROJECT / "workspace.yaml"
-    share = master is None and shared_spark is not False
+    # The runner's Spark is the one the runs share: a Spark Connect server only when asked.
+    share = master is None and (shared_spark if shared_spark is not None else not runner)
     spark_note = " and a shared Spark" if share else ""
     log = None if verbose else home / UI_LOG
     logged = f"; its log: {log}" if log else ""
     commands.err.print(
         f"starting the Dagster UI{spark_note} (instance {home}{logged})…", soft_wrap=True
     )
-    dev = DagsterDev.start(home, port, host, workspace, env, shared_spark=share, log=log)
+    dev = DagsterDev.start(
+        home, port, host, workspace, env, shared_spark=share, log=log, runner=runner
+    )
     stopping: list[str] = []
 
     def say(lines: list[str]) -> None:
@@ -219,8 +228,15 @@ def ui(
         commands.err.print(f"the Dagster UI did not start{logged}", soft_wrap=True)
         raise typer.Exit(1)
     spark = dev.spark.url if dev.spark else master
+    runner_pid = dev.runner.pid if dev.runner is not None else None
     if not stopping and as_json:
-        ready = {"url": dev.url, "dagster_home": str(home), "pipelines": names, "spark": spark}
+        ready = {
+            "url": dev.url,
+            "dagster_home": str(home),
+            "pipelines": names,
+            "spark": spark,
+            "runner": runner_pid,
+        }
         print_json(commands.out, ready, indent=None)
     elif not stopping:
         example = names[0] if names else "<pipeline>"
@@ -231,9 +247,14 @@ def ui(
             f"  Automation → {example}_sensor: starts a run when files land; the run follows "
             "the source\n"
             "  Runs: every batch, one log line each\n"
-            f"Spark: {spark or 'started by each run (local)'}"
+            f"Spark: {spark or ('the runner' if runner_pid else 'started by each run (local)')}"
             f"{' (shared: started with the UI)' if dev.spark else ''}\n"
-            "Ctrl-C stops the UI, its runs and their Spark.\n",
+            + (
+                f"Runner (pid {runner_pid}): every pipeline's runs, on one Spark warmed now\n"
+                if runner_pid
+                else ""
+            )
+            + "Ctrl-C stops the UI, its runs and their Spark.\n",
             soft_wrap=True,
         )
     with dev.feed() if log else contextlib.nullcontext() as feed:
@@ -245,9 +266,51 @@ def ui(
             if dev.spark is not None and dev.spark.process.poll() is not None:
                 commands.err.print(f"the shared Spark exited (its log: {dev.spark.log}): stopping")
                 break
+            runner_exited = dev.runner_exited()
+            if runner_exited is not None:
+                commands.err.print(runner_exited, soft_wrap=True)
             time.sleep(0.5)
     took = dev.stop()
     commands.err.print(f"stopped the Dagster UI and its runs in {took:.1f} s")
+
+
+@commands.app.command()
+def serve(ctx: typer.Context, conf: commands.ConfOption = None) -> None:
+    """Execute the Dagster runs of every pipeline of the instance in DAGSTER_HOME (default
+    ./.dagster_home) in this one process, on one Spark started and warmed now: the run
+    launcher of lowmark's dagster.yaml hands them over while it serves. A run whose Spark
+    settings this Spark cannot take at runtime gets a process of its own, and its log says
+    why. `lowmark ui` starts one; run it yourself beside `dagster dev`.
+
+    Ctrl-C or SIGTERM: every run ends after its batch in progress, then it exits. Its own
+    log is every command's (the data root's _lowmark/_logs/lowmark.log); the runs' raw
+    output is its stdout and stderr.
+    """
+    from lowmark.orchestration.runner import serve as serve_runs
+    from lowmark.orchestration.ui import prepare_home
+
+    c: commands.Context = ctx.obj
+    _hand_down_confs(conf)
+    # The runs' resources read these, as in the processes `dagster dev` starts.
+    os.environ["LOWMARK_DATA_ROOT"] = str(c.data_root)
+    if c.pipelines:
+        os.environ["LOWMARK_PIPELINES"] = c.pipelines
+    if c.master:
+        os.environ["LOWMARK_SPARK_MASTER"] = c.master
+    serve_runs(prepare_home(_dagster_home()))
+
+
+def _hand_down_confs(conf: list[str] | None) -> None:
+    """The command's ``--conf`` settings, over those it was given, for every process and
+    session it starts (they read them in ``CONFS_ENV``: ``SparkSettings``)."""
+    confs = commands.given_confs(conf)
+    if confs:
+        given = {**confs_from_env(CONFS_ENV), **confs}
+        os.environ[CONFS_ENV] = json.dumps(given, sort_keys=True)
+
+
+def _dagster_home() -> Path:
+    return Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()
 
 
 @commands.app.command()

@@ -1,4 +1,5 @@
-"""Errors a user can cause around a lowmark project (``lowmark init``, ``lowmark.toml``).
+"""Errors a user can cause around a lowmark project (``lowmark init``, ``lowmark.toml``) and
+its Dagster instance.
 
 One line each, naming the file or folder and the way out. ``LowmarkError`` is the
 common base the CLI turns into a clean message.
@@ -20,3 +21,12 @@ class ProjectFolderNotEmpty(LowmarkError):
 class ProjectUnsafe(LowmarkError):
     """A project folder (or its ``lowmark.toml``) someone else could have written, which
     the user has not said to trust: lowmark would run its code."""
+
+
+class SparkSettingsFixed(LowmarkError):
+    """A run's Spark settings that the Spark it was lent (the warm runner's) cannot take at
+    runtime."""
+
+
+class NotHandedRuns(LowmarkError):
+    """The instance's run launcher is not lowmark's: no run would come to the runner."""

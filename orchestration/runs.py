@@ -20,11 +20,13 @@ its window's end) records nothing and is not resumed.
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
 # parameter annotations (config, resources) at definition time.
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 from pyspark.sql import SparkSession
 
@@ -79,6 +81,39 @@ IN_FLIGHT = [
 
 QUEUE_CHECK_S = 2.0
 """A following run looks for queued runs of its pipeline this often."""
+
+
+class RunStops:
+    """Stop requests for the runs this process executes in threads of its own (the runner's:
+    no signal reaches a thread). A following run reads them between batches and polls,
+    and ends after its batch in progress, as a run process does on SIGTERM."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: set[str] = set()
+        self._all = False
+
+    def request(self, run_id: str | None = None) -> None:
+        """Stop run ``run_id`` (None: every run, now and later)."""
+        with self._lock:
+            if run_id is None:
+                self._all = True
+            else:
+                self._runs.add(run_id)
+
+    def requested(self, run_id: str) -> bool:
+        """Whether run ``run_id`` is to stop (on its own, or with every run)."""
+        with self._lock:
+            return self._all or run_id in self._runs
+
+    def terminated(self, run_id: str) -> bool:
+        """Whether run ``run_id`` itself is to stop (a terminate), not every run."""
+        with self._lock:
+            return run_id in self._runs
+
+
+RUN_STOPS = RunStops()
+"""This process's stop requests."""
 
 
 def runs_of(
@@ -168,16 +203,20 @@ def _follow(
     when it would have followed, for the sensor to resume (``lowmark.orchestration.yields``)."""
     queued_behind = QueuedBehind(context.instance, pipeline, context.run.run_id)
     until_ms = SystemClock().now_ms() + round(config.follow_seconds * 1000)
+    run_id = context.run.run_id
     followed = follow(
         runner,
         config.poll_interval_seconds,
         config.follow_seconds,
         on_batch=on_batch,
-        should_stop=queued_behind,
+        should_stop=lambda: RUN_STOPS.requested(run_id) or queued_behind(),
     )
     context.log.info(f"{pipeline.name} followed the source: {followed.describe()}")
-    if followed.stopped_by == "should_stop" and queued_behind.run_id is not None:
-        yielded = Yielded(queued_behind.run_id, until_ms)
+    if RUN_STOPS.terminated(run_id):  # as a run process's interrupt: the run is canceled
+        raise DagsterExecutionInterruptedError(f"run {run_id} terminated after its batch")
+    yielded_to = None if RUN_STOPS.requested(run_id) else queued_behind.run_id
+    if followed.stopped_by == "should_stop" and yielded_to is not None:
+        yielded = Yielded(yielded_to, until_ms)
         context.instance.add_run_tags(context.run.run_id, yielded.tags())
         context.log.info(
             f"{pipeline.name} yielded to run {yielded.to_run_id}: the sensor resumes following "

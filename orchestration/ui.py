@@ -10,7 +10,12 @@ its batch and ends), then SIGKILL to what is left after ``grace`` seconds. A
 batch killed then is replayed by the next run with the same offsets, as after
 any crash.
 
-With a shared Spark (``lowmark ui``'s default when no Spark master is set), a
+With the warm runner (``lowmark ui``'s default: ``lowmark.orchestration.runner``), one
+more process executes every run on one Spark it starts and warms with the UI; it
+leads a process group of its own, stopped with ``dagster dev``'s (SIGTERM: its runs
+end after their batch), and is started again if it dies.
+
+With a shared Spark (``lowmark ui --no-runner``'s default when no Spark master is set), a
 Spark Connect server (``lowmark.state.connect_server``) starts beside it and
 every run, sensor tick and backfill connects to it (``LOWMARK_SPARK_MASTER``,
 and its token in their environment, never on a command line): a run's start
@@ -36,7 +41,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,8 +55,11 @@ from lowmark.orchestration.runs import IN_FLIGHT
 from lowmark.state.connect_server import ConnectServer
 
 DAGSTER = Path(sys.executable).parent / "dagster"
+LOWMARK = Path(sys.executable).parent / "lowmark"
 PROJECT = Path(__file__).resolve().parents[1]
 """The lowmark project: its ``dagster.yaml`` is the default instance configuration."""
+RUNNER_STEADY_S = 60
+"""A runner that exits sooner after its start is not started again."""
 UI_LOG = "lowmark-ui.log"
 """``dagster dev``'s output, in the instance folder (appended to, start after start)."""
 
@@ -86,6 +94,12 @@ class DagsterDev:
     """The file its output goes to (None: elsewhere)."""
     log_start: int = 0
     """Where in ``log`` its output begins (the file is appended to, start after start)."""
+    runner: subprocess.Popen[bytes] | None = None
+    """The warm runner executing every run (``lowmark serve``, leading a process group of
+    its own); None: a process per run."""
+    runner_start: Callable[[], subprocess.Popen[bytes]] | None = None
+    runner_started_at: float = 0.0
+    """When the runner last started (``time.monotonic``)."""
 
     @classmethod
     def start(
@@ -98,12 +112,15 @@ class DagsterDev:
         output: IO[str] | None = None,
         shared_spark: bool = False,
         log: Path | None = None,
+        runner: bool = False,
     ) -> DagsterDev:
         """Start ``dagster dev`` over ``workspace`` with its instance in ``home``; its output
         goes to ``output``, or is appended to ``log`` (default: this process's). With
         ``shared_spark``, a Spark Connect server on loopback too (its log:
         ``home``/spark-connect.log), which every process ``dagster dev`` starts is pointed at
-        and given the token of."""
+        and given the token of. With ``runner``, the warm runner too (``lowmark serve``, in
+        a process group of its own, its output with ``dagster dev``'s), started now so
+        its Spark warms while the UI starts."""
         env = {**os.environ, **(env or {}), "DAGSTER_HOME": str(prepare_home(home))}
         spark = None
         if shared_spark:
@@ -123,7 +140,49 @@ class DagsterDev:
                 stderr=subprocess.STDOUT if output is not None else None,
                 start_new_session=True,  # its own group: a terminal's Ctrl-C reaches lowmark only
             )
-        return cls(process, f"http://{host}:{port}", home, spark, log, start)
+        dev = cls(process, f"http://{host}:{port}", home, spark, log, start)
+        if runner:
+            to = log
+
+            def start_runner() -> subprocess.Popen[bytes]:
+                with to.open("a") if to is not None else contextlib.nullcontext(output) as out:
+                    return subprocess.Popen(
+                        [str(LOWMARK), "serve"],
+                        cwd=workspace.parent,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT if out is not None else None,
+                        start_new_session=True,  # a group of its own, stopped with the UI's
+                    )
+
+            dev.runner_start = start_runner
+            dev.start_runner()
+        return dev
+
+    def start_runner(self) -> None:
+        """Start the warm runner (again: after it exited)."""
+        assert self.runner_start is not None, "started without a runner"
+        self.runner = self.runner_start()
+        self.runner_started_at = time.monotonic()
+
+    def runner_exited(self) -> str | None:
+        """When the runner has exited: what ``lowmark ui`` says of it, after starting another
+        unless it had run less than ``RUNNER_STEADY_S`` (a runner that cannot start Spark
+        would be started again and again: runs then start processes of their own)."""
+        if self.runner is None or self.runner.poll() is None:
+            return None
+        code = self.runner.returncode
+        if time.monotonic() - self.runner_started_at < RUNNER_STEADY_S:
+            self.runner = None
+            return (
+                f"the lowmark runner exited ({code}) within {RUNNER_STEADY_S} s of its start "
+                f"(its log: {self.log or 'above'}): runs start processes of their own"
+            )
+        self.start_runner()
+        return (
+            f"the lowmark runner exited ({code}): started another, which fails the runs it "
+            "left (their sensors replay them) and takes the queued ones"
+        )
 
     @contextlib.contextmanager
     def feed(self) -> Iterator[ConsoleFeed]:
@@ -159,28 +218,35 @@ class DagsterDev:
             return len(instance.get_run_records(dg.RunsFilter(statuses=IN_FLIGHT)))
 
     def processes(self) -> list[int]:
-        """The pids of the group's live processes (zombies excluded)."""
+        """The pids of the live processes (zombies excluded) of its groups: ``dagster dev``'s
+        and the runner's."""
         self.process.poll()  # reap dagster dev itself if it exited
-        return live_group_members(self.process.pid)
+        if self.runner is not None:
+            self.runner.poll()
+        return [pid for group in self._groups() for pid in live_group_members(group)]
+
+    def _groups(self) -> list[int]:
+        return [self.process.pid, *([self.runner.pid] if self.runner is not None else [])]
 
     def stop(self, grace_s: float = 10, idle_grace_s: float = 2) -> float:
-        """SIGTERM the whole group, SIGKILL what is left after ``grace_s`` (``idle_grace_s``
-        when no run is in flight), then stop the shared Spark; the seconds it took until no
-        process was left."""
+        """SIGTERM both groups (``dagster dev``'s, the runner's), SIGKILL what is left after
+        ``grace_s`` (``idle_grace_s`` when no run is in flight), then stop the shared Spark;
+        the seconds it took until no process was left."""
         started = time.monotonic()
         if not self.runs_in_flight():
             grace_s = idle_grace_s
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
+            for group in self._groups():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, sig)
             deadline = time.monotonic() + grace_s
             while self.processes() and time.monotonic() < deadline:
                 time.sleep(0.2)
             if not self.processes():
                 break
         self.process.wait()
+        if self.runner is not None:
+            self.runner.wait()
         if self.spark is not None:
             self.spark.stop(grace_s)
         return time.monotonic() - started

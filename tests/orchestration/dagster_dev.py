@@ -81,10 +81,13 @@ class DagsterDev:
                 os.kill(pid, signal.SIGKILL)
 
 
-def start_ui(home: Path, data_root: Path, log: Path, env: dict[str, str]) -> DagsterDev:
-    """``lowmark ui`` over ``tests.orchestration.pipelines`` with its instance in ``home``,
-    sensors running every 5 s and following for 10 minutes, its output appended to ``log``;
-    returns once it printed its address. ``env`` adds to this process's environment."""
+def start_ui(
+    home: Path, data_root: Path, log: Path, env: dict[str, str], args: tuple[str, ...] = ()
+) -> DagsterDev:
+    """``lowmark ui ARGS`` over ``tests.orchestration.pipelines`` with its instance in
+    ``home``, sensors running every 5 s and following for 10 minutes, its output appended to
+    ``log``; returns once it printed its address. ``env`` adds to this process's
+    environment."""
     port = free_port()
     env = {
         **os.environ,
@@ -98,7 +101,7 @@ def start_ui(home: Path, data_root: Path, log: Path, env: dict[str, str]) -> Dag
         "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         **env,
     }
-    command = ["--pipelines", "tests.orchestration.pipelines", "ui", "--port", str(port)]
+    command = ["--pipelines", "tests.orchestration.pipelines", "ui", "--port", str(port), *args]
     with log.open("a") as out:
         ui = subprocess.Popen(
             [str(LOWMARK), *command], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT

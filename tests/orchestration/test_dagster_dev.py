@@ -54,7 +54,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
     base = tmp_path_factory.mktemp("dagster_dev")
     (base / "data").mkdir()
-    dev = start_ui(base / "home", base / "data", base / "lowmark-ui.log", {})
+    # A process per run on a shared Spark Connect server (the warm runner: test_runner.py).
+    dev = start_ui(base / "home", base / "data", base / "lowmark-ui.log", {}, ("--no-runner",))
     try:
         yield dev
     finally:
