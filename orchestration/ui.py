@@ -59,7 +59,7 @@ LOWMARK = Path(sys.executable).parent / "lowmark"
 PROJECT = Path(__file__).resolve().parents[1]
 """The lowmark project: its ``dagster.yaml`` is the default instance configuration."""
 RUNNER_STEADY_S = 60
-"""A runner that exits sooner after its start is not started again."""
+"""A runner that exits sooner after its start twice in a row is not started again."""
 UI_LOG = "lowmark-ui.log"
 """``dagster dev``'s output, in the instance folder (appended to, start after start)."""
 
@@ -100,6 +100,8 @@ class DagsterDev:
     runner_start: Callable[[], subprocess.Popen[bytes]] | None = None
     runner_started_at: float = 0.0
     """When the runner last started (``time.monotonic``)."""
+    quick_exit: bool = False
+    """The runner before the current one exited within ``RUNNER_STEADY_S`` of its start."""
 
     @classmethod
     def start(
@@ -167,17 +169,20 @@ class DagsterDev:
 
     def runner_exited(self) -> str | None:
         """When the runner has exited: what ``lowmark ui`` says of it, after starting another
-        unless it had run less than ``RUNNER_STEADY_S`` (a runner that cannot start Spark
-        would be started again and again: runs then start processes of their own)."""
+        unless this one and the one before each ran less than ``RUNNER_STEADY_S`` (a runner
+        that cannot start Spark would be started again and again: runs then start processes
+        of their own; one killed once early is started again)."""
         if self.runner is None or self.runner.poll() is None:
             return None
         code = self.runner.returncode
-        if time.monotonic() - self.runner_started_at < RUNNER_STEADY_S:
+        quick = time.monotonic() - self.runner_started_at < RUNNER_STEADY_S
+        if quick and self.quick_exit:
             self.runner = None
             return (
-                f"the lowmark runner exited ({code}) within {RUNNER_STEADY_S} s of its start "
-                f"(its log: {self.log or 'above'}): runs start processes of their own"
+                f"the lowmark runner exited ({code}) within {RUNNER_STEADY_S} s of its start, "
+                f"twice (its log: {self.log or 'above'}): runs start processes of their own"
             )
+        self.quick_exit = quick
         self.start_runner()
         return (
             f"the lowmark runner exited ({code}): started another, which fails the runs it "
