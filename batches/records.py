@@ -17,6 +17,13 @@ PARTITION_COLUMN = "_lowmark_partition"
 """Every record a source returns names its source partition here (a string)."""
 BATCH_COLUMN = "_lowmark_batch"
 """The batch of a record in a read of several batches (``Source.read_batches``)."""
+INGESTED_COLUMN = "_lowmark_ingested_ms"
+"""A record's own ingestion time (epoch ms), added by a source whose pipeline follows its
+ingestion clock when the source can tell it per record (a Kafka ``LogAppendTime`` record's
+timestamp, a file's listing time, a Delta version's commit time, a synthetic record's paced
+time); null, or absent, when it cannot: the record is then judged by its batch's clock."""
+INTERNAL_COLUMNS = (PARTITION_COLUMN, BATCH_COLUMN, INGESTED_COLUMN)
+"""The columns lowmark adds to records: never a record's payload, nor written to a sink."""
 UNTIMED = "no event time: the event-time column is null"
 """The late table's reason for a record without event time."""
 

@@ -36,7 +36,7 @@ import functools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pyarrow as pa
@@ -51,7 +51,7 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.keyed.runtime import Key, KeyedRun, TimeMode
 from lowmark.batches.keyed.state_values import held_values
-from lowmark.batches.records import BATCH_COLUMN, PARTITION_COLUMN, UNTIMED, late_struct
+from lowmark.batches.records import INGESTED_COLUMN, INTERNAL_COLUMNS, UNTIMED, late_struct
 from lowmark.state.keyed_state import (
     BUCKET,
     BUCKETS,
@@ -65,6 +65,9 @@ from lowmark.state.keyed_state import (
     key_json,
 )
 from lowmark.state.task_appends import WrittenFile
+
+if TYPE_CHECKING:
+    from lowmark.batches.event_time.watermarks import IngestionLags
 
 MARKER = "_lowmark_marker"
 EVENT_MS = "_lowmark_event_ms"
@@ -132,10 +135,19 @@ def _keyed_seen(records: int, described: list[str], late: list[dict[str, Any]]) 
 class KeyedStep:
     """The keyed step of one pipeline's batches."""
 
-    def __init__(self, keyed: Keyed, event_time_column: str, tables: KeyedTables) -> None:
+    def __init__(
+        self,
+        keyed: Keyed,
+        event_time_column: str,
+        tables: KeyedTables,
+        lags: IngestionLags | None = None,
+    ) -> None:
+        """``lags``: the partitions that follow an ingestion clock; in event-time mode their
+        records are also late below their own clock (``IngestionLags.own_clock``)."""
         self.keyed = keyed
         self.column = event_time_column
         self.tables = tables
+        self.lags = lags
 
     def ran_at(self, watermark_ms: int | None, processing_ms: int) -> int | None:
         """The time a batch's timers are due by: its watermark (event-time mode; None before
@@ -155,8 +167,14 @@ class KeyedStep:
         payload = self._payload(records)
         event_ms = F.unix_millis(F.col(self.column))
         late = F.col(self.column).isNull()
-        if self.keyed.time_mode == "event_time" and watermark_ms is not None:
-            late = late | (event_ms < F.lit(watermark_ms))
+        if self.keyed.time_mode == "event_time":
+            clocks = [F.lit(watermark_ms)] if watermark_ms is not None else []
+            own = self.lags.own_clock() if self.lags is not None else None
+            if own is not None and INGESTED_COLUMN in records.columns:
+                clocks.append(own)
+            if clocks:  # greatest() skips a record's null own clock
+                clock = clocks[0] if len(clocks) == 1 else F.greatest(*clocks)
+                late = late | F.coalesce(event_ms < clock, F.lit(False))
         seen = Observation()
         observed = records.observe(
             seen,
@@ -224,7 +242,7 @@ class KeyedStep:
                 f"the records lack {sorted(missing)}: the transform must keep the keyed "
                 "step's keys and the event-time column"
             )
-        return [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+        return [c for c in records.columns if c not in INTERNAL_COLUMNS]
 
     def _bucketed(
         self,

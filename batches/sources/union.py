@@ -73,7 +73,7 @@ class UnionStreamSource(Source):
     def from_config(cls, config: UnionSource, context: SourceContext) -> UnionStreamSource:
         """Each named source of ``config``, built in the same context."""
         parts = {
-            name: context.build(part, name in config.watermarks)
+            name: context.build(part, context.ingestion_clock or name in config.watermarks)
             for name, part in config.sources.items()
         }
         return cls(parts, config.transforms)
