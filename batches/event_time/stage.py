@@ -436,7 +436,8 @@ class WindowedStage:
         if own_clock is not None:
             # A transform that dropped the ingestion time leaves its records to the batch's.
             known = INGESTED_COLUMN in records.columns
-            timed_ms = timed_ms.withColumn(_OWN_MS, own_clock if known else F.lit(None))
+            unknown = F.lit(None).cast("long")
+            timed_ms = timed_ms.withColumn(_OWN_MS, own_clock if known else unknown)
         seen = Observation() if observe else None
         events = timed_ms.observe(seen, *metrics) if seen is not None else timed_ms
 
