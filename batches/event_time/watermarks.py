@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lowmark.batches.pipeline import Pipeline, UnionSource
-from lowmark.batches.records import INGESTED_COLUMN, PARTITION_COLUMN
+from lowmark.batches.records import own_ingestion_clock
 from lowmark.batches.sources.union import SEPARATOR
 from lowmark.batches.windows import EventTime
 
@@ -116,25 +116,9 @@ class IngestionLags:
         return next((n for p, n in self.by_prefix.items() if partition.startswith(p)), None)
 
     def own_clock(self) -> Column | None:
-        """Per record, the clock it is judged by on its own: its ingestion time
-        (``INGESTED_COLUMN``) minus its partition's lag, null when it has none (its source
-        cannot tell, or its partition follows event time); None when no partition follows
-        ingestion time.
-
-        Nothing ingested before a record is still to come once it is ingested, in any
-        partition whose clock is its source's (a broker's append time, a listing's time), so
-        the group clock at its own position is its ingestion time: a function of the input
-        alone, where the batch's clock (``watermark``) is the one at the batch's start."""
-        from pyspark.sql import functions as F
-
-        if not self.by_prefix:
-            return None
-        if self.everywhere:
-            return F.col(INGESTED_COLUMN) - F.lit(self.by_prefix[""])
-        lag = F.lit(None).cast("long")
-        for prefix, n in sorted(self.by_prefix.items(), key=lambda p: len(p[0])):
-            lag = F.when(F.col(PARTITION_COLUMN).startswith(prefix), F.lit(n)).otherwise(lag)
-        return F.col(INGESTED_COLUMN) - lag
+        """Per record, the clock it is judged by on its own (``own_ingestion_clock`` of these
+        lags); None when no partition follows ingestion time."""
+        return own_ingestion_clock(self.by_prefix)
 
     def watermark(
         self,

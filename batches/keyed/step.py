@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -51,7 +51,13 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.keyed.runtime import Key, KeyedRun, TimeMode
 from lowmark.batches.keyed.state_values import held_values
-from lowmark.batches.records import INGESTED_COLUMN, INTERNAL_COLUMNS, UNTIMED, late_struct
+from lowmark.batches.records import (
+    INGESTED_COLUMN,
+    INTERNAL_COLUMNS,
+    UNTIMED,
+    late_struct,
+    own_ingestion_clock,
+)
 from lowmark.state.keyed_state import (
     BUCKET,
     BUCKETS,
@@ -65,9 +71,6 @@ from lowmark.state.keyed_state import (
     key_json,
 )
 from lowmark.state.task_appends import WrittenFile
-
-if TYPE_CHECKING:
-    from lowmark.batches.event_time.watermarks import IngestionLags
 
 MARKER = "_lowmark_marker"
 EVENT_MS = "_lowmark_event_ms"
@@ -140,10 +143,11 @@ class KeyedStep:
         keyed: Keyed,
         event_time_column: str,
         tables: KeyedTables,
-        lags: IngestionLags | None = None,
+        lags: Mapping[str, int] | None = None,
     ) -> None:
-        """``lags``: the partitions that follow an ingestion clock; in event-time mode their
-        records are also late below their own clock (``IngestionLags.own_clock``)."""
+        """``lags``: the maximum event-time lag of the partitions that follow an ingestion
+        clock, by the prefix of their names (``IngestionLags.by_prefix``); in event-time
+        mode their records are also late below their own clock (``own_ingestion_clock``)."""
         self.keyed = keyed
         self.column = event_time_column
         self.tables = tables
@@ -169,7 +173,7 @@ class KeyedStep:
         late = F.col(self.column).isNull()
         if self.keyed.time_mode == "event_time":
             clocks = [F.lit(watermark_ms)] if watermark_ms is not None else []
-            own = self.lags.own_clock() if self.lags is not None else None
+            own = own_ingestion_clock(self.lags or {})
             if own is not None and INGESTED_COLUMN in records.columns:
                 clocks.append(own)
             if clocks:  # greatest() skips a record's null own clock

@@ -161,7 +161,7 @@ class Keyed(StepKind["KeyedStep"]):
         slot_ms = pipeline.event_time.max_out_of_orderness
         tables = KeyedTables(state, timers, checkpoint.pipeline_id, slot_ms=slot_ms)
         tables.create()
-        lags = IngestionLags.of_pipeline(pipeline)
+        lags = IngestionLags.of_pipeline(pipeline).by_prefix
         return KeyedStep(pipeline.keyed, pipeline.event_time.column, tables, lags)
 
     def contracts(self, step: KeyedStep) -> tuple[StateTable, ...]:
