@@ -23,6 +23,7 @@ from lowmark.batches.windows import (
     Aggregate,
     EventTime,
     IngestionWatermark,
+    Sliding,
     Tumbling,
     WindowedAggregation,
 )
@@ -130,15 +131,16 @@ def _event(at_s: float, n: int) -> str:
     return json.dumps({"user": "ab"[n % 2], "ts": ts, "amount": n})
 
 
-@pytest.mark.parametrize("step", ["windows", "keyed"])
+@pytest.mark.parametrize(("step", "late"), [("windows", 6), ("sliding", 3), ("keyed", 6)])
 def test_the_same_files_taken_in_one_batch_or_in_many_set_aside_the_same_late_records(
-    spark: SparkSession, tmp_path: Path, step: str
+    spark: SparkSession, tmp_path: Path, step: str, late: int
 ) -> None:
-    """Files judged by their modification time: three files 10 s apart, each with a record
-    8 s older than its file. Taken a file a batch or all in one, windows and a keyed step
-    set aside the same late records, each judged by its own file's time (and the windows
-    are the same; a keyed step's timers fire at batch boundaries, so its output is not
-    compared: see docs/keyed.md)."""
+    """Files judged by their modification time: three files 10 s apart, each with records
+    0.5 s, 5.5 s and 8 s older than its file. Taken a file a batch or all in one, tumbling
+    and sliding windows and a keyed step set aside the same late records, each judged by
+    its own file's time, and the windows are the same (a 5.5 s record feeds only the one
+    of its two sliding windows still open when its file was written). A keyed step's
+    timers fire at batch boundaries, so its output is not compared: see docs/keyed.md."""
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     for i in range(3):
         modified = t0 + timedelta(seconds=10 * i)
@@ -149,7 +151,7 @@ def test_the_same_files_taken_in_one_batch_or_in_many_set_aside_the_same_late_re
                 "amount": i,
                 "action": "view",
             }
-            for s in (0.5, 8.0)
+            for s in (0.5, 5.5, 8.0)
         ]
         write_json_lines(tmp_path / "in", f"f{i}.json", rows, int(modified.timestamp()))
     files = FileSource(
@@ -158,17 +160,18 @@ def test_the_same_files_taken_in_one_batch_or_in_many_set_aside_the_same_late_re
         schema_ddl="user STRING, ts TIMESTAMP, amount LONG, action STRING",
         ingestion_time="modified",
     )
-    stateful: dict[str, Any] = (
-        {"aggregation": WINDOWS}
-        if step == "windows"
-        else {"keyed": Keyed(processor=Sessions, keys=("user",), output_schema=SESSIONS)}
-    )
+    sliding = WINDOWS.model_copy(update={"window": Sliding(size="2 seconds", slide="1 second")})
+    steps: dict[str, dict[str, Any]] = {
+        "windows": {"aggregation": WINDOWS},
+        "sliding": {"aggregation": sliding},
+        "keyed": {"keyed": Keyed(processor=Sessions, keys=("user",), output_schema=SESSIONS)},
+    }
     pipeline = Pipeline(
         name="clock",
         source=files,
         sink=DeltaSink(path="out"),
         event_time=EventTime(column="ts", watermark=LAG),
-        **stateful,
+        **steps[step],
     )
     one_a_batch = pipeline.model_copy(
         update={"source": files.model_copy(update={"max_files_per_batch": 1})}
@@ -177,6 +180,6 @@ def test_the_same_files_taken_in_one_batch_or_in_many_set_aside_the_same_late_re
     for name, run in (("many", one_a_batch), ("one", pipeline)):
         MicroBatchRunner(spark, run, tmp_path / name, later).run(max_batches=None)
     many, one = _results(tmp_path / "many"), _results(tmp_path / "one")
-    assert len(many["late"]) == 3
-    compared = many.keys() if step == "windows" else ["late"]
+    assert len(many["late"]) == late
+    compared = ["late"] if step == "keyed" else many.keys()
     assert {k: len(set(many[k]) ^ set(one[k])) for k in compared} == dict.fromkeys(compared, 0)
