@@ -22,7 +22,8 @@ INGESTED_COLUMN = "_lowmark_ingested_ms"
 """A record's own ingestion time (epoch ms), added by a source whose pipeline follows its
 ingestion clock when the source can tell it per record (a Kafka ``LogAppendTime`` record's
 timestamp, a file's listing or modification time, a Delta version's commit time, a
-synthetic record's paced time); null, or absent, when it cannot: the record is then judged by its batch's clock."""
+synthetic record's paced time); null, or absent, when it cannot: the record is then judged
+by its batch's clock."""
 INTERNAL_COLUMNS = (PARTITION_COLUMN, BATCH_COLUMN, INGESTED_COLUMN)
 """The columns lowmark adds to records: never a record's payload, nor written to a sink."""
 UNTIMED = "no event time: the event-time column is null"
