@@ -4,7 +4,8 @@ Under an ingestion-time watermark every record carries its ingestion time
 (``_lowmark_ingested_ms``: here its file's modification time) and the late check compares
 its windows with it as well as with the batch's clock. Measured: the same windowed
 pipeline (per user, 10-second tumbling windows, ``count`` and ``sum``, into Delta) run
-live, a file of ``--events`` records landed and taken per batch, with the column kept and
+live (simulated time: a file of ``--events`` records lands every 10 s and is taken a
+second later, a batch each), with the column kept and
 with it dropped by the transform (records then judged by their batch's clock alone, as
 before the per-record rule). The runs alternate (with, without, with, ...) after one
 warm-up of each, in one Spark session. Printed: seconds per batch of each and the ratio
@@ -27,6 +28,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.streaming import _say
+from bench.watermark_strategies import Clock
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.records import INGESTED_COLUMN
@@ -78,9 +80,11 @@ def run(spark: SparkSession, root: Path, transform: str, files: int, events: int
     shutil.rmtree(root, ignore_errors=True)
     (root / "in").mkdir(parents=True)
     rng = random.Random(0)
+    clock = Clock()  # simulated: each file is taken a second after it lands
     spent = 0.0
     for i in range(files):
         landed = T0_S + 10 * i
+        clock.now = (landed + 1) * 1000
         rows = [
             {
                 "user": f"u{rng.randrange(50)}",
@@ -94,7 +98,7 @@ def run(spark: SparkSession, root: Path, transform: str, files: int, events: int
         path = root / "in" / f"f{i:04d}.json"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         os.utime(path, (landed, landed))
-        runner = MicroBatchRunner(spark, pipeline(root, transform), root)
+        runner = MicroBatchRunner(spark, pipeline(root, transform), root, clock)
         began = time.perf_counter()
         runner.run(max_batches=None)
         spent += time.perf_counter() - began
