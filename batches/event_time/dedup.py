@@ -48,7 +48,7 @@ from lowmark.batches.dedup import Dedup
 from lowmark.batches.errors import BackfillHistoryLost, PipelineConfigInvalid
 from lowmark.batches.event_time.stage import UNTIMED as NO_EVENT_TIME
 from lowmark.batches.event_time.stage import late_struct
-from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
+from lowmark.batches.records import INTERNAL_COLUMNS
 from lowmark.state.seen_ids import SeenIds, live_ids, write_ids
 from lowmark.state.task_appends import WrittenFile
 
@@ -128,7 +128,7 @@ class DedupStep:
                 f"the records lack {sorted(missing)}: the transform must keep the "
                 "dedup.columns and the event-time column"
             )
-        payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+        payload = [c for c in records.columns if c not in INTERNAL_COLUMNS]
         keyed = (
             records.withColumn(KEY, F.to_json(F.struct(*[F.col(c) for c in self.dedup.columns])))
             .withColumn(EVENT_US, F.unix_micros(F.col(self.column)))
@@ -180,7 +180,7 @@ def as_let_through(records: DataFrame, dedup: Dedup, column: str, ids: pa.Table)
     names each by id and event time, and of the copies with both, a batch let through the
     first in its order (``_judge``). Raises ``BackfillHistoryLost`` when such copies differ
     (they came in different batches or one: the ids cannot tell)."""
-    payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+    payload = [c for c in records.columns if c not in INTERNAL_COLUMNS]
     verdicts = records.sparkSession.createDataFrame(ids).select(
         F.col("id").alias(KEY), F.unix_micros("event_time").alias(EVENT_US)
     )

@@ -41,7 +41,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from lowmark.batches.collect import collect, to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import FUTURE, LATE_RECORD, UNTIMED, late_table
-from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
+from lowmark.batches.records import INTERNAL_COLUMNS, PARTITION_COLUMN
 from lowmark.batches.sources.union import SEPARATOR, UnionStreamSource
 from lowmark.batches.stream_join import StreamJoin
 from lowmark.batches.windows import EventTime
@@ -131,9 +131,7 @@ class IntervalJoin:
         """The left and the right side's columns (of the union's last read), checked: each
         has the keys and its time column, and no other column of the same name."""
         schemas = {
-            name: StructType(
-                [f for f in s.fields if f.name not in (PARTITION_COLUMN, BATCH_COLUMN)]
-            )
+            name: StructType([f for f in s.fields if f.name not in INTERNAL_COLUMNS])
             for name, s in self.source.schemas.items()
         }
         config = self.config

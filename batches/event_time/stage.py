@@ -5,9 +5,12 @@ recorded in the offset log, and the state version the previous commit
 recorded, it computes — without writing anything — what the batch must write:
 
 - late records: every window of the record is closed
-  (``window_end + allowed_lateness <= W``), it has no event time (null), or
-  its event time is more than ``max_future`` after the batch's processing
-  time; they go to the late table with the reason;
+  (``window_end + allowed_lateness <= W``), or, with an ingestion-time
+  watermark, was closed when the record was ingested (``<= a - lag``, its own
+  ingestion time ``a``: ``IngestionLags.own_clock``; so the verdict does not
+  depend on which batch took it), it has no event time (null), or its event
+  time is more than ``max_future`` after the batch's processing time; they go
+  to the late table with the reason;
 - state upserts: the (key, window) partials this batch touched, merged with
   their state as of the previous commit; each window also counts its
   records in ``_lowmark_rows`` (a record counts in the last window it
@@ -34,7 +37,13 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.aggregates import AggregatePlan, plan_aggregate
 from lowmark.batches.event_time.driver_merge import DriverMerge, WindowChanges
 from lowmark.batches.event_time.sessions import SessionWindows, null_safe_match
-from lowmark.batches.records import BATCH_COLUMN, PARTITION_COLUMN, UNTIMED, late_struct
+from lowmark.batches.records import (
+    INGESTED_COLUMN,
+    INTERNAL_COLUMNS,
+    PARTITION_COLUMN,
+    UNTIMED,
+    late_struct,
+)
 from lowmark.batches.windows import (
     EventTime,
     Session,
@@ -51,8 +60,16 @@ from lowmark.state.window_state import ROWS, WINDOW_COLUMNS, WindowState
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation
 
+    from lowmark.batches.event_time.watermarks import IngestionLags
+
 _ET_MS = "_lowmark_event_ms"
+_OWN_MS = "_lowmark_own_clock_ms"
+"""A record's own clock (``IngestionLags.own_clock``; null: it has none)."""
 CLOSED = "all windows closed: window_end + allowed_lateness <= watermark"
+CLOSED_WHEN_INGESTED = (
+    "all windows closed when it was ingested: "
+    "window_end + allowed_lateness <= ingestion time - max_event_time_lag"
+)
 FUTURE = "event time more than max_future ahead of the batch's processing time"
 """Reasons in the late table."""
 REJECTED = "_lowmark_rejected"
@@ -330,8 +347,17 @@ class WindowedStage:
     ``state_rows`` reads from the state table on the driver.
     """
 
-    def __init__(self, event_time: EventTime, aggregation: WindowedAggregation, state: WindowState):
+    def __init__(
+        self,
+        event_time: EventTime,
+        aggregation: WindowedAggregation,
+        state: WindowState,
+        lags: IngestionLags | None = None,
+    ):
+        """``lags``: the partitions that follow an ingestion clock; their records are judged
+        by their own clock too (``IngestionLags.own_clock``)."""
         self.event_time = event_time
+        self.lags = lags
         self.aggregation = aggregation
         self.window = aggregation.window
         self.state = state
@@ -378,16 +404,24 @@ class WindowedStage:
                 f"the records lack {sorted(missing)}: the transform must keep the event-time "
                 f"column, the keys and {PARTITION_COLUMN}"
             )
-        payload = [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+        payload = [c for c in records.columns if c not in INTERNAL_COLUMNS]
         # A record without event time belongs to no window: it goes to the late table
         # with its reason, never into a window (nor silently nowhere).
         # A record from too far ahead is set aside the same way, and counts for no
         # watermark: one bad clock must not close every window early.
         timed = F.col(column).isNotNull()
         future = F.col(_ET_MS) > F.lit(now_ms + self.event_time.max_future)
-        closed = F.lit(False) if watermark_ms is None else self.closed_under(watermark_ms)
+        own = self._closed_by_own_clock()
+        closed = own if watermark_ms is None else self.closed_under(watermark_ms)
         rejected = ~timed | future | closed
-        reason = F.when(~timed, F.lit(UNTIMED)).when(future, F.lit(FUTURE)).otherwise(F.lit(CLOSED))
+        # Closed under its own clock first: in every batch that may take the record its
+        # clock is at or past the batch's, so the reason is the record's, not the batch's.
+        reason = (
+            F.when(~timed, F.lit(UNTIMED))
+            .when(future, F.lit(FUTURE))
+            .when(own, F.lit(CLOSED_WHEN_INGESTED))
+            .otherwise(F.lit(CLOSED))
+        )
         late_record = late_struct(F.unix_micros(F.col(column)), reason, payload)
         metrics = [
             F.count(F.lit(1)).alias("rows"),
@@ -398,6 +432,12 @@ class WindowedStage:
             *_max_per_partition(partitions, F.col(_ET_MS), future),
         ]
         timed_ms = records.withColumn(_ET_MS, F.unix_millis(F.col(column)))
+        own_clock = self.lags.own_clock() if self.lags is not None else None
+        if own_clock is not None:
+            # A transform that dropped the ingestion time leaves its records to the batch's.
+            known = INGESTED_COLUMN in records.columns
+            unknown = F.lit(None).cast("long")
+            timed_ms = timed_ms.withColumn(_OWN_MS, own_clock if known else unknown)
         seen = Observation() if observe else None
         events = timed_ms.observe(seen, *metrics) if seen is not None else timed_ms
 
@@ -427,14 +467,26 @@ class WindowedStage:
 
     def closed_under(self, watermark_ms: int | Column) -> Column:
         """True for a record (with ``_ET_MS``) whose every window is closed under
-        ``watermark_ms`` (a number, or a column of one per record): ``last window_end +
-        allowed_lateness <= watermark``."""
+        ``watermark_ms`` (a number, or a column of one per record), or under its own clock
+        when that is later: ``last window_end + allowed_lateness <= max(watermark, own)``."""
         from pyspark.sql import Column
         from pyspark.sql import functions as F
 
         last = self._last_end(F.col(_ET_MS))
         watermark = watermark_ms if isinstance(watermark_ms, Column) else F.lit(watermark_ms)
-        return last + F.lit(self.event_time.allowed_lateness) <= watermark
+        closed = last + F.lit(self.event_time.allowed_lateness) <= watermark
+        return closed | self._closed_by_own_clock()
+
+    def _closed_by_own_clock(self) -> Column:
+        """True for a record (of ``batch_frames``) whose every window was closed when it was
+        ingested (``_OWN_MS``); False for one without its own clock."""
+        from pyspark.sql import functions as F
+
+        if self.lags is None or not self.lags.by_prefix:
+            return F.lit(False)
+        last = self._last_end(F.col(_ET_MS))
+        own = last + F.lit(self.event_time.allowed_lateness) <= F.col(_OWN_MS)
+        return F.coalesce(own, F.lit(False))
 
     def closed_records(self, records: pa.Table, watermark_ms: int) -> pa.Array:
         """``closed_under`` on the driver, for tumbling windows: True for each ``LATE_RECORD``
@@ -627,6 +679,12 @@ class WindowedStage:
         assigned = accepted.withColumn("_w", assign_windows(window, F.col(self.event_time.column)))
         if watermark_ms is not None:  # a sliding record may still feed its open windows only
             assigned = assigned.where(~self._final(F.col("_w.end"), watermark_ms))
+        if isinstance(window, Sliding) and _OWN_MS in accepted.columns:
+            # ... those open when it was ingested (a tumbling record's one window is judged
+            # with the record)
+            lateness = F.lit(self.event_time.allowed_lateness)
+            closed = F.unix_millis(F.col("_w.end")) + lateness <= F.col(_OWN_MS)
+            assigned = assigned.where(~F.coalesce(closed, F.lit(False)))
         in_last = F.unix_millis(F.col("_w.end")) == last_end(window, F.col(_ET_MS))
         return assigned.groupBy(
             *by,

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lowmark.batches.pipeline import Pipeline, UnionSource
+from lowmark.batches.records import own_ingestion_clock
 from lowmark.batches.sources.union import SEPARATOR
 from lowmark.batches.windows import EventTime
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,11 @@ class IngestionLags:
     def lag_of(self, partition: str) -> int | None:
         """``partition``'s lag; None when it follows event time."""
         return next((n for p, n in self.by_prefix.items() if partition.startswith(p)), None)
+
+    def own_clock(self) -> Column | None:
+        """Per record, the clock it is judged by on its own (``own_ingestion_clock`` of these
+        lags); None when no partition follows ingestion time."""
+        return own_ingestion_clock(self.by_prefix)
 
     def watermark(
         self,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,13 @@ from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.keyed.runtime import Key, KeyedRun, TimeMode
 from lowmark.batches.keyed.state_values import held_values
-from lowmark.batches.records import BATCH_COLUMN, PARTITION_COLUMN, UNTIMED, late_struct
+from lowmark.batches.records import (
+    INGESTED_COLUMN,
+    INTERNAL_COLUMNS,
+    UNTIMED,
+    late_struct,
+    own_ingestion_clock,
+)
 from lowmark.state.keyed_state import (
     BUCKET,
     BUCKETS,
@@ -132,10 +138,20 @@ def _keyed_seen(records: int, described: list[str], late: list[dict[str, Any]]) 
 class KeyedStep:
     """The keyed step of one pipeline's batches."""
 
-    def __init__(self, keyed: Keyed, event_time_column: str, tables: KeyedTables) -> None:
+    def __init__(
+        self,
+        keyed: Keyed,
+        event_time_column: str,
+        tables: KeyedTables,
+        lags: Mapping[str, int] | None = None,
+    ) -> None:
+        """``lags``: the maximum event-time lag of the partitions that follow an ingestion
+        clock, by the prefix of their names (``IngestionLags.by_prefix``); in event-time
+        mode their records are also late below their own clock (``own_ingestion_clock``)."""
         self.keyed = keyed
         self.column = event_time_column
         self.tables = tables
+        self.lags = lags
 
     def ran_at(self, watermark_ms: int | None, processing_ms: int) -> int | None:
         """The time a batch's timers are due by: its watermark (event-time mode; None before
@@ -155,8 +171,14 @@ class KeyedStep:
         payload = self._payload(records)
         event_ms = F.unix_millis(F.col(self.column))
         late = F.col(self.column).isNull()
-        if self.keyed.time_mode == "event_time" and watermark_ms is not None:
-            late = late | (event_ms < F.lit(watermark_ms))
+        if self.keyed.time_mode == "event_time":
+            clocks = [F.lit(watermark_ms)] if watermark_ms is not None else []
+            own = own_ingestion_clock(self.lags or {})
+            if own is not None and INGESTED_COLUMN in records.columns:
+                clocks.append(own)
+            if clocks:  # greatest() skips a record's null own clock
+                clock = clocks[0] if len(clocks) == 1 else F.greatest(*clocks)
+                late = late | F.coalesce(event_ms < clock, F.lit(False))
         seen = Observation()
         observed = records.observe(
             seen,
@@ -224,7 +246,7 @@ class KeyedStep:
                 f"the records lack {sorted(missing)}: the transform must keep the keyed "
                 "step's keys and the event-time column"
             )
-        return [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+        return [c for c in records.columns if c not in INTERNAL_COLUMNS]
 
     def _bucketed(
         self,

@@ -40,8 +40,9 @@ from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.loop.post_aggregation import post_aggregated
 from lowmark.batches.loop.steps import DEDUP, KEYED, STREAM_JOIN, WINDOWS, Steps
 from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.records import INTERNAL_COLUMNS
 from lowmark.batches.sinks import Sink, WindowedSink
-from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN, Range, Source, SourceRead
+from lowmark.batches.sources.base import PARTITION_COLUMN, Range, Source, SourceRead
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.keyed_state import Pinned
 from lowmark.state.session import is_remote_session
@@ -396,7 +397,7 @@ class BatchWork:
         """
         assert taken.watched is not None
         read = taken.read
-        rows = guarded(taken.out.drop(PARTITION_COLUMN), read.bad)
+        rows = guarded(taken.out.drop(*INTERNAL_COLUMNS), read.bad)
         try:
             # Shuffles (deduplication's, a keyed step's) sized to the input, as the look's.
             with shuffle_partitions(self._spark(), read.size_bytes):
@@ -677,7 +678,7 @@ def explained(read: SourceRead, job: Callable[[], T]) -> T:
 
 def _payload(records: DataFrame) -> list[str]:
     """The columns of ``records`` a user wrote (not lowmark's partition or batch tags)."""
-    return [c for c in records.columns if c not in (PARTITION_COLUMN, BATCH_COLUMN)]
+    return [c for c in records.columns if c not in INTERNAL_COLUMNS]
 
 
 def total(table: pa.Table, column: str) -> int:

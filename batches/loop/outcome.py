@@ -21,8 +21,8 @@ from lowmark.batches.expectations import PARSABLE
 from lowmark.batches.loop.batch_work import BatchWork, Taken, explained, total
 from lowmark.batches.loop.catch_up import ReadAhead, Seen
 from lowmark.batches.loop.plan import PlannedBatch
+from lowmark.batches.records import INTERNAL_COLUMNS
 from lowmark.batches.sinks import Sink, WindowedSink
-from lowmark.batches.sources.base import PARTITION_COLUMN
 from lowmark.state.commit_log import BatchCounts
 from lowmark.state.quarantine import bad_rows
 from lowmark.state.window_state import ROWS
@@ -146,7 +146,7 @@ class Outcome:
         if self.changes is not None:
             return self.changes.output
         assert self.taken is not None  # a stateless batch always reads its input itself
-        return self.taken.out.drop(PARTITION_COLUMN)
+        return self.taken.out.drop(*INTERNAL_COLUMNS)
 
 
 def look_at(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cas
 
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import WindowedStage, window_state
+from lowmark.batches.event_time.watermarks import IngestionLags
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.state_table import StateTable, TableSpec, existing
 
@@ -98,7 +99,8 @@ class Windows(StepKind[WindowedStage]):
         if pipeline.keyed is not None and pipeline.keyed.output_event_time is not None:
             event_time = event_time.model_copy(update={"column": pipeline.keyed.output_event_time})
         state = window_state(checkpoint, pipeline.aggregation)
-        return WindowedStage(event_time, pipeline.aggregation, state)
+        lags = IngestionLags.of_pipeline(pipeline)
+        return WindowedStage(event_time, pipeline.aggregation, state, lags)
 
     def contracts(self, step: WindowedStage) -> tuple[StateTable, ...]:
         return (step.state.contract,)
@@ -159,7 +161,8 @@ class Keyed(StepKind["KeyedStep"]):
         slot_ms = pipeline.event_time.max_out_of_orderness
         tables = KeyedTables(state, timers, checkpoint.pipeline_id, slot_ms=slot_ms)
         tables.create()
-        return KeyedStep(pipeline.keyed, pipeline.event_time.column, tables)
+        lags = IngestionLags.of_pipeline(pipeline).by_prefix
+        return KeyedStep(pipeline.keyed, pipeline.event_time.column, tables, lags)
 
     def contracts(self, step: KeyedStep) -> tuple[StateTable, ...]:
         return tuple(step.tables.contracts.values())

@@ -361,7 +361,12 @@ class Source(ABC):
         source stood when ``plan`` looked at ``observed_ms``: the ingestion time of the
         first record there, or ``observed_ms`` when nothing is there (whatever comes is
         written after). Recorded ingestion times only, so a replay gets the same answer.
-        None (the default): this source has no ingestion clock."""
+        None (the default): this source has no ingestion clock.
+
+        Each record ``read`` returns may carry its own ingestion time in
+        ``INGESTED_COLUMN`` (epoch ms): at or after its partition's answer here while it is
+        not taken, the same on every read. A record is then judged by it, whatever batch
+        takes it; one without (null, or no column) by its batch's clock."""
         return None
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:

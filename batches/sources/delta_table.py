@@ -34,14 +34,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from functools import reduce
+from pathlib import PurePosixPath
+from urllib.parse import unquote
 
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from lowmark.batches.errors import PipelineConfigInvalid, SourceDataLost, SourceReplaced
 from lowmark.batches.pipeline import DeltaSource, resolve
+from lowmark.batches.records import INGESTED_COLUMN
 from lowmark.batches.sources.base import PARTITION_COLUMN, Skipped, Source, SourceRead, read_counts
 from lowmark.batches.sources.context import SourceContext
 from lowmark.batches.sources.delta_log import Commit, DataFile, DeltaLog, Metadata
@@ -74,15 +77,21 @@ def offsets_at(version: int, index: int) -> Offsets:
 class DeltaStreamSource(Source):
     """The table at ``table`` (resolved path) as ``config`` reads it."""
 
-    def __init__(self, spark: SparkLike, config: DeltaSource, table: str) -> None:
+    def __init__(
+        self, spark: SparkLike, config: DeltaSource, table: str, ingestion_clock: bool = False
+    ) -> None:
+        """``ingestion_clock``: the pipeline's watermark follows this source's ingestion
+        clock (``ingestion_times``), so each row carries its own (``INGESTED_COLUMN``)."""
         self._spark = provider(spark)
         self.config = config
         self.log = DeltaLog(table)
+        self.ingestion_clock = ingestion_clock
 
     @classmethod
     def from_config(cls, config: DeltaSource, context: SourceContext) -> DeltaStreamSource:
         """The table of ``config``, its path resolved against the data root."""
-        return cls(context.spark, config, resolve(config.path, context.data_root))
+        table = resolve(config.path, context.data_root)
+        return cls(context.spark, config, table, context.ingestion_clock)
 
     # -- what each version holds for this source --------------------------------------
 
@@ -263,10 +272,14 @@ class DeltaStreamSource(Source):
         last, index = position(end)
         meta = self.log.metadata_at(max(last if index else last - 1, 0))
         explain = self._explain(start, end, batch_id)
+        ingested = self._committed_at(read) if self.ingestion_clock else None
         if self.config.read == "changes":
             records = self._changes(meta.schema, position(start)[0], last - 1)
+            if ingested is not None:
+                records = records.withColumn(INGESTED_COLUMN, ingested)
         else:
-            records = self._appends(meta, [f for _, files in read for f in files], explain)
+            files = [f for _, files in read for f in files]
+            records = self._appends(meta, files, explain, ingested)
         counts = Observation()
         records = records.withColumn(PARTITION_COLUMN, F.lit(PARTITION)).observe(
             counts, *read_counts(False, None)
@@ -275,6 +288,26 @@ class DeltaStreamSource(Source):
             records = records.persist()
         size = sum(f.size for _, files in read for f in files)  # input_bytes, read once
         return SourceRead(records, None, counts, (records,) if cache else (), explain, size)
+
+    def _committed_at(self, read: list[tuple[Commit, list[DataFile]]]) -> Column:
+        """A row's own ingestion time (``INGESTED_COLUMN``): its version's commit timestamp,
+        as ``ingestion_times`` counts it; null for a version that records none. Appends
+        find their version by their data file's name (unique in a table: writers name
+        files by a UUID; Spark names a record's file by its escaped URI, its name is
+        plain), the change feed by ``_commit_version``."""
+        if self.config.read == "changes":
+            at = {c.version: c.timestamp_ms for c, _ in read}
+            pairs = [(F.lit(v), F.lit(ms).cast("long")) for v, ms in at.items()]
+            key = F.col("_commit_version")
+        else:
+            named = {
+                PurePosixPath(unquote(f.path)).name: c.timestamp_ms for c, fs in read for f in fs
+            }
+            pairs = [(F.lit(n), F.lit(ms).cast("long")) for n, ms in named.items()]
+            key = F.substring_index(F.col("_metadata.file_path"), "/", -1)
+        if not pairs:
+            return F.lit(None).cast("long")
+        return F.element_at(F.create_map(*[x for pair in pairs for x in pair]), key)
 
     def _held(
         self, read: list[tuple[Commit, list[DataFile]]], batch_id: int
@@ -305,8 +338,10 @@ class DeltaStreamSource(Source):
         meta: Metadata,
         files: list[DataFile],
         explain: Callable[[Exception], LowmarkError | None],
+        ingested: Column | None = None,
     ) -> DataFrame:
-        """The rows of ``files`` (added files), with the table's columns as ``meta`` says;
+        """The rows of ``files`` (added files), with the table's columns as ``meta`` says,
+        and ``ingested`` as ``INGESTED_COLUMN`` (it may read a row's ``_metadata``);
         ``explain`` names a file that is gone."""
         if meta.column_mapping != "none":
             raise PipelineConfigInvalid(
@@ -316,7 +351,8 @@ class DeltaStreamSource(Source):
             )
         spark = self._spark()
         if not files:
-            return spark.createDataFrame([], meta.schema)
+            empty = spark.createDataFrame([], meta.schema)
+            return empty if ingested is None else empty.withColumn(INGESTED_COLUMN, ingested)
         partitioned = set(meta.partition_columns)
         data_schema = StructType([f for f in meta.schema.fields if f.name not in partitioned])
         groups: dict[tuple[tuple[str, str | None], ...], list[str]] = {}
@@ -331,6 +367,8 @@ class DeltaStreamSource(Source):
                 else F.col(f"`{f.name}`")
                 for f in meta.schema.fields
             ]
+            if ingested is not None:
+                columns.append(ingested.alias(INGESTED_COLUMN))
             try:
                 frames.append(spark.read.schema(data_schema).parquet(*uris).select(*columns))
             except AnalysisException as exc:

@@ -35,6 +35,7 @@ from lowmark.batches.errors import (
     SourceFileUnreadable,
 )
 from lowmark.batches.pipeline import FileSource, resolve
+from lowmark.batches.records import INGESTED_COLUMN
 from lowmark.batches.sources.base import (
     BATCH_COLUMN,
     PARTITION_COLUMN,
@@ -355,11 +356,18 @@ class FileStreamSource(Source):
         if tags:  # Spark names a record's file by its URI: "a b.json" is "a%20b.json"
             by_uri = [F.lit(x) for path, b in tags.items() for x in (self.storage.uri(path), b)]
             tag = F.element_at(F.create_map(*by_uri), file_path)
+        ingested = None
+        if self.ingestion_clock and files:
+            times = [(self.storage.uri(f.path), self._own_time(f)) for f in files]
+            by_file = [x for uri, ms in times for x in (F.lit(uri), F.lit(ms).cast("long"))]
+            ingested = F.element_at(F.create_map(*by_file), file_path)
         size = sum(f.size for f in files)
         if self.config.format == "parquet":
             records = self.spark.read.schema(schema).parquet(*map(literal, paths))
             if tag is not None:
                 records = records.withColumn(BATCH_COLUMN, tag)
+            if ingested is not None:
+                records = records.withColumn(INGESTED_COLUMN, ingested)
             records = records.withColumn(PARTITION_COLUMN, self._partition_of(file_path)).observe(
                 counts, *read_counts(tag is not None, None)
             )
@@ -389,6 +397,8 @@ class FileStreamSource(Source):
         )
         if tag is not None:
             parsed = parsed.withColumn(BATCH_COLUMN, tag)
+        if ingested is not None:
+            parsed = parsed.withColumn(INGESTED_COLUMN, ingested)
         parsed = parsed.observe(
             counts,
             *read_counts(tag is not None, F.col(CORRUPT).isNull()),
@@ -444,6 +454,14 @@ class FileStreamSource(Source):
         if f.path not in recorded:
             return observed_ms
         return f.discovered_ms if f.discovered_ms is not None else 0
+
+    def _own_time(self, f: ManifestFile) -> int | None:
+        """The ingestion time ``f``'s records carry (``INGESTED_COLUMN``): as
+        ``ingestion_times`` counts it for a recorded file; None for one recorded before
+        lowmark kept the listing time (its records are judged by the batch's clock)."""
+        if self.config.ingestion_time == "modified":
+            return f.modified_ms
+        return f.discovered_ms
 
     def waiting_partitions(self, end: Offsets) -> tuple[str, ...]:
         """The partitions with files past ``end`` that the last ``plan`` found."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from lowmark.batches.records import INGESTED_COLUMN
 from lowmark.batches.sources.base import PARTITION_COLUMN, SourceRead, read_counts
 from lowmark.state.errors import LowmarkError
 
@@ -28,7 +29,8 @@ def parse_json_values(
     cache: bool = False,
     explain: Callable[[Exception], LowmarkError | None] = lambda _: None,
 ) -> SourceRead:
-    """A read of ``values``: a ``value`` column (JSON text, or null) and ``PARTITION_COLUMN``.
+    """A read of ``values``: a ``value`` column (JSON text, or null) and ``PARTITION_COLUMN``
+    (and ``INGESTED_COLUMN`` when the source adds it: the records carry it on).
 
     ``origin`` names where each value came from (``bad_records.source_file``,
     e.g. ``topic:0@12``). ``cache`` persists the parse for a batch that runs
@@ -43,10 +45,11 @@ def parse_json_values(
     with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
     text = F.col("value").cast("string")
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    carried = [c for c in (PARTITION_COLUMN, INGESTED_COLUMN) if c in values.columns]
     parsed = values.select(
         F.from_json(text, with_corrupt, options).alias("r"),
         text.alias("_raw"),
-        F.col(PARTITION_COLUMN),
+        *carried,
         origin.alias("_origin"),
     )
     good = F.col("_raw").isNotNull() & F.col(f"r.{CORRUPT}").isNull()
@@ -63,6 +66,6 @@ def parse_json_values(
         .alias("reason"),
     )
     records = parsed.where(F.col("_good")).select(
-        *[F.col(f"r.`{n}`").alias(n) for n in schema.fieldNames()], PARTITION_COLUMN
+        *[F.col(f"r.`{n}`").alias(n) for n in schema.fieldNames()], *carried
     )
     return SourceRead(records, bad, counts, (parsed,) if cache else (), explain)

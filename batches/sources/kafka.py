@@ -53,7 +53,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
@@ -67,6 +67,7 @@ from pyspark.sql.types import (
 
 from lowmark.batches.errors import SourceDataLost, SourceReplaced
 from lowmark.batches.pipeline import KafkaSource, start_time_ms
+from lowmark.batches.records import INGESTED_COLUMN
 from lowmark.batches.sources.base import (
     PARTITION_COLUMN,
     Clocks,
@@ -350,6 +351,9 @@ class KafkaStreamSource(Source):
         raw = self._read_raw(moved) if moved else self._spark().createDataFrame([], RAW_SCHEMA)
         part = F.concat_ws(":", F.col("topic"), F.col("partition").cast("string"))
         explain = self._explain(moved, batch_id)
+        if self.ingestion_clock:
+            raw = raw.withColumn(INGESTED_COLUMN, self._ingested(moved))
+        internal = [c for c in (INGESTED_COLUMN,) if c in raw.columns]
         if self.config.value_format == "raw":
             counts = Observation()
             records = raw.withColumn(PARTITION_COLUMN, part).observe(
@@ -359,11 +363,21 @@ class KafkaStreamSource(Source):
                 records = records.persist()
             return SourceRead(records, None, counts, (records,) if cache else (), explain)
         assert self.config.schema_ddl is not None
-        values = raw.select("value", part.alias(PARTITION_COLUMN), "offset")
+        values = raw.select("value", part.alias(PARTITION_COLUMN), "offset", *internal)
         origin = F.concat(F.col(PARTITION_COLUMN), F.lit("@"), F.col("offset").cast("string"))
         return parse_json_values(
             values, self.config.schema_ddl, batch_id, origin, cache=cache, explain=explain
         )
+
+    def _ingested(self, moved: dict[str, tuple[int, int]]) -> Column:
+        """A record's own ingestion time (``INGESTED_COLUMN``): in a ``LogAppendTime`` topic
+        its timestamp, the broker's append time; null in a ``CreateTime`` topic, whose
+        timestamps are the producers' (its records are judged by the batch's clock)."""
+        appended = self._log_append_time(sorted({split_key(k)[0] for k in moved}))
+        stamped = [F.lit(t) for t, log_append in appended.items() if log_append]
+        if not stamped:
+            return F.lit(None).cast("long")
+        return F.when(F.col("topic").isin(*stamped), F.unix_millis(F.col("timestamp")))
 
     def _kept(self, moved: dict[str, tuple[int, int]], batch_id: int) -> dict[str, tuple[int, int]]:
         """``moved`` without the records retention deleted since the batch was planned (a

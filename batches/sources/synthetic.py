@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.pipeline import SyntheticSource, start_time_ms
+from lowmark.batches.records import INGESTED_COLUMN
 from lowmark.batches.sources.base import (
     PARTITION_COLUMN,
     Clocks,
@@ -41,16 +42,25 @@ _UNIFORM_STEPS = 1_000_000
 class SyntheticStreamSource(Source):
     """``config``'s events; ``clock`` says how many a paced source has produced."""
 
-    def __init__(self, spark: SparkLike, config: SyntheticSource, clock: Clock | None = None):
+    def __init__(
+        self,
+        spark: SparkLike,
+        config: SyntheticSource,
+        clock: Clock | None = None,
+        ingestion_clock: bool = False,
+    ):
+        """``ingestion_clock``: the pipeline's watermark follows this source's ingestion
+        clock (``ingestion_times``), so each record carries its own (``INGESTED_COLUMN``)."""
         self._spark = provider(spark)
         self.config = config
         self.clock = clock or SystemClock()
         self.start_ms = start_time_ms(config.start)
+        self.ingestion_clock = ingestion_clock
 
     @classmethod
     def from_config(cls, config: SyntheticSource, context: SourceContext) -> SyntheticStreamSource:
         """``config``'s events, paced by the context's clock."""
-        return cls(context.spark, config, context.clock)
+        return cls(context.spark, config, context.clock, context.ingestion_clock)
 
     def _available(self) -> Offsets:
         """Records each partition has produced by now."""
@@ -141,6 +151,15 @@ class SyntheticStreamSource(Source):
             .otherwise("plain")
         )
         ms = slot - disorder - F.when(kind == "late", F.lit(c.late_by)).otherwise(F.lit(0))
+        own = []
+        if self.ingestion_clock:  # when it was produced, as ``ingestion_times`` counts it
+            rate = c.rows_per_second
+            produced = (
+                F.lit(self.start_ms)
+                if rate is None
+                else F.lit(self.start_ms) + F.ceil((i + 1) * F.lit(1000) / F.lit(rate))
+            )
+            own.append(produced.cast("long").alias(INGESTED_COLUMN))
         return [
             F.concat(F.lit("k"), draw(1, c.keys).cast("string")).alias("key"),
             F.when(kind == "untimed", F.lit(None))
@@ -150,6 +169,7 @@ class SyntheticStreamSource(Source):
             i.alias("seq"),
             p.alias("source_partition"),
             p.cast("string").alias(PARTITION_COLUMN),
+            *own,
             kind.alias("_kind"),
         ]
 

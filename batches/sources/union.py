@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.pipeline import UnionSource
+from lowmark.batches.records import INTERNAL_COLUMNS
 from lowmark.batches.sources.base import (
     PARTITION_COLUMN,
     Clocks,
@@ -73,7 +74,7 @@ class UnionStreamSource(Source):
     def from_config(cls, config: UnionSource, context: SourceContext) -> UnionStreamSource:
         """Each named source of ``config``, built in the same context."""
         parts = {
-            name: context.build(part, name in config.watermarks)
+            name: context.build(part, context.ingestion_clock or name in config.watermarks)
             for name, part in config.sources.items()
         }
         return cls(parts, config.transforms)
@@ -128,7 +129,11 @@ class UnionStreamSource(Source):
             for name in moved
         }
         frames = [self._records(name, read) for name, read in reads.items()]
-        columns = {name: sorted(df.columns) for name, df in zip(reads, frames, strict=True)}
+        # A source with an ingestion clock adds its records' ingestion time; another does not.
+        columns = {
+            name: sorted(c for c in df.columns if c not in INTERNAL_COLUMNS)
+            for name, df in zip(reads, frames, strict=True)
+        }
         if self.joined:
             self.schemas = {name: df.schema for name, df in zip(reads, frames, strict=True)}
         elif len({tuple(c) for c in columns.values()}) > 1:

@@ -20,7 +20,7 @@ from lowmark.batches.expectations import Expectation
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Maintenance, Pipeline
-from lowmark.batches.windows import Aggregate, Session, Tumbling
+from lowmark.batches.windows import Aggregate, EventTime, IngestionWatermark, Session, Tumbling
 from tests.helpers import (
     T0,
     FakeClock,
@@ -32,6 +32,7 @@ from tests.helpers import (
     pipeline,
     timed,
     windowed,
+    write_json_lines,
 )
 
 ONE_JOB_LIMIT = 1
@@ -155,6 +156,42 @@ def test_a_windowed_batch_with_state_late_rows_and_output_runs_at_most_eight_spa
     assert (result.rows_late, result.rows_out > 0) == (1, True)
     assert counter.jobs() <= WINDOWED_LIMIT, counter.per_step
     assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
+
+
+def test_a_windowed_batch_judging_records_by_their_own_ingestion_time_gains_no_spark_job(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under an ingestion-time watermark each record is also judged by its own ingestion
+    time (its file's modification time): a comparison in the batch's one job, no job of
+    its own. Files land 20 s apart, a batch each, then two in one batch: the batch's clock
+    is the first one's (40 s, less the lag), and the second holds a record whose window
+    closed 5 s before its file was written (late by its own time alone); the batch emits
+    the closed windows."""
+    t0_s = int(T0.timestamp())
+    tumbling = windowed(Tumbling(size="10 seconds"))
+    lag = IngestionWatermark(strategy="ingestion_time", max_event_time_lag="5 seconds")
+    by_modification = tumbling.source.model_copy(
+        update={"ingestion_time": "modified", "max_files_per_batch": 2}
+    )
+    own_clock = tumbling.model_copy(
+        update={"source": by_modification, "event_time": EventTime(column="ts", watermark=lag)}
+    )
+    files = [
+        [event("a", 1, 1), event("b", 2, 1)],
+        [event("a", 14, 1), event("b", 15, 2)],
+        [event("a", 38, 3)],
+        [event("a", 58, 4), event("b", 41, 9)],  # b@41: window [40, 50) closed at 60 - 5
+    ]
+    clock = FakeClock(t0_s * 1000)
+    runner = MicroBatchRunner(spark, own_clock, data_root, clock)
+    for i, rows in enumerate(files):
+        write_json_lines(data_root / "in", f"b{i:03d}.json", rows, t0_s + 20 * i)
+        clock.now = (t0_s + 20 * i + 1) * 1000
+        if i < 2:
+            runner.run(max_batches=None)
+    result, counter = counted_batch(spark, runner, monkeypatch)
+    assert (result.rows_late, result.rows_out > 0) == (1, True)
+    assert counter.jobs() <= WINDOWED_LIMIT, counter.per_step
 
 
 def sink_checkpoints(root: Path) -> int:

@@ -165,6 +165,32 @@ def test_a_table_written_while_the_pipelines_run_is_read_exactly_once(
     assert kinds == {"insert", "update_preimage", "update_postimage", "delete"}
 
 
+@pytest.mark.parametrize("read", ["appends", "changes"])
+def test_each_row_carries_its_versions_commit_time_as_its_ingestion_time(
+    spark: SparkSession, tmp_path: Path, read: str
+) -> None:
+    """Under an ingestion clock each row read carries its version's commit timestamp (its
+    own ingestion time): appends found by their data file, the change feed by version."""
+    table = tmp_path / "t"
+    append(spark, table, 0, 2, files=2)
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    append(spark, table, 100, 2, files=1)  # v2
+    append(spark, table, 200, 3, files=3)  # v3
+    src = DeltaStreamSource(
+        spark, DeltaSource(path=str(table), read=read), str(table), ingestion_clock=True
+    )
+    start = {"version": 2}
+    rows = src.read(start, src.plan(start, 0), 0).records.collect()
+    committed = {}
+    for version in (2, 3):
+        commit = src.log.commit(version)
+        assert commit is not None
+        committed[version] = commit.timestamp_ms
+    own = sorted((r.id, r["_lowmark_ingested_ms"]) for r in rows)
+    expected = [(i, committed[2]) for i in (100, 101)]
+    assert own == expected + [(i, committed[3]) for i in (200, 201, 202)]
+
+
 def test_a_version_that_changed_rows_stops_reading_appends_naming_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, Pipeline, SyntheticSource
+from lowmark.batches.records import INGESTED_COLUMN
 from lowmark.batches.sources.base import PARTITION_COLUMN
 from lowmark.batches.sources.synthetic import SyntheticStreamSource
 from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggregation
@@ -82,15 +83,20 @@ def test_aligned_admission_takes_the_lowest_clocks_first_and_splits_equal_ones_f
 
 
 def test_a_paced_record_is_ingested_when_its_partition_produces_it(spark: SparkSession) -> None:
+    """Each record carries that time too (``INGESTED_COLUMN``), the clock its partition has
+    while it is the first not taken."""
     clock = FakeClock(now_ms=START_MS + 10_000)  # 100 records a partition produced
     config = SyntheticSource(partitions=2, rows_per_second=10, starting_offsets="earliest")
-    source = SyntheticStreamSource(spark, config, clock)
+    source = SyntheticStreamSource(spark, config, clock, ingestion_clock=True)
     # Record 40 became available when the count passed it, at 4.1 s; partition 1 is read
     # to its end: whatever it produces next comes after now.
     assert source.ingestion_times({"0": 40, "1": 100}, clock.now) == {
         "0": START_MS + 4_100,
         "1": START_MS + 10_000,
     }
+    records = source.read({"0": 40}, {"0": 43}, 0).records
+    own = sorted(r[INGESTED_COLUMN] for r in records.select(INGESTED_COLUMN).collect())
+    assert own == [START_MS + 4_100, START_MS + 4_200, START_MS + 4_300]
     unpaced = SyntheticStreamSource(
         spark, config.model_copy(update={"rows_per_second": None, "total_rows": 5})
     )
