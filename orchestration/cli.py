@@ -275,7 +275,18 @@ def ui(
 
 
 @commands.app.command()
-def serve(ctx: typer.Context, conf: commands.ConfOption = None) -> None:
+def serve(
+    ctx: typer.Context,
+    conf: commands.ConfOption = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Once Spark is warm, print one line of JSON: pid, dagster_home, spark (the "
+            "Spark master; null: a local one).",
+        ),
+    ] = False,
+) -> None:
     """Execute the Dagster runs of every pipeline of the instance in DAGSTER_HOME (default
     ./.dagster_home) in this one process, on one Spark started and warmed now: the run
     launcher of lowmark's dagster.yaml hands them over while it serves. A run whose Spark
@@ -297,7 +308,16 @@ def serve(ctx: typer.Context, conf: commands.ConfOption = None) -> None:
         os.environ["LOWMARK_PIPELINES"] = c.pipelines
     if c.master:
         os.environ["LOWMARK_SPARK_MASTER"] = c.master
-    serve_runs(prepare_home(_dagster_home()))
+    home = prepare_home(_dagster_home())
+
+    def ready() -> None:
+        if as_json:
+            said = {"pid": os.getpid(), "dagster_home": str(home), "spark": c.master}
+            print_json(commands.out, said, indent=None)
+        else:
+            commands.out.print(f"lowmark runner (pid {os.getpid()}): serving {home}, Spark warm")
+
+    serve_runs(home, ready)
 
 
 def _hand_down_confs(conf: list[str] | None) -> None:

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -256,9 +256,9 @@ def _configure_python_log_handlers_once(instance: dg.DagsterInstance) -> None:
     instance.get_yaml_python_handlers = lambda: handlers  # type: ignore[method-assign]
 
 
-def serve(home: Path) -> None:
+def serve(home: Path, ready: Callable[[], None] = lambda: None) -> None:
     """Serve the Dagster instance in ``home`` until SIGTERM or SIGINT: say so, start and warm
-    Spark, then execute the runs handed over (``Runner``)."""
+    Spark, call ``ready``, then execute the runs handed over (``Runner``)."""
     files = RunnerFiles.of(home)
     stop = threading.Event()
 
@@ -287,6 +287,7 @@ def serve(home: Path) -> None:
                 signal.signal(sig, stop_serving)
             warm(spark)
             log.info("lowmark runner (pid %d) serving %s on a warm Spark", os.getpid(), home)
+            ready()
             Runner(instance, files, spark).serve(stop)
         finally:
             if files.pid_file.read_text() == str(os.getpid()):
