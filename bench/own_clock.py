@@ -28,7 +28,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.streaming import _say
-from bench.watermark_strategies import Clock
+from bench.watermark_strategies import SCHEMA, T0_MS, Clock
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
 from lowmark.batches.records import INGESTED_COLUMN
@@ -41,8 +41,7 @@ from lowmark.batches.windows import (
 )
 from lowmark.state.session import SparkSettings, get_spark
 
-SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
-T0_S = 1_767_225_600  # 2026-01-01 00:00 UTC
+T0_S = T0_MS // 1000
 
 
 def without_own_clock(records: DataFrame) -> DataFrame:
