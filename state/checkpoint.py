@@ -29,6 +29,7 @@ with the checkpoint, so a missing one is always an error.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from pyarrow.fs import FileSelector, FileType
+from pyarrow.fs import FileSelector, FileSystem, FileType
 
 from lowmark.state import late_records, quarantine, storage
 from lowmark.state.commit_log import CommitEntry, CommitLog
@@ -229,9 +230,15 @@ class Checkpoint:
                 "before writing into it; run the pipeline again to go on from the new checkpoint"
             )
 
+    @functools.cached_property
+    def _id_file(self) -> tuple[FileSystem, str]:
+        """The file system ``ID_FILE`` is on and its path there (made once: an S3 client
+        for every fence of every batch would cost more than the read)."""
+        return storage.filesystem(self.table(ID_FILE))
+
     def _fenced_id(self) -> str | None:
         """``ID_FILE``'s pipeline id; None where there is none (or it is empty)."""
-        store, path = storage.filesystem(self.table(ID_FILE))
+        store, path = self._id_file
         try:
             with store.open_input_stream(path) as stream:
                 found = stream.read().decode().strip()
@@ -242,7 +249,7 @@ class Checkpoint:
     def _write_id_file(self) -> None:
         """Write ``ID_FILE`` whole: renamed into place locally, one PUT on object storage,
         so a fence never reads half of it."""
-        store, path = storage.filesystem(self.table(ID_FILE))
+        store, path = self._id_file
         written = path if is_object_store(self.location) else f"{path}.{uuid.uuid4().hex}.tmp"
         with store.open_output_stream(written) as stream:
             stream.write(self.pipeline_id.encode())
