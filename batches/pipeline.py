@@ -1041,7 +1041,7 @@ class Pipeline(_Config):
         ),
     )
     read_ahead_batches: int = Field(
-        default=10,
+        default=100,
         ge=1,
         description=(
             "Catch-up: how many batches one Spark job reads ahead when input waits "

@@ -9,9 +9,9 @@ scattered over the batches. The query is ``bench.streaming``'s (per user,
 Delta).
 
 In one process, one Spark session, after the same warm-up for each (one run
-over a smaller set of files): ``lowmark`` catches up one file a batch reading
-up to 10 batches ahead in one job; ``lowmark (no read-ahead)`` runs each batch's
-own job, as files arriving one at a time do; the plain job aggregates every
+over a smaller set of files): ``lowmark`` catches up one file a batch, reading
+ahead in one job as far as the pipeline's default allows; ``lowmark (no read-ahead)``
+runs each batch's own job, as files arriving one at a time do; the plain job aggregates every
 file at once (it has no watermark: it also counts the stragglers). Printed:
 seconds of each, the ratio lowmark / plain, the batches with late rows, and
 whether both lowmark runs wrote the same sink and late rows (they must), and
@@ -34,7 +34,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench.streaming import SCHEMA, T0_S, _aggregate, land, windowed_pipeline
+from bench.streaming import READ_AHEAD_BATCHES, SCHEMA, T0_S, _aggregate, land, windowed_pipeline
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.state.session import SparkSettings, get_spark
 
@@ -135,15 +135,15 @@ def main() -> None:
     try:
         warm = work / "warm"
         generate(warm / "in", args.seed + 1, 12, 3_000)
-        lowmark(spark, warm, 10)
+        lowmark(spark, warm, READ_AHEAD_BATCHES)
         plain(spark, warm)
         ahead, alone = work / "ahead", work / "alone"
         generate(ahead / "in", args.seed, args.files, args.events)
         shutil.copytree(ahead / "in", alone / "in")
         plain_s = plain(spark, ahead)
-        ahead_s, batches, late_batches = lowmark(spark, ahead, 10)
+        ahead_s, batches, late_batches = lowmark(spark, ahead, READ_AHEAD_BATCHES)
         alone_s, _, _ = lowmark(spark, alone, 1)
-        names = {ahead: "late_catch_up_10", alone: "late_catch_up_1"}
+        names = {ahead: f"late_catch_up_{READ_AHEAD_BATCHES}", alone: "late_catch_up_1"}
         print(
             f"files {args.files}, events {args.events}, batches {batches}, "
             f"with late rows {late_batches}"

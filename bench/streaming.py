@@ -96,8 +96,8 @@ WINDOW = "1 hour"
 OUT_OF_ORDERNESS = "60 minutes"
 FOLLOW_PIPELINE = "bench_follow"
 MIB = 1024 * 1024
-READ_AHEAD_BATCHES = 10
-"""Batches lowmark's catch-up reads ahead in one job."""
+READ_AHEAD_BATCHES: int = Pipeline.model_fields["read_ahead_batches"].default
+"""Batches lowmark's catch-up reads ahead in one job (the pipeline's default)."""
 
 
 def windowed_pipeline(
