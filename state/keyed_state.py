@@ -134,6 +134,8 @@ class Pinned:
     timers_path: str
     timers_version: int | None
     slot_ms: int
+    writes: bool = True
+    """False: the tasks write no files of their changes (``lowmark preview``)."""
 
     def states(self, buckets: Iterable[int], keys: Iterable[str]) -> pa.Table:
         """The newest row of each (key, state) of ``keys`` (in ``buckets``)."""
@@ -167,7 +169,10 @@ class Pinned:
     ) -> dict[str, list[WrittenFile]]:
         """A task's changes of batch ``batch_id`` (``STATE`` rows, ``TIMER_CHANGE`` rows)
         written as new data files of the two tables, by table name
-        (``lowmark.state.task_appends``); nothing is committed (``KeyedTables.write``)."""
+        (``lowmark.state.task_appends``); nothing is committed (``KeyedTables.write``).
+        Without ``writes``, no file: no table has any."""
+        if not self.writes:
+            return {STATE_TABLE: [], TIMER_TABLE: []}
         slots = pc.divide(timers.column("timer_ms"), self.slot_ms)
         return {
             STATE_TABLE: write_files(
@@ -207,14 +212,17 @@ class KeyedTables:
         self.state.create()
         self.timers.create()
 
-    def pinned(self, recorded: Mapping[str, int], replay: bool, batch_id: int) -> Pinned:
+    def pinned(
+        self, recorded: Mapping[str, int], replay: bool, batch_id: int, writes: bool = True
+    ) -> Pinned:
         """The versions batch ``batch_id`` reads (``StateTable.read_version``; ``recorded``:
-        commit N-1's versions)."""
+        commit N-1's versions); ``writes``: whether its tasks write their changes
+        (``Pinned.writes``)."""
         state, timers = (
             self.contracts[name].read_version(recorded, replay, batch_id)
             for name in (STATE_TABLE, TIMER_TABLE)
         )
-        return Pinned(self.state.path, state, self.timers.path, timers, self.slot_ms)
+        return Pinned(self.state.path, state, self.timers.path, timers, self.slot_ms, writes)
 
     def write(
         self, files: Mapping[str, Sequence[WrittenFile]], batch_id: int, now_ms: int | None

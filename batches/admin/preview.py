@@ -16,9 +16,11 @@ is planned again over an empty checkpoint in a temporary folder, which holds wha
 read records (a file source's inferred schema) for the length of the preview.
 
 Deduplication judges against the ids held, its tasks writing no files of the ids they
-let through (``DedupStep.previewing``). Not covered: a keyed step and a stream-stream
-join, whose Spark tasks write their state changes as (uncommitted) data files of the
-checkpoint's tables as they run: ``check_previewable`` names the feature.
+let through (``DedupStep.previewing``); a keyed step runs its processor over the state
+and timers held, its tasks writing no files of their changes (``KeyedStep.previewing``).
+Not covered: a stream-stream join, whose Spark tasks write their state changes as
+(uncommitted) data files of the checkpoint's tables as they run: ``check_previewable``
+names it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from lowmark.batches.errors import ExpectationsFailed, PreviewImpossible
 from lowmark.batches.loop.batch_work import BatchWork, explained
 from lowmark.batches.loop.outcome import Input, Outcome, look_at, with_event_time
 from lowmark.batches.loop.plan import PlannedBatch, Planner
-from lowmark.batches.loop.steps import DEDUP, WINDOWS, Steps
+from lowmark.batches.loop.steps import DEDUP, KEYED, WINDOWS, Steps
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sinks import build_sink
 from lowmark.batches.sources import build_source
@@ -47,7 +49,7 @@ from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.errors import first_line
 from lowmark.state.session import SparkLike, provider
 
-COVERED = "reads, transforms, expectations, table joins, deduplication and windows"
+COVERED = "reads, transforms, expectations, table joins, deduplication, keyed steps and windows"
 """What a preview runs, as its refusal says."""
 
 
@@ -103,15 +105,13 @@ class Preview:
 
 
 def check_previewable(pipeline: Pipeline) -> None:
-    """Raise ``PreviewImpossible`` naming the steps of ``pipeline`` whose Spark tasks write
-    state files as they run (what a preview cannot run), if it has any."""
-    features = {"keyed": pipeline.keyed, "stream_join": pipeline.stream_join}
-    named = [name for name, feature in features.items() if feature is not None]
-    if named:
+    """Raise ``PreviewImpossible`` when ``pipeline`` has a step whose Spark tasks write
+    state files as they run (what a preview cannot run: a stream-stream join)."""
+    if pipeline.stream_join is not None:
         raise PreviewImpossible(
-            f"pipeline {pipeline.name} has {' and '.join(named)}, whose Spark tasks write "
-            f"state files as they run: lowmark preview covers {COVERED}; `lowmark plan "
-            f"{pipeline.name}` shows the next batch's input"
+            f"pipeline {pipeline.name} has a stream_join, whose Spark tasks write state files "
+            f"as they run: lowmark preview covers {COVERED}; `lowmark plan {pipeline.name}` "
+            "shows the next batch's input"
         )
 
 
@@ -168,9 +168,11 @@ def _work(spark: SparkLike, pipeline: Pipeline, data_root: Path, planner: Planne
     checkpoint, source = planner.checkpoint, planner.source
     assert checkpoint is not None  # _over_a_checkpoint's
     steps = Steps.build(pipeline, checkpoint, source)
-    dedup = steps.of(DEDUP)
+    dedup, keyed = steps.of(DEDUP), steps.of(KEYED)
     if dedup is not None:
         steps = Steps({**steps.built, DEDUP: dedup.previewing()})
+    if keyed is not None:
+        steps = Steps({**steps.built, KEYED: keyed.previewing()})
     # Only asked whether a replay's write landed: building a sink writes nothing.
     sink = build_sink(spark, pipeline, data_root, checkpoint.txn_app_id("sink"))
     return BatchWork(provider(spark), pipeline, checkpoint, source, sink, steps, planner.dimensions)

@@ -144,14 +144,22 @@ class KeyedStep:
         event_time_column: str,
         tables: KeyedTables,
         lags: Mapping[str, int] | None = None,
+        writes: bool = True,
     ) -> None:
         """``lags``: the maximum event-time lag of the partitions that follow an ingestion
         clock, by the prefix of their names (``IngestionLags.by_prefix``); in event-time
-        mode their records are also late below their own clock (``own_ingestion_clock``)."""
+        mode their records are also late below their own clock (``own_ingestion_clock``).
+        ``writes``: False when the tasks write no files of their changes (``previewing``)."""
         self.keyed = keyed
         self.column = event_time_column
         self.tables = tables
         self.lags = lags
+        self.writes = writes
+
+    def previewing(self) -> KeyedStep:
+        """This step running the processor as it does, its tasks writing nothing (``lowmark
+        preview``: the output rows without the state files a commit would add)."""
+        return KeyedStep(self.keyed, self.column, self.tables, self.lags, writes=False)
 
     def ran_at(self, watermark_ms: int | None, processing_ms: int) -> int | None:
         """The time a batch's timers are due by: its watermark (event-time mode; None before
@@ -433,7 +441,7 @@ def _process(
             for name in schema.names
             if name != CHANGE
         }
-        yield pa.table(
+        yield from pa.table(
             {**blank, CHANGE: pa.array(described, pa.string())},
             schema=schema,
-        ).to_batches()[0]
+        ).to_batches()  # none when nothing was written (a preview)

@@ -585,7 +585,10 @@ class BatchWork:
         has no keyed step): see ``lowmark.state.keyed_state``."""
         if self.keyed is None:
             return None
-        return self.keyed.tables.pinned(_recorded(planned), planned.replay, planned.batch_id)
+        recorded = _recorded(planned)
+        return self.keyed.tables.pinned(
+            recorded, planned.replay, planned.batch_id, self.keyed.writes
+        )
 
     def _state_as_of(self, planned: PlannedBatch) -> int | None:
         """The state version batch ``planned`` starts from: the newest (``LATEST``), or, for

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
+from examples.keyed import ALERTS, SilenceAlert
 from lowmark.batches.dedup import Dedup
-from lowmark.batches.demo import orders, user_revenue, write_sample_files
+from lowmark.batches.demo import clean_orders, orders, user_revenue, write_sample_files
+from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
 from tests.helpers import FakeClock, lowmark
 
@@ -66,16 +69,40 @@ DEDUPED = user_revenue.model_copy(
 )
 """The demo's revenue windows over orders deduplicated by id (``DEDUPED`` in the module the
 tests write)."""
+
+
+def orders_with_ts(df: DataFrame) -> DataFrame:
+    """The demo's orders with their event time as ``ts`` too (what ``SilenceAlert`` reads)."""
+    return clean_orders(df).withColumn("ts", F.col("event_time"))
+
+
+KEYED = user_revenue.model_copy(
+    update={
+        "name": "alerts",
+        "transform": orders_with_ts,
+        "sink": DeltaSink(path="demo/alerts"),
+        "aggregation": None,
+        "keyed": Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS),
+    }
+)
+"""An alert per user silent for 10 s over the demo's orders (``KEYED`` there): each of the
+demo's files is 20 minutes of event time after the one before, so a batch's watermark has
+passed the timers of every user of the batch before it, and its processor emits alerts."""
 DEFINED = (
     "from lowmark.batches.demo import orders, user_revenue\n"
     "from tests.batches.cli.test_preview import DEDUPED as deduped\n"
+    "from tests.batches.cli.test_preview import KEYED as alerts\n"
+)
+STREAM_JOINED = (
+    "from tests.faults.scenarios import stream_joined\n"
+    "joined = stream_joined.model_copy(update={'name': 'joined'})\n"
 )
 
 
 @pytest.mark.parametrize(
     "pipeline",
     # The windows alone in `make test-integration`: the deduplicated windows cover them.
-    [orders, pytest.param(user_revenue, marks=pytest.mark.integration), DEDUPED],
+    [orders, pytest.param(user_revenue, marks=pytest.mark.integration), DEDUPED, KEYED],
     ids=lambda p: p.name,
 )
 def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_showed(
@@ -104,7 +131,7 @@ def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_show
     files, versions = on_disk(checkpoint, sink), delta_versions(checkpoint, sink)
     before = sink_rows(sink)
 
-    code, out, _ = run("preview", name, "--json")
+    code, out, _ = run("preview", name, "--json", "--limit", "1000")
     assert code == 0
     shown = json.loads(out)
     assert on_disk(checkpoint, sink) == files
@@ -119,7 +146,9 @@ def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_show
     assert {k: batch[k] for k in counts} == {k: ran[k] for k in counts}
     assert batch["rows_bad"] == 2  # the third file's malformed lines
     written = sink_rows(sink) - before
-    assert written.total() == batch["rows_out"] > 0
+    assert written.total() > 0
+    if pipeline.keyed is None:  # a keyed batch's rows out are the records its processor got
+        assert written.total() == batch["rows_out"]
     assert Counter(json.dumps(r, sort_keys=True) for r in batch["rows"]) == written
     if pipeline.aggregation is not None:
         assert batch["windows"]["emitted"] == batch["rows_out"]
@@ -131,19 +160,13 @@ def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_show
     assert code == 0 and out.strip() == f"{name}: nothing to do (0 new files (0 bytes) waiting)"
 
 
-def test_preview_refuses_a_keyed_step_in_one_line_saying_what_it_covers(
+def test_preview_refuses_a_stream_join_in_one_line_saying_what_it_covers(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, data_root: Path
 ) -> None:
-    defined = tmp_path / "keyed.py"
-    defined.write_text(
-        "from examples.keyed import ALERTS, SilenceAlert\n"
-        "from lowmark.batches import demo\n"
-        "from lowmark.batches.keyed.definition import Keyed\n"
-        "keyed = demo.user_revenue.model_copy(update={'name': 'keyed', 'aggregation': None, "
-        "'keyed': Keyed(processor=SilenceAlert, keys=('user_id',), output_schema=ALERTS)})\n"
-    )
-    code, out, err = lowmark(capsys, data_root, "--pipelines", str(defined), "preview", "keyed")
+    defined = tmp_path / "joined.py"
+    defined.write_text(STREAM_JOINED)
+    code, out, err = lowmark(capsys, data_root, "--pipelines", str(defined), "preview", "joined")
     assert code == 2 and out == ""
-    assert err.startswith("error: pipeline keyed has keyed, whose Spark tasks write state")
+    assert err.startswith("error: pipeline joined has a stream_join, whose Spark tasks write")
     assert "lowmark preview covers reads, transforms, expectations" in err
     assert len(err.strip().splitlines()) == 1
