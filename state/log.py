@@ -27,8 +27,11 @@ from lowmark.state.table import UTC_MICROS, DriverTable
 FORMAT_VERSION = 1
 """The checkpoint format this lowmark writes, and the newest it reads: recorded in a
 checkpoint's metadata table when it is created (``lowmark.state.checkpoint``) and in every log
-row. A checkpoint or row that records none is of format 1, the format of everything written
-before lowmark recorded it. A newer one is refused, never misread.
+row (offsets, commits, progress). The checkpoint's other tables (manifest, schema, watermarks,
+window state, seen ids, keyed state and timers, join state, late and bad records, failures)
+record none of their own: they are of their checkpoint's format. A checkpoint or row that
+records none is of format 1, the format of everything written before lowmark recorded it. A
+newer one is refused, never misread.
 
 What a new format means, and how to make one: raise this constant only for a change an older
 lowmark would misread (a column it reads differently, a table it would not know to keep up);
