@@ -8,6 +8,7 @@ two pipelines, each with batches 0 and 1 committed and batch 2 planned but never
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import tarfile
 from collections.abc import Iterator
@@ -30,12 +31,15 @@ ARCHIVE = Path(__file__).parents[1] / "data" / "upgrade_checkpoints.tar.gz"
 
 @pytest.fixture
 def older_root() -> Iterator[Path]:
-    """The archive's data root, unpacked where it was made."""
-    shutil.rmtree(ROOT, ignore_errors=True)
-    with tarfile.open(ARCHIVE) as tar:
-        tar.extractall(ROOT.parent, filter="data")
-    yield ROOT
-    shutil.rmtree(ROOT, ignore_errors=True)
+    """The archive's data root, unpacked where it was made: one place per machine, so a test of
+    another checkout that wants it waits for this one."""
+    with open(f"{ROOT}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(ROOT, ignore_errors=True)
+        with tarfile.open(ARCHIVE) as tar:
+            tar.extractall(ROOT.parent, filter="data")
+        yield ROOT
+        shutil.rmtree(ROOT, ignore_errors=True)
 
 
 def files_of(root: Path) -> dict[str, tuple[int, int]]:
