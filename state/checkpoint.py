@@ -3,8 +3,8 @@
 Layout under the checkpoint location (every table a ``DriverTable``,
 written by delta-rs from the driver)::
 
-    checkpoint/     one row: pipeline_id, pipeline name, created_at (written last);
-                    after ``lowmark reset``: where it starts and whose sink it adopted
+    checkpoint/     one row: pipeline_id, pipeline name, created_at, format_version (written
+                    last); after ``lowmark reset``: where it starts and whose sink it adopted
     offsets/        write-ahead offset log        (lowmark.state.offset_log)
     commits/        commit log                    (lowmark.state.commit_log)
     progress/       per-batch progress            (lowmark.state.progress)
@@ -35,15 +35,21 @@ import os
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from pyarrow.fs import FileSelector, FileSystem, FileType
 
 from lowmark.state import late_records, quarantine, storage
 from lowmark.state.commit_log import CommitEntry, CommitLog
-from lowmark.state.errors import CheckpointMissing, CheckpointReplaced, LowmarkError
+from lowmark.state.errors import (
+    CheckpointMissing,
+    CheckpointReplaced,
+    LowmarkError,
+    UnsupportedCheckpointFormat,
+)
 from lowmark.state.failures import FailureLog
-from lowmark.state.log import utc_now
+from lowmark.state.log import FORMAT_VERSION, utc_now
 from lowmark.state.manifest import FileManifest
 from lowmark.state.offset_log import Identity, OffsetEntry, OffsetLog, Offsets
 from lowmark.state.progress import ProgressEntry, ProgressLog
@@ -61,6 +67,7 @@ _METADATA_SCHEMA = pa.schema(
         pa.field("adopted_from", pa.string(), nullable=True),
         pa.field("start_identity", pa.string(), nullable=True),
         pa.field("start_commit", pa.string(), nullable=True),
+        pa.field("format_version", pa.int32(), nullable=True),
     ]
 )
 """``start_offsets`` (JSON): where batch 0 starts, set by ``lowmark reset``
@@ -70,7 +77,9 @@ checkpoint whose sink writes this one continues, set by ``lowmark reset``; ``sta
 (JSON): the identity of the source ``start_offsets`` were read from (``lowmark reset
 --after-sink``), which batch 0 checks; ``start_commit`` (a ``CommitEntry`` of batch -1, JSON):
 what batch 0 builds on after ``lowmark reset --after-sink`` (the state tables it carried over,
-the watermark, the next timer). Checkpoints written before they existed have none of them."""
+the watermark, the next timer); ``format_version``: the checkpoint's format
+(``lowmark.state.log.FORMAT_VERSION``), written when it is created. Checkpoints written before
+they existed have none of them (no ``format_version``: format 1)."""
 
 
 ID_FILE = "pipeline_id"
@@ -159,6 +168,8 @@ class Checkpoint:
         already hold batches) is refused: never a silent restart from zero.
         """
         if self.metadata.exists():
+            row = self._metadata_row()
+            self._check_format(row)  # before anything here is read further, or written
             for table in self._tables():
                 if table is self.files.history and not table.exists() and self.files.table.exists():
                     # Added after checkpoints of older lowmark versions were made, which
@@ -167,7 +178,7 @@ class Checkpoint:
                     table.create()
                 if not table.exists():
                     raise table.missing()
-            return self._read_pipeline_id()
+            return self._adopt(row)
         if self.offsets.exists() and self.offsets.table.read().num_rows:
             raise CheckpointMissing(
                 f"checkpoint table {self.metadata.path} is missing but {self.offsets.path} holds "
@@ -187,11 +198,12 @@ class Checkpoint:
             "start_commit": (
                 self.start_commit.model_dump_json() if self.start_commit is not None else None
             ),
+            "format_version": FORMAT_VERSION,
         }
         # Two runners creating at once: transaction version 0 lets only the first row land.
         rows = pa.Table.from_pylist([row], schema=_METADATA_SCHEMA)
         self.metadata.append_once(rows, "lowmark:checkpoint", 0)
-        return self._read_pipeline_id()
+        return self._adopt(self._metadata_row())
 
     def record_start_offsets(self, offsets: Offsets) -> None:
         """Record where batch 0 starts when the source chose it (a position such as
@@ -256,14 +268,28 @@ class Checkpoint:
         if written != path:
             store.move(written, path)
 
-    def _read_pipeline_id(self) -> str:
+    def _metadata_row(self) -> dict[str, Any]:
+        """The metadata table's one row."""
         rows = self.metadata.read().to_pylist()
         if len(rows) != 1:
             raise CheckpointMissing(
                 f"checkpoint table {self.metadata.path} holds {len(rows)} rows, expected 1: "
                 f"restore it, or start over with `lowmark reset`"
             )
-        row = rows[0]
+        return rows[0]
+
+    def _check_format(self, row: dict[str, Any]) -> None:
+        """Raise UnsupportedCheckpointFormat when the metadata ``row`` records a newer format
+        than this lowmark reads (none recorded: format 1)."""
+        found = row.get("format_version") or 1  # no such column in older checkpoints
+        if found > FORMAT_VERSION:
+            raise UnsupportedCheckpointFormat(
+                f"checkpoint {self.location} has format {found}, this lowmark reads up to "
+                f"{FORMAT_VERSION}: upgrade lowmark to a release that reads format {found}"
+            )
+
+    def _adopt(self, row: dict[str, Any]) -> str:
+        """Take what the metadata ``row`` records; return its pipeline id."""
         start = row.get("start_offsets")
         self.start_offsets = json.loads(start) if start else None
         self.adopted_from = row.get("adopted_from")

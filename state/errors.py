@@ -69,8 +69,16 @@ class CheckpointReplaced(CheckpointError):
     (``lowmark reset``): the runner stops, writing nothing into the new one."""
 
 
-class UnsupportedLogFormat(CheckpointError):
-    """A log entry was written by a newer lowmark than this one."""
+class UnsupportedCheckpointFormat(CheckpointError):
+    """A checkpoint was written in a newer format than this lowmark reads."""
+
+
+class UnsupportedLogFormat(UnsupportedCheckpointFormat):
+    """A log entry was written in a newer format than this lowmark reads."""
+
+
+class ReplayRuleChanged(CheckpointError):
+    """A pending batch was planned under a rule this lowmark no longer runs by."""
 
 
 class FingerprintMismatch(CheckpointError):

@@ -1,9 +1,9 @@
 """A generic, append-only metadata log kept as a Delta table: one row per batch.
 
 Modelled on Spark's ``HDFSMetadataLog``: ``add``, ``get``, ``get_latest`` and
-``get_range`` over typed, versioned entries. Each row carries the entry's
-``format_version``; a reader refuses rows from a newer format instead of
-misreading them. ``add`` is idempotent per batch (a Delta application
+``get_range`` over typed, versioned entries. Each row carries the format it was
+written in (``FORMAT_VERSION``, the checkpoint's); a reader refuses rows from a
+newer format instead of misreading them. ``add`` is idempotent per batch (a Delta application
 transaction keyed on the pipeline and the log's role); ``claim`` also
 detects another runner's entry.
 
@@ -23,6 +23,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lowmark.state.errors import CheckpointCorrupt, ConcurrentRunner, UnsupportedLogFormat
 from lowmark.state.table import UTC_MICROS, DriverTable
+
+FORMAT_VERSION = 1
+"""The checkpoint format this lowmark writes, and the newest it reads: recorded in a
+checkpoint's metadata table when it is created (``lowmark.state.checkpoint``) and in every log
+row (offsets, commits, progress). The checkpoint's other tables (manifest, schema, watermarks,
+window state, seen ids, keyed state and timers, join state, late and bad records, failures)
+record none of their own: they are of their checkpoint's format. A checkpoint or row that
+records none is of format 1, the format of everything written before lowmark recorded it. A
+newer one is refused, never misread.
+
+What a new format means, and how to make one: raise this constant only for a change an older
+lowmark would misread (a column it reads differently, a table it would not know to keep up);
+a nullable column an older lowmark ignores, or reads as its default, is no new format. With
+the raise, give ``Checkpoint`` one migration per step, ``FORMAT_VERSION - 1`` to
+``FORMAT_VERSION`` (a function of the checkpoint; the identity when only the recorded number
+changes), which ``Checkpoint`` runs in order on a checkpoint of an older format when it opens
+it, before anything reads its tables, recording each step's format in the metadata table.
+Format 1 is the first, so there is no step yet."""
 
 BASE_FIELDS = [
     pa.field("batch_id", pa.int64(), nullable=False),
@@ -49,7 +67,7 @@ class LogEntry(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    FORMAT_VERSION: ClassVar[int] = 1
+    FORMAT_VERSION: ClassVar[int] = FORMAT_VERSION
     COLUMNS: ClassVar[list[pa.Field]] = []
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset()
 

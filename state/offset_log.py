@@ -6,7 +6,7 @@ exactly the same input with exactly the same watermark.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 from pydantic import Field
@@ -20,6 +20,16 @@ Identity = dict[str, str]
 """What a source's data is, by what it reads (``{"Kafka topic clicks": "<topic id>"}``): a
 source deleted and created again under the same name has a new identity, and offsets
 recorded against the old one mean nothing in it."""
+
+
+LateRule = Literal["batch_clock", "own_clock"]
+"""How a batch under an ingestion-time watermark judges a record late: ``batch_clock``, when
+its windows closed under the batch's watermark; ``own_clock``, also when they had closed by
+its own ingestion time minus the lag (docs/concepts.md, "Ingestion-time watermarks"). Under an
+event-time watermark both are the batch's watermark alone."""
+
+LATE_RULE: LateRule = "own_clock"
+"""The rule this lowmark judges by (``lowmark.batches.event_time``)."""
 
 
 class OffsetEntry(LogEntry):
@@ -38,6 +48,7 @@ class OffsetEntry(LogEntry):
         pa.field("ingestion_ms", pa.string()),
         pa.field("window_watermark_ms", pa.int64()),
         pa.field("dimension_versions", pa.string()),
+        pa.field("late_rule", pa.string()),
     ]
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {
@@ -81,6 +92,19 @@ class OffsetEntry(LogEntry):
     """With stream-table joins: the Delta version of each joined table (by its ``table`` as
     written), its newest when the batch was planned, recorded so a replay joins against the
     same rows. None otherwise."""
+    late_rule: LateRule = LATE_RULE
+    """The rule the batch judges late records by, this lowmark's when it was planned. Entries
+    written before lowmark recorded it read as ``batch_clock``: every lowmark before it judged
+    by the batch's clock, but for the short time ``own_clock`` went unrecorded, with no
+    release in between."""
+
+    @classmethod
+    def from_row(cls, values: dict[str, Any], path: str) -> OffsetEntry:
+        if values.get("late_rule") is None:  # planned before lowmark recorded its rule
+            values = {**values, "late_rule": "batch_clock"}
+        entry = super().from_row(values, path)
+        assert isinstance(entry, OffsetEntry)
+        return entry
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):

@@ -1,0 +1,108 @@
+"""Upgrading lowmark: a checkpoint an older lowmark wrote goes on under this one, and one of a
+newer format is refused.
+
+The older checkpoints are ``tests/data/upgrade_checkpoints.tar.gz``, which
+``tests/data/make_upgrade_checkpoints.py`` made with an older commit (tests/data/README.md): its
+two pipelines, each with batches 0 and 1 committed and batch 2 planned but never run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.state.checkpoint import ID_FILE, Checkpoint
+from lowmark.state.errors import ReplayRuleChanged, UnsupportedCheckpointFormat
+from lowmark.state.log import FORMAT_VERSION
+from tests.data.make_upgrade_checkpoints import PIPELINES, ROOT, WINDOW
+from tests.helpers import drop_batches, event, reference, sink
+
+ARCHIVE = Path(__file__).parents[1] / "data" / "upgrade_checkpoints.tar.gz"
+
+
+@pytest.fixture
+def older_root() -> Iterator[Path]:
+    """The archive's data root, unpacked where it was made: one place per machine, so a test of
+    another checkout that wants it waits for this one."""
+    with open(f"{ROOT}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(ROOT, ignore_errors=True)
+        with tarfile.open(ARCHIVE) as tar:
+            tar.extractall(ROOT.parent, filter="data")
+        yield ROOT
+        shutil.rmtree(ROOT, ignore_errors=True)
+
+
+def files_of(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``, by path: its size and modification time (ns)."""
+    return {
+        str(f.relative_to(root)): (f.stat().st_size, f.stat().st_mtime_ns)
+        for f in root.rglob("*")
+        if f.is_file()
+    }
+
+
+def test_a_checkpoint_an_older_lowmark_left_with_a_planned_batch_ends_as_a_plain_batch_job(
+    spark: SparkSession, older_root: Path
+) -> None:
+    # Batch 2 replayed as planned, then batch 3 takes the last file (in update mode the sink
+    # then holds every window).
+    results = MicroBatchRunner(spark, PIPELINES["w"], older_root).run(max_batches=2)
+
+    assert [(r.batch_id, r.replay) for r in results] == [(2, True), (3, False)]
+    assertDataFrameEqual(sink(spark, older_root), reference(spark, older_root, WINDOW))
+    checkpoint = Checkpoint(str(older_root / "_lowmark" / "w"), "w")
+    rules = [e.late_rule for e in checkpoint.offsets.get_range()]
+    assert rules == ["batch_clock", "batch_clock", "batch_clock", "own_clock"]
+    assert checkpoint.late.read().num_rows == 0
+
+
+def test_a_batch_an_older_lowmark_planned_by_its_batch_clock_is_not_replayed_by_the_records_own(
+    spark: SparkSession, older_root: Path
+) -> None:
+    before = files_of(older_root)
+
+    with pytest.raises(ReplayRuleChanged) as refused:
+        MicroBatchRunner(spark, PIPELINES["wi"], older_root).run(max_batches=None)
+
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("batch 2 of wi was planned by an older lowmark")
+    assert message.endswith("finish that batch with the lowmark that planned it, then upgrade")
+    # No table changed; the runner's first fence wrote the file that repeats the checkpoint's
+    # id (``checkpoint.ID_FILE``), as any runner's does.
+    after = files_of(older_root)
+    assert after.pop(f"_lowmark/wi/{ID_FILE}")
+    assert after == before
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line_and_nothing_is_written(
+    spark: SparkSession, data_root: Path
+) -> None:
+    drop_batches(data_root, [[event("a", 1, 1)]])
+    location = str(data_root / "_lowmark" / "w")
+    metadata = Checkpoint(location, "w").metadata
+    [row] = metadata.read().to_pylist()
+    assert row["format_version"] == FORMAT_VERSION
+    newer = {"pipeline_id": row["pipeline_id"], "format_version": FORMAT_VERSION + 1}
+    schema = pa.schema([("pipeline_id", pa.string()), ("format_version", pa.int32())])
+    metadata.update(pa.Table.from_pylist([newer], schema=schema), "pipeline_id", 0)
+    before = files_of(data_root)
+
+    with pytest.raises(UnsupportedCheckpointFormat) as refused:
+        MicroBatchRunner(spark, PIPELINES["w"], data_root).run(max_batches=None)
+
+    assert str(refused.value) == (
+        f"checkpoint {location} has format {FORMAT_VERSION + 1}, this lowmark reads up to "
+        f"{FORMAT_VERSION}: upgrade lowmark to a release that reads format {FORMAT_VERSION + 1}"
+    )
+    assert files_of(data_root) == before
