@@ -256,10 +256,6 @@ class MicroBatchRunner:
         if planned is None:
             return None
         batch_id = planned.batch_id
-        if planned.replay:  # before anything is written: the batch did not fail
-            recorded = ckpt.offsets.get(batch_id)
-            assert recorded is not None
-            parts.planner.lags.check_replay(recorded, name)
         timer.lap("plan")
         faults.reached("after_plan", batch_id)
         if not self._checked:

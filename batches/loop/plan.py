@@ -252,6 +252,7 @@ class Planner:
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
             previous = done if done_id == latest.batch_id - 1 else None
             self._check_identity(latest)
+            self.lags.check_replay(latest, self.pipeline.name)
             return PlannedBatch(
                 latest.batch_id,
                 latest.start_offsets,

@@ -19,6 +19,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.state.checkpoint import ID_FILE, Checkpoint
 from lowmark.state.errors import ReplayRuleChanged, UnsupportedCheckpointFormat
@@ -71,6 +72,8 @@ def test_a_batch_an_older_lowmark_planned_by_its_batch_clock_is_not_replayed_by_
 ) -> None:
     before = files_of(older_root)
 
+    with pytest.raises(ReplayRuleChanged):  # what `lowmark status` and the sensor's tick say
+        pipeline_status(spark, PIPELINES["wi"], older_root)
     with pytest.raises(ReplayRuleChanged) as refused:
         MicroBatchRunner(spark, PIPELINES["wi"], older_root).run(max_batches=None)
 
