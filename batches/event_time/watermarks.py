@@ -18,7 +18,6 @@ from lowmark.batches.pipeline import Pipeline, UnionSource
 from lowmark.batches.records import own_ingestion_clock
 from lowmark.batches.sources.union import SEPARATOR
 from lowmark.batches.windows import EventTime
-from lowmark.state.errors import ReplayRuleChanged
 from lowmark.state.offset_log import LATE_RULE, OffsetEntry
 
 if TYPE_CHECKING:
@@ -122,18 +121,19 @@ class IngestionLags:
         lags); None when no partition follows ingestion time."""
         return own_ingestion_clock(self.by_prefix)
 
-    def check_replay(self, planned: OffsetEntry, pipeline: str) -> None:
-        """Raise ReplayRuleChanged when the batch ``planned`` was planned under another late
-        rule than this lowmark's (``OffsetEntry.late_rule``) and a partition follows an
-        ingestion clock: its first attempt may have written verdicts a replay under this rule
-        would not repeat (a sink counting a record the late table then also holds). Under
-        event time alone the rules agree, so the replay goes on."""
+    def replay_refusal(self, planned: OffsetEntry, pipeline: str) -> str | None:
+        """Why the batch ``planned`` may not be replayed by this lowmark, or None: it was
+        planned under another late rule (``OffsetEntry.late_rule``) and a partition follows
+        an ingestion clock, so its first attempt may have written verdicts a replay under
+        this rule would not repeat (a sink counting a record the late table then also holds).
+        Under event time alone the rules agree, so the replay goes on."""
         if planned.late_rule == LATE_RULE or not self.by_prefix:
-            return
-        raise ReplayRuleChanged(
+            return None
+        return (
             f"batch {planned.batch_id} of {pipeline} was planned by an older lowmark that "
             f"judged late records by the {planned.late_rule} rule, this one by {LATE_RULE}: "
-            "finish that batch with the lowmark that planned it, then upgrade"
+            "finish that batch with the lowmark that planned it, then upgrade, or set its "
+            f"input aside with `lowmark skip-batch {pipeline} {planned.batch_id} --reason ...`"
         )
 
     def watermark(

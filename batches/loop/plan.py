@@ -38,7 +38,12 @@ from lowmark.batches.sources.base import (
 from lowmark.batches.sources.union import SEPARATOR, UnionStreamSource, named, own
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import CommitEntry
-from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, FingerprintMismatch
+from lowmark.state.errors import (
+    CheckpointCorrupt,
+    CheckpointMissing,
+    FingerprintMismatch,
+    ReplayRuleChanged,
+)
 from lowmark.state.log import EPOCH
 from lowmark.state.offset_log import Identity, OffsetEntry, Offsets
 from lowmark.state.window_state import LATEST
@@ -194,7 +199,9 @@ class Planner:
         the first plan fixes in the checkpoint (creating it if need be): what
         ``lowmark status`` and the Dagster sensor ask, so they follow this one
         rule instead of a copy of it. A replay that failed
-        ``max_failed_attempts`` times is ``blocked`` unless ``retry``.
+        ``max_failed_attempts`` times is ``blocked`` unless ``retry``; one an older lowmark
+        planned under another late rule (``IngestionLags.replay_refusal``) is ``blocked``
+        in a dry run and raises ``ReplayRuleChanged`` otherwise.
 
         The recovery rule, over the latest offset-log entry and the latest
         commit-log entry::
@@ -217,7 +224,16 @@ class Planner:
         entries.
         """
         planned = self._plan(dry_run)
-        if planned is None or not planned.replay or retry or self.checkpoint is None:
+        if planned is None or not planned.replay or self.checkpoint is None:
+            return NextBatch(planned)
+        latest, _ = self.position()
+        assert latest is not None  # a replay's
+        refused = self.lags.replay_refusal(latest, self.pipeline.name)
+        if refused is not None:  # blocked, ``retry`` or not: a run stops on it
+            if not dry_run:
+                raise ReplayRuleChanged(refused)
+            return NextBatch(planned, refused)
+        if retry:
             return NextBatch(planned)
         failures = self.checkpoint.failures.of(planned.batch_id)
         return NextBatch(planned, blocked(self.pipeline, failures, self.source, planned.range))
@@ -252,7 +268,6 @@ class Planner:
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
             previous = done if done_id == latest.batch_id - 1 else None
             self._check_identity(latest)
-            self.lags.check_replay(latest, self.pipeline.name)
             return PlannedBatch(
                 latest.batch_id,
                 latest.start_offsets,
