@@ -452,10 +452,14 @@ def _parse(ddl: str) -> dict[str, _Column]:
 
 
 def _top_level(ddl: str) -> list[str]:
-    """``ddl`` split at the commas outside ``<>`` and ``()``."""
-    parts, depth, start = [], 0, 0
+    """``ddl`` split at the commas outside ``<>``, ``()`` and quotes."""
+    parts, depth, start, quote = [], 0, 0, ""
     for i, char in enumerate(ddl):
-        if char in "<(":
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"`":
+            quote = char
+        elif char in "<(":
             depth += 1
         elif char in ">)":
             depth -= 1

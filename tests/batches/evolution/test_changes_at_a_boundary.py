@@ -1,0 +1,188 @@
+"""A running pipeline's definition changed: compatible changes take effect at the next new
+batch, recorded in its offset-log entry; the others are refused naming their class
+(lowmark.batches.evolution, and the planner that applies it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from lowmark.batches.evolution import ChangeClass, DefinitionChanged
+from lowmark.batches.expectations import Expectation
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.sql import SqlStep
+from lowmark.state.checkpoint import Checkpoint
+from tests.helpers import delta_frame, write_json_lines
+
+OLD_SCHEMA = "id LONG, amount INT"
+
+
+def _pipeline(schema: str = OLD_SCHEMA, **fields: Any) -> Pipeline:
+    source = FileSource(path="in", format="json", schema_ddl=schema, max_files_per_batch=1)
+    return Pipeline(name="e", source=source, sink=DeltaSink(path="out"), **fields)
+
+
+def _drop(root: Path, index: int) -> Path:
+    """File ``index``: ids index*10 .. index*10+2, amounts 0..2, a ``note`` field."""
+    rows = [{"id": index * 10 + i, "amount": i, "note": f"n{i}"} for i in range(3)]
+    return write_json_lines(root / "in", f"f{index}.json", rows, 1_700_000_000 + index)
+
+
+def _read(spark: SparkSession, schema: str, file: Path) -> DataFrame:
+    return spark.read.schema(schema).json(str(file))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A compatible change: the definition before and after, and what each computes by
+    plain Spark from one file."""
+
+    name: str
+    old: Pipeline
+    new: Pipeline
+    old_rows: Callable[[SparkSession, Path], DataFrame]
+    new_rows: Callable[[SparkSession, Path], DataFrame]
+    sink: str = "out"
+
+
+def _plain(spark: SparkSession, file: Path) -> DataFrame:
+    return _read(spark, OLD_SCHEMA, file)
+
+
+COMPATIBLE = [
+    Kind(
+        "a SQL step changed",
+        _pipeline(transform=SqlStep(sql="SELECT id, amount FROM input")),
+        _pipeline(transform=SqlStep(sql="SELECT id, amount * 10 AS amount FROM input")),
+        _plain,
+        lambda spark, f: _plain(spark, f).selectExpr("id", "amount * 10 AS amount"),
+    ),
+    Kind(
+        "a drop expectation added",
+        _pipeline(),
+        _pipeline(
+            expectations=[Expectation(name="small", condition="amount < 2", on_violation="drop")]
+        ),
+        _plain,
+        lambda spark, f: _plain(spark, f).where("amount < 2"),
+    ),
+    Kind(
+        "a nullable source column added",
+        _pipeline(),
+        _pipeline(schema=f"{OLD_SCHEMA}, note STRING"),
+        lambda spark, f: _plain(spark, f).selectExpr("*", "CAST(NULL AS STRING) AS note"),
+        lambda spark, f: _read(spark, f"{OLD_SCHEMA}, note STRING", f),
+    ),
+    Kind(
+        "a source column widened",
+        _pipeline(),
+        _pipeline(schema="id LONG, amount LONG"),
+        lambda spark, f: _plain(spark, f).selectExpr("id", "CAST(amount AS LONG) AS amount"),
+        lambda spark, f: _read(spark, "id LONG, amount LONG", f),
+    ),
+    Kind(
+        "an extra sink added",
+        _pipeline(),
+        _pipeline(extra_sinks={"copy": DeltaSink(path="copy")}),
+        lambda spark, f: _plain(spark, f).limit(0),
+        _plain,
+        sink="copy",
+    ),
+]
+
+
+@pytest.mark.parametrize("kind", COMPATIBLE, ids=lambda k: k.name)
+def test_a_compatible_change_takes_effect_at_the_next_batch_and_is_recorded_there(
+    spark: SparkSession, data_root: Path, kind: Kind
+) -> None:
+    before = _drop(data_root, 0)
+    MicroBatchRunner(spark, kind.old, data_root).run_batch()
+    after = _drop(data_root, 1)
+    done = MicroBatchRunner(spark, kind.new, data_root).run_batch()
+    assert done is not None and (done.batch_id, done.replay) == (1, False)
+
+    # The sink is the old definition's output over batch 0's file, then the new one's.
+    expected = kind.old_rows(spark, before).unionByName(kind.new_rows(spark, after))
+    assertDataFrameEqual(delta_frame(spark, data_root / kind.sink), expected)
+    # The offset log says which definition each batch ran under.
+    offsets = Checkpoint(kind.new.checkpoint_location(data_root), "e").offsets
+    assert [offsets.get(n).pipeline_definition for n in (0, 1)] == [  # type: ignore[union-attr]
+        kind.old.definition(),
+        kind.new.definition(),
+    ]
+
+
+def test_a_change_that_needs_a_rebuild_is_refused_naming_its_class_and_the_way_on(
+    spark: SparkSession, data_root: Path
+) -> None:
+    _drop(data_root, 0)
+    MicroBatchRunner(spark, _pipeline(schema="id LONG, amount LONG"), data_root).run_batch()
+    _drop(data_root, 1)
+    narrowed = _pipeline(schema="id LONG, amount INT", transform=SqlStep(sql="SELECT * FROM input"))
+    with pytest.raises(DefinitionChanged) as refused:
+        MicroBatchRunner(spark, narrowed, data_root).run_batch()
+    message = str(refused.value)
+    assert "\n" not in message
+    assert 'source.schema_ddl.amount: "bigint" -> "int" (rebuild: ' in message
+    assert message.endswith("`lowmark reset e --truncate-sink`")
+    # Every change is classified, the compatible one too, but only the rebuild blocks.
+    classes = {c.field: c.change_class for c in refused.value.changes}
+    assert classes == {
+        "source.schema_ddl.amount": ChangeClass.REBUILD,
+        "transform": ChangeClass.COMPATIBLE,
+    }
+
+
+def test_a_kill_after_the_change_replays_its_batch_once_under_the_new_definition(
+    spark: SparkSession, data_root: Path
+) -> None:
+    old = _pipeline()
+    new = _pipeline(transform=SqlStep(sql="SELECT id, amount * 10 AS amount FROM input"))
+    before = _drop(data_root, 0)
+    MicroBatchRunner(spark, old, data_root).run_batch()
+    after = _drop(data_root, 1)
+    with pytest.raises(InjectedCrash), crash_at(KillPoint("after_sink", 1)):
+        MicroBatchRunner(spark, new, data_root).run_batch()
+    done = MicroBatchRunner(spark, new, data_root).run_batch()
+    assert done is not None and (done.batch_id, done.replay) == (1, True)
+    assert MicroBatchRunner(spark, new, data_root).run_batch() is None
+
+    expected = _plain(spark, before).unionByName(
+        _plain(spark, after).selectExpr("id", "amount * 10 AS amount")
+    )
+    assertDataFrameEqual(delta_frame(spark, data_root / "out"), expected)
+
+
+def test_a_batch_planned_before_the_change_is_not_replayed_under_it(
+    spark: SparkSession, data_root: Path
+) -> None:
+    old = _pipeline()
+    new = _pipeline(transform=SqlStep(sql="SELECT id, amount * 10 AS amount FROM input"))
+    _drop(data_root, 0)
+    MicroBatchRunner(spark, old, data_root).run_batch()
+    _drop(data_root, 1)
+    with pytest.raises(InjectedCrash), crash_at(KillPoint("after_sink", 1)):
+        MicroBatchRunner(spark, old, data_root).run_batch()
+    with pytest.raises(DefinitionChanged) as refused:
+        MicroBatchRunner(spark, new, data_root).run_batch()
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "uncommitted batch 1 was planned under the definition before these changes" in message
+    assert "restore the old definition and run once to finish batch 1" in message
+
+    # Finished under the old definition, the change takes effect from batch 2.
+    done = MicroBatchRunner(spark, old, data_root).run_batch()
+    assert done is not None and (done.batch_id, done.replay) == (1, True)
+    _drop(data_root, 2)
+    done = MicroBatchRunner(spark, new, data_root).run_batch()
+    assert done is not None and (done.batch_id, done.replay) == (2, False)
+    amounts = sorted(r["amount"] for r in delta_frame(spark, data_root / "out").collect())
+    assert amounts == [0, 0, 0, 1, 1, 2, 2, 10, 20]
