@@ -70,7 +70,9 @@ COLUMN_ADDED = ChangeKind(
 COLUMN_WIDENED = ChangeKind(
     name="source column widened (byte -> short -> int -> long, float -> double)",
     change_class=ChangeClass.COMPATIBLE,
-    why="every value read before still reads, unchanged, as the wider type",
+    why="every value read before still reads, unchanged, as the wider type; a sink column "
+    "of the narrower type is not widened (Delta's type widening makes a table unreadable to "
+    "delta-rs): aggregate it, or cast it in the transform",
 )
 COLUMN_REQUIRED = ChangeKind(
     name="source column added NOT NULL",
