@@ -4,6 +4,8 @@ batch, recorded in its offset-log entry; the others are refused naming their cla
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
@@ -30,6 +33,7 @@ from tests.helpers import (
     delta_frame,
     drop_batches,
     event,
+    lowmark,
     per_window,
     windowed,
     write_json_lines,
@@ -240,3 +244,45 @@ def test_a_widened_source_column_takes_effect_at_the_next_batch_of_a_windowed_pi
     )
     assertDataFrameEqual(delta_frame(spark, data_root / "out"), expected)
     assert big + 1 in {r["sum_amount"] for r in expected.collect()}
+
+
+def _defined(root: Path, **fields: Any) -> Path:
+    """``pipelines.yaml`` under ``root`` with pipeline ``e`` (as ``_pipeline``) and ``fields``."""
+    source = {"path": "in", "format": "json", "schema_ddl": OLD_SCHEMA, "max_files_per_batch": 1}
+    defined = {"name": "e", "source": source, "sink": {"kind": "delta", "path": "out"}}
+    path = root / "pipelines.yaml"
+    path.write_text(yaml.safe_dump({"pipelines": [defined | fields]}))
+    return path
+
+
+def test_plan_shows_a_pending_change_with_its_class_and_status_the_definition_per_batch_range(
+    capsys: pytest.CaptureFixture[str], spark: SparkSession, data_root: Path
+) -> None:
+    _drop(data_root, 0)
+    defined = _defined(data_root)
+    assert lowmark(capsys, data_root, "--pipelines", str(defined), "run", "e")[0] == 0
+    _drop(data_root, 1)
+
+    sql = {"transform": {"sql": "SELECT id, amount * 10 AS amount FROM input"}}
+    _defined(data_root, **sql)
+    code, out, _ = lowmark(capsys, data_root, "--pipelines", str(defined), "plan", "e", "--json")
+    assert code == 0
+    [change] = json.loads(out)["changes"]
+    assert (change["field"], change["class"]) == ("transform", "compatible")
+    code, out, _ = lowmark(capsys, data_root, "--pipelines", str(defined), "plan", "e")
+    assert code == 0 and re.search(r"^\s+changes\s+transform \(compatible: ", out, re.MULTILINE)
+
+    # A change that needs a rebuild: the plan names it with its class, and stops.
+    _defined(data_root, **sql, sink={"kind": "delta", "path": "elsewhere"})
+    code, out, err = lowmark(capsys, data_root, "--pipelines", str(defined), "plan", "e")
+    assert code == 2
+    assert "sink.path (rebuild: " in out and "transform (compatible: " in out
+    assert "error:" in err and "(rebuild: sink changed" in err
+
+    _defined(data_root, **sql)
+    assert lowmark(capsys, data_root, "--pipelines", str(defined), "run", "e")[0] == 0
+    code, out, _ = lowmark(capsys, data_root, "--pipelines", str(defined), "status", "e", "--json")
+    first, second = json.loads(out)["definitions"]
+    assert (first["first_batch"], first["last_batch"], first["changes"]) == (0, 0, [])
+    assert (second["first_batch"], second["last_batch"]) == (1, 1)
+    assert [c["field"] for c in second["changes"]] == ["transform"]
