@@ -24,7 +24,13 @@ from lowmark.batches.clock import Clock
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.event_time.watermarks import IngestionLags, PartitionTime, observe
-from lowmark.batches.evolution import Change, DefinitionChanged, blocking, classify
+from lowmark.batches.evolution import (
+    KEYED_STATE_EVOLVED,
+    Change,
+    DefinitionChanged,
+    blocking,
+    classify,
+)
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.poison import blocked
 from lowmark.batches.pipeline import Pipeline
@@ -319,18 +325,21 @@ class Planner:
         it can). A replay must compute what its first attempt did (parts of it may have
         landed), but the runner holds only today's code: a Python transform is imported
         by its path, not kept with the batch. So a replay under a changed definition is
-        refused, even a compatible change, which takes effect from the next new batch."""
-        if not planned.replay or not self.pending:
+        refused, even a compatible change, which takes effect from the next new batch; but
+        a keyed state schema that evolved reads the state held as before, and the replay
+        runs under it."""
+        changed = tuple(c for c in self.pending if c.kind is not KEYED_STATE_EVOLVED)
+        if not planned.replay or not changed:
             return None
         name, batch_id = self.pipeline.name, planned.batch_id
-        what = "; ".join(change.describe() for change in self.pending)
+        what = "; ".join(change.describe() for change in changed)
         return DefinitionChanged(
             f"pipeline {name}: uncommitted batch {batch_id} was planned under the definition "
             f"before these changes ({what}) and its replay must compute what it did then: "
             f"restore the old definition and run once to finish batch {batch_id} (the change "
             f"then takes effect from batch {batch_id + 1}), or set the batch aside with "
             f"`lowmark skip-batch {name} {batch_id} --reason ...`",
-            self.pending,
+            changed,
         )
 
     def _fix_start(self, start: Offsets) -> Offsets:
