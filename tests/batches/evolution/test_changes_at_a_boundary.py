@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from lowmark.batches.admin.skip_batch import set_aside
 from lowmark.batches.evolution import ChangeClass, DefinitionChanged
 from lowmark.batches.expectations import Expectation
 from lowmark.batches.loop.backfill import backfill_partition
@@ -61,77 +61,53 @@ def _read(spark: SparkSession, schema: str, file: Path) -> DataFrame:
     return spark.read.schema(schema).json(str(file))
 
 
-@dataclass(frozen=True)
-class Kind:
-    """A compatible change: the definition before and after, and what each computes by
-    plain Spark from one file."""
-
-    name: str
-    old: Pipeline
-    new: Pipeline
-    old_rows: Callable[[SparkSession, Path], DataFrame]
-    new_rows: Callable[[SparkSession, Path], DataFrame]
-    sink: str = "out"
-
-
 def _plain(spark: SparkSession, file: Path) -> DataFrame:
     return _read(spark, OLD_SCHEMA, file)
 
 
-COMPATIBLE = [
-    Kind(
-        "a SQL step changed",
-        _pipeline(transform=SqlStep(sql="SELECT id, amount FROM input")),
-        _pipeline(transform=SqlStep(sql="SELECT id, amount * 10 AS amount FROM input")),
-        _plain,
-        lambda spark, f: _plain(spark, f).selectExpr("id", "amount * 10 AS amount"),
-    ),
-    Kind(
-        "a drop expectation added",
-        _pipeline(),
-        _pipeline(
-            expectations=[Expectation(name="small", condition="amount < 2", on_violation="drop")]
-        ),
-        _plain,
-        lambda spark, f: _plain(spark, f).where("amount < 2"),
-    ),
-    Kind(
-        "a nullable source column added",
-        _pipeline(),
-        _pipeline(schema=f"{OLD_SCHEMA}, note STRING"),
-        lambda spark, f: _plain(spark, f).selectExpr("*", "CAST(NULL AS STRING) AS note"),
-        lambda spark, f: _read(spark, f"{OLD_SCHEMA}, note STRING", f),
-    ),
-    Kind(
-        "an extra sink added",
-        _pipeline(),
-        _pipeline(extra_sinks={"copy": DeltaSink(path="copy")}),
-        lambda spark, f: _plain(spark, f).limit(0),
-        _plain,
-        sink="copy",
-    ),
+WITH_NOTE = f"{OLD_SCHEMA}, note STRING"
+TENFOLD = SqlStep(sql="SELECT id, amount * 10 AS amount, note FROM input")
+SMALL = Expectation(name="small", condition="amount < 20", on_violation="drop")
+COPY = {"copy": DeltaSink(path="copy")}
+
+CHAIN = [
+    # Each definition is the one before with one compatible change more.
+    _pipeline(),
+    _pipeline(schema=WITH_NOTE),  # a nullable source column added
+    _pipeline(schema=WITH_NOTE, transform=TENFOLD),  # a SQL step added
+    _pipeline(schema=WITH_NOTE, transform=TENFOLD, expectations=[SMALL]),  # a drop expectation
+    _pipeline(schema=WITH_NOTE, transform=TENFOLD, expectations=[SMALL], extra_sinks=COPY),
 ]
 
 
-@pytest.mark.parametrize("kind", COMPATIBLE, ids=lambda k: k.name)
-def test_a_compatible_change_takes_effect_at_the_next_batch_and_is_recorded_there(
-    spark: SparkSession, data_root: Path, kind: Kind
-) -> None:
-    before = _drop(data_root, 0)
-    MicroBatchRunner(spark, kind.old, data_root).run_batch()
-    after = _drop(data_root, 1)
-    done = MicroBatchRunner(spark, kind.new, data_root).run_batch()
-    assert done is not None and (done.batch_id, done.replay) == (1, False)
+def _computed(spark: SparkSession, step: int, file: Path) -> DataFrame:
+    """What definition ``CHAIN[step]`` computes from ``file``, by plain Spark."""
+    if step == 0:
+        return _plain(spark, file).selectExpr("*", "CAST(NULL AS STRING) AS note")
+    rows = _read(spark, WITH_NOTE, file)
+    if step >= 2:
+        rows = rows.selectExpr("id", "amount * 10 AS amount", "note")
+    return rows.where("amount < 20") if step >= 3 else rows
 
-    # The sink is the old definition's output over batch 0's file, then the new one's.
-    expected = kind.old_rows(spark, before).unionByName(kind.new_rows(spark, after))
-    assertDataFrameEqual(delta_frame(spark, data_root / kind.sink), expected)
+
+def test_each_compatible_change_takes_effect_at_the_next_batch_and_is_recorded_there(
+    spark: SparkSession, data_root: Path
+) -> None:
+    files = []
+    for step, defined in enumerate(CHAIN):
+        files.append(_drop(data_root, step))
+        done = MicroBatchRunner(spark, defined, data_root).run_batch()
+        assert done is not None and (done.batch_id, done.replay) == (step, False)
+
+    # The sink is each definition's output over the file of the batch it ran, in turn: a
+    # new column null before its boundary; the extra sink holds the batches from its own.
+    expected = [_computed(spark, step, file) for step, file in enumerate(files)]
+    assertDataFrameEqual(delta_frame(spark, data_root / "out"), reduce(DataFrame.union, expected))
+    assertDataFrameEqual(delta_frame(spark, data_root / "copy"), expected[-1])
     # The offset log says which definition each batch ran under.
-    offsets = Checkpoint(kind.new.checkpoint_location(data_root), "e").offsets
-    assert [offsets.get(n).pipeline_definition for n in (0, 1)] == [  # type: ignore[union-attr]
-        kind.old.definition(),
-        kind.new.definition(),
-    ]
+    offsets = Checkpoint(CHAIN[0].checkpoint_location(data_root), "e").offsets
+    recorded = [entry.pipeline_definition for entry in offsets.get_range()]
+    assert recorded == [defined.definition() for defined in CHAIN]
 
 
 def test_a_change_that_needs_a_rebuild_is_refused_naming_its_class_and_the_way_on(
@@ -286,3 +262,22 @@ def test_plan_shows_a_pending_change_with_its_class_and_status_the_definition_pe
     assert (first["first_batch"], first["last_batch"], first["changes"]) == (0, 0, [])
     assert (second["first_batch"], second["last_batch"]) == (1, 1)
     assert [c["field"] for c in second["changes"]] == ["transform"]
+
+
+def test_a_batch_planned_before_the_change_can_be_set_aside_under_it(
+    spark: SparkSession, data_root: Path
+) -> None:
+    new = _pipeline(transform=SqlStep(sql="SELECT id, amount * 10 AS amount FROM input"))
+    _drop(data_root, 0)
+    _drop(data_root, 1)
+    with pytest.raises(InjectedCrash), crash_at(KillPoint("after_offset_log", 1)):
+        MicroBatchRunner(spark, _pipeline(), data_root).run(max_batches=None)
+    # The batch the old definition planned (a poison batch the change was meant to fix).
+    set_aside(spark, new, data_root, 1, "the old transform failed on it")
+    after = _drop(data_root, 2)
+    done = MicroBatchRunner(spark, new, data_root).run_batch()
+    assert done is not None and (done.batch_id, done.replay) == (2, False)
+    expected = _plain(spark, data_root / "in" / "f0.json").unionByName(
+        _plain(spark, after).selectExpr("id", "amount * 10 AS amount")
+    )
+    assertDataFrameEqual(delta_frame(spark, data_root / "out"), expected)
