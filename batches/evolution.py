@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -268,11 +269,11 @@ def _leaves(at: str, old: object, new: object) -> list[tuple[str, object, object
     return [] if old == new else [(at, old, new)]
 
 
-def _unrecognised(at: str, old: object, new: object) -> list[Change]:
-    return [Change(kind=UNRECOGNISED, field=f, old=o, new=n) for f, o, n in _leaves(at, old, new)]
+Classifier = Callable[[str, object, object], list[Change]]
+"""Classifies the changes of one section of a definition (its name, old and new value)."""
 
 
-def _one(kind: ChangeKind) -> Any:
+def _one(kind: ChangeKind) -> Classifier:
     """A section classifier giving each differing leaf of the section ``kind``."""
 
     def classify_section(at: str, old: object, new: object) -> list[Change]:
@@ -281,13 +282,16 @@ def _one(kind: ChangeKind) -> Any:
     return classify_section
 
 
-def _whole(kind: ChangeKind) -> Any:
+def _whole(kind: ChangeKind) -> Classifier:
     """A section classifier giving the section, changed as a whole, as one ``kind``."""
 
     def classify_section(at: str, old: object, new: object) -> list[Change]:
         return [Change(kind=kind, field=at, old=old, new=new)]
 
     return classify_section
+
+
+_unrecognised = _one(UNRECOGNISED)
 
 
 def _source(at: str, old: object, new: object) -> list[Change]:
@@ -324,18 +328,24 @@ def _sinks(at: str, old: object, new: object) -> list[Change]:
 def _aggregation(at: str, old: object, new: object) -> list[Change]:
     """Aggregates appended to the same windowing are ``AGGREGATE_ADDED``; any other
     difference is ``WINDOWING_CHANGED``."""
-    changes = _one(WINDOWING_CHANGED)(at, old, new)
-    if isinstance(old, dict) and isinstance(new, dict):
-        field = f"{at}.aggregates"
-        before, after = old.get("aggregates") or [], new.get("aggregates") or []
-        if len(after) > len(before) and after[: len(before)] == before:
-            return [
-                Change(kind=AGGREGATE_ADDED, field=field, old=o, new=n)
-                if f == field
-                else Change(kind=WINDOWING_CHANGED, field=f, old=o, new=n)
-                for f, o, n in _leaves(at, old, new)
-            ]
-    return changes
+    before = old.get("aggregates") if isinstance(old, dict) else None
+    after = new.get("aggregates") if isinstance(new, dict) else None
+    appended = (
+        isinstance(before, list)
+        and isinstance(after, list)
+        and len(after) > len(before)
+        and after[: len(before)] == before
+    )
+    aggregates = f"{at}.aggregates"
+    return [
+        Change(
+            kind=AGGREGATE_ADDED if appended and f == aggregates else WINDOWING_CHANGED,
+            field=f,
+            old=o,
+            new=n,
+        )
+        for f, o, n in _leaves(at, old, new)
+    ]
 
 
 def _keyed(at: str, old: object, new: object) -> list[Change]:
@@ -363,7 +373,7 @@ def _keyed(at: str, old: object, new: object) -> list[Change]:
     return changes
 
 
-_SECTIONS: dict[str, Any] = {
+_SECTIONS: dict[str, Classifier] = {
     "source": _source,
     "transform": _whole(STEP_CHANGED),
     "post_aggregation": _whole(STEP_CHANGED),
