@@ -66,7 +66,7 @@ COLUMN_ADDED = ChangeKind(
     name="source column added (nullable)",
     change_class=ChangeClass.COMPATIBLE,
     why="batches from the boundary read it (null where a record lacks it); a Delta "
-    "sink gains the column, null in rows written before",
+    "sink written by appends gains the column, null in rows written before",
 )
 COLUMN_WIDENED = ChangeKind(
     name="source column widened (byte -> short -> int -> long, float -> double)",
