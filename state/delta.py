@@ -47,11 +47,17 @@ _DUPLICATE_KEY = re.compile(r"lowmark: duplicate merge key (.*?) :lowmark", re.D
 
 
 def append_once(
-    df: DataFrame, path: str, app_id: str, version: int, properties: dict[str, str] | None = None
+    df: DataFrame,
+    path: str,
+    app_id: str,
+    version: int,
+    properties: dict[str, str] | None = None,
+    merge_schema: bool = False,
 ) -> None:
     """Append ``df`` to the Delta table at ``path`` unless (app_id, version) landed; a table
     this creates gets the table ``properties`` (``delta.*`` options: Delta applies them when
-    a write creates the table)."""
+    a write creates the table). ``merge_schema``: the table gains ``df``'s columns it lacks
+    (Delta's ``mergeSchema``)."""
 
     rows = _uncollated(df)
 
@@ -60,6 +66,7 @@ def append_once(
             rows.write.format("delta")
             .mode("append")
             .options(**(properties or {}))
+            .option("mergeSchema", str(merge_schema).lower())
             .option("txnAppId", app_id)
             .option("txnVersion", version)
             .option("userMetadata", writer_metadata(app_id, version))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lowmark.batches.clock import Clock, SystemClock
+from lowmark.batches.evolution import classify
 from lowmark.batches.loop.parts import read_only_planner
 from lowmark.batches.loop.plan import NextBatch, Planner
 from lowmark.batches.loop.preflight import find_problem
@@ -138,10 +139,50 @@ class PipelineStatus:
     """A keyed step's keys held, timers pending and the next timer (None: no keyed step)."""
     join_held: dict[str, int] | None = None
     """A stream-stream join's rows held, per source name (None: no join)."""
+    definitions: list[DefinitionRange] = dataclasses.field(default_factory=list)
+    """The batches of the offset log (as far back as it keeps them) by the definition
+    they were planned with, oldest first (empty before the first batch)."""
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data: ``lowmark status --json``, Dagster metadata."""
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DefinitionRange:
+    """Batches ``first_batch`` to ``last_batch`` (both included), planned under one
+    definition (``Pipeline.fingerprint``)."""
+
+    first_batch: int
+    last_batch: int
+    fingerprint: str
+    changes: list[dict[str, Any]]
+    """How the definition differs from the range's before, each change with its class
+    (``lowmark.batches.evolution.Change.to_json``); empty for the first range, and when
+    either entry predates recording definitions."""
+
+
+def definition_ranges(checkpoint: Checkpoint) -> list[DefinitionRange]:
+    """The offset log's batches by the definition they were planned with, oldest first."""
+    ranges: list[DefinitionRange] = []
+    before: OffsetEntry | None = None
+    for entry in checkpoint.offsets.get_range():
+        if before is not None and entry.pipeline_fingerprint == before.pipeline_fingerprint:
+            ranges[-1] = dataclasses.replace(ranges[-1], last_batch=entry.batch_id)
+        else:
+            old = before.pipeline_definition if before is not None else None
+            new = entry.pipeline_definition
+            changes = classify(old, new) if old is not None and new is not None else ()
+            ranges.append(
+                DefinitionRange(
+                    first_batch=entry.batch_id,
+                    last_batch=entry.batch_id,
+                    fingerprint=entry.pipeline_fingerprint,
+                    changes=[change.to_json() for change in changes],
+                )
+            )
+        before = entry
+    return ranges
 
 
 def pipeline_status(
@@ -197,6 +238,7 @@ def pipeline_status(
             else None
         ),
         join_held=_join_held(pipeline, checkpoint),
+        definitions=definition_ranges(checkpoint) if checkpoint is not None else [],
     )
 
 
@@ -258,6 +300,10 @@ class BatchPlan:
     dimension_versions: dict[str, int] | None = None
     """With stream-table joins: the version of each joined table the batch joins with (a
     replay: those its offsets recorded); None otherwise."""
+    changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The definition's changes since the latest offset-log entry, each compatible at a
+    batch boundary (``lowmark.batches.evolution.Change.to_json``): the next new batch runs
+    under them (a replay is refused: ``problem``). Set however much there is to do."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data (``lowmark plan --json``)."""
@@ -299,12 +345,15 @@ def planned_next(
         watermark_ms=None,
         planned_at_ms=None,
         blocked=None,
+        changes=[change.to_json() for change in planner.pending],
     )
     next_status = _next_batch(planner, nxt, backlog)
     if planned is None or next_status is None:
         return nothing, planner, nxt
     inputs = source.inputs(planned.start, planned.end)
-    problem = find_problem(pipeline, source, inputs, data_root, planned.batch_id)
+    problem = planner.replay_refusal(planned) or find_problem(
+        pipeline, source, inputs, data_root, planned.batch_id
+    )
     found = dataclasses.replace(
         nothing,
         reason=next_status.reason,

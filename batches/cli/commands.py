@@ -651,6 +651,13 @@ def status(
         fields.append(("join state", ", ".join(sides) + f" held; {emitted} joined rows emitted"))
     if last:
         fields.append(("expectations", _violated(p, last.violations, s.violations)))
+    if len(s.definitions) > 1:
+        ranges = (
+            f"batches {r.first_batch}-{r.last_batch}: {r.fingerprint}"
+            + (f" ({', '.join(c['field'] for c in r.changes)})" if r.changes else "")
+            for r in s.definitions
+        )
+        fields.append(("definitions", "\n".join(ranges)))
     print_fields(out, fields)
 
 
@@ -760,12 +767,23 @@ def plan(
     printed as `error: ...` and the exit code is 2.
     """
     from lowmark.batches.admin.status import pipeline_plan
+    from lowmark.batches.evolution import DefinitionChanged
     from lowmark.batches.loop.preflight import check_source_folders
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
     check_source_folders(p, c.data_root)  # as `lowmark run` does: not "nothing to do"
-    plan = pipeline_plan(c.spark, p, c.data_root, c.clock)
+    try:
+        plan = pipeline_plan(c.spark, p, c.data_root, c.clock)
+    except DefinitionChanged as refused:
+        # The changes a run would refuse, each with its class, then the refusal itself.
+        changes = [change.to_json() for change in refused.changes]
+        if as_json:
+            print_json(out, {"pipeline": p.name, "changes": changes, "problem": str(refused)})
+            raise typer.Exit(2) from None
+        out.print(f"{p.name}: its definition changed", soft_wrap=True, highlight=False)
+        print_fields(out, [("  changes", _changes_in_words(changes))])
+        raise
     if as_json:
         print_json(out, plan.to_json())
         if plan.problem is not None:
@@ -774,6 +792,8 @@ def plan(
     now, batch_id = plan.as_of_ms, plan.batch_id
     if batch_id is None:
         out.print(f"{p.name}: {plan.reason}", soft_wrap=True, highlight=False)
+        if plan.changes:
+            print_fields(out, [("  changes", _changes_in_words(plan.changes))])
         return
     if plan.replay:
         assert plan.planned_at_ms is not None  # a planned batch has its planning time
@@ -788,6 +808,8 @@ def plan(
         what = f"batch {batch_id} takes new input ({plan.reason})"
     out.print(f"{p.name}: {what}", soft_wrap=True, highlight=False)
     fields = [("  input", plan.input or "")]
+    if plan.changes:
+        fields.append(("  changes", _changes_in_words(plan.changes)))
     if plan.inputs:
         fields.append(("  inputs", "\n".join(plan.inputs)))
     if plan.bytes is not None:
@@ -839,6 +861,12 @@ def plan(
         # What `lowmark run` would stop on, before Spark starts.
         err.print(f"[red]error:[/] {plan.problem}", highlight=False, soft_wrap=True)
         raise typer.Exit(2)
+
+
+def _changes_in_words(changes: list[dict[str, Any]]) -> str:
+    """Definition changes (``Change.to_json``), one line each: the field, its class and
+    kind."""
+    return "\n".join(f"{c['field']} ({c['class']}: {c['kind']})" for c in changes)
 
 
 @app.command()

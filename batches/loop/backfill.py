@@ -47,13 +47,14 @@ from pyspark.sql import functions as F
 from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, PipelineConfigInvalid
 from lowmark.batches.event_time.dedup import as_let_through
 from lowmark.batches.event_time.stage import WindowedStage, window_state
+from lowmark.batches.evolution import DefinitionChanged, blocking, classify
 from lowmark.batches.expectations import Checks
 from lowmark.batches.pipeline import Pipeline, resolve
 from lowmark.batches.sources import build_source
 from lowmark.batches.sources.base import Range
 from lowmark.batches.windows import Session
 from lowmark.state.checkpoint import Checkpoint
-from lowmark.state.offset_log import Offsets
+from lowmark.state.offset_log import OffsetEntry, Offsets
 from lowmark.state.seen_ids import SeenIds, let_through
 from lowmark.state.table import DriverTable, micros_literal
 
@@ -128,6 +129,7 @@ def backfill_partition(
         )
     committed = ckpt.offsets.get(done.batch_id)
     assert committed is not None, "a committed batch always has its offsets"
+    _check_computes_as_the_stream(pipeline, committed)
 
     # Step 2. Only a slice the stream is done with (see the module docstring).
     closes_at = final_at_ms(pipeline, end_ms)
@@ -210,6 +212,26 @@ def backfill_partition(
     return BackfillResult(
         start, end, done.batch_id, rows.num_rows, skipped=not wrote, sink_version=sink.version()
     )
+
+
+def _check_computes_as_the_stream(pipeline: Pipeline, committed: OffsetEntry) -> None:
+    """A backfill computes under the pipeline's definition now: refused when it differs from
+    the one the last committed batch ran under other than compatibly at a batch boundary
+    (``lowmark.batches.evolution``), as the next batch would be: the slice would be
+    computed otherwise than every window beside it."""
+    if committed.pipeline_definition is None:
+        return
+    changes = classify(committed.pipeline_definition, pipeline.definition())
+    stops = blocking(changes)
+    if stops:
+        name = pipeline.name
+        raise DefinitionChanged(
+            f"pipeline {name} changed since batch {committed.batch_id} ran, in ways its "
+            f"sink's windows were not computed by ({'; '.join(c.describe() for c in stops)}): "
+            f"a backfill would compute this slice otherwise; restore the old definition, or "
+            f"start over with `lowmark reset {name} --truncate-sink`",
+            changes,
+        )
 
 
 def _unreplayable(pipeline: Pipeline) -> str | None:

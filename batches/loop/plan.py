@@ -24,9 +24,16 @@ from lowmark.batches.clock import Clock
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.event_time.watermarks import IngestionLags, PartitionTime, observe
+from lowmark.batches.evolution import (
+    KEYED_STATE_EVOLVED,
+    Change,
+    DefinitionChanged,
+    blocking,
+    classify,
+)
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.poison import blocked
-from lowmark.batches.pipeline import Pipeline, definition_changes
+from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sources.base import (
     Clocks,
     Range,
@@ -42,6 +49,7 @@ from lowmark.state.errors import (
     CheckpointCorrupt,
     CheckpointMissing,
     FingerprintMismatch,
+    LowmarkError,
     ReplayRuleChanged,
 )
 from lowmark.state.log import EPOCH
@@ -181,6 +189,9 @@ class Planner:
         self.fingerprint = pipeline.fingerprint()
         self.lags = IngestionLags.of_pipeline(pipeline)
         """Which partitions follow an ingestion-time watermark (the others, event time)."""
+        self.pending: tuple[Change, ...] = ()
+        """The definition's changes since the latest offset-log entry, as of the last plan:
+        all compatible, taking effect with the next new batch (``_accepted_changes``)."""
         self._position: tuple[OffsetEntry, CommitEntry] | None = None
         self._partitions: dict[str, PartitionTime] | None = None
 
@@ -199,9 +210,9 @@ class Planner:
         the first plan fixes in the checkpoint (creating it if need be): what
         ``lowmark status`` and the Dagster sensor ask, so they follow this one
         rule instead of a copy of it. A replay that failed
-        ``max_failed_attempts`` times is ``blocked`` unless ``retry``; one an older lowmark
-        planned under another late rule (``IngestionLags.replay_refusal``) is ``blocked``
-        in a dry run and raises ``ReplayRuleChanged`` otherwise.
+        ``max_failed_attempts`` times is ``blocked`` unless ``retry``; one that may not run
+        under this definition or this lowmark (``replay_refusal``) is ``blocked`` in a dry
+        run and raises otherwise, ``retry`` or not.
 
         The recovery rule, over the latest offset-log entry and the latest
         commit-log entry::
@@ -218,21 +229,23 @@ class Planner:
         A new batch is planned only if the source has data past the committed
         end, or if the watermark (re-evaluated now, so idle partitions stop
         holding it back) would close windows: an empty batch that emits. The
-        pipeline fingerprint of the latest entry must match, and so must the
-        source's identity it recorded (a replaced source stops the pipeline:
-        its offsets point into the old one). ``position`` reads the two
-        entries.
+        definition the latest entry recorded must be the pipeline's now, or
+        differ from it only by changes compatible at a batch boundary
+        (``lowmark.batches.evolution``; ``pending``): a new batch then runs
+        under the new definition (its offset-log entry records it), a replay
+        is refused (``replay_refusal``, above). The source's
+        identity the entry recorded must match too (a replaced source stops
+        the pipeline: its offsets point into the old one). ``position`` reads
+        the two entries.
         """
         planned = self._plan(dry_run)
         if planned is None or not planned.replay or self.checkpoint is None:
             return NextBatch(planned)
-        latest, _ = self.position()
-        assert latest is not None  # a replay's
-        refused = self.lags.replay_refusal(latest, self.pipeline.name)
-        if refused is not None:  # blocked, ``retry`` or not: a run stops on it
+        refusal = self.replay_refusal(planned)
+        if refusal is not None:  # blocked, ``retry`` or not: a run stops on it
             if not dry_run:
-                raise ReplayRuleChanged(refused)
-            return NextBatch(planned, refused)
+                raise refusal
+            return NextBatch(planned, str(refusal))
         if retry:
             return NextBatch(planned)
         failures = self.checkpoint.failures.of(planned.batch_id)
@@ -240,6 +253,7 @@ class Planner:
 
     def _plan(self, dry_run: bool) -> PlannedBatch | None:
         """The recovery rule (``next_batch``)."""
+        self.pending = ()
         latest, done = self.position()
         if done is None and self.checkpoint is not None:
             # After `lowmark reset --after-sink`: the state, watermark and timers it carried.
@@ -262,7 +276,7 @@ class Planner:
         # (``lowmark.batches.loop.start_over``): a dry run answers with the batch 0 it replaces.
         first = done is None and latest.batch_id == 0 and latest.pipeline_definition is not None
         if latest.pipeline_fingerprint != self.fingerprint and not (dry_run and first):
-            self._check_states_evolved(latest)
+            self.pending = self._accepted_changes(latest)
         if done is not None and done.batch_id == latest.batch_id:
             return self._plan_new(latest.batch_id + 1, latest.end_offsets, latest, done, dry_run)
         if done_id == latest.batch_id - 1 or (done_id is None and latest.batch_id == 0):
@@ -291,39 +305,60 @@ class Planner:
             "or start over with `lowmark reset`"
         )
 
-    def _check_states_evolved(self, latest: OffsetEntry) -> None:
-        """Accept a definition that differs from the one ``latest`` was planned with only in
-        its keyed step's state schemas, where the values held read under the new ones
-        (``state_schema.refusal``; a checkpoint from before state schemas were recorded
-        reads under any); raise ``FingerprintMismatch`` otherwise, naming the state and
-        field when only state schemas changed."""
-        from lowmark.batches.keyed.state_schema import refusal  # a keyed step's: PySpark types
-
+    def _accepted_changes(self, latest: OffsetEntry) -> tuple[Change, ...]:
+        """The changes (``evolution.classify``) from the definition ``latest`` was planned
+        with to the pipeline's now, when every one is compatible at a batch boundary;
+        ``DefinitionChanged`` naming the others, each with its class, otherwise (and
+        ``FingerprintMismatch`` naming the fingerprints when ``latest`` predates recording
+        definitions: nothing is known of what changed)."""
         recorded = latest.pipeline_definition
-        if recorded is None or _without_states(recorded) != _without_states(self.definition):
-            raise self._changed(latest)
-        problem = refusal(recorded["keyed"].get("states"), self.definition["keyed"]["states"])
-        if problem is not None:
-            name = self.pipeline.name
+        name = self.pipeline.name
+        way_on = (
+            f"restore the old definition, or start over with `lowmark reset {name} --truncate-sink`"
+        )
+        if recorded is None:
             raise FingerprintMismatch(
-                f"pipeline {name}: {problem} since its checkpoint {self.location} was written, "
-                f"so the values held no longer read: restore the old schema (add a new "
-                f"nullable field instead), or start over with `lowmark reset {name} "
-                "--truncate-sink`"
+                f"pipeline {name} changed since its checkpoint {self.location} was written "
+                f"(fingerprint {latest.pipeline_fingerprint} -> {self.fingerprint}): {way_on}"
             )
+        changes = classify(recorded, self.definition)
+        stops = blocking(changes)
+        if stops:
+            what = "; ".join(change.describe() for change in stops)
+            raise DefinitionChanged(
+                f"pipeline {name} changed since its checkpoint {self.location} was written, "
+                f"in ways its checkpoint cannot take at a batch boundary ({what}): {way_on}",
+                changes,
+            )
+        return changes
 
-    def _changed(self, latest: OffsetEntry) -> FingerprintMismatch:
-        """The error for a definition that differs from the one ``latest`` was planned with,
-        naming each changed field when the entry recorded its definition."""
-        recorded = latest.pipeline_definition
-        if recorded is None:  # an entry written before definitions were recorded
-            what = f"fingerprint {latest.pipeline_fingerprint} -> {self.fingerprint}"
-        else:
-            what = "; ".join(definition_changes(recorded, self.definition))
-        return FingerprintMismatch(
-            f"pipeline {self.pipeline.name} changed since its checkpoint {self.location} "
-            f"was written ({what}): restore the old definition, or start over with "
-            f"`lowmark reset {self.pipeline.name} --truncate-sink`"
+    def replay_refusal(self, planned: PlannedBatch) -> LowmarkError | None:
+        """Why ``planned``, a replay, cannot run under the pipeline's definition now (None:
+        it can). A replay must compute what its first attempt did (parts of it may have
+        landed), but the runner holds only today's code: a Python transform is imported
+        by its path, not kept with the batch. So a replay under a changed definition is
+        refused (``DefinitionChanged``), even a compatible change, which takes effect from
+        the next new batch; but a keyed state schema that evolved reads the state held as
+        before, and the replay runs under it. A replay an older lowmark planned under
+        another late rule is refused too (``ReplayRuleChanged``:
+        ``IngestionLags.replay_refusal``)."""
+        if not planned.replay:
+            return None
+        changed = tuple(c for c in self.pending if c.kind is not KEYED_STATE_EVOLVED)
+        name, batch_id = self.pipeline.name, planned.batch_id
+        if not changed:
+            latest, _ = self.position()
+            assert latest is not None  # a replay's
+            rule = self.lags.replay_refusal(latest, name)
+            return ReplayRuleChanged(rule) if rule is not None else None
+        what = "; ".join(change.describe() for change in changed)
+        return DefinitionChanged(
+            f"pipeline {name}: uncommitted batch {batch_id} was planned under the definition "
+            f"before these changes ({what}) and its replay must compute what it did then: "
+            f"restore the old definition and run once to finish batch {batch_id} (the change "
+            f"then takes effect from batch {batch_id + 1}), or set the batch aside with "
+            f"`lowmark skip-batch {name} {batch_id} --reason ...`",
+            changed,
         )
 
     def _fix_start(self, start: Offsets) -> Offsets:
@@ -591,11 +626,3 @@ def _recorded_skip(entry: OffsetEntry) -> Skipped | None:
     if not entry.input_skipped:
         return None
     return Skipped(entry.start_offsets, entry.input_skipped, "as recorded in the offset log")
-
-
-def _without_states(definition: dict[str, Any]) -> dict[str, Any]:
-    """``definition`` (``Pipeline.definition``) without its keyed step's state schemas."""
-    keyed = definition.get("keyed")
-    if not isinstance(keyed, dict):
-        return definition
-    return definition | {"keyed": {k: v for k, v in keyed.items() if k != "states"}}

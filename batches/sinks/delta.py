@@ -86,7 +86,14 @@ class DeltaTableSink(DeltaFence, Sink):
         try:
             properties = self.config.properties
             if self.config.mode == "append":
-                append_once(df, self.path, self.txn_app_id, batch_id, properties)
+                try:
+                    append_once(df, self.path, self.txn_app_id, batch_id, properties)
+                except AnalysisException:
+                    if not self._adds_columns(df):
+                        raise
+                    # A definition changed at this batch (a new source column, a step's new
+                    # column): the table gains the columns, null in the rows before.
+                    append_once(df, self.path, self.txn_app_id, batch_id, properties, True)
             else:
                 upsert_once(
                     self.session,
@@ -116,6 +123,15 @@ class DeltaTableSink(DeltaFence, Sink):
                 "transform (keep one record per key)"
             ) from exc
         return latest_version(self.path)
+
+    def _adds_columns(self, df: DataFrame) -> bool:
+        """Whether ``df`` has every column of the sink's table and more: it adds columns and
+        drops none (a batch that lacks a column is still refused)."""
+        table = DriverTable(self.path, None, "sink")
+        if not table.exists():
+            return False
+        held = {field.name.lower() for field in table.open().schema().fields}
+        return held < {name.lower() for name in df.columns}
 
 
 class DeltaWindowSink(DeltaFence, WindowedSink):
