@@ -67,6 +67,7 @@ from lowmark.orchestration.launcher import (
 )
 from lowmark.orchestration.resources import fixed_settings, lent_session
 from lowmark.orchestration.runs import IN_FLIGHT, RUN_STOPS
+from lowmark.orchestration.turns import TURNS, runner_batches
 from lowmark.state.errors import first_line
 from lowmark.state.session import get_spark
 
@@ -276,6 +277,7 @@ def serve(home: Path, ready: Callable[[], None] = lambda: None) -> None:
                 "lowmark.orchestration.launcher, class: RunnerLauncher}` to it"
             )
         _configure_python_log_handlers_once(instance)
+        TURNS.slots = runner_batches()
         # Serving from now: a run handed over while Spark starts waits for it, which is
         # sooner than a process of its own would start one.
         files.folder.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ from lowmark.orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, 
 from lowmark.orchestration.metadata import batch_line
 from lowmark.orchestration.reporting import BatchReports
 from lowmark.orchestration.tables import ROW_COUNT
+from lowmark.orchestration.turns import TakingTurns
 from lowmark.orchestration.yields import Yielded
 
 
@@ -148,11 +149,12 @@ def run_batches(
     ``follow_seconds``, follow the source that long (``lowmark.batches.loop.follow``). Each
     batch is reported with what still waits in ``inputs`` (input assets by source name:
     ``observations.observed_inputs``). Calls ``after_batch`` after each batch is reported;
-    returns how many batches committed.
+    returns how many batches committed. Its batches take this process's turns on Spark
+    (``lowmark.orchestration.turns``), shared with the other runs the warm runner executes.
     With ``LOWMARK_METRICS_TEXTFILE_DIR`` set, the run's metrics are written there for
     node_exporter's textfile collector (``lowmark.batches.loop.metrics``)."""
     check_source_folders(pipeline, data_root)  # as `lowmark run`: before a checkpoint is made
-    runner = MicroBatchRunner(session, pipeline, data_root)
+    runner = TakingTurns(session, pipeline, data_root)  # one Spark, many runs: turns
     with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
         partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
         reports = BatchReports(
