@@ -53,6 +53,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
+from dagster._core.instance.ref import InstanceRef
+
 from bench.many_pipelines import COUNT_ENV, names
 from bench.streaming import (
     FOLLOW_PIPELINE,
@@ -67,6 +70,7 @@ from bench.streaming import (
     follow_latency,
     land,
 )
+from lowmark.orchestration.keys import PIPELINE_TAG
 from lowmark.orchestration.ui import DagsterDev, live_group_members
 from lowmark.state.connect_server import free_port
 
@@ -112,7 +116,7 @@ def dagster_latency(work: Path, schedule: Schedule, mode: str, pipelines: int) -
     for incoming, _ in folders.values():
         incoming.mkdir(parents=True, exist_ok=True)  # a missing folder is a mistake to name
     log = work / f"dagster-dev-{mode}-{pipelines}.log"
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     with log.open("w") as out:
         dev = DagsterDev.start(
             work / f"dagster_home_{mode}_{pipelines}",
@@ -123,6 +127,7 @@ def dagster_latency(work: Path, schedule: Schedule, mode: str, pipelines: int) -
             runner=runner,
         )
     memory = Memory(dev)
+    warm = WarmSeen(log) if runner else None
     landed: dict[str, float] = {}
     try:
         if not dev.wait_until_up():
@@ -163,6 +168,7 @@ def dagster_latency(work: Path, schedule: Schedule, mode: str, pipelines: int) -
             unfollowed.append(drop(k))
             until(f"file {k}", committed)
         taken = {n: _committed_at(checkpoint) for n, (_, checkpoint) in folders.items()}
+        first_runs = _first_runs(dev.home, list(folders))
         batches = [
             b
             for _, checkpoint in folders.values()
@@ -170,6 +176,8 @@ def dagster_latency(work: Path, schedule: Schedule, mode: str, pipelines: int) -
         ]
     finally:
         memory.stop()
+        if warm is not None:
+            warm.stop()
         stopped_in = dev.stop()
     followed = [n for n in landed if n != first and n not in unfollowed]
 
@@ -181,9 +189,22 @@ def dagster_latency(work: Path, schedule: Schedule, mode: str, pipelines: int) -
         for b in batches
         if b["batch_id"] > 0 and b["rows_in"]
     ]
+    # The first file's time, split (medians over the pipelines): landing to the sensor's
+    # run, the run's wait to start (the queue, the hand-over, Spark's warm-up), its start to
+    # the batch's commit (the run's set-up and the batch).
+    split = {
+        "sensor_s": [r.create_timestamp.timestamp() - landed[first] for r in first_runs.values()],
+        "to_start_s": [
+            (r.start_time or 0) - r.create_timestamp.timestamp() for r in first_runs.values()
+        ],
+        "to_commit_s": [taken[n][first] - (r.start_time or 0) for n, r in first_runs.items()],
+    }
     return {
         "pipelines": pipelines,
         "ui_s": ui_s,
+        "warm_s": None if warm is None or warm.at is None else warm.at - started,
+        "first_landed_s": landed[first] - wall_started,
+        "first_split": {k: statistics.median(v) for k, v in split.items()},
         "first_s": max(latencies([first])),
         "latency_s": latencies(followed),
         "unfollowed_s": latencies(unfollowed),
@@ -191,6 +212,43 @@ def dagster_latency(work: Path, schedule: Schedule, mode: str, pipelines: int) -
         "stop_s": stopped_in,
         "rss_mib": memory.peak_mib,
     }
+
+
+class WarmSeen:
+    """When the runner said its Spark is warm (its line in ``log``), as ``time.monotonic``;
+    watched every 0.2 s in a thread."""
+
+    LINE = "on a warm Spark"
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.at: float | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while self.at is None and not self._done.wait(0.2):
+            if self.LINE in self.log.read_text(errors="replace"):
+                self.at = time.monotonic()
+
+
+def _first_runs(home: Path, pipelines: list[str]) -> dict[str, dg.RunRecord]:
+    """Each pipeline's first run (the one its sensor started for the first file)."""
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        return {
+            name: instance.get_run_records(
+                dg.RunsFilter(tags={PIPELINE_TAG: name}),
+                order_by="create_timestamp",
+                ascending=True,
+                limit=1,
+            )[0]
+            for name in pipelines
+        }
 
 
 class Memory:
@@ -322,6 +380,21 @@ def report(
                 f"  {mode}, {n}: no run following, every file <= sensor interval + 15 s = "
                 f"{interval + 15} s: worst {worst:.1f} s "
                 f"({'met' if worst <= interval + 15 else 'NOT met'})"
+            )
+        if r["warm_s"] is not None:
+            split = r["first_split"]
+            when = (
+                f"Spark warm {r['warm_s']:.1f} s after the UI's start, the first file landed at "
+                f"{r['first_landed_s']:.1f} s"
+            )
+            if r["warm_s"] > r["first_landed_s"]:
+                when += (
+                    f", in the sink {r['first_landed_s'] + r['first_s'] - r['warm_s']:.1f} s after"
+                )
+            lines.append(
+                f"  {mode}, {n}: {when}; first file (median over pipelines): tick "
+                f"{split['sensor_s']:.1f} s + run start {split['to_start_s']:.1f} s (queue, "
+                f"hand-over, warm-up) + run to commit {split['to_commit_s']:.1f} s"
             )
         if mode == "runner" and n >= 20:
             lines.append(

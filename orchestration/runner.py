@@ -15,7 +15,9 @@ write confs never reach another's) lent to the run's ``SparkResource``
 (``lowmark.orchestration.resources.lent_session``). A pipeline's runs never overlap (its pool
 has one slot, as before); runs of different pipelines run side by side, as their
 processes did: a run follows its source for ``LOWMARK_FOLLOW_SECONDS``, so runs taken
-one at a time would leave every other pipeline waiting for that long.
+one at a time would leave every other pipeline waiting for that long. Their batches take
+turns on the Spark (``lowmark.orchestration.turns``: ``LOWMARK_RUNNER_BATCHES`` at a time,
+first to find work first); a caught-up run's poll takes none.
 
 A run whose Spark resource asks for a setting this Spark cannot change at runtime (a
 static conf such as ``spark.driver.memory``, or another master) gets a process of its
