@@ -45,6 +45,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import tempfile
 import threading
@@ -216,10 +217,11 @@ def dagster_latency(work: Path, schedule: Schedule, mode: str, pipelines: int) -
 
 
 class WarmSeen:
-    """When the runner said its Spark is warm (its line in ``log``), as ``time.monotonic``;
+    """When the runner said its Spark is warm (``lowmark serve``'s line in ``log``: "…
+    serving HOME, Spark warm", wrapped where the terminal is narrow), as ``time.monotonic``;
     watched every 0.2 s in a thread."""
 
-    LINE = "on a warm Spark"
+    SAID = re.compile(r"lowmark runner \(pid \d+\): serving .*?Spark\s+warm", re.DOTALL)
 
     def __init__(self, log: Path) -> None:
         self.log = log
@@ -234,7 +236,7 @@ class WarmSeen:
 
     def _watch(self) -> None:
         while self.at is None and not self._done.wait(0.2):
-            if self.LINE in self.log.read_text(errors="replace"):
+            if self.SAID.search(self.log.read_text(errors="replace")):
                 self.at = time.monotonic()
 
 
@@ -402,7 +404,7 @@ def report(
                 f"{split['sensor_s']:.1f} s + run start {split['to_start_s']:.1f} s (queue, "
                 f"hand-over, warm-up) + run to commit {split['to_commit_s']:.1f} s"
             )
-        if mode == "runner":
+        if mode == "runner" and r["warm_s"] is not None:
             warm_first = r["warm_s"] is not None and r["warm_s"] <= r["first_landed_s"]
             beyond = (
                 r["first_s"] if warm_first else r["first_landed_s"] + r["first_s"] - r["warm_s"]
