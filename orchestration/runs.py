@@ -186,7 +186,11 @@ def run_batches(
     With ``LOWMARK_METRICS_TEXTFILE_DIR`` set, the run's metrics are written there for
     node_exporter's textfile collector (``lowmark.batches.loop.metrics``)."""
     check_source_folders(pipeline, data_root)  # as `lowmark run`: before a checkpoint is made
-    runner = TakingTurns(session, pipeline, data_root)  # one Spark, many runs: turns
+
+    def waited(seconds: float) -> None:
+        context.log.info(f"{pipeline.name}: the batch waited {seconds:.1f} s for its turn on Spark")
+
+    runner = TakingTurns(session, pipeline, data_root, waited=waited)  # one Spark, many runs
     with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
         partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
         reports = BatchReports(

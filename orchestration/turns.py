@@ -17,20 +17,17 @@ after a transient error (a broker away) lets the others run meanwhile.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline
 from lowmark.state.session import SparkLike
-
-log = logging.getLogger(__name__)
 
 SLOTS_ENV = "LOWMARK_RUNNER_BATCHES"
 RUNNER_BATCHES = 4
@@ -81,17 +78,27 @@ TURNS = Turns()
 """This process's turns (the runner sets its slots as it starts: ``runner_batches``)."""
 
 
+WAIT_TOLD_S = 0.1
+"""A wait for a turn this long or longer is told (``TakingTurns.waited``)."""
+
+
 class TakingTurns(MicroBatchRunner):
     """A ``MicroBatchRunner`` whose batches take ``turns``; one with nothing to run takes none.
 
     Nothing else changes: each batch is the runner's own, plan to commit, with the same
-    exactly-once protocol; only when it starts is decided here."""
+    exactly-once protocol; only when it starts is decided here. ``waited`` is told the
+    seconds a batch waited for its turn, when ``WAIT_TOLD_S`` or more."""
 
     def __init__(
-        self, spark: SparkLike, pipeline: Pipeline, data_root: Path, turns: Turns = TURNS
+        self,
+        spark: SparkLike,
+        pipeline: Pipeline,
+        data_root: Path,
+        turns: Turns = TURNS,
+        waited: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         super().__init__(spark, pipeline, data_root)
-        self.turns = turns
+        self.turns, self.waited = turns, waited
 
     def _attempt(self, retry: bool) -> BatchResult | None:
         # Read-only, with no Spark job: what every poll of a caught-up follower costs.
@@ -100,6 +107,6 @@ class TakingTurns(MicroBatchRunner):
         asked = time.monotonic()
         with self.turns.turn():
             waited = time.monotonic() - asked
-            if waited >= 0.1:
-                log.info("%s waited %.1f s for its turn on Spark", self.pipeline.name, waited)
+            if waited >= WAIT_TOLD_S:
+                self.waited(waited)
             return super()._attempt(retry)

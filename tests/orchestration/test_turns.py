@@ -83,11 +83,15 @@ def test_two_pipelines_batches_do_not_overlap_when_the_runner_runs_one_at_a_time
 ) -> None:
     turns = Turns(1)
     runners, heard = [], []
+    waits: list[list[float]] = []
     for name in ("a", "b"):
         source = FileSource(path=f"{name}/in", format="json", schema_ddl="id LONG, amount LONG")
         drop_file(data_root / name, 0)
         p = pipeline(name=name, source=source, sink=DeltaSink(path=f"{name}/out"))
-        runners.append(TakingTurns(spark.newSession(), p, data_root, turns=turns))
+        waits.append([])
+        runners.append(
+            TakingTurns(spark.newSession(), p, data_root, turns=turns, waited=waits[-1].append)
+        )
         heard.append(Timed())
         runners[-1].add_listener(heard[-1])
 
@@ -100,3 +104,4 @@ def test_two_pipelines_batches_do_not_overlap_when_the_runner_runs_one_at_a_time
 
     (a_start, a_end), (b_start, b_end) = [(h.started[0], h.committed[0]) for h in heard]
     assert a_end <= b_start or b_end <= a_start, "two batches ran at once on one turn"
+    assert sorted(len(w) for w in waits) == [0, 1]  # the second was told it waited
