@@ -32,7 +32,7 @@ from lowmark.state.session import SparkLike
 SLOTS_ENV = "LOWMARK_RUNNER_BATCHES"
 RUNNER_BATCHES = 4
 """Measured with 20 followers in one process, a file landing in each at once, on 2 cores:
-one batch at a time put the first file in the sink soonest (1.3-2.1 s) but the last
+one batch at a time put the first file in the sink soonest (1.3-2.9 s) but the last
 after 31-50 s, as each batch then waits on I/O alone; 4 at a time, the last after 17-18 s
 and the first within 3-6 s; no limit, 12-13 s and 4-7 s, with every batch's memory at
 once (docs/dagster.md, "One warm runner")."""
