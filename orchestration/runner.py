@@ -15,7 +15,9 @@ write confs never reach another's) lent to the run's ``SparkResource``
 (``lowmark.orchestration.resources.lent_session``). A pipeline's runs never overlap (its pool
 has one slot, as before); runs of different pipelines run side by side, as their
 processes did: a run follows its source for ``LOWMARK_FOLLOW_SECONDS``, so runs taken
-one at a time would leave every other pipeline waiting for that long.
+one at a time would leave every other pipeline waiting for that long. Their batches take
+turns on the Spark (``lowmark.orchestration.turns``: ``LOWMARK_RUNNER_BATCHES`` at a time,
+first to find work first); a caught-up run's poll takes none.
 
 A run whose Spark resource asks for a setting this Spark cannot change at runtime (a
 static conf such as ``spark.driver.memory``, or another master) gets a process of its
@@ -67,6 +69,7 @@ from lowmark.orchestration.launcher import (
 )
 from lowmark.orchestration.resources import fixed_settings, lent_session
 from lowmark.orchestration.runs import IN_FLIGHT, RUN_STOPS
+from lowmark.orchestration.turns import TURNS, runner_batches
 from lowmark.state.errors import first_line
 from lowmark.state.session import get_spark
 
@@ -276,6 +279,7 @@ def serve(home: Path, ready: Callable[[], None] = lambda: None) -> None:
                 "lowmark.orchestration.launcher, class: RunnerLauncher}` to it"
             )
         _configure_python_log_handlers_once(instance)
+        TURNS.slots = runner_batches()
         # Serving from now: a run handed over while Spark starts waits for it, which is
         # sooner than a process of its own would start one.
         files.folder.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ its window's end) records nothing and is not resumed.
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from lowmark.orchestration.keys import PIPELINE_TAG, bad_records_key, late_key, 
 from lowmark.orchestration.metadata import batch_line
 from lowmark.orchestration.reporting import BatchReports
 from lowmark.orchestration.tables import ROW_COUNT
+from lowmark.orchestration.turns import TakingTurns
 from lowmark.orchestration.yields import Yielded
 
 
@@ -80,7 +82,7 @@ IN_FLIGHT = [
 ]
 
 QUEUE_CHECK_S = 2.0
-"""A following run looks for queued runs of its pipeline this often."""
+"""How often the following runs of a process read the run queue (``QueuedRuns``)."""
 
 
 class RunStops:
@@ -125,14 +127,45 @@ def runs_of(
     """Runs with ``statuses`` (among the newest ``among`` of them) that run ``pipeline``:
     tagged with it (sensor, jobs) or materializing its assets (the UI's Materialize),
     newest first."""
-    keys = {sink_key(pipeline), late_key(pipeline), bad_records_key(pipeline)}
     records = instance.get_run_records(dg.RunsFilter(statuses=statuses), limit=among)
+    return _running(pipeline, [r.dagster_run for r in records])
+
+
+def _running(pipeline: Pipeline, runs: list[dg.DagsterRun]) -> list[dg.DagsterRun]:
+    """Those of ``runs`` that run ``pipeline`` (``runs_of``)."""
+    keys = {sink_key(pipeline), late_key(pipeline), bad_records_key(pipeline)}
     return [
-        r.dagster_run
-        for r in records
-        if r.dagster_run.tags.get(PIPELINE_TAG) == pipeline.name
-        or keys & set(r.dagster_run.asset_selection or ())
+        run
+        for run in runs
+        if run.tags.get(PIPELINE_TAG) == pipeline.name or keys & set(run.asset_selection or ())
     ]
+
+
+class QueuedRuns:
+    """The queued runs of an instance, read at most every ``QUEUE_CHECK_S`` for all the
+    following runs of this process: the warm runner's twenty followers make one read, not
+    twenty."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._read: weakref.WeakKeyDictionary[
+            dg.DagsterInstance, tuple[float, list[dg.DagsterRun]]
+        ] = weakref.WeakKeyDictionary()
+
+    def of(self, instance: dg.DagsterInstance, pipeline: Pipeline) -> list[dg.DagsterRun]:
+        """The queued runs of ``pipeline`` as of a read at most ``QUEUE_CHECK_S`` old, newest
+        first."""
+        with self._lock:
+            read_at, queued = self._read.get(instance, (-QUEUE_CHECK_S, []))
+            if time.monotonic() - read_at >= QUEUE_CHECK_S:
+                statuses = dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])
+                queued = [r.dagster_run for r in instance.get_run_records(statuses)]
+                self._read[instance] = (time.monotonic(), queued)
+        return _running(pipeline, queued)
+
+
+QUEUED_RUNS = QueuedRuns()
+"""This process's reads of the run queue."""
 
 
 def run_batches(
@@ -148,11 +181,16 @@ def run_batches(
     ``follow_seconds``, follow the source that long (``lowmark.batches.loop.follow``). Each
     batch is reported with what still waits in ``inputs`` (input assets by source name:
     ``observations.observed_inputs``). Calls ``after_batch`` after each batch is reported;
-    returns how many batches committed.
+    returns how many batches committed. Its batches take this process's turns on Spark
+    (``lowmark.orchestration.turns``), shared with the other runs the warm runner executes.
     With ``LOWMARK_METRICS_TEXTFILE_DIR`` set, the run's metrics are written there for
     node_exporter's textfile collector (``lowmark.batches.loop.metrics``)."""
     check_source_folders(pipeline, data_root)  # as `lowmark run`: before a checkpoint is made
-    runner = MicroBatchRunner(session, pipeline, data_root)
+
+    def waited(seconds: float) -> None:
+        context.log.info(f"{pipeline.name}: the batch waited {seconds:.1f} s for its turn on Spark")
+
+    runner = TakingTurns(session, pipeline, data_root, waited=waited)  # one Spark, many runs
     with runner, exported_metrics(runner, textfile_dir=textfile_dir_from_env()):
         partitions = context.assets_def.specs_by_key[sink_key(pipeline)].partitions_def
         reports = BatchReports(
@@ -228,23 +266,20 @@ def _follow(
 class QueuedBehind:
     """A following run's ``should_stop``: another run of its pipeline is queued.
 
-    ``follow`` asks every 0.2 s while idle: the run queue is read every
-    ``QUEUE_CHECK_S``, and the last answer given between reads (``follow``
-    asks again before it stops). ``run_id`` is the queued run found by the
-    last read (the oldest, which leaves the queue first), or None.
+    ``follow`` asks every 0.2 s while idle; the answer is from the run queue as
+    ``QUEUED_RUNS`` last read it, at most ``QUEUE_CHECK_S`` ago. ``run_id`` is the
+    queued run found by the last answer (the oldest, which leaves the queue
+    first), or None.
     """
 
     def __init__(self, instance: dg.DagsterInstance, pipeline: Pipeline, own_run_id: str) -> None:
         self.instance, self.pipeline, self.own_run_id = instance, pipeline, own_run_id
-        self.read_at = -QUEUE_CHECK_S
         self.run_id: str | None = None
 
     def __call__(self) -> bool:
-        if time.monotonic() - self.read_at >= QUEUE_CHECK_S:
-            self.read_at = time.monotonic()
-            queued = runs_of(self.instance, self.pipeline, [dg.DagsterRunStatus.QUEUED])
-            others = [r.run_id for r in queued if r.run_id != self.own_run_id]
-            self.run_id = others[-1] if others else None
+        queued = QUEUED_RUNS.of(self.instance, self.pipeline)
+        others = [r.run_id for r in queued if r.run_id != self.own_run_id]
+        self.run_id = others[-1] if others else None
         return self.run_id is not None
 
 

@@ -51,10 +51,10 @@ def test_every_pipeline_gets_its_assets_jobs_a_sensor_and_checks_that_apply_to_i
     }
     partitions = graph.get(sink).partitions_def
     assert partitions is not None and partitions.get_first_partition_key() == "2026-01-01-00:00"
-    # Stale after no batch for the sensor interval (30 s) + the watermark lag the pipeline
+    # Stale after no batch for the sensor interval (5 s) + the watermark lag the pipeline
     # accepts (15 min) + how long a window stays open (10 s + 10 s allowed lateness).
     policy = graph.get(sink).freshness_policy_or_from_metadata
-    assert policy == dg.FreshnessPolicy.time_window(fail_window=timedelta(seconds=30 + 900 + 20))
+    assert policy == dg.FreshnessPolicy.time_window(fail_window=timedelta(seconds=5 + 900 + 20))
 
 
 def test_partitions_start_at_the_first_window_in_the_sink_unless_configured(

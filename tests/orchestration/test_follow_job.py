@@ -28,6 +28,47 @@ from lowmark.orchestration.yields import Yielded
 from tests.helpers import drop_file, pipeline, sink_ids
 
 
+def queued_run(instance: dg.DagsterInstance, **fields: Any) -> str:
+    """Add a queued run (as the UI's Materialize or a sensor leaves one) with ``fields``."""
+    run_id = str(uuid.uuid4())
+    instance.add_run(
+        DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id=run_id,
+            status=dg.DagsterRunStatus.QUEUED,
+            remote_job_origin=RemoteJobOrigin(
+                RemoteRepositoryOrigin(
+                    InProcessCodeLocationOrigin(LoadableTargetOrigin(python_file="x.py")),
+                    "__repository__",
+                ),
+                "__ASSET_JOB",
+            ),
+            **fields,
+        )
+    )
+    return run_id
+
+
+def test_twenty_following_runs_read_the_run_queue_once_and_each_sees_its_own_queued_runs(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    behind_p3 = queued_run(instance, tags={"lowmark/pipeline": "p3"})
+    reads = []
+    real_read = instance.get_run_records
+
+    def counted_read(*args: Any, **kwargs: Any) -> Any:
+        reads.append(args)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(instance, "get_run_records", counted_read)
+    queue = runs.QueuedRuns()
+    seen = {n: queue.of(instance, pipeline(name=f"p{n}")) for n in range(20)}
+
+    assert len(reads) == 1
+    assert [r.run_id for r in seen[3]] == [behind_p3]
+    assert all(seen[n] == [] for n in range(20) if n != 3)
+
+
 def materialize(
     instance: dg.DagsterInstance, data_root: Path, name: str, **config: float
 ) -> tuple[dg.ExecuteInProcessResult, DagsterRun]:
@@ -90,22 +131,7 @@ def test_a_following_run_makes_way_for_a_queued_run_of_its_pipeline(
 
         def queue_a_materialize_then_follow(*args: Any, **kwargs: Any) -> FollowResult:
             # What the UI's Materialize leaves in the queue: no lowmark tag, the sink selected.
-            queued.append(str(uuid.uuid4()))
-            instance.add_run(
-                DagsterRun(
-                    job_name="__ASSET_JOB",
-                    run_id=queued[-1],
-                    status=dg.DagsterRunStatus.QUEUED,
-                    asset_selection=frozenset({sink}),
-                    remote_job_origin=RemoteJobOrigin(
-                        RemoteRepositoryOrigin(
-                            InProcessCodeLocationOrigin(LoadableTargetOrigin(python_file="x.py")),
-                            "__repository__",
-                        ),
-                        "__ASSET_JOB",
-                    ),
-                )
-            )
+            queued.append(queued_run(instance, asset_selection=frozenset({sink})))
             followed.append(real_follow(*args, **kwargs))
             return followed[-1]
 
