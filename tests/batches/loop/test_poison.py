@@ -192,8 +192,11 @@ def test_a_transient_error_during_a_replay_is_tried_again_after_pauses_and_never
 
 
 def test_a_lasting_operational_error_blocks_the_batch_with_its_reason_and_the_sensor_waits(
-    spark: SparkSession, data_root: Path
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # An interval long enough that a slow machine's tick still finds the wait running.
+    interval_ms = 30_000
+    monkeypatch.setenv("LOWMARK_SENSOR_INTERVAL_SECONDS", str(interval_ms // 1000))
     taken = _claimed_then_interrupted(spark, data_root)
     kept = taken.read_bytes()
     taken.unlink()
@@ -212,11 +215,11 @@ def test_a_lasting_operational_error_blocks_the_batch_with_its_reason_and_the_se
         for stops in (1, 2):
             with pytest.raises(SourceFileMissing, match=r"f000\.json \(taken by batch 0\) is gone"):
                 MicroBatchRunner(spark, fragile, data_root).run_batch()
-            # No new run (and Spark start) per tick: the sensor waits 30 s (its interval)
+            # No new run (and Spark start) per tick: the sensor waits its interval
             # after the first stop, twice that after the second.
             data = tick()
             failed_at = checkpoint.failures.of(0)[-1].failed_at.timestamp()
-            wait_until = iso_utc(round(failed_at * 1000) + 30_000 * stops)
+            wait_until = iso_utc(round(failed_at * 1000) + interval_ms * stops)
             assert not data.run_requests
             assert f"stopped {stops} times" in (data.skip_message or "")
             assert f"no run before {wait_until}" in (data.skip_message or "")
