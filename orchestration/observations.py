@@ -14,6 +14,10 @@ observation of each of the pipeline's inputs:
 - by the input's Observe button (the inputs are observable sources:
   ``observable_inputs``), on demand.
 
+A tick also observes the pipeline's sink when the definition changes its next batch takes
+(compatible ones, ``lowmark.batches.evolution``) differ from the newest it recorded
+(``definition_observations``).
+
 Pipelines reading one input each observe it under their own name, as the backlog is per
 checkpoint (``<pipeline>/waiting_<unit>``, plotted).
 """
@@ -27,7 +31,7 @@ import dagster as dg
 
 from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.pipeline import Pipeline, UnionSource
-from lowmark.orchestration.keys import GROUP, Sinks, source_key
+from lowmark.orchestration.keys import GROUP, Sinks, sink_key, source_key
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 
 ONLY = ""
@@ -94,6 +98,36 @@ def _newest(
         if mine:
             return mine
     return None
+
+
+PENDING_CHANGE = "pending_definition_change"
+"""The metadata key of a sink observation naming the definition changes the pipeline's next
+batch takes (``definition_observations``)."""
+
+
+def definition_observations(
+    instance: dg.DagsterInstance, pipeline: Pipeline, pending: Sequence[Mapping[str, object]]
+) -> list[dg.AssetObservation]:
+    """An observation of ``pipeline``'s sink naming the ``pending`` definition changes
+    (``PipelineStatus.pending_changes``: compatible ones, which its next batch takes), or
+    ``none`` once a batch took them, when that differs from the newest one recorded: the
+    asset shows a change waiting for its boundary, and each only once."""
+    said = "; ".join(f"{c['field']} ({c['class']}: {c['kind']})" for c in pending) or "none"
+    key = sink_key(pipeline)
+    newest = None
+    for record in instance.fetch_observations(key, limit=OBSERVATIONS_LOOKED_AT).records:
+        observation = record.asset_observation
+        if observation is not None and PENDING_CHANGE in observation.metadata:
+            newest = observation.metadata[PENDING_CHANGE].value
+            break
+    if newest == said or (newest is None and not pending):
+        return []
+    described = (
+        f"{pipeline.name}: definition changes its next batch takes"
+        if pending
+        else (f"{pipeline.name}: no definition change pending")
+    )
+    return [dg.AssetObservation(key, description=described, metadata={PENDING_CHANGE: said})]
 
 
 def observable_inputs(

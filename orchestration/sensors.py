@@ -24,7 +24,8 @@ every tick: the tick waits one interval after the first stop, two after the
 second, and so on (``lowmark.batches.admin.status.pending_work``), until it is blocked.
 Each tick that reads the pipeline's position also observes its input assets
 when what waits there differs from their newest observation of the pipeline,
-which a run records after each batch (``lowmark.orchestration.observations``).
+which a run records after each batch, and its sink when the definition changes its
+next batch takes differ from the newest it recorded (``lowmark.orchestration.observations``).
 """
 
 # No `from __future__ import annotations`: Dagster reads op, check and sensor
@@ -43,7 +44,11 @@ from lowmark.batches.loop.preflight import check_source_folders
 from lowmark.batches.pipeline import Pipeline
 from lowmark.orchestration.jobs import microbatch_job_name
 from lowmark.orchestration.keys import PIPELINE_TAG, asset_op, batch_run_key, resume_run_key
-from lowmark.orchestration.observations import changed_observations, input_observations
+from lowmark.orchestration.observations import (
+    changed_observations,
+    definition_observations,
+    input_observations,
+)
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.runs import IN_FLIGHT, runs_of
 from lowmark.orchestration.yields import Yielded
@@ -120,7 +125,7 @@ def pipeline_sensor(
             context.instance,
             pipeline,
             input_observations(pipeline, inputs or {}, status.backlog, status.backlog_described),
-        )
+        ) + definition_observations(context.instance, pipeline, status.pending_changes)
         answer = _decide(context, pipeline, status)
         return dg.SensorResult(
             run_requests=[answer] if isinstance(answer, dg.RunRequest) else None,

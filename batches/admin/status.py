@@ -142,6 +142,10 @@ class PipelineStatus:
     definitions: list[DefinitionRange] = dataclasses.field(default_factory=list)
     """The batches of the offset log (as far back as it keeps them) by the definition
     they were planned with, oldest first (empty before the first batch)."""
+    pending_changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The definition's changes since the latest batch was planned, each compatible at a
+    batch boundary (``Change.to_json``): the next new batch runs under them (a change
+    of another class stops the status with its error instead)."""
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data: ``lowmark status --json``, Dagster metadata."""
@@ -239,6 +243,7 @@ def pipeline_status(
         ),
         join_held=_join_held(pipeline, checkpoint),
         definitions=definition_ranges(checkpoint) if checkpoint is not None else [],
+        pending_changes=[change.to_json() for change in planner.pending],
     )
 
 

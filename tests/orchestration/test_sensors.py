@@ -17,7 +17,9 @@ from pyspark.sql import SparkSession
 from lowmark.batches.admin.reset import reset
 from lowmark.batches.clock import SystemClock
 from lowmark.batches.loop.microbatch import MicroBatchRunner
+from lowmark.batches.registry import load_pipelines
 from lowmark.orchestration.definitions import build_definitions
+from lowmark.orchestration.observations import PENDING_CHANGE
 from lowmark.orchestration.resources import LowmarkResource, SparkResource
 from lowmark.orchestration.yields import Yielded
 from tests.helpers import write_json_lines
@@ -336,3 +338,47 @@ def test_with_new_data_after_a_yield_the_usual_run_follows_for_lowmark_follow_se
     [request] = tick(defs, instance, no_spark).run_requests
     assert request.run_key == "slow:new:batch-0"
     assert request.run_config["ops"]["slow_batches"]["config"]["follow_seconds"] == 900
+
+
+CHANGED = (
+    "from tests.orchestration import pipelines\n"
+    "from lowmark.batches.pipeline import FileSource\n"
+    "source = FileSource(path='slow/in', format='json', schema_ddl='id LONG, note STRING')\n"
+    "slow = pipelines.slow.model_copy(update={'source': source})\n"
+)
+"""``slow`` with a column added to its source: a change compatible at a batch boundary."""
+
+
+def test_a_tick_shows_a_pending_definition_change_on_the_sink_once_until_a_batch_takes_it(
+    spark: SparkSession,
+    instance: dg.DagsterInstance,
+    resources: dict[str, Any],
+    data_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOWMARK_DATA_ROOT", str(data_root))
+    drop(data_root, 0)
+    MicroBatchRunner(spark, slow, data_root).run_batch()
+    changed = tmp_path / "changed.py"
+    changed.write_text(CHANGED)
+    defs = build_definitions(str(changed))
+    sink = dg.AssetKey(["lowmark", "slow"])
+
+    def shown() -> list[str]:
+        """What a tick observes on the sink (recorded as the daemon records it)."""
+        events = tick(defs, instance, resources).asset_events
+        for event in events:
+            instance.report_runless_asset_event(event)
+        return [e.metadata[PENDING_CHANGE].value for e in events if e.asset_key == sink]
+
+    drop(data_root, 1)
+    [pending] = shown()
+    assert pending.startswith("source.schema_ddl.note (compatible: source column added")
+    assert shown() == []  # recorded once, not on every tick
+
+    changed_slow = load_pipelines(str(changed))["slow"]
+    result = MicroBatchRunner(spark, changed_slow, data_root).run_batch()
+    assert result is not None and result.batch_id == 1  # the batch that took the change
+    assert shown() == ["none"]
+    assert shown() == []
