@@ -154,7 +154,7 @@ def observable_inputs(
             selected = {n: k for n, k in inputs.items() if k in context.selected_asset_keys}
             if not selected:
                 continue
-            status = pipeline_status(spark.session, pipeline, lowmark.root())
+            status = pipeline_status(spark.session, pipeline, lowmark.root(), definitions=False)
             for event in input_observations(
                 pipeline, selected, status.backlog, status.backlog_described
             ):

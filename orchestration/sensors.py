@@ -120,7 +120,7 @@ def pipeline_sensor(
         except DefinitionMismatch as exc:
             return dg.SkipReason(str(exc))
         # The session method, not a session: a tick over local folders starts no Spark.
-        status = pipeline_status(spark.session, pipeline, lowmark.root())
+        status = pipeline_status(spark.session, pipeline, lowmark.root(), definitions=False)
         observed = changed_observations(
             context.instance,
             pipeline,
