@@ -1299,7 +1299,7 @@ class Pipeline(_Config):
 
     def definition(self) -> dict[str, Any]:
         """What the fingerprint hashes, as JSON values (the offset log keeps it, so a
-        changed definition can be named field by field: ``definition_changes``).
+        changed definition can be named field by field: ``lowmark.batches.evolution``).
 
         The source's operational fields (``OPERATIONAL``: admission limits, what becomes
         of processed files, where to connect), descriptions, health-check bounds,
@@ -1373,22 +1373,6 @@ def _event_time_semantics(event_time: EventTime | None) -> dict[str, object] | N
     if dump["watermark"] is None:
         del dump["watermark"]
     return dump
-
-
-def definition_changes(old: object, new: object, at: str = "") -> list[str]:
-    """The fields in which definition ``new`` differs from ``old`` (``Pipeline.definition``),
-    one ``"field: old -> new"`` each, dotted paths, in key order."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [
-            change
-            for key in sorted(old.keys() | new.keys())
-            for change in definition_changes(
-                old.get(key), new.get(key), f"{at}.{key}" if at else key
-            )
-        ]
-    if old == new:
-        return []
-    return [f"{at or 'definition'}: {json.dumps(old)} -> {json.dumps(new)}"]
 
 
 def _import_path(value: object) -> str:

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lowmark.batches.evolution import classify
 from lowmark.batches.loop.plan import Planner
-from lowmark.batches.pipeline import Pipeline, definition_changes, resolve
+from lowmark.batches.pipeline import Pipeline, resolve
 from lowmark.state.checkpoint import Checkpoint, move_aside
 from lowmark.state.ownership import last_writer
 
@@ -29,9 +30,10 @@ log = logging.getLogger(__name__)
 
 
 def changed_before_first_commit(planner: Planner) -> list[str] | None:
-    """The changes (``definition_changes``) between the definition the checkpoint's
-    uncommitted batch 0 was planned with and the pipeline's now; None when there is no such
-    batch, the definition is unchanged, or the entry predates recording definitions."""
+    """The changes (``evolution.classify``, one line each) between the definition the
+    checkpoint's uncommitted batch 0 was planned with and the pipeline's now; None when there
+    is no such batch, the definition is unchanged, or the entry predates recording
+    definitions."""
     latest, done = planner.position()
     if latest is None or done is not None or latest.batch_id != 0:
         return None
@@ -39,7 +41,8 @@ def changed_before_first_commit(planner: Planner) -> list[str] | None:
         return None
     if latest.pipeline_definition is None:
         return None
-    return definition_changes(latest.pipeline_definition, planner.definition)
+    changes = classify(latest.pipeline_definition, planner.definition)
+    return [change.describe() for change in changes] or None
 
 
 def start_over(
