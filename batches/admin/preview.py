@@ -18,9 +18,8 @@ read records (a file source's inferred schema) for the length of the preview.
 Deduplication judges against the ids held, its tasks writing no files of the ids they
 let through (``DedupStep.previewing``); a keyed step runs its processor over the state
 and timers held, its tasks writing no files of their changes (``KeyedStep.previewing``).
-Not covered: a stream-stream join, whose Spark tasks write their state changes as
-(uncommitted) data files of the checkpoint's tables as they run: ``check_previewable``
-names it.
+A stream-stream join joins the batch's records with the rows held as of commit N-1 on the
+driver (``BatchWork.joined``), and only step 6 writes what it holds.
 """
 
 from __future__ import annotations
@@ -48,9 +47,6 @@ from lowmark.batches.sources import build_source
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.errors import first_line
 from lowmark.state.session import SparkLike, provider
-
-COVERED = "reads, transforms, expectations, table joins, deduplication, keyed steps and windows"
-"""What a preview runs, as its refusal says."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,17 +100,6 @@ class Preview:
         return {"pipeline": self.plan.pipeline, "plan": self.plan.to_json(), "batch": batch}
 
 
-def check_previewable(pipeline: Pipeline) -> None:
-    """Raise ``PreviewImpossible`` when ``pipeline`` has a step whose Spark tasks write
-    state files as they run (what a preview cannot run: a stream-stream join)."""
-    if pipeline.stream_join is not None:
-        raise PreviewImpossible(
-            f"pipeline {pipeline.name} has a stream_join, whose Spark tasks write state files "
-            f"as they run: lowmark preview covers {COVERED}; `lowmark plan {pipeline.name}` "
-            "shows the next batch's input"
-        )
-
-
 def preview_next(
     spark: SparkLike,
     pipeline: Pipeline,
@@ -123,9 +108,7 @@ def preview_next(
     limit: int = 20,
 ) -> Preview:
     """Run ``pipeline``'s next batch without committing anything (the module's contract);
-    its first ``limit`` sink rows. Raises ``PreviewImpossible`` (``check_previewable``) before
-    anything is read."""
-    check_previewable(pipeline)
+    its first ``limit`` sink rows."""
     plan, planner, nxt = planned_next(spark, pipeline, data_root, clock)
     planned = nxt.planned
     if planned is None or plan.batch_id is None or plan.problem is not None:

@@ -895,15 +895,13 @@ def preview(
 
     Nothing is written: no offsets, state, sink rows, late or bad records,
     watermarks or progress, and no file under the checkpoint or the sink; the
-    next `lowmark run` writes the rows shown. Pipelines with dedup, a keyed step or a
-    stream-stream join are refused (their Spark tasks write state files).
+    next `lowmark run` writes the rows shown.
     """
-    from lowmark.batches.admin.preview import check_previewable, preview_next
+    from lowmark.batches.admin.preview import preview_next
     from lowmark.batches.loop.preflight import check_source_folders
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
-    check_previewable(p)  # the definition first: no folder makes it previewable
     check_source_folders(p, c.data_root)  # as `lowmark plan` does
     with err.status(f"previewing {pipeline}…"):
         shown = preview_next(c.spark, p, c.data_root, c.clock, limit)

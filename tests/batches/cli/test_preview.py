@@ -19,6 +19,7 @@ from lowmark.batches.dedup import Dedup
 from lowmark.batches.demo import clean_orders, orders, user_revenue, write_sample_files
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
+from tests.faults.scenarios import SINK, VIEWS, stream_joined, write_clicks, write_input
 from tests.helpers import FakeClock, lowmark
 
 
@@ -160,13 +161,35 @@ def test_preview_writes_nothing_and_the_next_run_writes_exactly_the_rows_it_show
     assert code == 0 and out.strip() == f"{name}: nothing to do (0 new files (0 bytes) waiting)"
 
 
-def test_preview_refuses_a_stream_join_in_one_line_saying_what_it_covers(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_root: Path
+def test_preview_of_a_stream_join_writes_nothing_and_the_run_writes_the_pairs_it_showed(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path, data_root: Path
 ) -> None:
+    # The scenario's batch 3 matches rows held since batch 2, emits a view no click can
+    # match any more with nulls, and holds the rest: everything a join's batch writes.
+    write_input(data_root / "../input", VIEWS)
+    write_clicks(data_root / "../clicks")
     defined = tmp_path / "joined.py"
     defined.write_text(STREAM_JOINED)
-    code, out, err = lowmark(capsys, data_root, "--pipelines", str(defined), "preview", "joined")
-    assert code == 2 and out == ""
-    assert err.startswith("error: pipeline joined has a stream_join, whose Spark tasks write")
-    assert "lowmark preview covers reads, transforms, expectations" in err
-    assert len(err.strip().splitlines()) == 1
+    run = functools.partial(lowmark, capsys, data_root, "--pipelines", str(defined))
+    joined = stream_joined.model_copy(update={"name": "joined"})
+    checkpoint = Path(joined.checkpoint_location(data_root))
+    sink = Path(resolve(SINK, data_root))
+    code, _, err = run("run", "joined", "--max-batches", "3")
+    assert code == 0, err
+    files, versions = on_disk(checkpoint, sink), delta_versions(checkpoint, sink)
+    before = sink_rows(sink)
+
+    code, out, _ = run("preview", "joined", "--json", "--limit", "1000")
+    assert code == 0
+    batch = json.loads(out)["batch"]
+    assert on_disk(checkpoint, sink) == files
+    assert delta_versions(checkpoint, sink) == versions
+
+    code, out, _ = run("run", "joined", "--json")
+    ran = json.loads(out)
+    assert ran["batch_id"] == 3
+    counts = ("rows_in", "rows_out", "rows_bad", "rows_late")
+    assert {k: batch[k] for k in counts} == {k: ran[k] for k in counts}
+    written = sink_rows(sink) - before
+    assert written.total() >= 2  # a match, and a view emitted with nulls
+    assert Counter(json.dumps(r, sort_keys=True) for r in batch["rows"]) == written
