@@ -4,9 +4,14 @@ Structured Streaming's stream-stream join with watermarks, per batch N with
 watermark W (``lowmark.batches.stream_join`` for the declaration):
 
 1. The batch's records of both sides are collected (one Spark job over the
-   cached input), each as (side, key, event time, row as JSON). A record with
-   no event time, from beyond ``max_future``, or below W is late: it goes to
-   the late table, never into the join.
+   cached input), each as (side, key, event time, row as JSON, own clock). A
+   record with no event time, from beyond ``max_future``, or below W is late:
+   it goes to the late table, never into the join. A record of a partition that
+   follows ingestion time is also late below its own clock (its ingestion time
+   minus the lag, ``own_ingestion_clock``): every batch that may take it has a
+   W at or below that clock, so whether it joins is a function of the input
+   alone, and so is every pair and every outer row (a row held is evicted
+   only once every row that can still join has a time past its bound).
 2. New left rows are joined with the held right rows and the new right rows,
    and the held left rows with the new right rows, on the keys and the time
    bound (on the driver, in Arrow: the held rows are read as of commit N-1,
@@ -30,6 +35,7 @@ output, state rows and late rows, and each write lands once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -41,13 +47,21 @@ from pyspark.sql.types import StringType, StructField, StructType
 from lowmark.batches.collect import collect, to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import FUTURE, LATE_RECORD, UNTIMED, late_table
-from lowmark.batches.records import INTERNAL_COLUMNS, PARTITION_COLUMN
+from lowmark.batches.records import (
+    INGESTED_COLUMN,
+    INTERNAL_COLUMNS,
+    PARTITION_COLUMN,
+    own_ingestion_clock,
+)
 from lowmark.batches.sources.union import SEPARATOR, UnionStreamSource
 from lowmark.batches.stream_join import StreamJoin
 from lowmark.batches.windows import EventTime
 from lowmark.state.join_state import ROWS, JoinState
 
 BEHIND = "event time below the watermark: a stream-stream join has passed it"
+BEHIND_WHEN_INGESTED = (
+    "event time below the clock when it was ingested: ingestion time - max_event_time_lag"
+)
 LEFT, RIGHT = "left", "right"
 JSON_OPTIONS = {
     "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
@@ -55,8 +69,15 @@ JSON_OPTIONS = {
 }
 """Rows are held as JSON: timestamps to the microsecond, so they read back exactly."""
 _NEW = pa.schema(
-    [("side", pa.string()), ("key", pa.string()), ("time_ms", pa.int64()), ("row", pa.string())]
+    [
+        ("side", pa.string()),
+        ("key", pa.string()),
+        ("time_ms", pa.int64()),
+        ("row", pa.string()),
+        ("own_ms", pa.int64()),
+    ]
 )
+_HELD = ["side", "key", "time_ms", "row"]
 _PAIRS = StructType([StructField("left_row", StringType()), StructField("right_row", StringType())])
 
 
@@ -81,12 +102,20 @@ class IntervalJoin:
     """The stream-stream join of a pipeline (``StreamJoin``) over its union's two sources."""
 
     def __init__(
-        self, config: StreamJoin, event_time: EventTime, source: UnionStreamSource, state: JoinState
+        self,
+        config: StreamJoin,
+        event_time: EventTime,
+        source: UnionStreamSource,
+        state: JoinState,
+        lags: Mapping[str, int],
     ) -> None:
+        """``lags``: the maximum event-time lag of the partitions that follow ingestion time,
+        by the prefix of their names (``IngestionLags.by_prefix``)."""
         self.config = config
         self.event_time = event_time
         self.source = source
         self.state = state
+        self.lags = lags
         source.join_sides()
 
     def timed(self, records: DataFrame) -> DataFrame:
@@ -100,7 +129,9 @@ class IntervalJoin:
 
     def records(self, records: DataFrame) -> DataFrame:
         """``records`` as the join takes them: ``side``, ``key`` (the keys as JSON; null when
-        one is null), ``time_ms`` and ``row`` (the side's columns as JSON)."""
+        one is null), ``time_ms``, ``row`` (the side's columns as JSON) and ``own_ms`` (the
+        record's own clock; null when it has none: its partition follows event time, its
+        source cannot tell, or the transform dropped its ingestion time)."""
         left, right = self.sides()
         side = self._side()
         keys = [F.col(k) for k in self.config.keys]
@@ -108,6 +139,7 @@ class IntervalJoin:
         for k in keys:
             null_key = null_key | k.isNull()
         time = self.config.time
+        own = own_ingestion_clock(self.lags) if INGESTED_COLUMN in records.columns else None
 
         def row(schema: StructType) -> Column:
             return F.to_json(
@@ -121,6 +153,7 @@ class IntervalJoin:
             .otherwise(F.unix_millis(F.col(time.right)))
             .alias("time_ms"),
             F.when(side == LEFT, row(left)).otherwise(row(right)).alias("row"),
+            (own if own is not None else F.lit(None)).cast("long").alias("own_ms"),
         )
 
     def _side(self) -> Column:
@@ -173,7 +206,7 @@ class IntervalJoin:
         n = kept.num_rows
         kept = pa.table(
             {
-                **{c: kept.column(c) for c in _NEW.names},
+                **{c: kept.column(c) for c in _HELD},
                 "row_id": pa.array([f"{batch_id}:{i}" for i in range(n)], pa.string()),
                 "matched": pa.array([False] * n, pa.bool_()),
                 "evicted": pa.array([False] * n, pa.bool_()),
@@ -265,30 +298,28 @@ class IntervalJoin:
     def _late(
         self, new: pa.Table, watermark_ms: int | None, now_ms: int
     ) -> tuple[pa.Table, pa.Table | None]:
-        """``new`` split into the records the join takes and the late ones (``LATE_RECORD``s)."""
+        """``new`` split into the records the join takes and the late ones (``LATE_RECORD``s):
+        no event time, from beyond ``max_future``, below the record's own clock, or below
+        ``watermark_ms``, the first reason that holds."""
         times = new.column("time_ms")
+        none = pa.array([False] * new.num_rows, pa.bool_())
         untimed = pc.is_null(times)
         future = pc.fill_null(pc.greater(times, now_ms + self.event_time.max_future), False)
+        own = pc.fill_null(pc.less(times, new.column("own_ms")), False)
         behind = (
-            pc.fill_null(pc.less(times, watermark_ms), False)
-            if watermark_ms is not None
-            else pa.array([False] * new.num_rows, pa.bool_())
+            pc.fill_null(pc.less(times, watermark_ms), False) if watermark_ms is not None else none
         )
-        is_late = pc.or_(pc.or_(untimed, future), behind)
-        late = new.filter(is_late)
-        if not late.num_rows:
+        is_late = pc.or_(pc.or_(untimed, future), pc.or_(own, behind))
+        if not pc.any(is_late).as_py():
             return new, None
-        reason = pc.if_else(
-            pc.is_null(late.column("time_ms")),
+        reason = pc.case_when(
+            pc.make_struct(untimed, future, own, field_names=["untimed", "future", "own"]),
             UNTIMED,
-            pc.if_else(
-                pc.fill_null(
-                    pc.greater(late.column("time_ms"), now_ms + self.event_time.max_future), False
-                ),
-                FUTURE,
-                BEHIND,
-            ),
-        )
+            FUTURE,
+            BEHIND_WHEN_INGESTED,
+            BEHIND,
+        ).filter(is_late)
+        late = new.filter(is_late)
         records = pa.table(
             {
                 "event_us": pc.multiply(late.column("time_ms"), 1000),

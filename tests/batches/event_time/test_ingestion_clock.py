@@ -18,7 +18,15 @@ from examples.keyed import SESSIONS, Sessions
 from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, FileSource, KafkaSource, Pipeline
+from lowmark.batches.pipeline import (
+    DeltaSink,
+    FileSource,
+    KafkaSource,
+    Pipeline,
+    SyntheticSource,
+    UnionSource,
+)
+from lowmark.batches.stream_join import JoinTime, StreamJoin
 from lowmark.batches.windows import (
     Aggregate,
     EventTime,
@@ -183,3 +191,63 @@ def test_the_same_files_taken_in_one_batch_or_in_many_set_aside_the_same_late_re
     assert len(many["late"]) == late
     compared = ["late"] if step == "keyed" else many.keys()
     assert {k: len(set(many[k]) ^ set(one[k])) for k in compared} == dict.fromkeys(compared, 0)
+
+
+def test_a_stream_join_taken_in_one_batch_or_in_many_joins_and_sets_aside_the_same_rows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Views (files, judged by their modification times, 10 s apart) joined with clicks (a
+    paced synthetic source: click i happens at second i and is ingested at second i + 1,
+    a third of them 8 s late). Per file of views, one 0.5 s old and one 2 s old join the
+    clicks up to 2 s after them, one 8 s old is behind its own clock; so are the late
+    clicks. Taken a file and five clicks a batch, or all in one batch, the pairs, the
+    views emitted alone and the records set aside are the same."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    for i in range(3):
+        viewed = t0 + timedelta(seconds=10 * (i + 1))
+        views = [
+            {"key": "k0", "ts": (viewed - timedelta(seconds=s)).isoformat(), "page": f"{i}-{s}"}
+            for s in (0.5, 2.0, 8.0)
+        ]
+        write_json_lines(tmp_path / "views", f"v{i}.json", views, int(viewed.timestamp()))
+
+    def joined(files: int, clicks: int) -> Pipeline:
+        views = FileSource(
+            path=str(tmp_path / "views"),
+            format="json",
+            schema_ddl="key STRING, ts TIMESTAMP, page STRING",
+            ingestion_time="modified",
+            max_files_per_batch=files,
+        )
+        paced = SyntheticSource(
+            keys=1,
+            rows_per_second=1,
+            total_rows=30,
+            start=t0.isoformat(),
+            late_fraction=0.3,
+            late_by="8 seconds",
+            max_rows_per_batch=clicks,
+            starting_offsets="earliest",
+        )
+        return Pipeline(
+            name="clock",
+            source=UnionSource(sources={"views": views, "clicks": paced}),
+            sink=DeltaSink(path="out"),
+            event_time=EventTime(column="ts", watermark=LAG),
+            stream_join=StreamJoin(
+                left="views",
+                right="clicks",
+                keys=("key",),
+                how="left",
+                time=JoinTime(left="ts", right="event_time", upper="2 seconds"),
+            ),
+        )
+
+    later = FakeClock(int(t0.timestamp() * 1000) + 3_600_000)
+    for name, run in (("many", joined(1, 5)), ("one", joined(100, 100))):
+        MicroBatchRunner(spark, run, tmp_path / name, later).run(max_batches=None)
+    many, one = _results(tmp_path / "many"), _results(tmp_path / "one")
+    late = [json.loads(r[-1]) for r in many["late"]]
+    assert {"page" in r for r in late} == {True, False}  # views and clicks set aside
+    assert any(None not in r for r in many["windows"])  # pairs
+    assert _differences(many, one) == dict.fromkeys(many, 0)

@@ -316,6 +316,7 @@ def test_sides_with_another_column_of_the_same_name_are_refused_in_one_line(
         EventTime(column="order_time"),
         source,
         JoinState(str(tmp_path / "state"), "app:join_state", 60_000),
+        {},
     )
 
     def side(time: str) -> StructType:
