@@ -4,9 +4,10 @@ Structured Streaming's stream-stream join with watermarks, per batch N with
 watermark W (``lowmark.batches.stream_join`` for the declaration):
 
 1. The batch's records of both sides are collected (one Spark job over the
-   cached input), each as (side, key, event time, row as JSON, own clock). A
-   record with no event time, from beyond ``max_future``, or below W is late:
-   it goes to the late table, never into the join. A record of a partition that
+   cached input), each as (side, key, event time, row as JSON, own clock,
+   ingestion time). A record with no event time, from beyond ``max_future``
+   (``stage.future_of``), or below W is late: it goes to the late table,
+   never into the join. A record of a partition that
    follows ingestion time is also late below its own clock (its ingestion time
    minus the lag, ``own_ingestion_clock``): every batch that may take it has a
    W at or below that clock, so whether it joins is a function of the input
@@ -46,7 +47,13 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from lowmark.batches.collect import collect, to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.event_time.stage import FUTURE, LATE_RECORD, UNTIMED, late_table
+from lowmark.batches.event_time.stage import (
+    FUTURE,
+    FUTURE_WHEN_INGESTED,
+    LATE_RECORD,
+    UNTIMED,
+    late_table,
+)
 from lowmark.batches.records import (
     INGESTED_COLUMN,
     INTERNAL_COLUMNS,
@@ -75,6 +82,7 @@ _NEW = pa.schema(
         ("time_ms", pa.int64()),
         ("row", pa.string()),
         ("own_ms", pa.int64()),
+        ("ingested_ms", pa.int64()),
     ]
 )
 _HELD = ["side", "key", "time_ms", "row"]
@@ -131,7 +139,8 @@ class IntervalJoin:
         """``records`` as the join takes them: ``side``, ``key`` (the keys as JSON; null when
         one is null), ``time_ms``, ``row`` (the side's columns as JSON) and ``own_ms`` (the
         record's own clock; null when it has none: its partition follows event time, its
-        source cannot tell, or the transform dropped its ingestion time)."""
+        source cannot tell, or the transform dropped its ingestion time) and ``ingested_ms``
+        (its ingestion time, null likewise)."""
         left, right = self.sides()
         side = self._side()
         keys = [F.col(k) for k in self.config.keys]
@@ -139,7 +148,9 @@ class IntervalJoin:
         for k in keys:
             null_key = null_key | k.isNull()
         time = self.config.time
-        own = own_ingestion_clock(self.lags) if INGESTED_COLUMN in records.columns else None
+        carried = INGESTED_COLUMN in records.columns
+        own = own_ingestion_clock(self.lags) if carried else None
+        ingested = F.col(INGESTED_COLUMN) if carried else F.lit(None)
 
         def row(schema: StructType) -> Column:
             return F.to_json(
@@ -154,6 +165,7 @@ class IntervalJoin:
             .alias("time_ms"),
             F.when(side == LEFT, row(left)).otherwise(row(right)).alias("row"),
             (own if own is not None else F.lit(None)).cast("long").alias("own_ms"),
+            ingested.cast("long").alias("ingested_ms"),
         )
 
     def _side(self) -> Column:
@@ -299,12 +311,16 @@ class IntervalJoin:
         self, new: pa.Table, watermark_ms: int | None, now_ms: int
     ) -> tuple[pa.Table, pa.Table | None]:
         """``new`` split into the records the join takes and the late ones (``LATE_RECORD``s):
-        no event time, from beyond ``max_future``, below the record's own clock, or below
-        ``watermark_ms``, the first reason that holds."""
-        times = new.column("time_ms")
+        no event time, from beyond ``max_future`` (after its own ingestion time where it has
+        one, else after ``now_ms``: ``stage.future_of``), below the record's own clock, or
+        below ``watermark_ms``, the first reason that holds."""
+        times, ingested = new.column("time_ms"), new.column("ingested_ms")
         none = pa.array([False] * new.num_rows, pa.bool_())
         untimed = pc.is_null(times)
-        future = pc.fill_null(pc.greater(times, now_ms + self.event_time.max_future), False)
+        judged_at = pc.fill_null(ingested, now_ms)
+        future = pc.fill_null(
+            pc.greater(times, pc.add(judged_at, self.event_time.max_future)), False
+        )
         own = pc.fill_null(pc.less(times, new.column("own_ms")), False)
         behind = (
             pc.fill_null(pc.less(times, watermark_ms), False) if watermark_ms is not None else none
@@ -312,9 +328,11 @@ class IntervalJoin:
         is_late = pc.or_(pc.or_(untimed, future), pc.or_(own, behind))
         if not pc.any(is_late).as_py():
             return new, None
+        conditions = [untimed, pc.and_(future, pc.is_valid(ingested)), future, own]
         reason = pc.case_when(
-            pc.make_struct(untimed, future, own, field_names=["untimed", "future", "own"]),
+            pc.make_struct(*conditions, field_names=["untimed", "ingested", "future", "own"]),
             UNTIMED,
+            FUTURE_WHEN_INGESTED,
             FUTURE,
             BEHIND_WHEN_INGESTED,
             BEHIND,

@@ -9,8 +9,9 @@ recorded, it computes — without writing anything — what the batch must write
   watermark, was closed when the record was ingested (``<= a - lag``, its own
   ingestion time ``a``: ``IngestionLags.own_clock``; so the verdict does not
   depend on which batch took it), it has no event time (null), or its event
-  time is more than ``max_future`` after the batch's processing time; they go
-  to the late table with the reason;
+  time is more than ``max_future`` after the batch's processing time (with an
+  ingestion-time watermark: after its own ingestion time, ``future_of``); they
+  go to the late table with the reason;
 - state upserts: the (key, window) partials this batch touched, merged with
   their state as of the previous commit; each window also counts its
   records in ``_lowmark_rows`` (a record counts in the last window it
@@ -71,6 +72,7 @@ CLOSED_WHEN_INGESTED = (
     "window_end + allowed_lateness <= ingestion time - max_event_time_lag"
 )
 FUTURE = "event time more than max_future ahead of the batch's processing time"
+FUTURE_WHEN_INGESTED = "event time more than max_future ahead of its ingestion time"
 """Reasons in the late table."""
 REJECTED = "_lowmark_rejected"
 """True for a record that goes to the late table (``BatchFrames.flagged``)."""
@@ -265,9 +267,10 @@ def partition_max_event_ms(records: DataFrame, event_time: EventTime, now_ms: in
     from pyspark.sql import functions as F
 
     event_ms = _event_ms_of(records, event_time)
+    future = future_of(event_ms, records.columns, now_ms, event_time)
     return records.groupBy(PARTITION_COLUMN).agg(
         F.count(F.lit(1)).alias("rows"),
-        F.max(F.when(event_ms <= F.lit(now_ms + event_time.max_future), event_ms)).alias("max_ms"),
+        F.max(F.when(~future, event_ms)).alias("max_ms"),
     )
 
 
@@ -305,9 +308,34 @@ def observe_records(
     metrics = [F.count(F.lit(1)).alias("rows")]
     if event_time is not None:
         event_ms = _event_ms_of(records, event_time)
-        future = event_ms > F.lit(now_ms + event_time.max_future)
+        future = future_of(event_ms, records.columns, now_ms, event_time)
         metrics += _max_per_partition(partitions, event_ms, future)
     return ObservedRecords(records.observe(seen, *metrics), seen, partitions)
+
+
+def future_of(
+    event_ms: Column, columns: Sequence[str], now_ms: int, event_time: EventTime
+) -> Column:
+    """True for a record (of a frame with ``columns``) whose event time ``event_ms`` is more
+    than ``max_future`` after the time it is judged at: its own ingestion time where it
+    carries one (``INGESTED_COLUMN``, an ingestion-time watermark's: then the verdict is the
+    input's, whichever batch takes it), else the batch's processing time ``now_ms``."""
+    from pyspark.sql import functions as F
+
+    judged_at = F.lit(now_ms)
+    if INGESTED_COLUMN in columns:
+        judged_at = F.coalesce(F.col(INGESTED_COLUMN), judged_at)
+    return F.coalesce(event_ms > judged_at + F.lit(event_time.max_future), F.lit(False))
+
+
+def future_reason(columns: Sequence[str]) -> Column:
+    """The late table's reason for a record ``future_of`` sets aside."""
+    from pyspark.sql import functions as F
+
+    if INGESTED_COLUMN not in columns:
+        return F.lit(FUTURE)
+    ingested = F.col(INGESTED_COLUMN).isNotNull()
+    return F.when(ingested, F.lit(FUTURE_WHEN_INGESTED)).otherwise(F.lit(FUTURE))
 
 
 def _event_ms_of(records: DataFrame, event_time: EventTime) -> Column:
@@ -410,7 +438,7 @@ class WindowedStage:
         # A record from too far ahead is set aside the same way, and counts for no
         # watermark: one bad clock must not close every window early.
         timed = F.col(column).isNotNull()
-        future = F.col(_ET_MS) > F.lit(now_ms + self.event_time.max_future)
+        future = future_of(F.col(_ET_MS), records.columns, now_ms, self.event_time)
         own = self._closed_by_own_clock()
         closed = own if watermark_ms is None else self.closed_under(watermark_ms)
         rejected = ~timed | future | closed
@@ -418,7 +446,7 @@ class WindowedStage:
         # clock is at or past the batch's, so the reason is the record's, not the batch's.
         reason = (
             F.when(~timed, F.lit(UNTIMED))
-            .when(future, F.lit(FUTURE))
+            .when(future, future_reason(records.columns))
             .when(own, F.lit(CLOSED_WHEN_INGESTED))
             .otherwise(F.lit(CLOSED))
         )

@@ -251,3 +251,47 @@ def test_a_stream_join_taken_in_one_batch_or_in_many_joins_and_sets_aside_the_sa
     assert {"page" in r for r in late} == {True, False}  # views and clicks set aside
     assert any(None not in r for r in many["windows"])  # pairs
     assert _differences(many, one) == dict.fromkeys(many, 0)
+
+
+def test_a_record_beyond_max_future_of_its_own_ingestion_time_is_set_aside_live_and_later(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Three files 10 s apart, each with a record 40 minutes ahead of its file's time
+    (max_future 30 minutes) and two on time. Read live (a batch as each file lands) and
+    as a backlog an hour later (when 40 minutes ahead of the file is no longer 30 minutes
+    ahead of the clock), the same records are set aside for the same reason, and the
+    windows are the same."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    pipeline = Pipeline(
+        name="clock",
+        source=FileSource(
+            path="in",
+            format="json",
+            schema_ddl="user STRING, ts TIMESTAMP, amount LONG",
+            ingestion_time="modified",
+            max_files_per_batch=1,
+        ),
+        sink=DeltaSink(path="out"),
+        event_time=EventTime(column="ts", watermark=LAG, max_future="30 minutes"),
+        aggregation=WINDOWS,
+    )
+    live = FakeClock(int(t0.timestamp() * 1000))
+    runner = MicroBatchRunner(spark, pipeline, tmp_path / "live", live)
+    for i in range(3):
+        landed = t0 + timedelta(seconds=10 * i)
+        rows = [
+            {"user": "a", "ts": (landed + timedelta(seconds=s)).isoformat(), "amount": i}
+            for s in (-0.5, -1.0, 2400.0)
+        ]
+        for root in ("live", "backlog"):
+            write_json_lines(tmp_path / root / "in", f"f{i}.json", rows, int(landed.timestamp()))
+        live.now = int(landed.timestamp() * 1000) + 1000
+        runner.run(max_batches=None)
+    later = FakeClock(int(t0.timestamp() * 1000) + 3_600_000)
+    live.now = later.now  # the live run's last windows close as time goes on
+    runner.run(max_batches=None)
+    MicroBatchRunner(spark, pipeline, tmp_path / "backlog", later).run(max_batches=None)
+    backlog, on_time = _results(tmp_path / "backlog"), _results(tmp_path / "live")
+    reasons = [r[1] for r in backlog["late"]]
+    assert reasons == ["event time more than max_future ahead of its ingestion time"] * 3
+    assert _differences(on_time, backlog) == dict.fromkeys(on_time, 0)
