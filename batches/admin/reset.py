@@ -48,6 +48,7 @@ from lowmark.batches.errors import (
     SinkBehind,
     SinkHeldElsewhere,
 )
+from lowmark.batches.evolution import DefinitionChanged, blocking, classify
 from lowmark.batches.loop.steps import found_state_tables
 from lowmark.batches.pipeline import (
     PRIMARY_SINK,
@@ -280,6 +281,7 @@ def _after(pipeline: Pipeline, location: str, sink: str, data_root: Path) -> Res
     old = _old_tables(location, writer.pipeline_id, pipeline.name)
     _refuse_a_sink_behind(pipeline, old, data_root, writer.pipeline_id, writer.batch_id)
     entry = _offsets_of(old, writer.batch_id)
+    _refuse_state_of_another_definition(pipeline, entry)
     end = entry.end_offsets
     staging = f"{location}.new-{time_stamp()}"
     files_end = _file_offsets(pipeline, end)
@@ -315,6 +317,28 @@ def _after(pipeline: Pipeline, location: str, sink: str, data_root: Path) -> Res
         f"{writer.pipeline_id} batch {writer.batch_id}",
         taken.num_rows if taken is not None else 0,
     )
+
+
+def _refuse_state_of_another_definition(pipeline: Pipeline, entry: OffsetEntry) -> None:
+    """Raise ``DefinitionChanged`` when ``pipeline``'s definition differs from the one
+    ``entry``, the sink's last batch, ran under by a change its state cannot be carried
+    across (``evolution.blocking``): windows of another size, other keys, another
+    event-time column would go on from state that means something else. An entry that
+    predates recording definitions is not checked (nothing is known of it)."""
+    recorded = entry.pipeline_definition
+    if recorded is None:
+        return
+    changes = classify(recorded, pipeline.definition())
+    stops = blocking(changes)
+    if stops:
+        name = pipeline.name
+        what = "; ".join(change.describe() for change in stops)
+        raise DefinitionChanged(
+            f"pipeline {name} changed since batch {entry.batch_id} wrote its sink, in ways its "
+            f"state cannot be carried across ({what}): restore the old definition to go on "
+            f"after the sink, or start over with `lowmark reset {name} --truncate-sink`",
+            changes,
+        )
 
 
 def _refuse_a_sink_behind(

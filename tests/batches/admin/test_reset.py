@@ -21,6 +21,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.reset import reset
 from lowmark.batches.errors import ResetFailed, SinkBehind, SinkHeldElsewhere
+from lowmark.batches.evolution import DefinitionChanged
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.follow import follow
 from lowmark.batches.loop.microbatch import MicroBatchRunner
@@ -192,6 +193,25 @@ def test_after_sink_of_a_windowed_pipeline_carries_its_open_windows_and_watermar
     assertDataFrameEqual(sink(spark, data_root), sink(spark, fault_free))
     late = delta_frame(spark, data_root / "_lowmark" / "w" / "late").collect()
     assert ['"amount":99' in row.record for row in late] == [True]
+
+
+def test_after_sink_refuses_to_carry_window_state_to_windows_of_another_size(
+    spark: SparkSession, data_root: Path
+) -> None:
+    drop_batches(data_root, [[event("a", 10 * i + 1, i)] for i in range(3)])
+    p = windowed(Tumbling(size="10 seconds"), "append")
+    MicroBatchRunner(spark, p, data_root).run(max_batches=None)
+    checkpoint = data_root / "_lowmark" / "w"
+    before = sorted(f.name for f in checkpoint.parent.iterdir())
+    wider = windowed(Tumbling(size="20 seconds"), "append")
+
+    with pytest.raises(DefinitionChanged) as refused:
+        reset(spark, wider, data_root, "after")
+
+    message = str(refused.value)
+    assert "aggregation.window.size: 10000 -> 20000 (rebuild:" in message
+    assert "--truncate-sink" in message and "\n" not in message
+    assert sorted(f.name for f in checkpoint.parent.iterdir()) == before  # nothing moved
 
 
 def test_truncate_sink_of_a_windowed_sink_without_rows_yet_names_the_new_checkpoint(
