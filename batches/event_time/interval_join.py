@@ -4,9 +4,16 @@ Structured Streaming's stream-stream join with watermarks, per batch N with
 watermark W (``lowmark.batches.stream_join`` for the declaration):
 
 1. The batch's records of both sides are collected (one Spark job over the
-   cached input), each as (side, key, event time, row as JSON). A record with
-   no event time, from beyond ``max_future``, or below W is late: it goes to
-   the late table, never into the join.
+   cached input), each as (side, key, event time, row as JSON, its own
+   clock). A record with no event time, from beyond ``max_future``, or below
+   W is late: it goes to the late table, never into the join. So is one
+   below its own clock (a side that follows its ingestion time: the record's
+   ingestion time minus the lag, ``IngestionLags.own_clock``), which is at or
+   past W in every batch that may take it: whether a record joins is then
+   the record's, not its batch's, and as a held row is let go (and an outer
+   row emitted) only once W passes the time any row that could still match
+   it has, and every such row to come is at or past its own clock, no
+   batching joins a pair another would not.
 2. New left rows are joined with the held right rows and the new right rows,
    and the held left rows with the new right rows, on the keys and the time
    bound (on the driver, in Arrow: the held rows are read as of commit N-1,
@@ -31,6 +38,7 @@ output, state rows and late rows, and each write lands once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,13 +49,19 @@ from pyspark.sql.types import StringType, StructField, StructType
 from lowmark.batches.collect import collect, to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import FUTURE, LATE_RECORD, UNTIMED, late_table
-from lowmark.batches.records import INTERNAL_COLUMNS, PARTITION_COLUMN
+from lowmark.batches.records import INGESTED_COLUMN, INTERNAL_COLUMNS, PARTITION_COLUMN
 from lowmark.batches.sources.union import SEPARATOR, UnionStreamSource
 from lowmark.batches.stream_join import StreamJoin
 from lowmark.batches.windows import EventTime
 from lowmark.state.join_state import ROWS, JoinState
 
+if TYPE_CHECKING:
+    from lowmark.batches.event_time.watermarks import IngestionLags
+
 BEHIND = "event time below the watermark: a stream-stream join has passed it"
+BEHIND_WHEN_INGESTED = (
+    "event time below ingestion time - max_event_time_lag: a stream-stream join had passed it"
+)
 LEFT, RIGHT = "left", "right"
 JSON_OPTIONS = {
     "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
@@ -57,6 +71,8 @@ JSON_OPTIONS = {
 _NEW = pa.schema(
     [("side", pa.string()), ("key", pa.string()), ("time_ms", pa.int64()), ("row", pa.string())]
 )
+_OWN_MS = "own_ms"
+"""A record's own clock (epoch ms) in ``records``; null without one."""
 _PAIRS = StructType([StructField("left_row", StringType()), StructField("right_row", StringType())])
 
 
@@ -81,12 +97,19 @@ class IntervalJoin:
     """The stream-stream join of a pipeline (``StreamJoin``) over its union's two sources."""
 
     def __init__(
-        self, config: StreamJoin, event_time: EventTime, source: UnionStreamSource, state: JoinState
+        self,
+        config: StreamJoin,
+        event_time: EventTime,
+        source: UnionStreamSource,
+        state: JoinState,
+        lags: IngestionLags | None = None,
     ) -> None:
         self.config = config
         self.event_time = event_time
         self.source = source
         self.state = state
+        self.lags = lags
+        """The sides whose records are judged by their own ingestion time (None: neither)."""
         source.join_sides()
 
     def timed(self, records: DataFrame) -> DataFrame:
@@ -100,7 +123,8 @@ class IntervalJoin:
 
     def records(self, records: DataFrame) -> DataFrame:
         """``records`` as the join takes them: ``side``, ``key`` (the keys as JSON; null when
-        one is null), ``time_ms`` and ``row`` (the side's columns as JSON)."""
+        one is null), ``time_ms``, ``row`` (the side's columns as JSON) and ``own_ms`` (its own
+        clock; null without one)."""
         left, right = self.sides()
         side = self._side()
         keys = [F.col(k) for k in self.config.keys]
@@ -121,7 +145,15 @@ class IntervalJoin:
             .otherwise(F.unix_millis(F.col(time.right)))
             .alias("time_ms"),
             F.when(side == LEFT, row(left)).otherwise(row(right)).alias("row"),
+            self._own_clock(records).alias(_OWN_MS),
         )
+
+    def _own_clock(self, records: DataFrame) -> Column:
+        own = self.lags.own_clock() if self.lags is not None else None
+        if own is None or INGESTED_COLUMN not in records.columns:
+            # A transform that dropped the ingestion time leaves its records to the batch's.
+            return F.lit(None).cast("long")
+        return own.cast("long")
 
     def _side(self) -> Column:
         right = F.lit(self.config.right + SEPARATOR)
@@ -166,8 +198,9 @@ class IntervalJoin:
         """Steps 1-4 (the module's docstring) for batch ``batch_id`` over its records ``new``
         (``records``, collected), under ``watermark_ms``, at processing time ``now_ms``, with
         the held rows as of ``version`` of the state table."""
+        own = new.column(_OWN_MS).cast(pa.int64())
         new = new.select(_NEW.names).cast(_NEW)
-        kept, late = self._late(new, watermark_ms, now_ms)
+        kept, late = self._late(new, own, watermark_ms, now_ms)
         kept = kept.sort_by([("side", "ascending"), ("key", "ascending"),
                              ("time_ms", "ascending"), ("row", "ascending")])  # fmt: skip
         n = kept.num_rows
@@ -263,31 +296,36 @@ class IntervalJoin:
         )
 
     def _late(
-        self, new: pa.Table, watermark_ms: int | None, now_ms: int
+        self, new: pa.Table, own_ms: pa.ChunkedArray, watermark_ms: int | None, now_ms: int
     ) -> tuple[pa.Table, pa.Table | None]:
-        """``new`` split into the records the join takes and the late ones (``LATE_RECORD``s)."""
+        """``new`` split into the records the join takes and the late ones (``LATE_RECORD``s);
+        ``own_ms``: each record's own clock (null: none)."""
         times = new.column("time_ms")
         untimed = pc.is_null(times)
         future = pc.fill_null(pc.greater(times, now_ms + self.event_time.max_future), False)
+        behind_own = pc.fill_null(pc.less(times, own_ms), False)
         behind = (
-            pc.fill_null(pc.less(times, watermark_ms), False)
+            pc.or_(pc.fill_null(pc.less(times, watermark_ms), False), behind_own)
             if watermark_ms is not None
-            else pa.array([False] * new.num_rows, pa.bool_())
+            else behind_own
         )
         is_late = pc.or_(pc.or_(untimed, future), behind)
         late = new.filter(is_late)
         if not late.num_rows:
             return new, None
-        reason = pc.if_else(
-            pc.is_null(late.column("time_ms")),
-            UNTIMED,
-            pc.if_else(
-                pc.fill_null(
-                    pc.greater(late.column("time_ms"), now_ms + self.event_time.max_future), False
-                ),
-                FUTURE,
-                BEHIND,
+        # Behind its own clock first: in every batch that may take the record its clock is at
+        # or past the batch's, so the reason is the record's, not the batch's.
+        reason = pc.case_when(
+            pc.make_struct(
+                untimed.filter(is_late),
+                future.filter(is_late),
+                behind_own.filter(is_late),
+                field_names=["untimed", "future", "own"],
             ),
+            UNTIMED,
+            FUTURE,
+            BEHIND_WHEN_INGESTED,
+            BEHIND,
         )
         records = pa.table(
             {

@@ -204,7 +204,8 @@ class StreamJoin(StepKind["IntervalJoin"]):
         app_id = checkpoint.txn_app_id(spec.role)
         state = JoinState(checkpoint.table(spec.folder), app_id, slot_ms=slot_ms)
         state.create()
-        return IntervalJoin(pipeline.stream_join, pipeline.event_time, source, state)
+        lags = IngestionLags.of_pipeline(pipeline)
+        return IntervalJoin(pipeline.stream_join, pipeline.event_time, source, state, lags)
 
     def contracts(self, step: IntervalJoin) -> tuple[StateTable, ...]:
         return (step.state.contract,)
