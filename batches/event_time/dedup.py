@@ -79,10 +79,15 @@ VERDICT = "_lowmark_verdict"
 WRITTEN = "_lowmark_written_ids"
 """On a task's first record let through: the descriptors of the files its new ids went to
 (JSON); null on every other record."""
-NEW, DUPLICATE, UNTIMED, OLD = 0, 1, 2, 3
-"""Verdicts: let through; a duplicate; late: no event time; late: older than the horizon."""
+NEW, DUPLICATE, UNTIMED, OLD, OLD_WHEN_INGESTED = 0, 1, 2, 3, 4
+"""Verdicts: let through; a duplicate; late: no event time; late: older than the horizon;
+late: older than its own horizon (so in every batch that may take it)."""
 ID_FILES, DUPLICATES, LATE_RECORDS = "_lowmark_id_files", "_lowmark_duplicates", "_lowmark_id_late"
 BEFORE_HORIZON = "event time before the deduplication horizon: watermark - dedup.within"
+BEFORE_HORIZON_WHEN_INGESTED = (
+    "event time before the deduplication horizon when it was ingested: "
+    "ingestion time - max_event_time_lag - dedup.within"
+)
 
 
 @dataclass(frozen=True)
@@ -205,8 +210,10 @@ class DedupStep:
 
     @staticmethod
     def _late_record(payload: list[str]) -> Column:
-        reason = F.when(F.col(VERDICT) == UNTIMED, F.lit(NO_EVENT_TIME)).otherwise(
-            F.lit(BEFORE_HORIZON)
+        reason = (
+            F.when(F.col(VERDICT) == UNTIMED, F.lit(NO_EVENT_TIME))
+            .when(F.col(VERDICT) == OLD_WHEN_INGESTED, F.lit(BEFORE_HORIZON_WHEN_INGESTED))
+            .otherwise(F.lit(BEFORE_HORIZON))
         )
         return late_struct(F.col(EVENT_US), reason, payload)
 
@@ -276,15 +283,17 @@ def _judge(
     first = np.concatenate([[True], pc.not_equal(ids[1:], ids[:-1]).to_numpy(False)])
     timed = pc.is_valid(event_us).to_numpy(False)
     event = pc.fill_null(event_us, 0).to_numpy(False)
-    horizon = pc.fill_null(records.column(OWN_FROM), _NO_HORIZON).to_numpy().astype(np.int64)
-    if live_from_us is not None:
-        horizon = np.maximum(horizon, live_from_us)
+    own = pc.fill_null(records.column(OWN_FROM), _NO_HORIZON).to_numpy().astype(np.int64)
+    horizon = own if live_from_us is None else np.maximum(own, live_from_us)
     held = held_ids(path, slot_us, version, live_from_us, pc.unique(ids))
     newest = pc.take(held.column("event_us"), pc.index_in(ids, value_set=held.column("id")))
     newest_held = pc.fill_null(newest, _NOTHING_HELD).to_numpy(False)
     old = timed & (event < horizon)
+    # Behind its own horizon first: the reason is then the record's, not its batch's.
     verdicts = np.select(
-        [~timed, old, newest_held >= horizon], [UNTIMED, OLD, DUPLICATE], NEW
+        [~timed, old & (event < own), old, newest_held >= horizon],
+        [UNTIMED, OLD_WHEN_INGESTED, OLD, DUPLICATE],
+        NEW,
     ).astype(np.int8)
     # Of an id with two or more records to judge, each depends on those judged before it.
     group = np.cumsum(first) - 1

@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from lowmark.batches.dedup import Dedup
-from lowmark.batches.event_time.dedup import BEFORE_HORIZON
+from lowmark.batches.event_time.dedup import BEFORE_HORIZON_WHEN_INGESTED as BEHIND
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
@@ -104,7 +104,7 @@ def test_files_deduplicated_live_as_a_backlog_or_killed_and_replayed_keep_the_sa
     kept = sorted((id_, file) for id_, _, file in expected["sink"])  # (id, its file)
     assert kept == [("q", 0), ("w", 0), ("x", 0), ("x", 2), ("y", 1), ("z", 1)]
     late = sorted((json.loads(record)["id"], why) for _, why, record in expected["late"])
-    assert late == [("v", BEFORE_HORIZON), ("v", BEFORE_HORIZON), ("z", BEFORE_HORIZON)]
+    assert late == [("v", BEHIND), ("v", BEHIND), ("z", BEHIND)]
     assert expected["duplicates"] == 3  # the q twin, the w of file 1, the y of file 2
 
     # Backlogs, read an hour later: all at once, and two files a batch killed once batch
