@@ -22,13 +22,16 @@ source deleted and created again under the same name has a new identity, and off
 recorded against the old one mean nothing in it."""
 
 
-LateRule = Literal["batch_clock", "own_clock"]
-"""How a batch under an ingestion-time watermark judges a record late: ``batch_clock``, when
-its windows closed under the batch's watermark; ``own_clock``, also when they had closed by
-its own ingestion time minus the lag (docs/concepts.md, "Ingestion-time watermarks"). Under an
-event-time watermark both are the batch's watermark alone."""
+LateRule = Literal["batch_clock", "own_clock", "own_horizon"]
+"""How a batch judges a record late or a duplicate: ``batch_clock``, under an ingestion-time
+watermark, when its windows closed under the batch's watermark; ``own_clock``, also when they
+had closed by its own ingestion time minus the lag (docs/concepts.md, "Ingestion-time
+watermarks"); ``own_horizon``, that, and deduplication, a stream-stream join and
+``max_future`` by each record's own ingestion time too, deduplication judging an id's copies
+in ingestion order and a copy behind its horizon late before a duplicate, under either
+watermark (docs/deduplication.md)."""
 
-LATE_RULE: LateRule = "own_clock"
+LATE_RULE: LateRule = "own_horizon"
 """The rule this lowmark judges by (``lowmark.batches.event_time``)."""
 
 

@@ -15,8 +15,13 @@ The batch's Spark tasks read the live ids on the executors, with delta-rs, as
 of a version the driver pins (``StateTable.read_version``): a new batch the
 newest, a replay whose own append landed the one commit N-1 recorded, so a
 replay judges every record exactly as the first attempt did. Ids below the
-horizon are left out of every read; whole slots below it are deleted as the
-watermark moves (``purge``), a delete of partitions only, no file rewritten.
+horizon are left out of every read (a record judged by its own ingestion time
+has a horizon at or past the batch's, and counts a held id only from there
+on: ``held_ids`` gives each id's newest event time); whole slots below it are
+deleted as the watermark moves (``purge``), a delete of partitions only, no
+file rewritten. The purge follows the batch's watermark, never a record's
+own clock: a watermark never goes back, so every record of a later batch has
+its horizon at or past it, and no id a later record could count is gone.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lowmark.state.errors import CheckpointCorrupt
 from lowmark.state.state_table import StateTable
@@ -103,16 +109,25 @@ def write_ids(
     return write_files(path, rows.cast(SCHEMA), PARTITIONS, batch_id)
 
 
-def live_ids(path: str, slot_us: int, version: int | None, from_us: int | None) -> pa.Array:
-    """The ids the table at ``path`` held as of ``version`` from event time ``from_us`` on
-    (None: every id); what a Spark task reads, with delta-rs, on an executor."""
+def held_ids(
+    path: str, slot_us: int, version: int | None, from_us: int | None, among: pa.Array
+) -> pa.Table:
+    """Of the ids ``among``, those the table at ``path`` held as of ``version`` from event
+    time ``from_us`` on (None: every one), each once: ``id``, and ``event_us``, the newest
+    event time (epoch µs) it was let through at; what a Spark task reads, with delta-rs, on
+    an executor."""
     if version is None:
-        return pa.array([], pa.string())
+        return pa.table({"id": pa.array([], pa.string()), "event_us": pa.array([], pa.int64())})
     where = None
     if from_us is not None:
         where = f'"{SLOT}" >= {from_us // slot_us} AND "event_time" >= {micros_literal(from_us)}'
     table = DriverTable(path, SCHEMA, "deduplication table")
-    return table.read(where, version).column("id").combine_chunks()
+    rows = table.read(where, version).select(["id", "event_time"])
+    rows = rows.filter(pc.is_in(rows.column("id"), value_set=among))
+    newest = rows.group_by("id").aggregate([("event_time", "max")])
+    return pa.table(
+        {"id": newest.column("id"), "event_us": newest.column("event_time_max").cast(pa.int64())}
+    )
 
 
 def let_through(

@@ -121,13 +121,16 @@ class IngestionLags:
         lags); None when no partition follows ingestion time."""
         return own_ingestion_clock(self.by_prefix)
 
-    def replay_refusal(self, planned: OffsetEntry, pipeline: str) -> str | None:
+    def replay_refusal(
+        self, planned: OffsetEntry, pipeline: str, deduplicates: bool = False
+    ) -> str | None:
         """Why the batch ``planned`` may not be replayed by this lowmark, or None: it was
         planned under another late rule (``OffsetEntry.late_rule``) and a partition follows
-        an ingestion clock, so its first attempt may have written verdicts a replay under
-        this rule would not repeat (a sink counting a record the late table then also holds).
-        Under event time alone the rules agree, so the replay goes on."""
-        if planned.late_rule == LATE_RULE or not self.by_prefix:
+        an ingestion clock or the pipeline ``deduplicates``, so its first attempt may have
+        written verdicts a replay under this rule would not repeat (a sink counting a record
+        the late table then also holds). Under event time alone, without deduplication,
+        the rules agree, so the replay goes on."""
+        if planned.late_rule == LATE_RULE or not (self.by_prefix or deduplicates):
             return None
         return (
             f"batch {planned.batch_id} of {pipeline} was planned by an older lowmark that "

@@ -349,7 +349,8 @@ class Planner:
         if not changed:
             latest, _ = self.position()
             assert latest is not None  # a replay's
-            rule = self.lags.replay_refusal(latest, name)
+            deduplicates = self.pipeline.dedup is not None
+            rule = self.lags.replay_refusal(latest, name, deduplicates)
             return ReplayRuleChanged(rule) if rule is not None else None
         what = "; ".join(change.describe() for change in changed)
         return DefinitionChanged(

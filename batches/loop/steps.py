@@ -127,7 +127,8 @@ class Dedup(StepKind["DedupStep"]):
         within_us = pipeline.dedup.within * 1000
         ids = SeenIds(checkpoint.table(spec.folder), checkpoint.txn_app_id(spec.role), within_us)
         ids.create()
-        return DedupStep(pipeline.dedup, pipeline.event_time.column, ids)
+        lags = IngestionLags.of_pipeline(pipeline)
+        return DedupStep(pipeline.dedup, pipeline.event_time.column, ids, lags)
 
     def contracts(self, step: DedupStep) -> tuple[StateTable, ...]:
         return (step.seen_ids.contract,)

@@ -21,12 +21,13 @@ from pyspark.testing import assertDataFrameEqual
 
 from lowmark.batches.admin.skip_batch import set_aside
 from lowmark.batches.admin.status import pipeline_status
+from lowmark.batches.event_time.watermarks import IngestionLags
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.state.checkpoint import ID_FILE, Checkpoint
 from lowmark.state.errors import ReplayRuleChanged, UnsupportedCheckpointFormat
 from lowmark.state.log import FORMAT_VERSION
 from tests.data.make_upgrade_checkpoints import PIPELINES, ROOT, WINDOW
-from tests.helpers import drop_batches, event, reference, sink
+from tests.helpers import drop_batches, entry, event, reference, sink
 
 ARCHIVE = Path(__file__).parents[1] / "data" / "upgrade_checkpoints.tar.gz"
 
@@ -64,7 +65,7 @@ def test_a_checkpoint_an_older_lowmark_left_with_a_planned_batch_ends_as_a_plain
     assertDataFrameEqual(sink(spark, older_root), reference(spark, older_root, WINDOW))
     checkpoint = Checkpoint(str(older_root / "_lowmark" / "w"), "w")
     rules = [e.late_rule for e in checkpoint.offsets.get_range()]
-    assert rules == ["batch_clock", "batch_clock", "batch_clock", "own_clock"]
+    assert rules == ["batch_clock", "batch_clock", "batch_clock", "own_horizon"]
     assert checkpoint.late.read().num_rows == 0
 
 
@@ -118,3 +119,21 @@ def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line_and_nothing_is_wr
         f"{FORMAT_VERSION}: upgrade lowmark to a release that reads format {FORMAT_VERSION + 1}"
     )
     assert files_of(data_root) == before
+
+
+@pytest.mark.parametrize(
+    ("by_prefix", "deduplicates", "refused"),
+    [({}, False, False), ({}, True, True), ({"": 5_000}, False, True)],
+    ids=["event time", "event time, dedup", "ingestion time"],
+)
+def test_a_batch_planned_under_the_windows_own_clock_rule_is_replayed_unless_ids_or_clocks_judge(
+    by_prefix: dict[str, int], deduplicates: bool, refused: bool
+) -> None:
+    """``own_clock`` judged deduplication by the batch's clock and an id's copies in event-time
+    order: a replay of a deduplicating batch or one under an ingestion clock may contradict
+    what its first attempt wrote; windows alone under event time judge alike."""
+    planned = entry(3).model_copy(update={"late_rule": "own_clock"})
+    said = IngestionLags(by_prefix).replay_refusal(planned, "p", deduplicates)
+    assert (said is not None) == refused
+    if said is not None:
+        assert "own_clock rule, this one by own_horizon" in said and "skip-batch p 3" in said

@@ -50,3 +50,28 @@ def test_a_batchs_new_ids_reach_the_driver_as_a_few_file_descriptors_whatever_th
     assert again.kept.collect() == []
     assert (judged_again := observed(again.seen)) is not None
     assert again.observed(judged_again).duplicates == len(rows) + len(twins)
+
+
+def test_copies_behind_the_horizon_are_each_late_and_make_no_copy_within_it_a_duplicate(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Ids held for a minute behind a watermark at T0 + 110 s: the horizon is T0 + 50 s.
+    seen_ids = SeenIds(str(tmp_path / "dedup_ids"), "p:dedup", 60_000_000)
+    seen_ids.create()
+    step = DedupStep(Dedup(columns=("id",), within="1 minute"), "ts", seen_ids)
+    rows = [("a", 0), ("a", 1), ("b", 0), ("b", 100)]
+    records = spark.createDataFrame(
+        [(i, T0 + timedelta(seconds=s)) for i, s in rows], "id string, ts timestamp"
+    )
+    watermark_ms = int(T0.timestamp() * 1000) + 110_000
+
+    judged = step.judged(records, watermark_ms, seen_ids.contract.read_version({}, False, 0), 0)
+    kept = [r.id for r in judged.kept.collect()]
+    metrics = observed(judged.seen)
+    assert metrics is not None
+    seen = judged.observed(metrics)
+    # Both copies of a are late, not one late and one its duplicate; b's copy within the
+    # horizon is let through, as its only other copy was set aside, never let through.
+    assert kept == ["b"]
+    assert (seen.late.num_rows, seen.duplicates) == (3, 0)
+    assert sorted(seen.late.column("event_us").to_pylist())[-1] < watermark_ms * 1000 - 60e6
