@@ -166,6 +166,10 @@ class Planner:
     creating it, unless the source's start moves (see ``next_batch``).
     ``dimensions``: the tables of the pipeline's stream-table joins, whose newest
     versions a new batch is planned with (None: a pipeline without joins).
+    ``records_as``: the pipeline whose definition the offset log records and is compared
+    with (default: ``pipeline``): a rebuild's shadow (``lowmark.batches.admin.rebuild``)
+    writes beside the live tables but records the live definition, which its checkpoint
+    goes on under once swapped in.
     """
 
     def __init__(
@@ -176,6 +180,7 @@ class Planner:
         stage: WindowedStage | None,
         clock: Clock,
         dimensions: Dimensions | None = None,
+        records_as: Pipeline | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.dimensions = dimensions
@@ -185,8 +190,8 @@ class Planner:
         self.source = source
         self.stage = stage
         self.clock = clock
-        self.definition = pipeline.definition()
-        self.fingerprint = pipeline.fingerprint()
+        self.definition = (records_as or pipeline).definition()
+        self.fingerprint = (records_as or pipeline).fingerprint()
         self.lags = IngestionLags.of_pipeline(pipeline)
         """Which partitions follow an ingestion-time watermark (the others, event time)."""
         self.pending: tuple[Change, ...] = ()
