@@ -55,7 +55,6 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyarrow.fs import FileType
 
-from lowmark.batches.admin.reset import file_offsets, local_checkpoint, taken_files
 from lowmark.batches.errors import RebuildRefused
 from lowmark.batches.evolution import SOURCE_CHANGED, Change, ChangeClass, classify
 from lowmark.batches.loop import faults
@@ -117,17 +116,19 @@ class InProgress:
     """A rebuild under way (``lowmark status``): how far the shadow is."""
 
     shadow: str
-    live_batch: int | None
+    shadow_has: int | None
     """The last live batch the shadow has recomputed (None: none yet)."""
+    live_last: int | None
+    """The live's last committed batch (None: none, or the swap moved it aside)."""
     swapping: bool
     """The swap has started (step 1): a rebuild finishes it."""
 
-    def describe(self, live_last: int | None) -> str:
-        """One line, with the live's last committed batch ``live_last``."""
-        done = "none" if self.live_batch is None else f"batch {self.live_batch}"
-        live = "none" if live_last is None else f"batch {live_last}"
-        swap = "; swapping in: `lowmark rebuild` finishes it" if self.swapping else ""
-        return f"rebuild in progress at {self.shadow}: shadow has {done} of live {live}{swap}"
+    def describe(self) -> str:
+        """In one line."""
+        done = "none" if self.shadow_has is None else f"batch {self.shadow_has}"
+        live = "none" if self.live_last is None else f"batch {self.live_last}"
+        swap = "; swapping it in: `lowmark rebuild` finishes that" if self.swapping else ""
+        return f"{self.shadow} has the live's {done} of {live}{swap}"
 
 
 def shadow_location(pipeline: Pipeline, data_root: Path) -> str:
@@ -140,10 +141,12 @@ def in_progress(pipeline: Pipeline, data_root: Path) -> InProgress | None:
     location = shadow_location(pipeline, data_root)
     if not Checkpoint.exists(location):
         return None
-    shadow = Checkpoint(location, pipeline.name)
+    live = _live(pipeline, location.removesuffix(SHADOW))
+    done = live.commits.get_latest() if live is not None else None
     return InProgress(
         shadow=location,
-        live_batch=_rebuilt_up_to(shadow),
+        shadow_has=_rebuilt_up_to(Checkpoint(location, pipeline.name)),
+        live_last=done.batch_id if done is not None else None,
         swapping=os.path.exists(os.path.join(location, SWAP_FILE)),
     )
 
@@ -174,6 +177,8 @@ def rebuild(
 ) -> Rebuilt:
     """Rebuild ``pipeline``'s output under its definition now, and swap it in (module doc);
     ``on_batch`` is told of each shadow batch committed."""
+    from lowmark.batches.admin.reset import local_checkpoint  # PySpark: not for `status`
+
     location = local_checkpoint(pipeline.checkpoint_location(data_root))
     shadow_at = location + SHADOW
     _refuse_sinks(pipeline)
@@ -185,6 +190,7 @@ def rebuild(
         shadow = Checkpoint(shadow_at, pipeline.name)
         return _swap(spark, pipeline, data_root, shadow, record, on_batch, 0)
     live = _live(pipeline, location)
+    _drop_stale_shadow(pipeline, data_root, shadow_at, live)
     if live is None:
         return Rebuilt(
             pipeline=pipeline.name,
@@ -199,7 +205,6 @@ def rebuild(
             "under: no change to rebuild",
         )
     _refuse_unreplayable(pipeline, live)
-    _drop_stale_shadow(pipeline, data_root, shadow_at, live.pipeline_id)
     _refuse_lost_history(spark, pipeline, data_root, live, last)
     shadow = _shadow(pipeline, data_root, shadow_at, live)
     ran = _catch_up(spark, pipeline, data_root, live, shadow, on_batch)
@@ -484,15 +489,17 @@ def _history_start(live: Checkpoint) -> Offsets:
     return first.start_offsets
 
 
-def _drop_stale_shadow(pipeline: Pipeline, data_root: Path, shadow_at: str, live_id: str) -> None:
-    """A shadow of another live checkpoint (``lowmark reset`` ran since it was made) or
-    of another definition is moved aside, with its sinks: the rebuild starts over."""
+def _drop_stale_shadow(
+    pipeline: Pipeline, data_root: Path, shadow_at: str, live: Checkpoint | None
+) -> None:
+    """A shadow of another live checkpoint than ``live`` (``lowmark reset`` ran since it was
+    made) or of another definition is moved aside, with its sinks: the rebuild starts over."""
     if not Checkpoint.exists(shadow_at):
         return
     shadow = Checkpoint(shadow_at, pipeline.name)
     latest = shadow.offsets.get_latest()
     other_definition = latest is not None and latest.pipeline_fingerprint != pipeline.fingerprint()
-    if shadow.adopted_from == live_id and not other_definition:
+    if live is not None and shadow.adopted_from == live.pipeline_id and not other_definition:
         return
     moved = move_aside(shadow_at, "dropped")
     stamp = moved.rsplit("-", 1)[1] if moved else time_stamp()
@@ -694,6 +701,8 @@ def _extend_manifest(
     """The live file manifest's files the batches up to ``through`` took (retired ones
     too) that the shadow's lacks, added to it: the shadow's offsets are the live's, and so
     must be the files they number. Once per live batch (a repeat is skipped)."""
+    from lowmark.batches.admin.reset import file_offsets, taken_files
+
     end = file_offsets(pipeline, through.end_offsets)
     kept = taken_files(live.files.path, end)
     if kept is None:  # a source without a manifest

@@ -1,24 +1,44 @@
 """``lowmark rebuild``: a change that needs a rebuild is recomputed from the recorded history
 beside the live tables and swapped in, exactly once across kills
-(lowmark.batches.admin.rebuild)."""
+(lowmark.batches.admin.rebuild).
+
+Every test starts from one live history, made once (``history``): the live pipeline
+``OLD`` has run over three files, and a fresh run of ``NEW`` over the same files (and over
+one more) says what a rebuild must write.
+"""
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from lowmark.batches.admin.rebuild import rebuild
+from lowmark.batches.admin.rebuild import ShadowBatch, in_progress, rebuild
+from lowmark.batches.admin.reset import reset
+from lowmark.batches.errors import RebuildRefused, SinkHeldElsewhere
+from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, Pipeline
+from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline, PostgresSink
 from lowmark.batches.windows import Tumbling
 from lowmark.state.checkpoint import Checkpoint
-from tests.helpers import delta_frame, event, windowed, write_json_lines
-
-OLD = windowed(Tumbling(size="10 seconds"))
-NEW = windowed(Tumbling(size="20 seconds"))  # window size: a rebuild change
+from lowmark.state.errors import CheckpointReplaced
+from tests.helpers import (
+    SCHEMA,
+    T0,
+    delta_frame,
+    event,
+    reference_of,
+    windowed,
+    write_json_lines,
+)
 
 FILES = [
     [event("a", 1, 1), event("b", 4, 2)],
@@ -27,42 +47,222 @@ FILES = [
     [event("a", 47, 7), event("b", 52, 8)],
     [event("a", 75, 9)],
 ]
+"""One file a batch; the live history takes the first four."""
 
 
-def _drop(root: Path, index: int) -> None:
-    write_json_lines(root / "in", f"b{index:03d}.json", FILES[index], 1_700_000_000 + index)
+NEW_SIZE = Tumbling(size="20 seconds")
 
 
-def _run(spark: SparkSession, p: Pipeline, root: Path) -> None:
-    MicroBatchRunner(spark, p, root).run(max_batches=None)
+def _windowed(size: Tumbling, inputs: Path) -> Pipeline:
+    """``windowed`` over ``inputs``: the folder every copy of the live history reads (the
+    file manifest names its files by their paths)."""
+    p = windowed(size)
+    return p.model_copy(update={"source": p.source.model_copy(update={"path": str(inputs)})})
 
 
-def _fresh(p: Pipeline) -> Pipeline:
-    """``p`` on a checkpoint and sink of its own: a fresh run over the same input."""
-    fields: dict[str, Any] = {"checkpoint": "_lowmark/fresh", "sink": DeltaSink(path="fresh")}
-    return p.model_copy(update=fields)
+def _run(spark: SparkSession, p: Pipeline, root: Path, batches: int | None = None) -> None:
+    MicroBatchRunner(spark, p, root).run(max_batches=batches)
 
 
-def test_a_rebuilt_sink_equals_a_fresh_run_of_the_new_definition_and_runs_go_on_under_it(
+@dataclass(frozen=True)
+class History:
+    old: Pipeline
+    new: Pipeline
+    """``old`` with another window size: a change that needs a rebuild."""
+    root: Path
+    """A data root where ``old`` ran over ``FILES[:4]``: copy it, never change it."""
+    live_last: int
+    """The live's last committed batch."""
+    before: list[Row]
+    """What its sink holds."""
+    fresh: list[Row]
+    """What a fresh run of ``new`` writes over ``FILES[:4]`` with the live's batching."""
+    fresh_more: list[Row]
+    """... and then until caught up (``FILES[4]`` too)."""
+
+
+def _closed(spark: SparkSession, files: list[Path], watermark_s: int) -> list[Row]:
+    """The 20-second windows of ``files`` a watermark at ``watermark_s`` has closed (append
+    mode writes each once, when closed), as one plain Spark batch computes them."""
+    windows = reference_of(spark.read.schema(SCHEMA).json([str(f) for f in files]), NEW_SIZE)
+    closed = windows.where(F.col("window_end") <= F.lit(T0 + timedelta(seconds=watermark_s)))
+    return closed.collect()
+
+
+@pytest.fixture(scope="module")
+def history(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> History:
+    inputs = tmp_path_factory.mktemp("inputs")
+    files = [
+        write_json_lines(inputs, f"b{i:03d}.json", rows, 1_700_000_000 + i)
+        for i, rows in enumerate(FILES)
+    ]
+    old, new = _windowed(Tumbling(size="10 seconds"), inputs), _windowed(NEW_SIZE, inputs)
+    root = tmp_path_factory.mktemp("live")
+    _run(spark, old, root, 4)
+    done = Checkpoint(old.checkpoint_location(root), "w").commits.get_latest()
+    assert done is not None
+    # Batch 3 runs with the watermark batch 2 leaves (its newest event, 31 s): the windows
+    # ending by then are written; a run until caught up takes the last file and a batch
+    # without input then closes what the newest event (75 s) closes.
+    fresh = _closed(spark, files[:4], 31)
+    fresh_more = _closed(spark, files, 75)
+    before = delta_frame(spark, root / "out").collect()
+    assert fresh and before and sorted(before) != sorted(fresh)
+    return History(old, new, root, done.batch_id, before, fresh, fresh_more)
+
+
+@pytest.fixture
+def live(history: History, data_root: Path) -> Path:
+    """A copy of the live history, for one test."""
+    shutil.copytree(history.root, data_root, dirs_exist_ok=True)
+    return data_root
+
+
+def _sink_at(spark: SparkSession, root: Path, version: int) -> list[Row]:
+    read = spark.read.format("delta").option("versionAsOf", version)
+    return read.load(str(root / "out")).collect()
+
+
+def _sink(spark: SparkSession, root: Path) -> list[Row]:
+    return sorted(delta_frame(spark, root / "out").collect())
+
+
+def test_a_rebuild_swaps_in_one_sink_commit_what_a_fresh_run_of_the_new_definition_writes(
+    spark: SparkSession, live: Path, history: History
+) -> None:
+    before = DeltaTable(str(live / "out")).version()
+    told: list[ShadowBatch] = []
+
+    done = rebuild(spark, history.new, live, told.append)
+
+    assert done.nothing is None and done.last_batch == history.live_last
+    assert [b.live_batch for b in told] == list(range(history.live_last + 1))
+    assert done.moved_to is not None and Path(done.moved_to).exists()
+    assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh)
+    # A reader sees the old table or the new one: the swap wrote one version.
+    assert DeltaTable(str(live / "out")).version() == before + 1
+    assertDataFrameEqual(_sink_at(spark, live, before), history.before)
+    assert not (live / "out.rebuild").exists() and in_progress(history.new, live) is None
+    # The pipeline goes on under the new definition, from the shadow's checkpoint.
+    _run(spark, history.new, live)
+    assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh_more)
+
+
+def test_batches_the_live_pipeline_commits_during_the_rebuild_are_rebuilt_once(
+    spark: SparkSession, live: Path, history: History
+) -> None:
+    still_running = MicroBatchRunner(spark, history.old, live)
+
+    def live_commits_meanwhile(b: ShadowBatch) -> None:
+        if b.shadow_batch == 0:
+            assert still_running.run(max_batches=None)
+
+    done = rebuild(spark, history.new, live, live_commits_meanwhile)
+
+    assert done.last_batch is not None and done.last_batch > history.live_last
+    assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh_more)
+    # The live runner, still on the checkpoint the swap moved aside, stops before writing.
+    with pytest.raises(CheckpointReplaced):
+        still_running.run_batch()
+
+
+KILLS = [
+    KillPoint("rebuild_after_manifest", 0),
+    KillPoint("after_offset_log", 1),
+    KillPoint("after_sink", 2),
+    KillPoint("after_commit", 3),
+    KillPoint("swap_after_record", 3),
+    KillPoint("swap_after_move", 3),
+    KillPoint("swap_after_catch_up", 3),
+    KillPoint("swap_after_sink", 3),
+    KillPoint("swap_after_move_shadow", 3),
+]
+"""A step of each shadow batch, then every step of the swap (the shadow's last batch is 3)."""
+
+
+def test_a_rebuild_killed_at_each_step_and_run_again_writes_what_an_unbroken_one_does(
+    spark: SparkSession, live: Path, history: History
+) -> None:
+    assert history.live_last == 3
+    for point in KILLS:
+        with crash_at(point), pytest.raises(InjectedCrash):
+            rebuild(spark, history.new, live)
+        # A reader sees the old table or the new one, at every step.
+        assert _sink(spark, live) in (sorted(history.before), sorted(history.fresh)), point
+        if point.step in ("swap_after_move", "swap_after_sink"):
+            # A run while the shadow is not in place yet refuses before writing.
+            with pytest.raises(SinkHeldElsewhere):
+                MicroBatchRunner(spark, history.new, live).run_batch()
+    assert rebuild(spark, history.new, live).nothing is None
+    assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh)
+    assert in_progress(history.new, live) is None
+    assert rebuild(spark, history.new, live).nothing is not None
+
+
+def test_a_reset_while_a_rebuild_is_under_way_drops_its_shadow_at_the_next_rebuild(
+    spark: SparkSession, live: Path, history: History
+) -> None:
+    with crash_at(KillPoint("after_commit", 0)), pytest.raises(InjectedCrash):
+        rebuild(spark, history.new, live)
+    under_way = in_progress(history.new, live)
+    assert under_way is not None and (under_way.shadow_has, under_way.live_last) == (0, 3)
+    assert "has the live's batch 0 of batch 3" in under_way.describe()
+
+    reset(spark, history.old, live, "truncate")  # a new live checkpoint, no batch yet
+
+    assert rebuild(spark, history.new, live).nothing is not None
+    assert in_progress(history.new, live) is None
+    assert list(live.glob("_lowmark/w.rebuild.dropped-*")) != []
+    assert list(live.glob("out.rebuild.dropped-*")) != []
+
+
+def test_a_rebuild_with_no_change_pending_does_nothing(
+    spark: SparkSession, live: Path, history: History
+) -> None:
+    done = rebuild(spark, history.old, live)
+    assert done.nothing is not None and "no change" in done.nothing
+    assert not (live / "_lowmark" / "w.rebuild").exists()
+
+
+def test_a_rebuild_of_a_postgres_sink_is_refused_naming_the_way_on(
     spark: SparkSession, data_root: Path
 ) -> None:
-    for i in range(3):
-        _drop(data_root, i)
-    _run(spark, OLD, data_root)
-    live = Checkpoint(OLD.checkpoint_location(data_root), "w")
-    last = live.commits.get_latest()
-    assert last is not None
+    p = windowed(NEW_SIZE).model_copy(update={"sink": PostgresSink(table="windows")})
+    with pytest.raises(RebuildRefused, match=r"not a Delta table.*`lowmark reset w --truncate"):
+        rebuild(spark, p, data_root)
 
-    done = rebuild(spark, NEW, data_root)
 
-    assert done.nothing is None and done.last_batch == last.batch_id
-    assert done.moved_to is not None and Checkpoint(done.moved_to, "w").pipeline_id == live.pipeline_id
-    _run(spark, _fresh(NEW), data_root)
-    assertDataFrameEqual(delta_frame(spark, data_root / "out"), delta_frame(spark, data_root / "fresh"))
-    # The pipeline goes on under the new definition, from the shadow's checkpoint.
-    for i in (3, 4):
-        _drop(data_root, i)
-    _run(spark, NEW, data_root)
-    _run(spark, _fresh(NEW), data_root)
-    assertDataFrameEqual(delta_frame(spark, data_root / "out"), delta_frame(spark, data_root / "fresh"))
-    assert not (data_root / "out.rebuild").exists()
+def _plain(schema: str) -> Pipeline:
+    """A stateless pipeline over ``in``, one file a batch."""
+    source = FileSource(path="in", format="json", schema_ddl=schema, max_files_per_batch=1)
+    fields: dict[str, Any] = {"name": "s", "source": source, "sink": DeltaSink(path="out")}
+    return Pipeline(**fields)
+
+
+def _notes(root: Path, count: int) -> None:
+    for i in range(count):
+        rows = [{"id": i, "note": "n"}]
+        write_json_lines(root / "in", f"f{i}.json", rows, 1_700_000_000 + i)
+
+
+def test_a_stateless_sink_rebuilt_without_a_removed_column_takes_the_new_schema(
+    spark: SparkSession, data_root: Path
+) -> None:
+    _notes(data_root, 2)
+    _run(spark, _plain("id LONG, note STRING"), data_root)
+
+    rebuild(spark, _plain("id LONG"), data_root)  # a source column removed: a rebuild
+
+    assertDataFrameEqual(delta_frame(spark, data_root / "out"), [Row(id=0), Row(id=1)])
+
+
+def test_a_rebuild_is_refused_before_writing_when_the_source_lost_recorded_input(
+    spark: SparkSession, data_root: Path
+) -> None:
+    _notes(data_root, 1)
+    _run(spark, _plain("id LONG, note STRING"), data_root)
+    (data_root / "in" / "f0.json").unlink()
+
+    with pytest.raises(RebuildRefused, match=r"no longer holds .*/f0\.json"):
+        rebuild(spark, _plain("id LONG"), data_root)
+    assert not (data_root / "_lowmark" / "s.rebuild").exists()
