@@ -56,10 +56,11 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyarrow.fs import FileType
 
 from lowmark.batches.errors import RebuildRefused
-from lowmark.batches.evolution import SOURCE_CHANGED, Change, ChangeClass, classify
+from lowmark.batches.evolution import Change, classify
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.loop.parts import build_parts
+from lowmark.batches.loop.rebuildable import refusal
 from lowmark.batches.pipeline import DeltaSink, Pipeline, resolve
 from lowmark.batches.sinks import sink_app_id, written_on_driver
 from lowmark.batches.sources import build_source
@@ -181,7 +182,7 @@ def rebuild(
 
     location = local_checkpoint(pipeline.checkpoint_location(data_root))
     shadow_at = location + SHADOW
-    _refuse_sinks(pipeline)
+    _refuse(pipeline)
     finished = _finished(pipeline, data_root, location)
     if finished is not None:
         return finished
@@ -390,16 +391,20 @@ def _pipeline_id_at(location: str) -> str | None:
 # Before anything is written: what there is to rebuild, and whether it can be.
 
 
-def _refuse_sinks(pipeline: Pipeline) -> None:
-    """A sink that is not a Delta table cannot have its content swapped in one commit."""
-    for name, config in pipeline.sinks().items():
-        if not isinstance(config, DeltaSink):
-            raise RebuildRefused(
-                f"{pipeline.name} not rebuilt, nothing written: its sink {name} ({config.label}) "
-                f"is not a Delta table, whose content a rebuild swaps in one commit (its readers "
-                f"would see old and new rows mixed); `lowmark reset {pipeline.name} "
-                "--truncate-sink` recomputes it from the source's beginning"
-            )
+def _refuse(pipeline: Pipeline, changes: Sequence[Change] = ()) -> None:
+    """``RebuildRefused`` when a rebuild cannot recompute ``pipeline``'s output under
+    ``changes`` (``rebuildable.refusal``)."""
+    why = refusal(pipeline, changes)
+    if why is not None:
+        raise _refused(pipeline, why)
+
+
+def _refused(pipeline: Pipeline, why: str) -> RebuildRefused:
+    name = pipeline.name
+    return RebuildRefused(
+        f"{name} not rebuilt, nothing written: {why}; `lowmark reset {name} --truncate-sink` "
+        "recomputes its output from the source's beginning instead"
+    )
 
 
 def _live(pipeline: Pipeline, location: str) -> Checkpoint | None:
@@ -423,46 +428,32 @@ def _pending(pipeline: Pipeline, last: OffsetEntry) -> tuple[Change, ...] | None
     recorded offsets cannot be replayed under them."""
     if last.pipeline_fingerprint == pipeline.fingerprint():
         return None
-    name = pipeline.name
     if last.pipeline_definition is None:
-        raise RebuildRefused(
-            f"{name} not rebuilt, nothing written: its batch {last.batch_id} predates lowmark "
-            "recording definitions, so what changed is not known; `lowmark reset "
-            f"{name} --truncate-sink` recomputes it from the source's beginning"
+        raise _refused(
+            pipeline,
+            f"its batch {last.batch_id} predates lowmark recording definitions, so what "
+            "changed is not known",
         )
     changes = classify(last.pipeline_definition, pipeline.definition())
-    stops = [
-        c for c in changes if c.kind is SOURCE_CHANGED or c.change_class is ChangeClass.REFUSED
-    ]
-    if stops:
-        raise RebuildRefused(
-            f"{name} not rebuilt, nothing written: {'; '.join(c.describe() for c in stops)}: "
-            "a rebuild replays the offsets the batches recorded, which point into the old "
-            f"source and state; `lowmark reset {name} --truncate-sink` starts over instead"
-        )
+    _refuse(pipeline, changes)
     return changes or None
 
 
 def _refuse_unreplayable(pipeline: Pipeline, live: Checkpoint) -> None:
-    """What the live's batch ranges alone do not replay, and history the offset log lost."""
-    name, way_on = pipeline.name, f"`lowmark reset {pipeline.name} --truncate-sink`"
-    why = None
-    if pipeline.joins:
-        why = "it joins tables at the versions each batch was planned with"
-    elif pipeline.stream_join is not None:
-        why = "it joins two streams, which the shadow's replay of recorded ranges does not"
-    elif live.adopted_from is not None:
-        why = (
+    """History the live checkpoint does not hold: what its sink held before it, the
+    boundaries of batches its offset log dropped."""
+    if live.adopted_from is not None:
+        raise _refused(
+            pipeline,
             f"its sink holds what checkpoint {live.adopted_from} wrote before `lowmark reset "
-            "--after-sink`, which this checkpoint's history does not reach"
+            "--after-sink`, which this checkpoint's history does not reach",
         )
-    elif live.offsets.get(0) is None:
-        why = (
+    if live.offsets.get(0) is None:
+        raise _refused(
+            pipeline,
             "its offset log no longer holds batch 0 (maintenance keeps the last "
-            "`maintenance.log_batches`), so the earlier batches' boundaries are gone"
+            "`maintenance.log_batches`), so the earlier batches' boundaries are gone",
         )
-    if why is not None:
-        raise RebuildRefused(f"{name} not rebuilt, nothing written: {why}; {way_on}")
 
 
 def _refuse_lost_history(
@@ -474,9 +465,9 @@ def _refuse_lost_history(
     if lost is not None:
         raise RebuildRefused(
             f"{pipeline.name} not rebuilt, nothing written: the source no longer holds all the "
-            f"input its batches up to {last.batch_id} read: {lost}; without it the shadow "
-            "cannot recompute them: restore that input, or start over with `lowmark reset "
-            f"{pipeline.name} --truncate-sink` (the sink then holds only what the source has)"
+            f"input its batches up to {last.batch_id} read ({lost}): restore that input, or "
+            f"start over with `lowmark reset {pipeline.name} --truncate-sink` (the sink then "
+            "holds only what the source still has)"
         )
 
 

@@ -33,6 +33,7 @@ from lowmark.batches.evolution import (
 )
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.poison import blocked
+from lowmark.batches.loop.rebuildable import refusal
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sources.base import (
     Clocks,
@@ -330,6 +331,11 @@ class Planner:
         stops = blocking(changes)
         if stops:
             what = "; ".join(change.describe() for change in stops)
+            if refusal(self.pipeline, stops) is None:
+                way_on = (
+                    f"recompute its output under the new definition with `lowmark rebuild "
+                    f"{name}` (beside the live tables, then swapped in), {way_on}"
+                )
             raise DefinitionChanged(
                 f"pipeline {name} changed since its checkpoint {self.location} was written, "
                 f"in ways its checkpoint cannot take at a batch boundary ({what}): {way_on}",
