@@ -9,6 +9,7 @@ one more) says what a rebuild must write.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +25,7 @@ from pyspark.testing import assertDataFrameEqual
 from lowmark.batches.admin.rebuild import ShadowBatch, in_progress, rebuild
 from lowmark.batches.admin.reset import reset
 from lowmark.batches.errors import RebuildRefused, SinkHeldElsewhere
+from lowmark.batches.evolution import DefinitionChanged
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline, PostgresSink
@@ -46,6 +48,7 @@ FILES = [
     [event("b", 25, 5), event("a", 31, 6)],
     [event("a", 47, 7), event("b", 52, 8)],
     [event("a", 75, 9)],
+    [event("b", 98, 10)],
 ]
 """One file a batch; the live history takes the first four."""
 
@@ -77,8 +80,7 @@ class History:
     """What its sink holds."""
     fresh: list[Row]
     """What a fresh run of ``new`` writes over ``FILES[:4]`` with the live's batching."""
-    fresh_more: list[Row]
-    """... and then until caught up (``FILES[4]`` too)."""
+    files: list[Path]
 
 
 def _closed(spark: SparkSession, files: list[Path], watermark_s: int) -> list[Row]:
@@ -102,13 +104,11 @@ def history(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Hi
     done = Checkpoint(old.checkpoint_location(root), "w").commits.get_latest()
     assert done is not None
     # Batch 3 runs with the watermark batch 2 leaves (its newest event, 31 s): the windows
-    # ending by then are written; a run until caught up takes the last file and a batch
-    # without input then closes what the newest event (75 s) closes.
+    # ending by then are written.
     fresh = _closed(spark, files[:4], 31)
-    fresh_more = _closed(spark, files, 75)
     before = delta_frame(spark, root / "out").collect()
     assert fresh and before and sorted(before) != sorted(fresh)
-    return History(old, new, root, done.batch_id, before, fresh, fresh_more)
+    return History(old, new, root, done.batch_id, before, fresh, files)
 
 
 @pytest.fixture
@@ -118,52 +118,48 @@ def live(history: History, data_root: Path) -> Path:
     return data_root
 
 
-def _sink_at(spark: SparkSession, root: Path, version: int) -> list[Row]:
-    read = spark.read.format("delta").option("versionAsOf", version)
-    return read.load(str(root / "out")).collect()
-
-
 def _sink(spark: SparkSession, root: Path) -> list[Row]:
     return sorted(delta_frame(spark, root / "out").collect())
 
 
-def test_a_rebuild_swaps_in_one_sink_commit_what_a_fresh_run_of_the_new_definition_writes(
+def _writer(commit: dict[str, Any]) -> str:
+    """The checkpoint a sink commit names as its writer (``lowmark.state.ownership``)."""
+    return str(json.loads(commit["userMetadata"])["lowmark"]["app_id"]).split(":")[0]
+
+
+def test_a_rebuild_while_the_live_pipeline_commits_swaps_in_a_fresh_runs_output_in_one_commit(
     spark: SparkSession, live: Path, history: History
 ) -> None:
-    before = DeltaTable(str(live / "out")).version()
+    with pytest.raises(DefinitionChanged, match=r"with `lowmark rebuild w` \(beside"):
+        MicroBatchRunner(spark, history.new, live).run_batch()
+    still_running = MicroBatchRunner(spark, history.old, live)
+    live_id = still_running.checkpoint.pipeline_id
     told: list[ShadowBatch] = []
 
-    done = rebuild(spark, history.new, live, told.append)
-
-    assert done.nothing is None and done.last_batch == history.live_last
-    assert [b.live_batch for b in told] == list(range(history.live_last + 1))
-    assert done.moved_to is not None and Path(done.moved_to).exists()
-    assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh)
-    # A reader sees the old table or the new one: the swap wrote one version.
-    assert DeltaTable(str(live / "out")).version() == before + 1
-    assertDataFrameEqual(_sink_at(spark, live, before), history.before)
-    assert not (live / "out.rebuild").exists() and in_progress(history.new, live) is None
-    # The pipeline goes on under the new definition, from the shadow's checkpoint.
-    _run(spark, history.new, live)
-    assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh_more)
-
-
-def test_batches_the_live_pipeline_commits_during_the_rebuild_are_rebuilt_once(
-    spark: SparkSession, live: Path, history: History
-) -> None:
-    still_running = MicroBatchRunner(spark, history.old, live)
-
     def live_commits_meanwhile(b: ShadowBatch) -> None:
+        told.append(b)
         if b.shadow_batch == 0:
-            assert still_running.run(max_batches=None)
+            assert still_running.run_batch() is not None  # the fifth file, batch 4
 
     done = rebuild(spark, history.new, live, live_commits_meanwhile)
 
-    assert done.last_batch is not None and done.last_batch > history.live_last
-    assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh_more)
-    # The live runner, still on the checkpoint the swap moved aside, stops before writing.
+    # Every live batch rebuilt once, the one committed meanwhile too (its watermark, the
+    # newest event before it, 52 s, closes what it closes).
+    assert done.nothing is None and done.last_batch == history.live_last + 1
+    assert [b.live_batch for b in told] == list(range(history.live_last + 2))
+    assertDataFrameEqual(delta_frame(spark, live / "out"), _closed(spark, history.files[:5], 52))
+    # One commit replaced the old output, naming the checkpoint swapped in as its writer.
+    swapped, written = DeltaTable(str(live / "out")).history(2)
+    now = Checkpoint(history.new.checkpoint_location(live), "w").pipeline_id
+    assert (_writer(swapped), _writer(written)) == (now, live_id)
+    assert done.moved_to is not None and Checkpoint(done.moved_to, "w").pipeline_id == live_id
+    assert not (live / "out.rebuild").exists() and in_progress(history.new, live) is None
+    # The live runner, still on the checkpoint the swap moved aside, stops before writing;
+    # runs go on under the new definition, from the checkpoint swapped in.
     with pytest.raises(CheckpointReplaced):
         still_running.run_batch()
+    _run(spark, history.new, live)
+    assertDataFrameEqual(delta_frame(spark, live / "out"), _closed(spark, history.files, 98))
 
 
 KILLS = [
