@@ -33,7 +33,10 @@ Step 6. Delete the shadow sinks (their rows are the live sinks' now) and ``swap.
 
 Every step is idempotent, so a kill anywhere and a rebuild again finish the job exactly
 once: a shadow batch is a batch (its own recovery rule), step 2 and step 5 look where the
-checkpoints are, step 4 is skipped where its transaction landed. Refused, before anything
+checkpoints are, step 4 is skipped where its transaction landed. (As after ``lowmark
+reset``, a batch of a live runner that passed its last fence before step 2 may still land
+its sink write, after step 4's commit if it takes longer than steps 3-4: stop a live
+runner whose batches take that long before its rebuild swaps.) Refused, before anything
 is written (``RebuildRefused``): a sink that is not a Delta table (its content cannot be
 swapped in one commit), a change the recorded offsets cannot be replayed under (another
 source, a refused change), history the live offset log or the source no longer holds.
@@ -265,14 +268,7 @@ def _swap(
     faults.reached("swap_after_move_shadow", last)
     # Step 6.
     _clean_up(pipeline, data_root, location)
-    done = live.commits.get_latest()
-    return Rebuilt(
-        pipeline=pipeline.name,
-        batches=ran,
-        last_batch=done.batch_id if done is not None else None,
-        moved_to=record.moved_to,
-        sinks=tuple(sinks.values()),
-    )
+    return _swapped(pipeline, data_root, record, ran)
 
 
 def _finished(pipeline: Pipeline, data_root: Path, location: str) -> Rebuilt | None:
@@ -283,8 +279,16 @@ def _finished(pipeline: Pipeline, data_root: Path, location: str) -> Rebuilt | N
         return None
     record = _read_record(marker)
     _clean_up(pipeline, data_root, location)
+    return _swapped(pipeline, data_root, record, 0)
+
+
+def _swapped(pipeline: Pipeline, data_root: Path, record: _SwapRecord, ran: int) -> Rebuilt:
+    """What a rebuild that swapped the shadow in did (``ran`` shadow batches)."""
+    done = Checkpoint(record.moved_to, pipeline.name).commits.get_latest()
     return Rebuilt(
         pipeline=pipeline.name,
+        batches=ran,
+        last_batch=done.batch_id if done is not None else None,
         moved_to=record.moved_to,
         sinks=tuple(_sink_paths(pipeline, data_root).values()),
     )
@@ -309,7 +313,7 @@ def _replace(
     written by delta-rs, a stateless one's by Spark: each sink's one writer engine, as
     ``lowmark reset`` empties it."""
     if written_on_driver(pipeline):
-        DriverTable(live, None, "sink").write_once(_overwrite_with(shadow), app_id, batch_id)
+        DriverTable(live, None, "sink").write_once(_overwrite_with(live, shadow), app_id, batch_id)
         return
     session = own_session(provider(spark)())
     if is_table(shadow):
@@ -330,7 +334,7 @@ def _replace(
     )
 
 
-def _overwrite_with(shadow: str) -> Write:
+def _overwrite_with(live: str, shadow: str) -> Write:
     """The delta-rs write of ``DriverTable.write_once`` that replaces a table's content and
     schema with the shadow sink's (nothing for a table that is not there and no shadow)."""
 
@@ -342,12 +346,12 @@ def _overwrite_with(shadow: str) -> Write:
         else:
             return
         write_deltalake(
-            table if table is not None else shadow.removesuffix(SHADOW),
+            table if table is not None else live,
             rows,
             mode="overwrite",
             schema_mode="overwrite",
             commit_properties=commit,
-            storage_options=delta_rs_options(shadow) if table is None else None,
+            storage_options=delta_rs_options(live) if table is None else None,
         )
 
     return write
@@ -675,10 +679,12 @@ def _catch_up(
             passed = target
             continue
         ran += 1
+        recomputed = _rebuilt_up_to(shadow)
+        assert recomputed is not None  # the batch just committed names it
         on_batch(
             ShadowBatch(
                 shadow_batch=result.batch_id,
-                live_batch=_rebuilt_up_to(shadow) or 0,
+                live_batch=recomputed,
                 live_last=live_last,
                 replay=result.replay,
                 rows_out=result.rows_out,
