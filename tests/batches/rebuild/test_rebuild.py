@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from deltalake import DeltaTable
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
@@ -26,7 +27,7 @@ from lowmark.batches.admin.rebuild import ShadowBatch, in_progress, rebuild
 from lowmark.batches.admin.reset import reset
 from lowmark.batches.errors import RebuildRefused, SinkHeldElsewhere
 from lowmark.batches.evolution import DefinitionChanged
-from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.faults import REBUILD_STEPS, InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline, PostgresSink
 from lowmark.batches.windows import Tumbling
@@ -37,6 +38,7 @@ from tests.helpers import (
     T0,
     delta_frame,
     event,
+    lowmark,
     reference_of,
     windowed,
     write_json_lines,
@@ -179,7 +181,7 @@ KILLS = [
 def test_a_rebuild_killed_at_each_step_and_run_again_writes_what_an_unbroken_one_does(
     spark: SparkSession, live: Path, history: History
 ) -> None:
-    assert history.live_last == 3
+    assert history.live_last == 3 and set(REBUILD_STEPS) <= {p.step for p in KILLS}
     for point in KILLS:
         with crash_at(point), pytest.raises(InjectedCrash):
             rebuild(spark, history.new, live)
@@ -241,14 +243,21 @@ def _notes(root: Path, count: int) -> None:
         write_json_lines(root / "in", f"f{i}.json", rows, 1_700_000_000 + i)
 
 
-def test_a_stateless_sink_rebuilt_without_a_removed_column_takes_the_new_schema(
-    spark: SparkSession, data_root: Path
+def test_lowmark_rebuild_of_a_stateless_sink_without_a_removed_column_gives_it_the_new_schema(
+    capsys: pytest.CaptureFixture[str], spark: SparkSession, data_root: Path
 ) -> None:
     _notes(data_root, 2)
     _run(spark, _plain("id LONG, note STRING"), data_root)
+    source = {"path": "in", "format": "json", "schema_ddl": "id LONG", "max_files_per_batch": 1}
+    defined = {"name": "s", "source": source, "sink": {"kind": "delta", "path": "out"}}
+    pipelines = data_root / "pipelines.yaml"
+    pipelines.write_text(yaml.safe_dump({"pipelines": [defined]}))  # a source column removed
 
-    rebuild(spark, _plain("id LONG"), data_root)  # a source column removed: a rebuild
+    code, printed, _ = lowmark(capsys, data_root, "--pipelines", str(pipelines), "rebuild", "s")
 
+    assert code == 0, printed
+    assert "s: shadow batch 1 committed (live batch 1 of 1): 1 rows out" in printed
+    assert "s: rebuilt through live batch 1 (2 shadow batches this run) and swapped in" in printed
     assertDataFrameEqual(delta_frame(spark, data_root / "out"), [Row(id=0), Row(id=1)])
 
 
