@@ -1210,8 +1210,8 @@ def rebuild(
         return
     sinks = ", ".join(done.sinks) or "none"
     out.print(
-        f"{p.name}: rebuilt through live batch {done.last_batch} ({done.batches} shadow "
-        f"batches this run) and swapped in: sinks replaced: {sinks}; old checkpoint moved to "
+        f"{p.name}: rebuilt through live batch {done.last_batch} and swapped in (shadow "
+        f"batches run now: {done.batches}); sinks replaced: {sinks}; old checkpoint moved to "
         f"{done.moved_to}; `lowmark run {p.name}` goes on under the new definition",
         soft_wrap=True,
     )
