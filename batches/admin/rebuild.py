@@ -16,8 +16,9 @@ while the live pipeline may go on under the old definition:
 
 Once the shadow holds every batch the live committed, the swap (``_swap``):
 
-Step 1. Record it in ``<shadow>/swap.json``: the live checkpoint's id and where it goes.
-        From here a rebuild only finishes the swap.
+Step 1. Record in the shadow's ``rebuild.json`` where the live checkpoint goes (it
+        names the live checkpoint the shadow was made from since its creation). From
+        here a rebuild only finishes the swap.
 Step 2. Move the live checkpoint aside to ``<checkpoint>.rebuilt-<UTC time>`` (never
         deleted). A runner still on it stops at its next fence (``CheckpointReplaced``,
         as after ``lowmark reset``); a run started now creates a new checkpoint, whose
@@ -29,7 +30,7 @@ Step 4. Replace each live Delta sink's content with its shadow's in ONE commit (
         ``txnVersion`` its last batch, and naming it the writer (``userMetadata``).
 Step 5. Move the shadow checkpoint into the live one's place; whatever a refused run
         created there meanwhile is moved aside first.
-Step 6. Delete the shadow sinks (their rows are the live sinks' now) and ``swap.json``.
+Step 6. Delete the shadow sinks (their rows are the live sinks' now) and ``rebuild.json``.
 
 Every step is idempotent, so a kill anywhere and a rebuild again finish the job exactly
 once: a shadow batch is a batch (its own recovery rule), step 2 and step 5 look where the
@@ -80,8 +81,9 @@ from lowmark.state.table import DriverTable, Write
 
 SHADOW = ".rebuild"
 """What the shadow checkpoint's and shadow sinks' paths add to the live ones'."""
-SWAP_FILE = "swap.json"
-"""The swap's record, in the shadow checkpoint (step 1)."""
+RECORD = "rebuild.json"
+"""In the shadow checkpoint: the live checkpoint it was made from, and where the swap
+moves that one (``_Record``)."""
 RUNNER = "lowmark rebuild of live batch "
 """A shadow batch's runner id: this and the live batch it recomputes (``_live_batch``)."""
 
@@ -151,7 +153,7 @@ def in_progress(pipeline: Pipeline, data_root: Path) -> InProgress | None:
         shadow=location,
         shadow_has=_rebuilt_up_to(Checkpoint(location, pipeline.name)),
         live_last=done.batch_id if done is not None else None,
-        swapping=os.path.exists(os.path.join(location, SWAP_FILE)),
+        swapping=_swapping(location) is not None,
     )
 
 
@@ -189,7 +191,7 @@ def rebuild(
     finished = _finished(pipeline, data_root, location)
     if finished is not None:
         return finished
-    record = _swap_record(shadow_at)
+    record = _swapping(shadow_at)
     if record is not None:  # a swap cut short: only finishing it is left
         shadow = Checkpoint(shadow_at, pipeline.name)
         return _swap(spark, pipeline, data_root, shadow, record, on_batch, 0)
@@ -212,21 +214,21 @@ def rebuild(
     _refuse_lost_history(spark, pipeline, data_root, live, last)
     shadow = _shadow(pipeline, data_root, shadow_at, live)
     ran = _catch_up(spark, pipeline, data_root, live, shadow, on_batch)
-    record = _SwapRecord(live_id=live.pipeline_id, moved_to=f"{location}.rebuilt-{time_stamp()}")
+    record = _Record(live_id=live.pipeline_id, moved_to=f"{location}.rebuilt-{time_stamp()}")
     # Step 1.
-    _write_swap_record(shadow_at, record)
+    _write_record(shadow_at, record)
     faults.reached("swap_after_record", _shadow_last(shadow))
     return _swap(spark, pipeline, data_root, shadow, record, on_batch, ran)
 
 
 @dataclass(frozen=True, kw_only=True)
-class _SwapRecord:
-    """What step 1 records (``swap.json``)."""
+class _Record:
+    """What the shadow checkpoint records of its rebuild (``RECORD``)."""
 
     live_id: str
-    """The live checkpoint the shadow replaces."""
-    moved_to: str
-    """Where step 2 moves it."""
+    """The live checkpoint the shadow was made from, and replaces."""
+    moved_to: str | None = None
+    """Where step 2 moves it (None: the swap has not started)."""
 
 
 def _swap(
@@ -234,24 +236,25 @@ def _swap(
     pipeline: Pipeline,
     data_root: Path,
     shadow: Checkpoint,
-    record: _SwapRecord,
+    record: _Record,
     on_batch: Callable[[ShadowBatch], None],
     ran: int,
 ) -> Rebuilt:
     """Steps 2-6 of the swap (module doc), each skipped where it is done."""
-    location = shadow.location.removesuffix(SHADOW)
+    location, moved_to = shadow.location.removesuffix(SHADOW), record.moved_to
+    assert moved_to is not None  # step 1 recorded it
     # Step 2.
     if _pipeline_id_at(location) == record.live_id:
-        os.rename(location, record.moved_to)
-    elif not Checkpoint.exists(record.moved_to):
+        os.rename(location, moved_to)
+    elif not Checkpoint.exists(moved_to):
         raise CheckpointMissing(
             f"the live checkpoint {record.live_id} of {pipeline.name} is neither at {location} "
-            f"nor at {record.moved_to}, where the swap moves it: put it back at {location} and "
+            f"nor at {moved_to}, where the swap moves it: put it back at {location} and "
             f"run `lowmark rebuild {pipeline.name}` again"
         )
     faults.reached("swap_after_move", _shadow_last(shadow))
     # Step 3.
-    live = Checkpoint(record.moved_to, pipeline.name)
+    live = Checkpoint(moved_to, pipeline.name)
     ran += _catch_up(spark, pipeline, data_root, live, shadow, on_batch)
     last = _shadow_last(shadow)
     faults.reached("swap_after_catch_up", last)
@@ -274,16 +277,16 @@ def _swap(
 def _finished(pipeline: Pipeline, data_root: Path, location: str) -> Rebuilt | None:
     """A swap killed after step 5 (its record is in the live checkpoint now): its step 6,
     done now."""
-    marker = os.path.join(location, SWAP_FILE)
-    if not os.path.exists(marker):
+    record = _swapping(location)
+    if record is None:
         return None
-    record = _read_record(marker)
     _clean_up(pipeline, data_root, location)
     return _swapped(pipeline, data_root, record, 0)
 
 
-def _swapped(pipeline: Pipeline, data_root: Path, record: _SwapRecord, ran: int) -> Rebuilt:
+def _swapped(pipeline: Pipeline, data_root: Path, record: _Record, ran: int) -> Rebuilt:
     """What a rebuild that swapped the shadow in did (``ran`` shadow batches)."""
+    assert record.moved_to is not None  # step 1 recorded it
     done = Checkpoint(record.moved_to, pipeline.name).commits.get_latest()
     return Rebuilt(
         pipeline=pipeline.name,
@@ -296,12 +299,12 @@ def _swapped(pipeline: Pipeline, data_root: Path, record: _SwapRecord, ran: int)
 
 def _clean_up(pipeline: Pipeline, data_root: Path, location: str) -> None:
     """Step 6: the shadow sinks deleted (their rows are the live sinks' now), then the
-    swap's record."""
+    rebuild's record."""
     for path in _sink_paths(pipeline, data_root).values():
         store, folder = storage.filesystem(path + SHADOW)
         if store.get_file_info(folder).type == FileType.Directory:
             store.delete_dir(folder)
-    os.remove(os.path.join(location, SWAP_FILE))
+    os.remove(os.path.join(location, RECORD))
 
 
 def _replace(
@@ -366,19 +369,25 @@ def _sink_paths(pipeline: Pipeline, data_root: Path) -> dict[str, str]:
     }
 
 
-def _swap_record(shadow_at: str) -> _SwapRecord | None:
-    path = os.path.join(shadow_at, SWAP_FILE)
-    return _read_record(path) if os.path.exists(path) else None
-
-
-def _read_record(path: str) -> _SwapRecord:
+def _record(shadow_at: str) -> _Record | None:
+    """The rebuild's record in the checkpoint at ``shadow_at`` (None: none there)."""
+    path = os.path.join(shadow_at, RECORD)
+    if not os.path.exists(path):
+        return None
     with open(path) as f:
-        return _SwapRecord(**json.load(f))
+        return _Record(**json.load(f))
 
 
-def _write_swap_record(shadow_at: str, record: _SwapRecord) -> None:
-    """Step 1: ``swap.json`` written whole (renamed into place)."""
-    path = os.path.join(shadow_at, SWAP_FILE)
+def _swapping(location: str) -> _Record | None:
+    """The record of a swap under way (step 1 done, step 6 not) in the checkpoint at
+    ``location`` (the shadow's, or the live's once step 5 moved it there)."""
+    record = _record(location)
+    return record if record is not None and record.moved_to is not None else None
+
+
+def _write_record(shadow_at: str, record: _Record) -> None:
+    """The rebuild's record, written whole (renamed into place)."""
+    path = os.path.join(shadow_at, RECORD)
     with open(f"{path}.tmp", "w") as f:
         json.dump(dataclasses.asdict(record), f)
     os.replace(f"{path}.tmp", path)
@@ -488,13 +497,15 @@ def _drop_stale_shadow(
     pipeline: Pipeline, data_root: Path, shadow_at: str, live: Checkpoint | None
 ) -> None:
     """A shadow of another live checkpoint than ``live`` (``lowmark reset`` ran since it was
-    made) or of another definition is moved aside, with its sinks: the rebuild starts over."""
+    made; or a shadow whose creation was cut short before its record) or of another
+    definition is moved aside, with its sinks: the rebuild starts over."""
     if not Checkpoint.exists(shadow_at):
         return
-    shadow = Checkpoint(shadow_at, pipeline.name)
-    latest = shadow.offsets.get_latest()
+    record = _record(shadow_at)
+    latest = Checkpoint(shadow_at, pipeline.name).offsets.get_latest()
     other_definition = latest is not None and latest.pipeline_fingerprint != pipeline.fingerprint()
-    if live is not None and shadow.adopted_from == live.pipeline_id and not other_definition:
+    ours = record is not None and live is not None and record.live_id == live.pipeline_id
+    if ours and not other_definition:
         return
     moved = move_aside(shadow_at, "dropped")
     stamp = moved.rsplit("-", 1)[1] if moved else time_stamp()
@@ -505,7 +516,8 @@ def _drop_stale_shadow(
 
 def _shadow(pipeline: Pipeline, data_root: Path, shadow_at: str, live: Checkpoint) -> Checkpoint:
     """The shadow checkpoint, created beside the live one if there is none (starting where
-    the live started, from the same source), its sink paths then free."""
+    the live started, from the same source; its sink paths must be free), with its record
+    naming the live checkpoint."""
     if Checkpoint.exists(shadow_at):
         return Checkpoint(shadow_at, pipeline.name)
     for path in _sink_paths(pipeline, data_root).values():
@@ -514,13 +526,14 @@ def _shadow(pipeline: Pipeline, data_root: Path, shadow_at: str, live: Checkpoin
                 f"{pipeline.name} not rebuilt, nothing written: {path + SHADOW}, where the "
                 f"rebuild writes its shadow of sink {path}, is taken: move it away"
             )
-    return Checkpoint(
+    shadow = Checkpoint(
         shadow_at,
         pipeline.name,
         start_offsets=_history_start(live),
-        adopted_from=live.pipeline_id,
         start_identity=live.start_identity,
     )
+    _write_record(shadow_at, _Record(live_id=live.pipeline_id))
+    return shadow
 
 
 # The shadow's batches.

@@ -195,6 +195,9 @@ def test_a_rebuild_killed_at_each_step_and_run_again_writes_what_an_unbroken_one
     assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh)
     assert in_progress(history.new, live) is None
     assert rebuild(spark, history.new, live).nothing is not None
+    # The checkpoint swapped in can be rebuilt in turn (here: back to the old windows).
+    with crash_at(KillPoint("rebuild_after_manifest", 0)), pytest.raises(InjectedCrash):
+        rebuild(spark, history.old, live)
 
 
 def test_a_reset_while_a_rebuild_is_under_way_drops_its_shadow_at_the_next_rebuild(
