@@ -103,6 +103,12 @@ class SinkBehind(LowmarkError):
     does not hold (it refused the batch after another sink landed it): nothing moved."""
 
 
+class RebuildRefused(LowmarkError):
+    """``lowmark rebuild`` cannot recompute a pipeline's output from its recorded history (a
+    sink whose content cannot be swapped in one commit, input the source no longer holds, a
+    change the recorded offsets cannot be replayed under): nothing written."""
+
+
 class RunInFlight(LowmarkError):
     """A pipeline cannot be reset while a run of it is queued or in flight."""
 

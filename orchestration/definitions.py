@@ -5,8 +5,9 @@ come from ``LOWMARK_PIPELINES`` (default: the demo), data from
 ``LOWMARK_DATA_ROOT``. Per pipeline: its assets and checks (sink, late and
 bad-records tables, and their source; ``lowmark.orchestration.assets``), the
 micro-batch job and its sensor (which observes the inputs), a
-checkpoint-maintenance job with its daily schedule, and — for windowed
-pipelines with ``backfill`` partitions — a backfill job. This module only wires.
+checkpoint-maintenance job with its daily schedule, for windowed pipelines with
+``backfill`` partitions a backfill job, and for pipelines whose sinks a rebuild can swap
+(Delta tables) a rebuild job (``lowmark rebuild`` as a run). This module only wires.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
+from lowmark.batches.loop.rebuildable import refusal
 from lowmark.batches.registry import load_pipelines
 from lowmark.orchestration.assets import dimension_specs, pipeline_assets, source_specs
 from lowmark.orchestration.jobs import (
@@ -23,6 +25,7 @@ from lowmark.orchestration.jobs import (
     maintenance_job,
     maintenance_schedule,
     microbatch_job,
+    rebuild_job,
 )
 from lowmark.orchestration.keys import sink_locations
 from lowmark.orchestration.observations import observable_inputs, observed_inputs
@@ -56,6 +59,8 @@ def build_definitions(location: str | None = None) -> dg.Definitions:
         schedules.append(maintenance_schedule(pipeline, maintenance))
         if pipeline.backfill is not None:
             jobs.append(backfill_job(pipeline))
+        if refusal(pipeline) is None:  # its sinks can be rebuilt and swapped in
+            jobs.append(rebuild_job(pipeline))
     inputs_asset = observable_inputs(list(sources.values()), list(pipelines), lowmark.root(), sinks)
     return dg.Definitions(
         assets=[*assets, *([inputs_asset] if sources else []), *dimensions.values()],

@@ -1,5 +1,5 @@
 """Per-pipeline jobs: micro-batches and backfills (asset jobs over the pipeline's assets),
-and checkpoint maintenance with its daily schedule.
+checkpoint maintenance with its daily schedule, and ``lowmark rebuild`` as a run.
 
 Micro-batch and backfill runs execute the pipeline's asset op, which holds
 the pipeline's pool (``lowmark.orchestration.keys.pool``): ``dagster.yaml`` gives a
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
+from lowmark.batches.admin.rebuild import ShadowBatch, rebuild
 from lowmark.batches.loop.maintenance import maintain_checkpoint
 from lowmark.batches.pipeline import Pipeline
 from lowmark.orchestration.keys import PIPELINE_TAG, sink_key
@@ -114,3 +115,59 @@ def maintenance_schedule(pipeline: Pipeline, job: dg.JobDefinition) -> dg.Schedu
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=f"Daily checkpoint maintenance of {pipeline.name}.",
     )
+
+
+def rebuild_job_name(pipeline: Pipeline) -> str:
+    return f"{pipeline.name}_rebuild"
+
+
+def rebuild_job(pipeline: Pipeline) -> dg.JobDefinition:
+    """``lowmark rebuild`` of ``pipeline`` (``lowmark.batches.admin.rebuild``) as a run: each
+    shadow batch a line of its log, what it did its metadata. It holds no pool slot: the
+    pipeline's micro-batch runs go on meanwhile, until the swap moves their checkpoint (a
+    run then in flight stops with ``CheckpointReplaced``; the next one goes on under the
+    new definition)."""
+
+    @dg.op(
+        name=f"{pipeline.name}_rebuild_and_swap",
+        description=f"Recompute {pipeline.name}'s output under its definition now beside the "
+        "live tables, then swap it in.",
+    )
+    def rebuild_output(
+        context: dg.OpExecutionContext, spark: SparkResource, lowmark: LowmarkResource
+    ) -> dg.Output[None]:
+        def told(b: ShadowBatch) -> None:
+            context.log.info(
+                f"{pipeline.name}: shadow batch {b.shadow_batch} committed (live batch "
+                f"{b.live_batch} of {b.live_last}): {b.rows_out} rows out"
+            )
+
+        done = rebuild(spark.session, pipeline, lowmark.root(), told)
+        if done.nothing is not None:
+            context.log.info(f"{pipeline.name}: nothing rebuilt: {done.nothing}")
+            return dg.Output(None, metadata={"rebuilt": False, "why": done.nothing})
+        context.log.info(
+            f"{pipeline.name}: rebuilt through live batch {done.last_batch} and swapped in; "
+            f"old checkpoint moved to {done.moved_to}"
+        )
+        return dg.Output(
+            None,
+            metadata={
+                "rebuilt": True,
+                "shadow_batches": done.batches,
+                "last_batch": dg.MetadataValue.text(str(done.last_batch)),
+                "moved_to": dg.MetadataValue.path(str(done.moved_to)),
+                "sinks": dg.MetadataValue.text(", ".join(done.sinks)),
+            },
+        )
+
+    @dg.job(
+        name=rebuild_job_name(pipeline),
+        description=f"Rebuild {pipeline.name}'s output after a change that needs it "
+        "(`lowmark rebuild`), then swap it in.",
+        executor_def=dg.in_process_executor,
+    )
+    def job() -> None:
+        rebuild_output()
+
+    return job

@@ -105,7 +105,7 @@ def reset(spark: SparkLike, pipeline: Pipeline, data_root: Path, mode: Mode) -> 
     location = pipeline.checkpoint_location(data_root)
     way_on = f"to start over, empty your sink and delete the checkpoint {location}"
     sink = resolve(pipeline.delta_sink("`lowmark reset`", way_on).path, data_root)
-    local = _local(location)
+    local = local_checkpoint(location)
     _refuse_another_pipelines_sink(pipeline, local, sink)
     if mode == "after":
         return _after(pipeline, local, sink, data_root)
@@ -284,12 +284,12 @@ def _after(pipeline: Pipeline, location: str, sink: str, data_root: Path) -> Res
     _refuse_state_of_another_definition(pipeline, entry)
     end = entry.end_offsets
     staging = f"{location}.new-{time_stamp()}"
-    files_end = _file_offsets(pipeline, end)
-    taken = _taken_files(f"{old}/files", files_end)
+    files_end = file_offsets(pipeline, end)
+    taken = taken_files(f"{old}/files", files_end)
     if taken is not None:
         files = DriverTable(f"{staging}/files", taken.schema, "file manifest")
         files.append_once(taken, CARRIED, 0)
-    retired = _taken_files(f"{old}/files_history", files_end)
+    retired = taken_files(f"{old}/files_history", files_end)
     if retired is not None and retired.num_rows:
         history = DriverTable(f"{staging}/files_history", retired.schema, "manifest history")
         history.append_once(retired, CARRIED, 0)
@@ -403,7 +403,7 @@ def _offsets_of(location: str, batch_id: int) -> OffsetEntry:
     return entry
 
 
-def _taken_files(path: str, end: Offsets) -> pa.Table | None:
+def taken_files(path: str, end: Offsets) -> pa.Table | None:
     """The rows of files before ``end`` of the old manifest (or its history) at ``path``
     (None: a source without one)."""
     table = DriverTable(path, None, "file manifest")
@@ -414,7 +414,7 @@ def _taken_files(path: str, end: Offsets) -> pa.Table | None:
     return pa.Table.from_pylist(keep, schema=rows.schema)
 
 
-def _file_offsets(pipeline: Pipeline, end: Offsets) -> Offsets:
+def file_offsets(pipeline: Pipeline, end: Offsets) -> Offsets:
     """The part of ``end`` the checkpoint's file manifest numbers: a union's folder member
     keeps its files under its own partition names (``<member>/<partition>`` in the union's
     offsets)."""
@@ -467,7 +467,7 @@ def _schema_json(location: str) -> str | None:
     return str(values[0]) if values else None
 
 
-def _local(location: str) -> str:
+def local_checkpoint(location: str) -> str:
     parsed = urlparse(location)
     if parsed.scheme not in ("", "file"):
         raise PipelineConfigInvalid(

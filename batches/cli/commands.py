@@ -587,15 +587,22 @@ def status(
     """Show PIPELINE's position: last committed batch, pending and next batch, watermark and
     event-time lag, backlog, and where every record read went (last batch and in total).
 
-    Reads the checkpoint on the driver: no Spark is started.
+    Reads the checkpoint on the driver: no Spark is started. A rebuild under way (`lowmark
+    rebuild`) is shown first: how far its shadow is.
     """
+    from lowmark.batches.admin.rebuild import in_progress
     from lowmark.batches.admin.status import pipeline_status
 
     c: Context = ctx.obj
     p = get_pipeline(pipeline, c.pipelines)
+    rebuilding = in_progress(p, c.data_root)
+    if rebuilding is not None and not as_json:
+        # Before the position: under the new definition the planner may refuse to plan.
+        out.print(f"{p.name}: rebuild in progress: {rebuilding.describe()}", soft_wrap=True)
     s = pipeline_status(c.spark, p, c.data_root, c.clock)
     if as_json:
-        print_json(out, s.to_json())
+        rebuild = dataclasses.asdict(rebuilding) if rebuilding is not None else None
+        print_json(out, s.to_json() | {"rebuild": rebuild})
         return
     now, last, pending = s.as_of_ms, s.last_batch, s.pending_batch
     checkpoint = (
@@ -1154,6 +1161,58 @@ def reset(
             f"(offsets {done.start_offsets}; {done.files} files already taken)",
             soft_wrap=True,
         )
+
+
+@app.command()
+def rebuild(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Recompute PIPELINE's output under its changed definition, then swap it in.
+
+    For a change `lowmark plan` classes `rebuild` (a window size, a removed source column):
+    each batch the live checkpoint committed is computed again under the definition now,
+    over the same input range, into a shadow checkpoint <checkpoint>.rebuild and shadow
+    sinks <sink path>.rebuild, while the live pipeline may keep running. Once the shadow
+    has every live batch, the live checkpoint is moved aside to <checkpoint>.rebuilt-<UTC
+    time> (a runner on it stops), each Delta sink's content is replaced by its shadow's in
+    one commit (a reader sees the old table or the new one), and the shadow checkpoint
+    takes the live one's place: `lowmark run` goes on under the new definition. Stopped
+    anywhere, run it again: it finishes the job. Delta sinks only (docs/operations.md,
+    "Rebuilding a pipeline").
+    """
+    from lowmark.batches.admin.rebuild import ShadowBatch
+    from lowmark.batches.admin.rebuild import rebuild as rebuild_pipeline
+
+    c: Context = ctx.obj
+    p = get_pipeline(pipeline, c.pipelines)
+
+    def told(b: ShadowBatch) -> None:
+        if as_json:
+            print_json(out, {"pipeline": p.name} | dataclasses.asdict(b), indent=None)
+            return
+        what = "replayed" if b.replay else "committed"
+        out.print(
+            f"{p.name}: shadow batch {b.shadow_batch} {what} (live batch {b.live_batch} of "
+            f"{b.live_last}): {b.rows_out} rows out",
+            soft_wrap=True,
+        )
+
+    done = rebuild_pipeline(c.spark, p, c.data_root, told)
+    if as_json:
+        print_json(out, dataclasses.asdict(done))
+        return
+    if done.nothing is not None:
+        out.print(f"{p.name}: nothing rebuilt: {done.nothing}", soft_wrap=True)
+        return
+    sinks = ", ".join(done.sinks) or "none"
+    out.print(
+        f"{p.name}: rebuilt through live batch {done.last_batch} and swapped in (shadow "
+        f"batches run now: {done.batches}); sinks replaced: {sinks}; old checkpoint moved to "
+        f"{done.moved_to}; `lowmark run {p.name}` goes on under the new definition",
+        soft_wrap=True,
+    )
 
 
 def _demo_table(pipeline: Pipeline, data_root: Path) -> str:

@@ -58,6 +58,20 @@ STEPS = (
 SINK_STEPS = ("before_sink_commit",)
 """Steps inside a transactional sink's write (not every pipeline reaches them)."""
 
+REBUILD_STEPS = (
+    "rebuild_after_manifest",
+    "swap_after_record",
+    "swap_after_move",
+    "swap_after_catch_up",
+    "swap_after_sink",
+    "swap_after_move_shadow",
+)
+"""Steps of ``lowmark rebuild`` between its shadow batches (which reach the batch steps
+above) and of its swap (``lowmark.batches.admin.rebuild``): the shadow's file manifest
+extended before the shadow batch of live batch N (``@N``), then, at the shadow's last
+batch N, the swap recorded, the live checkpoint moved aside, the shadow caught up, each
+sink's content replaced, the shadow checkpoint moved into place."""
+
 
 class KillPoint(NamedTuple):
     """A step of one batch."""
@@ -72,8 +86,8 @@ class KillPoint(NamedTuple):
     def parse(cls, spec: str) -> KillPoint:
         """``"after_sink@3"`` → KillPoint("after_sink", 3)."""
         step, _, batch = spec.strip().partition("@")
-        if step not in (*STEPS, *SINK_STEPS) or not batch.isdigit():
-            steps = ", ".join((*STEPS, *SINK_STEPS))
+        if step not in (*STEPS, *SINK_STEPS, *REBUILD_STEPS) or not batch.isdigit():
+            steps = ", ".join((*STEPS, *SINK_STEPS, *REBUILD_STEPS))
             raise FaultSpecInvalid(
                 f"{KILL_AT_ENV}={spec!r} is not <step>@<batch id>: steps are {steps}"
             )

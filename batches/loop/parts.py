@@ -86,6 +86,7 @@ def build_parts(
     data_root: Path,
     clock: Clock | None = None,
     source: Source | None = None,
+    records_as: Pipeline | None = None,
 ) -> BatchParts:
     """The parts of ``pipeline``'s batches, over its checkpoint (created if there is none,
     and started over if the definition changed before its first batch committed:
@@ -93,19 +94,23 @@ def build_parts(
 
     ``clock``: what "now" is read from (default: the wall clock); ``source``:
     the runtime source to read through (default: the one its configuration
-    builds, ``build_source``).
+    builds, ``build_source``); ``records_as``: the pipeline whose definition the batches
+    record (``Planner``; a rebuild's shadow).
 
-    Where its tables are is recorded in the data root's catalog (``lowmark.state.catalog``).
+    Where its tables are is recorded in the data root's catalog (``lowmark.state.catalog``),
+    but for a shadow (``records_as``): the catalog names the live tables.
     """
     from lowmark.batches.loop.start_over import start_over
 
     checkpoint = Checkpoint(pipeline.checkpoint_location(data_root), pipeline.name)
-    catalog.remember(data_root, pipeline.catalog_entry(data_root))
-    parts = _parts(spark, pipeline, data_root, checkpoint, clock or SystemClock(), source)
+    if records_as is None:
+        catalog.remember(data_root, pipeline.catalog_entry(data_root))
+    clock = clock or SystemClock()
+    parts = _parts(spark, pipeline, data_root, checkpoint, clock, source, records_as)
     new = start_over(pipeline, parts.planner, lambda: parts.work, data_root)
     if new is None:
         return parts
-    return _parts(spark, pipeline, data_root, new, clock or SystemClock(), source)
+    return _parts(spark, pipeline, data_root, new, clock, source, records_as)
 
 
 def _parts(
@@ -115,6 +120,7 @@ def _parts(
     checkpoint: Checkpoint,
     clock: Clock,
     source: Source | None,
+    records_as: Pipeline | None = None,
 ) -> BatchParts:
     the_source = source or build_source(spark, pipeline, data_root, checkpoint, clock)
     stage = WINDOWS.build(pipeline, checkpoint)
@@ -149,7 +155,7 @@ def _parts(
         )
         return SparkParts(sink, work, read_ahead)
 
-    planner = Planner(pipeline, checkpoint, the_source, stage, clock, dimensions)
+    planner = Planner(pipeline, checkpoint, the_source, stage, clock, dimensions, records_as)
     return BatchParts(checkpoint, the_source, stage, planner, built)
 
 

@@ -33,6 +33,7 @@ from lowmark.batches.evolution import (
 )
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.poison import blocked
+from lowmark.batches.loop.rebuildable import refusal
 from lowmark.batches.pipeline import Pipeline
 from lowmark.batches.sources.base import (
     Clocks,
@@ -166,6 +167,10 @@ class Planner:
     creating it, unless the source's start moves (see ``next_batch``).
     ``dimensions``: the tables of the pipeline's stream-table joins, whose newest
     versions a new batch is planned with (None: a pipeline without joins).
+    ``records_as``: the pipeline whose definition the offset log records and is compared
+    with (default: ``pipeline``): a rebuild's shadow (``lowmark.batches.admin.rebuild``)
+    writes beside the live tables but records the live definition, which its checkpoint
+    goes on under once swapped in.
     """
 
     def __init__(
@@ -176,6 +181,7 @@ class Planner:
         stage: WindowedStage | None,
         clock: Clock,
         dimensions: Dimensions | None = None,
+        records_as: Pipeline | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.dimensions = dimensions
@@ -185,8 +191,8 @@ class Planner:
         self.source = source
         self.stage = stage
         self.clock = clock
-        self.definition = pipeline.definition()
-        self.fingerprint = pipeline.fingerprint()
+        self.definition = (records_as or pipeline).definition()
+        self.fingerprint = (records_as or pipeline).fingerprint()
         self.lags = IngestionLags.of_pipeline(pipeline)
         """Which partitions follow an ingestion-time watermark (the others, event time)."""
         self.pending: tuple[Change, ...] = ()
@@ -325,6 +331,11 @@ class Planner:
         stops = blocking(changes)
         if stops:
             what = "; ".join(change.describe() for change in stops)
+            if refusal(self.pipeline, stops) is None:
+                way_on = (
+                    f"recompute its output under the new definition with `lowmark rebuild "
+                    f"{name}` (beside the live tables, then swapped in), {way_on}"
+                )
             raise DefinitionChanged(
                 f"pipeline {name} changed since its checkpoint {self.location} was written, "
                 f"in ways its checkpoint cannot take at a batch boundary ({what}): {way_on}",

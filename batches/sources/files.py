@@ -274,6 +274,27 @@ class FileStreamSource(Source):
             )
         return files
 
+    def missing(self, start: Offsets, end: Offsets) -> str | None:
+        """The files of ``[start, end)`` (retired ones too) in neither the folder nor the
+        archive, the first named: known before a batch reads them (a backfill or a rebuild
+        reads committed batches again)."""
+        gone = []
+        for f in self._taken(Range(-1, start, end)):
+            try:
+                self._found(f, -1)
+            except SourceFileMissing:
+                gone.append(f.path)
+        if not gone:
+            return None
+        if self.config.processed_files == "delete":
+            why = "each was deleted once its batch committed (source processed_files: delete)"
+        else:
+            why = "each was taken by a committed batch and is gone since"
+        return (
+            f"{len(gone)} file(s) of {self.storage.folder}, e.g. {gone[0]}: {why}; reading "
+            "committed batches again needs processed files kept or archived"
+        )
+
     def commit(self, end: Offsets) -> None:
         """With ``processed_files`` set, every file in the folder whose batch committed (its
         seq below ``end``) is archived or deleted. The folder is listed, so a file a crash

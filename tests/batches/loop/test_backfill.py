@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed, SourceFileMissing
+from lowmark.batches.errors import BackfillHistoryLost, PartitionNotClosed
 from lowmark.batches.expectations import Expectation
 from lowmark.batches.loop.backfill import backfill_partition
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
@@ -215,7 +215,7 @@ def test_a_backfill_reads_archived_files_and_names_deleted_ones(
     assert len(runner.checkpoint.files.files()) == 1
     assert len(runner.checkpoint.files.files(retired=True)) == 3
     if processed == "delete":
-        with pytest.raises(SourceFileMissing, match="deleted once its batch committed"):
+        with pytest.raises(BackfillHistoryLost, match="deleted once its batch committed"):
             backfill_partition(spark, p, tmp_path, *hour(0))
         return
     assert backfill_partition(spark, p, tmp_path, *hour(0)).windows == 3
