@@ -75,6 +75,13 @@ COLUMN_WIDENED = ChangeKind(
     "of the narrower type is not widened (Delta's type widening makes a table unreadable to "
     "delta-rs): aggregate it, or cast it in the transform",
 )
+RESCUED_DATA_ADDED = ChangeKind(
+    name="rescued-data column added to a JSON file source",
+    change_class=ChangeClass.COMPATIBLE,
+    why="batches from the boundary keep the fields the schema does not name in it, as "
+    "JSON (null where a record has none); a Delta sink written by appends gains the "
+    "column, null in rows written before",
+)
 COLUMN_REQUIRED = ChangeKind(
     name="source column added NOT NULL",
     change_class=ChangeClass.REBUILD,
@@ -169,6 +176,7 @@ KINDS: tuple[ChangeKind, ...] = (
     FREE,
     COLUMN_ADDED,
     COLUMN_WIDENED,
+    RESCUED_DATA_ADDED,
     COLUMN_REQUIRED,
     COLUMN_REMOVED,
     COLUMN_RETYPED,
@@ -295,12 +303,15 @@ _unrecognised = _one(UNRECOGNISED)
 
 
 def _source(at: str, old: object, new: object) -> list[Change]:
-    """A source's schema changes column by column (a union's sources' too); any other
-    source change is ``SOURCE_CHANGED``."""
+    """A source's schema changes column by column (a union's sources' too), and a
+    rescued-data column it gains is ``RESCUED_DATA_ADDED``; any other source change is
+    ``SOURCE_CHANGED``."""
     changes: list[Change] = []
     for field, before, after in _leaves(at, old, new):
         if field.endswith(".schema_ddl") and isinstance(before, str) and isinstance(after, str):
             changes.extend(_columns(field, before, after))
+        elif field.endswith(".rescued_data_column") and before is None:
+            changes.append(Change(kind=RESCUED_DATA_ADDED, field=field, old=before, new=after))
         else:
             changes.append(Change(kind=SOURCE_CHANGED, field=field, old=before, new=after))
     return changes

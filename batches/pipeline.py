@@ -144,10 +144,30 @@ class FileSource(SourceKind):
         ),
     )
 
+    rescued_data_column: str | None = Field(
+        default=None,
+        description=(
+            "JSON only: a column that keeps, as a JSON object, each record's fields the schema "
+            "does not name (null when it has none), so a field a producer adds is kept rather "
+            "than dropped (Auto Loader's `_rescued_data`). None: unknown fields are dropped."
+        ),
+    )
+
     @model_validator(mode="after")
     def _archive_dir_with_archive(self) -> FileSource:
         if (self.processed_files == "archive") != (self.archive_dir is not None):
             raise ValueError("`archive_dir` goes with `processed_files: archive`, and only with it")
+        return self
+
+    @model_validator(mode="after")
+    def _rescued_data_of_json_lines(self) -> FileSource:
+        if self.rescued_data_column is None:
+            return self
+        if self.format != "json" or self.options.get("multiLine", "false").lower() == "true":
+            raise ValueError(
+                "`rescued_data_column` reads JSON lines: set it with `format: json` (and no "
+                "`multiLine` option)"
+            )
         return self
 
     @property

@@ -21,6 +21,7 @@ schema's (STRING for LONG) is refused with SourceFileUnreadable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import json
 import time
@@ -57,7 +58,7 @@ from lowmark.state.session import SparkLike, provider
 from lowmark.state.source_schema import SourceSchema
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 PARTITION = "0"
@@ -373,15 +374,16 @@ class FileStreamSource(Source):
         schema = self._schema(paths)
         counts = Observation()
         file_path = F.col("_metadata.file_path")
-        tag = None
+        tag_of = ingested_of = None
         if tags:  # Spark names a record's file by its URI: "a b.json" is "a%20b.json"
             by_uri = [F.lit(x) for path, b in tags.items() for x in (self.storage.uri(path), b)]
-            tag = F.element_at(F.create_map(*by_uri), file_path)
-        ingested = None
+            tag_of = functools.partial(F.element_at, F.create_map(*by_uri))
         if self.ingestion_clock and files:
             times = [(self.storage.uri(f.path), self._own_time(f)) for f in files]
             by_file = [x for uri, ms in times for x in (F.lit(uri), F.lit(ms).cast("long"))]
-            ingested = F.element_at(F.create_map(*by_file), file_path)
+            ingested_of = functools.partial(F.element_at, F.create_map(*by_file))
+        tag = tag_of(file_path) if tag_of is not None else None
+        ingested = ingested_of(file_path) if ingested_of is not None else None
         size = sum(f.size for f in files)
         if self.config.format == "parquet":
             records = self.spark.read.schema(schema).parquet(*map(literal, paths))
@@ -407,19 +409,12 @@ class FileStreamSource(Source):
         every_column = F.max(
             F.greatest(F.lit(False), *[F.col(f"`{n}`").isNull() for n in schema.fieldNames()])
         )
-        parsed = (
-            self.spark.read.format(self.config.format)
-            .options(**self.options)
-            .option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", CORRUPT)
-            .schema(with_corrupt)
-            .load([literal(p) for p in paths])
-            .withColumn("_source_file", file_path)
-        )
-        if tag is not None:
-            parsed = parsed.withColumn(BATCH_COLUMN, tag)
-        if ingested is not None:
-            parsed = parsed.withColumn(INGESTED_COLUMN, ingested)
+        parsed = self._parsed(paths, with_corrupt)
+        source_file = F.col("_source_file")
+        if tag_of is not None:
+            parsed = parsed.withColumn(BATCH_COLUMN, tag_of(source_file))
+        if ingested_of is not None:
+            parsed = parsed.withColumn(INGESTED_COLUMN, ingested_of(source_file))
         parsed = parsed.observe(
             counts,
             *read_counts(tag is not None, F.col(CORRUPT).isNull()),
@@ -442,6 +437,40 @@ class FileStreamSource(Source):
         )
         cached = (parsed,) if cache else ()
         return SourceRead(records, bad, counts, cached, self._unreadable(batch_id), size)
+
+    def _parsed(self, paths: list[str], with_corrupt: StructType) -> DataFrame:
+        """The records of the JSON or CSV files ``paths`` parsed by ``with_corrupt`` (a line
+        that does not parse, or does not match it, whole in ``CORRUPT``), each with the URI
+        of its file in ``_source_file``. With a rescued-data column (JSON lines only), the
+        lines are parsed one by one (``from_json``, the reader's options), and the fields a
+        record has that ``with_corrupt`` does not name are kept in that column as a JSON
+        object, their values as they were (null when there are none, or the line does not
+        parse); blank lines are passed over, as the JSON reader does."""
+        from pyspark.sql import functions as F
+
+        reading = {**self.options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        located = [literal(p) for p in paths]
+        rescued = self.config.rescued_data_column
+        if rescued is None:
+            return (
+                self.spark.read.format(self.config.format)
+                .options(**reading)
+                .schema(with_corrupt)
+                .load(located)
+                .withColumn("_source_file", F.col("_metadata.file_path"))
+            )
+        lines = self.spark.read.format("text").load(located).where(F.trim("value") != "")
+        named = F.array(*[F.lit(n) for n in with_corrupt.fieldNames()])
+        fields = F.from_json("value", "map<string,variant>")
+        unknown = F.map_filter(fields, lambda name, _: ~F.array_contains(named, name))
+        record = F.from_json("value", with_corrupt, reading)
+        return lines.select(
+            *[record[n].alias(n) for n in with_corrupt.fieldNames()],
+            F.when(record[CORRUPT].isNull() & (F.size(unknown) > 0), F.to_json(unknown)).alias(
+                rescued
+            ),
+            F.col("_metadata.file_path").alias("_source_file"),
+        )
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:
         """The paths of the files of ``[start, end)``."""

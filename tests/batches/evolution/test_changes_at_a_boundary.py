@@ -281,3 +281,26 @@ def test_a_batch_planned_before_the_change_can_be_set_aside_under_it(
         _plain(spark, after).selectExpr("id", "amount * 10 AS amount")
     )
     assertDataFrameEqual(delta_frame(spark, data_root / "out"), expected)
+
+
+def test_a_rescued_data_column_added_keeps_the_fields_the_schema_does_not_name_from_its_batch(
+    spark: SparkSession, data_root: Path
+) -> None:
+    before = _drop(data_root, 0)
+    assert MicroBatchRunner(spark, _pipeline(), data_root).run_batch() is not None
+    after = _drop(data_root, 1)
+    with after.open("a") as f:  # a blank line is passed over; a line that is no JSON is bad
+        f.write('\n{"id": 99, "amount": 1, "note": {"deep": [1, 2.5]}, "more": null}\nnot json\n')
+    plain_source = _pipeline().source
+    rescued = plain_source.model_copy(update={"rescued_data_column": "_rescued"})
+    rescuing = _pipeline().model_copy(update={"source": rescued})
+    done = MicroBatchRunner(spark, rescuing, data_root).run_batch()
+
+    assert done is not None and (done.batch_id, done.rows_bad) == (1, 1)
+    # Rows of the batch before have none; from the boundary, each record's unknown fields as
+    # JSON, values as they were (a plain read of the same lines, by hand).
+    kept = {r["id"]: r["_rescued"] for r in delta_frame(spark, data_root / "out").collect()}
+    plain: dict[int, str | None] = {r["id"]: None for r in _plain(spark, before).collect()}
+    plain |= {10 + i: json.dumps({"note": f"n{i}"}, separators=(",", ":")) for i in range(3)}
+    plain[99] = '{"note":{"deep":[1,2.5]},"more":null}'  # in the record's order
+    assert kept == plain

@@ -60,6 +60,18 @@ def test_a_source_schema_change_is_classified_column_by_column(
     assert change.kind.name.startswith(kind)
 
 
+def test_a_rescued_data_column_added_is_compatible_and_one_removed_needs_a_rebuild() -> None:
+    plain = {"source": {"kind": "files", "path": "in", "rescued_data_column": None}}
+    rescuing = {"source": {"kind": "files", "path": "in", "rescued_data_column": "_rescued"}}
+    [added] = classify(plain, rescuing)
+    [removed] = classify(rescuing, plain)
+    assert (added.kind.name, added.change_class) == (
+        "rescued-data column added to a JSON file source",
+        ChangeClass.COMPATIBLE,
+    )
+    assert removed.change_class is ChangeClass.REBUILD
+
+
 def test_spelling_a_schema_otherwise_is_no_change() -> None:
     old = _source("id LONG, `Note` STRING COMMENT 'x, y'")
     assert classify(old, _source("id   bigint,note string")) == ()
@@ -105,3 +117,13 @@ def test_every_kind_has_one_line_and_a_class() -> None:
     assert len({k.name for k in KINDS}) == len(KINDS)
     assert all("\n" not in k.name + k.why and "|" not in k.name + k.why for k in KINDS)
     assert {k.change_class for k in KINDS} == set(ChangeClass)
+
+
+@pytest.mark.parametrize(
+    ("source", "options"),
+    [("csv", {}), ("json", {"multiLine": "true"})],
+    ids=["csv", "multi-line json"],
+)
+def test_a_rescued_data_column_reads_json_lines_only(source: str, options: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="`rescued_data_column` reads JSON lines"):
+        FileSource(path="in", format=source, options=options, rescued_data_column="_rescued")
