@@ -132,6 +132,7 @@ bench: test-setup
 	$(BIN)/python -m bench.streaming $(BENCH_ARGS) --state-scaling-log $(BENCH_OUT)/state_scaling.txt
 	bash -o pipefail -c '$(BIN)/python -m bench.late_catch_up | tee $(BENCH_OUT)/late_catch_up.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.history --batches 600 --every 200 | tee $(BENCH_OUT)/history.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.looks | tee $(BENCH_OUT)/looks.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.dagster_latency | tee $(BENCH_OUT)/dagster_latency.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.kafka | tee $(BENCH_OUT)/kafka.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.dedup $(BENCH_ARGS) | tee $(BENCH_OUT)/dedup.txt'

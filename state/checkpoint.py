@@ -35,10 +35,9 @@ import os
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyarrow.fs import FileSelector, FileSystem, FileType
 
 from lowmark.state import late_records, quarantine, storage
 from lowmark.state.commit_log import CommitEntry, CommitLog
@@ -57,6 +56,12 @@ from lowmark.state.source_schema import SourceSchema
 from lowmark.state.storage import is_object_store, not_on_object_storage
 from lowmark.state.table import UTC_MICROS, DriverTable
 from lowmark.state.watermarks import WatermarkTable
+
+# pyarrow's file systems are imported where a folder is listed or the fence read: reading a
+# checkpoint's tables (``lowmark status``, ``plan``) needs neither (docs/cli.md, "Fast
+# commands").
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
 
 _METADATA_SCHEMA = pa.schema(
     [
@@ -339,6 +344,8 @@ def find_checkpoint(folder: str, pipeline_id: str) -> Found | None:
 
     Reads only the metadata table of each: for telling whose writes a sink holds.
     """
+    from pyarrow.fs import FileSelector, FileType
+
     store, root = storage.filesystem(folder)
     if store.get_file_info(root).type != FileType.Directory:
         return None

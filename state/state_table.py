@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lowmark.state.errors import CheckpointCorrupt
 from lowmark.state.storage import open_table
@@ -161,6 +160,8 @@ def existing(location: str, pipeline_id: str, specs: Sequence[TableSpec]) -> lis
 
 def _renumbered(rows: pa.Table, shift: int) -> pa.Table:
     """``rows`` with the batch numbers they hold moved by ``shift`` (``carry_over``)."""
+    import pyarrow.compute as pc  # a carry-over's only: reading state needs no compute
+
     for name in BATCH_COLUMNS:
         if name in rows.column_names:
             at = rows.column_names.index(name)

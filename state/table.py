@@ -27,10 +27,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import (
     CommitProperties,
     DeltaTable,
@@ -45,7 +44,12 @@ from deltalake.table import TableMerger
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing, WriteConflict, first_line
 from lowmark.state.ownership import writer_metadata
 from lowmark.state.storage import delta_rs_options, is_table, open_table
-from lowmark.state.task_appends import WrittenFile
+
+# Arrow compute and the files tasks write (Parquet) are imported where a write uses them:
+# reading a checkpoint (``lowmark status``, ``plan``) needs neither (docs/cli.md, "Fast
+# commands").
+if TYPE_CHECKING:
+    from lowmark.state.task_appends import WrittenFile
 
 log = logging.getLogger(__name__)
 
@@ -499,6 +503,8 @@ def micros_literal(micros: int) -> str:
 
 def floor_div(values: pa.Array, divisor: int) -> pa.Array:
     """``values // divisor`` as Python floors it (Arrow's integer division truncates)."""
+    import pyarrow.compute as pc
+
     truncated = pc.divide(values, divisor)
     above = pc.greater(pc.multiply(truncated, divisor), values)
     return pc.subtract(truncated, pc.cast(above, pa.int64()))

@@ -32,7 +32,6 @@ a plain column, until ``lowmark reset``.)
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lowmark.state.errors import CheckpointCorrupt, CheckpointMissing
 from lowmark.state.state_table import NEWEST, StateTable
@@ -114,6 +113,8 @@ class WindowState:
 
         Returns the state version after the batch (None if there never was state).
         """
+        import pyarrow.compute as pc  # a write's only: reading state needs no compute
+
         if not upserts.num_rows and not deletes.num_rows:
             return self.table.version() if self.table.exists() else None
         starts = pa.concat_arrays(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.evolution import Change, classify
@@ -27,11 +27,11 @@ from lowmark.batches.sources.base import describe_range
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import COUNTS, CommitEntry
 from lowmark.state.failures import FailureKind
-from lowmark.state.join_state import TABLE as JOIN_TABLE
-from lowmark.state.join_state import rows_held
-from lowmark.state.keyed_state import Held, held
 from lowmark.state.offset_log import OffsetEntry, Offsets
 from lowmark.state.session import SparkLike
+
+if TYPE_CHECKING:
+    from lowmark.state.keyed_state import Held
 
 
 @dataclass(frozen=True)
@@ -249,15 +249,7 @@ def pipeline_status(
         last_batch=_last_batch(pipeline, done, committed),
         blocked=nxt.blocked,
         last_failure=_last_failure(planner, nxt),
-        keyed=(
-            held(
-                f"{checkpoint.location}/keyed_state",
-                f"{checkpoint.location}/keyed_timers",
-                pipeline.keyed.expiry(as_of, watermark),
-            )
-            if pipeline.keyed is not None and checkpoint is not None
-            else None
-        ),
+        keyed=_keyed_held(pipeline, checkpoint, as_of, watermark),
         join_held=_join_held(pipeline, checkpoint),
         definitions=(
             definition_ranges(checkpoint) if checkpoint is not None and definitions else []
@@ -266,11 +258,31 @@ def pipeline_status(
     )
 
 
+def _keyed_held(
+    pipeline: Pipeline, checkpoint: Checkpoint | None, as_of_ms: int, watermark_ms: int | None
+) -> Held | None:
+    """A keyed step's keys held, timers pending and next timer (None: no keyed step, or no
+    checkpoint yet)."""
+    keyed = pipeline.keyed
+    if keyed is None or checkpoint is None:
+        return None
+    from lowmark.state.keyed_state import held  # a keyed step's only: Arrow compute
+
+    return held(
+        f"{checkpoint.location}/keyed_state",
+        f"{checkpoint.location}/keyed_timers",
+        keyed.expiry(as_of_ms, watermark_ms),
+    )
+
+
 def _join_held(pipeline: Pipeline, checkpoint: Checkpoint | None) -> dict[str, int] | None:
     """The rows a stream-stream join holds, by the source names of its sides (None: no join)."""
     join = pipeline.stream_join
     if join is None:
         return None
+    from lowmark.state.join_state import TABLE as JOIN_TABLE  # a join's only: Arrow compute
+    from lowmark.state.join_state import rows_held
+
     held = rows_held(f"{checkpoint.location}/{JOIN_TABLE}") if checkpoint is not None else {}
     return {join.left: held.get("left", 0), join.right: held.get("right", 0)}
 

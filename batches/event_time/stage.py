@@ -30,14 +30,9 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lowmark.batches.errors import PipelineConfigInvalid
-from lowmark.batches.event_time.aggregates import AggregatePlan, plan_aggregate
-from lowmark.batches.event_time.driver_merge import DriverMerge, WindowChanges
-from lowmark.batches.event_time.sessions import SessionWindows, null_safe_match
 from lowmark.batches.records import (
     INGESTED_COLUMN,
     INTERNAL_COLUMNS,
@@ -58,9 +53,15 @@ from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.table import UTC_MICROS
 from lowmark.state.window_state import ROWS, WINDOW_COLUMNS, WindowState
 
+# What only a batch computes with (Arrow compute, NumPy, the aggregates' Spark plans, the
+# merges) is imported where it is used: a read-only question (``lowmark status``, ``plan``)
+# builds the stage for ``would_emit`` alone (docs/cli.md, "Fast commands").
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation
 
+    from lowmark.batches.event_time.aggregates import AggregatePlan
+    from lowmark.batches.event_time.driver_merge import WindowChanges
+    from lowmark.batches.event_time.sessions import SessionWindows
     from lowmark.batches.event_time.watermarks import IngestionLags
 
 _ET_MS = "_lowmark_event_ms"
@@ -238,6 +239,9 @@ def split_stats(groups: pa.Table, partitions: tuple[str, ...]) -> tuple[pa.Table
     """Groups of ``WindowedStage.partials_with_stats`` (of one batch): the partials of its
     accepted records, and its records' stats (rejected: late, with no watermark; the
     late records: the rejected ones and those ``BatchFrames.flagged`` found closed)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
     rejected = groups.column(REJECTED)
     timed = groups.filter(pc.invert(rejected))
     max_ms = {p: pc.max(timed.column(f"{_MAX_MS}{i}")).as_py() for i, p in enumerate(partitions)}
@@ -396,11 +400,15 @@ class WindowedStage:
     def plans(self) -> list[AggregatePlan]:
         """The aggregates as Spark expressions: built on first use, as building one needs a
         running Spark, and planning (a sensor tick) does without."""
+        from lowmark.batches.event_time.aggregates import plan_aggregate
+
         return [plan_aggregate(a, self.event_time.column) for a in self.aggregation.aggregates]
 
     @cached_property
     def _sessions(self) -> SessionWindows:
         """The session windows' merging (``sessions.py``), for a stage of session windows."""
+        from lowmark.batches.event_time.sessions import SessionWindows
+
         assert isinstance(self.window, Session)
         names = tuple(n for p in self.plans for n, _ in p.partials)
         return SessionWindows(self.window, self.keys, self._partials(), self._merges(), names)
@@ -520,6 +528,8 @@ class WindowedStage:
         """``closed_under`` on the driver, for tumbling windows: True for each ``LATE_RECORD``
         of ``records`` set aside as ``CLOSED`` whose window is closed under
         ``watermark_ms`` (False for the other reasons)."""
+        import pyarrow.compute as pc
+
         window = self.window
         assert isinstance(window, Tumbling), "only tumbling windows are read ahead"
         size, lateness = float(window.size), float(self.event_time.allowed_lateness)
@@ -595,6 +605,8 @@ class WindowedStage:
         Read on the driver, bounded by the partials' time span and the
         watermark, so their cost follows the windows the batch touches.
         """
+        import pyarrow.compute as pc
+
         nearby = None
         if partials.num_rows:
             starts = pc.min_max(partials.column("window_start").cast(pa.int64()))
@@ -622,6 +634,8 @@ class WindowedStage:
         ``final`` every stored window the batch watermark makes final.
         """
         from pyspark.sql import functions as F
+
+        from lowmark.batches.event_time.sessions import null_safe_match
 
         if isinstance(self.window, Session):
             merged, replaced = self._sessions.merge(partials, nearby)
@@ -674,6 +688,8 @@ class WindowedStage:
         Gives the tables ``merge`` gives (no retract: tumbling and sliding
         windows keep their identity).
         """
+        from lowmark.batches.event_time.driver_merge import DriverMerge
+
         merge = DriverMerge(self.identity, self.plans, self.aggregation.output_mode)
         return merge.merge(partials, nearby, final, batch_id)
 
@@ -728,6 +744,8 @@ class WindowedStage:
 
         Returns (merged state rows, replaced identities: none, windows keep their identity).
         """
+        from lowmark.batches.event_time.sessions import null_safe_match
+
         none = partials.select(*self.identity).limit(0)
         if nearby is None:
             return partials, none

@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING
 
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import ExpectationsFailed, Interrupted, PoisonBatch
-from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.commit import commit_batch
 from lowmark.batches.loop.events import BatchFailure, BatchResult, BatchStarted, RunTerminated
 from lowmark.batches.loop.listeners import Listeners, PipelineListener, configured_listeners
-from lowmark.batches.loop.maintenance import maintain_after
 from lowmark.batches.loop.parts import BatchParts, build_parts
 from lowmark.batches.loop.plan import PlannedBatch, Planner
 from lowmark.batches.loop.poison import TRANSIENT_PAUSES_S, failure_kind, failure_report
@@ -44,6 +42,8 @@ from lowmark.state.session import SparkLike, StartedOnUse, is_remote_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from lowmark.batches.event_time.stage import WindowedStage
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +362,8 @@ class MicroBatchRunner:
         timer.lap("source_commit")
         maintenance = self.pipeline.maintenance
         if (batch_id + 1) % maintenance.every_batches == 0:
+            from lowmark.batches.loop.maintenance import maintain_after  # Arrow compute
+
             ran = (planned.planned_at_ms, next_watermark)
             maintain_after(ckpt, parts.source, planned.range, self.pipeline, versions, ran)
             timer.lap("maintenance")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lowmark.batches.clock import Clock, SystemClock
-from lowmark.batches.event_time.stage import WindowedStage
 from lowmark.batches.loop.dimensions import Dimensions
 from lowmark.batches.loop.plan import Planner
 from lowmark.batches.loop.steps import WINDOWS, Steps
@@ -31,6 +30,7 @@ from lowmark.state.checkpoint import Checkpoint
 # them: a read-only question (``lowmark status``, ``plan``) needs the planner alone and must
 # not import PySpark (docs/cli.md, "Fast commands").
 if TYPE_CHECKING:
+    from lowmark.batches.event_time.stage import WindowedStage
     from lowmark.batches.loop.batch_work import BatchWork
     from lowmark.batches.loop.catch_up import ReadAhead
     from lowmark.batches.pipeline import Pipeline

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from lowmark.batches.errors import (
@@ -265,6 +264,8 @@ def _columns_of(
     """The columns of the file at ``path`` (starting with ``head``) read with Spark reader
     ``options``; None when its start does not tell them."""
     if format == "parquet":
+        import pyarrow.parquet as pq  # a Parquet source's only (20 ms)
+
         try:
             schema = pq.read_schema(path)
         except (pa.ArrowException, OSError):  # a broken file: the read names it

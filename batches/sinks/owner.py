@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 
-from pyarrow.fs import FileType
-
 from lowmark.batches.errors import SinkHeldElsewhere, SinkNotATable
 from lowmark.batches.pipeline import Pipeline
 from lowmark.state import storage
@@ -42,6 +40,8 @@ def check_sink_is_ours(pipeline: Pipeline, checkpoint: Checkpoint, sink: str) ->
 
 def sink_not_a_table(pipeline: Pipeline, sink: str) -> SinkNotATable | None:
     """Why ``sink`` cannot hold ``pipeline``'s Delta table (it is a file), or None."""
+    from pyarrow.fs import FileType  # not at the top: `lowmark status` imports this module
+
     store, path = storage.filesystem(sink)
     if store.get_file_info(path).type != FileType.File:
         return None
