@@ -159,6 +159,14 @@ class FileSource(SourceKind):
             raise ValueError("`archive_dir` goes with `processed_files: archive`, and only with it")
         return self
 
+    def semantics(self) -> dict[str, Any]:
+        """As every source's, ``rescued_data_column`` only when set (a source without it
+        keeps the fingerprint it had before it existed)."""
+        semantics = super().semantics()
+        if self.rescued_data_column is None:
+            del semantics["rescued_data_column"]
+        return semantics
+
     @model_validator(mode="after")
     def _rescued_data_of_json_lines(self) -> FileSource:
         if self.rescued_data_column is None:
