@@ -57,7 +57,6 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from pyarrow.fs import FileType
 
 from lowmark.batches.errors import RebuildRefused
 from lowmark.batches.evolution import Change, classify
@@ -300,6 +299,8 @@ def _swapped(pipeline: Pipeline, data_root: Path, record: _Record, ran: int) -> 
 def _clean_up(pipeline: Pipeline, data_root: Path, location: str) -> None:
     """Step 6: the shadow sinks deleted (their rows are the live sinks' now), then the
     rebuild's record."""
+    from pyarrow.fs import FileType  # not for `lowmark status`, which asks `in_progress`
+
     for path in _sink_paths(pipeline, data_root).values():
         store, folder = storage.filesystem(path + SHADOW)
         if store.get_file_info(folder).type == FileType.Directory:
