@@ -6,6 +6,7 @@ count the same duplicates."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,11 @@ from lowmark.batches.dedup import Dedup
 from lowmark.batches.event_time.dedup import BEFORE_HORIZON_WHEN_INGESTED as BEHIND
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
-from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline
+from lowmark.batches.pipeline import DeltaSink, FileSource, KafkaSource, Pipeline
 from lowmark.batches.windows import EventTime, IngestionWatermark
 from lowmark.state.checkpoint import Checkpoint
 from tests.helpers import FakeClock, write_json_lines
+from tests.kafka_broker import KafkaBroker
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 FILES = [
@@ -121,3 +123,64 @@ def test_files_deduplicated_live_as_a_backlog_or_killed_and_replayed_keep_the_sa
     for name in ("large", "killed"):
         differ = _differences(_results(tmp_path / name), expected)
         assert differ == dict.fromkeys(differ, 0), f"{name} differs from live: {differ}"
+
+
+def test_a_log_append_time_topic_deduplicated_live_as_a_backlog_or_aligned_keeps_the_same(
+    spark: SparkSession, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Copies of one id in two partitions of a LogAppendTime topic, appended 50 ms apart in
+    one burst, or a burst later: read live (a batch a burst), as a backlog in one batch,
+    and as a backlog of 2 records a batch under aligned admission (which takes records in
+    their append order across partitions), every run keeps the copy appended first, drops
+    the same duplicates and sets aside the same late records (ids held for a minute: a
+    copy a burst later is a duplicate however long the live batches take)."""
+    topic = f"d_{time.time_ns() % 10**10}"
+    kafka.create_topic(topic, 2, {"message.timestamp.type": "LogAppendTime"})
+    source = KafkaSource(
+        bootstrap_servers=kafka.bootstrap,
+        topics=(topic,),
+        schema_ddl="id STRING, ts TIMESTAMP, file INT",
+        max_offsets_per_batch=100,
+    )
+    minute = Dedup(columns=("id",), within="60 seconds")
+    pipeline = _pipeline().model_copy(update={"source": source, "dedup": minute})
+    bursts = [  # per burst, per partition: (id, seconds before it is appended)
+        {0: [("a", 0.2), ("b", 1.0), ("d", 100.0)], 1: [("a", 0.5), ("c", 8.0)]},
+        {0: [("b", 0.3)], 1: [("e", 2.0), ("c", 1.0)]},
+        {0: [("a", 80.0)], 1: [("f", 0.1)]},
+    ]
+    live = FakeClock()
+    for n, burst in enumerate(bursts):
+        began = time.time()
+        for partition, records in burst.items():
+            values = [
+                json.dumps({"id": r, "ts": _iso(time.time() - age), "file": n})
+                for r, age in records
+            ]
+            kafka.produce(topic, values, partition)
+            time.sleep(0.05)  # partition 1's copies are appended after partition 0's
+        live.now = int(time.time() * 1000)
+        MicroBatchRunner(spark, pipeline, tmp_path / "live", live).run(max_batches=None)
+        time.sleep(max(0.0, began + 3.0 - time.time()))  # the broker's clock must move
+    expected = _results(tmp_path / "live")
+    assert sorted(r[0] for r in expected["sink"]) == ["a", "b", "c", "e", "f"]
+    assert expected["duplicates"] == 3  # a of partition 1, b of burst 1, c of burst 1
+    assert len(expected["late"]) == 2  # d, and a of burst 2: behind their own horizons
+
+    later = FakeClock(live.now + 3_600_000)
+    small = source.model_copy(update={"max_offsets_per_batch": 2})
+    assert pipeline.event_time is not None
+    aligned = pipeline.model_copy(
+        update={
+            "source": small,
+            "event_time": pipeline.event_time.model_copy(update={"admission": "aligned"}),
+        }
+    )
+    for name, run in (("large", pipeline), ("aligned", aligned)):
+        MicroBatchRunner(spark, run, tmp_path / name, later).run(max_batches=None)
+        differ = _differences(_results(tmp_path / name), expected)
+        assert differ == dict.fromkeys(differ, 0), f"{name} differs from live: {differ}"
+
+
+def _iso(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, UTC).isoformat()
