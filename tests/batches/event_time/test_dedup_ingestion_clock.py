@@ -125,6 +125,8 @@ def test_files_deduplicated_live_as_a_backlog_or_killed_and_replayed_keep_the_sa
         assert differ == dict.fromkeys(differ, 0), f"{name} differs from live: {differ}"
 
 
+# In `make test-integration` (24 s): the files above are the default suite's proof of the rule.
+@pytest.mark.integration
 def test_a_log_append_time_topic_deduplicated_live_as_a_backlog_or_aligned_keeps_the_same(
     spark: SparkSession, kafka: KafkaBroker, tmp_path: Path
 ) -> None:
