@@ -21,7 +21,6 @@ schema's (STRING for LONG) is refused with SourceFileUnreadable.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import heapq
 import json
 import time
@@ -374,25 +373,31 @@ class FileStreamSource(Source):
         schema = self._schema(paths)
         counts = Observation()
         file_path = F.col("_metadata.file_path")
-        tag_of = ingested_of = None
+        batch_of = ingested_at = None
         if tags:  # Spark names a record's file by its URI: "a b.json" is "a%20b.json"
             by_uri = [F.lit(x) for path, b in tags.items() for x in (self.storage.uri(path), b)]
-            tag_of = functools.partial(F.element_at, F.create_map(*by_uri))
+            batch_of = F.create_map(*by_uri)
         if self.ingestion_clock and files:
             times = [(self.storage.uri(f.path), self._own_time(f)) for f in files]
             by_file = [x for uri, ms in times for x in (F.lit(uri), F.lit(ms).cast("long"))]
-            ingested_of = functools.partial(F.element_at, F.create_map(*by_file))
-        tag = tag_of(file_path) if tag_of is not None else None
-        ingested = ingested_of(file_path) if ingested_of is not None else None
+            ingested_at = F.create_map(*by_file)
+
+        def carried(frame: DataFrame, file: Column) -> DataFrame:
+            """``frame`` with each record's batch and ingestion time, found by its ``file``."""
+            if batch_of is not None:
+                frame = frame.withColumn(BATCH_COLUMN, F.element_at(batch_of, file))
+            if ingested_at is not None:
+                frame = frame.withColumn(INGESTED_COLUMN, F.element_at(ingested_at, file))
+            return frame
+
+        tagged = batch_of is not None
         size = sum(f.size for f in files)
         if self.config.format == "parquet":
-            records = self.spark.read.schema(schema).parquet(*map(literal, paths))
-            if tag is not None:
-                records = records.withColumn(BATCH_COLUMN, tag)
-            if ingested is not None:
-                records = records.withColumn(INGESTED_COLUMN, ingested)
+            records = carried(
+                self.spark.read.schema(schema).parquet(*map(literal, paths)), file_path
+            )
             records = records.withColumn(PARTITION_COLUMN, self._partition_of(file_path)).observe(
-                counts, *read_counts(tag is not None, None)
+                counts, *read_counts(tagged, None)
             )
             if cache:
                 records = records.persist(StorageLevel.MEMORY_AND_DISK)
@@ -409,15 +414,10 @@ class FileStreamSource(Source):
         every_column = F.max(
             F.greatest(F.lit(False), *[F.col(f"`{n}`").isNull() for n in schema.fieldNames()])
         )
-        parsed = self._parsed(paths, with_corrupt)
-        source_file = F.col("_source_file")
-        if tag_of is not None:
-            parsed = parsed.withColumn(BATCH_COLUMN, tag_of(source_file))
-        if ingested_of is not None:
-            parsed = parsed.withColumn(INGESTED_COLUMN, ingested_of(source_file))
+        parsed = carried(self._parsed(paths, with_corrupt), F.col("_source_file"))
         parsed = parsed.observe(
             counts,
-            *read_counts(tag is not None, F.col(CORRUPT).isNull()),
+            *read_counts(tagged, F.col(CORRUPT).isNull()),
             every_column.alias("_every_column"),
         )
         if cache:
