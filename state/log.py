@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lowmark.state.errors import CheckpointCorrupt, ConcurrentRunner, UnsupportedLogFormat
 from lowmark.state.table import UTC_MICROS, DriverTable
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """The checkpoint format this lowmark writes, and the newest it reads: recorded in a
 checkpoint's metadata table when it is created (``lowmark.state.checkpoint``) and in every log
 row (offsets, commits, progress). The checkpoint's other tables (manifest, schema, watermarks,
@@ -39,8 +39,13 @@ a nullable column an older lowmark ignores, or reads as its default, is no new f
 the raise, give ``Checkpoint`` one migration per step, ``FORMAT_VERSION - 1`` to
 ``FORMAT_VERSION`` (a function of the checkpoint; the identity when only the recorded number
 changes), which ``Checkpoint`` runs in order on a checkpoint of an older format when it opens
-it, before anything reads its tables, recording each step's format in the metadata table.
-Format 1 is the first, so there is no step yet."""
+it, before anything reads its tables, recording each step's format in the metadata table. A
+raise whose change is only a value in new log rows needs no step: each row carries its format,
+so an older lowmark refuses the first new row it reads in one line, and this one reads the old
+rows as they are.
+
+The formats: 1, the first; 2, offsets rows whose ``late_rule`` is ``own_horizon`` (a value
+format 1 readers do not know, ``lowmark.state.offset_log.LateRule``), no step."""
 
 BASE_FIELDS = [
     pa.field("batch_id", pa.int64(), nullable=False),

@@ -24,8 +24,13 @@ from lowmark.batches.admin.status import pipeline_status
 from lowmark.batches.event_time.watermarks import IngestionLags
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.state.checkpoint import ID_FILE, Checkpoint
-from lowmark.state.errors import ReplayRuleChanged, UnsupportedCheckpointFormat
+from lowmark.state.errors import (
+    ReplayRuleChanged,
+    UnsupportedCheckpointFormat,
+    UnsupportedLogFormat,
+)
 from lowmark.state.log import FORMAT_VERSION
+from lowmark.state.offset_log import OffsetEntry, OffsetLog
 from tests.data.make_upgrade_checkpoints import PIPELINES, ROOT, WINDOW
 from tests.helpers import drop_batches, entry, event, reference, sink
 
@@ -67,6 +72,20 @@ def test_a_checkpoint_an_older_lowmark_left_with_a_planned_batch_ends_as_a_plain
     rules = [e.late_rule for e in checkpoint.offsets.get_range()]
     assert rules == ["batch_clock", "batch_clock", "batch_clock", "own_horizon"]
     assert checkpoint.late.read().num_rows == 0
+
+    # The lowmark that made the archive reads format 1 (``LogEntry.from_row``): it still reads
+    # the rows it wrote, and refuses batch 3's, whose late rule it does not know, in one line.
+    class FormatOneEntry(OffsetEntry):
+        FORMAT_VERSION = 1
+
+    path = str(older_root / "_lowmark" / "w" / "offsets")
+    format_one = OffsetLog(path, FormatOneEntry, "older lowmark")
+    assert [format_one.get(batch) is not None for batch in (0, 1, 2)] == [True] * 3
+    with pytest.raises(UnsupportedLogFormat) as refused:
+        format_one.get(3)
+    assert str(refused.value) == (
+        f"{path} batch 3 has format {FORMAT_VERSION}, this lowmark reads up to 1: upgrade lowmark"
+    )
 
 
 def test_a_batch_an_older_lowmark_planned_by_its_batch_clock_is_not_replayed_by_the_records_own(
