@@ -184,6 +184,8 @@ class MetadataLog(Generic[E]):
             bounds.append(f'"batch_id" <= {int(end)}')
         return sorted(self._read(" AND ".join(bounds) or None), key=lambda e: e.batch_id)
 
-    def _read(self, where: str | None) -> list[E]:
-        rows = self.table.read(where).to_pylist()
-        return [self.entry_type.from_row(r, self.path) for r in rows]  # type: ignore[misc]
+    def _read(self, where: str | None, table: DriverTable | None = None) -> list[E]:
+        """The entries of the rows matching ``where`` in ``table`` (None: the log's)."""
+        table = table or self.table
+        rows = table.read(where).to_pylist()
+        return [self.entry_type.from_row(r, table.path) for r in rows]  # type: ignore[misc]

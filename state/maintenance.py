@@ -8,7 +8,9 @@ after a commit, the runner maintains each table (``DriverTable.maintain``):
 1. old log rows go: offsets, commits and watermarks
    keep their latest ``log_batches`` batches (recovery reads only the latest
    entry; Spark keeps 100 by default too), progress its latest
-   ``progress_batches``;
+   ``progress_batches``; the offsets first go to the offset log's history
+   (``OffsetLog.retire``), which keeps every batch's boundaries for ``lowmark
+   rebuild``;
 2. small files are merged into few (delta-rs OPTIMIZE);
 3. first of all, the Delta log is checkpointed at the version the last
    commit recorded and log files below it older than the log retention (a
@@ -26,8 +28,8 @@ runs after it, batches pending or not (``lowmark compact`` and the daily
 schedule run at any time, between a crash and its replay too): its log is
 checkpointed and kept, and VACUUM keeps its files, however long ago a
 crashed batch's write or an earlier maintenance's OPTIMIZE removed them
-from the current version. The rows of the file manifest and its
-history (a backfill reads the whole committed history), of the bad and late
+from the current version. The rows of the offset log's history and of the file
+manifest and its history (a backfill reads the whole committed history), of the bad and late
 records, and the sink (the user's table: OPTIMIZE and VACUUM it as any Delta
 table) are kept.
 Maintenance is best-effort: a table it cannot maintain now (a write raced it)
@@ -81,6 +83,11 @@ def maintain(
     """
     logs = batch_id - keep.log_batches + 1
     progress = batch_id - keep.progress_batches + 1
+    try:
+        checkpoint.offsets.retire(logs)
+    except (CommitFailedError, DeltaError) as exc:  # the entries stay in the log till then
+        log.warning("maintenance of %s skipped until next time: %s", checkpoint.offsets.path, exc)
+        logs = 0
     plan: list[tuple[DriverTable, str | None, int | None]] = [
         (checkpoint.offsets.table, f'"batch_id" < {logs}', None),
         (checkpoint.commits.table, f'"batch_id" < {logs}', None),
@@ -91,6 +98,8 @@ def maintain(
         (checkpoint.bad_records, None, None),
         (checkpoint.late, None, None),
     ]
+    if checkpoint.offsets.history.exists():  # made by the first retirement
+        plan.append((checkpoint.offsets.history, None, None))
     plan.extend((table.table, None, recorded.get(table.role)) for table in state)
     maintained = 0
     for table, drop_where, keep_version in plan:

@@ -12,6 +12,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from lowmark.state.log import LogEntry, MetadataLog
+from lowmark.state.table import DriverTable
 
 Offsets = dict[str, int]
 """Source position per source partition, exclusive: ``{"0": 42}`` = records 0..41 taken."""
@@ -111,9 +112,36 @@ class OffsetEntry(LogEntry):
 
 
 class OffsetLog(MetadataLog[OffsetEntry]):
-    """The ``offsets`` table of a checkpoint.
+    """The ``offsets`` table of a checkpoint, and ``offsets_history``: the entries
+    maintenance retired from it.
 
     Claiming a batch id here (``claim``) is what makes a runner the
     pipeline's runner: two runners can never process different offsets
-    under one batch id.
+    under one batch id. Recovery reads only the newest entries, so maintenance keeps the
+    last ``maintenance.log_batches`` in the log; the older ones move to the history
+    (``retire``), where ``lowmark rebuild`` finds every batch's boundaries (``recorded``).
+    No batch reads or writes the history: it grows by one append per maintenance.
     """
+
+    def __init__(self, path: str, entry_type: type[OffsetEntry], txn_app_id: str) -> None:
+        super().__init__(path, entry_type, txn_app_id)
+        self.history = DriverTable(f"{self.path}_history", self.table.schema, "offset log history")
+
+    def retire(self, below: int) -> None:
+        """Copy the entries of batches before ``below`` to the history, before maintenance
+        drops them from the log. Appended whole, not once per batch: a maintenance cut short
+        between this and the drop, or two at once, leave an entry twice in the history,
+        which ``recorded`` reads once."""
+        rows = self.table.read(f'"batch_id" < {int(below)}')
+        if rows.num_rows:
+            self.history.append(rows)
+
+    def recorded(self, start: int, end: int) -> list[OffsetEntry]:
+        """Entries with ``start <= batch_id <= end``, from the log and, for the batches
+        maintenance retired from it, from the history (each once), in batch order."""
+        bounds = f'"batch_id" >= {int(start)} AND "batch_id" <= {int(end)}'
+        found = {e.batch_id: e for e in self.get_range(start, end)}
+        if (not found or min(found) > start) and self.history.exists():
+            retired = self._read(bounds, self.history)
+            found = {e.batch_id: e for e in retired} | found
+        return [found[batch_id] for batch_id in sorted(found)]

@@ -40,10 +40,11 @@ its sink write, after step 4's commit if it takes longer than steps 3-4: stop a 
 runner whose batches take that long before its rebuild swaps.) Refused, before anything
 is written (``RebuildRefused``): a sink that is not a Delta table (its content cannot be
 swapped in one commit), a change the recorded offsets cannot be replayed under (another
-source, a refused change), history the live offset log or the source no longer holds.
-A shadow of another live checkpoint (``lowmark reset`` ran) or of another definition is
-moved aside (``<checkpoint>.rebuild.dropped-<UTC time>``, its sinks likewise) and the
-rebuild starts over. Local checkpoints only (a move is a rename).
+source, a refused change), history neither the live offset log (nor the entries maintenance
+retired to its history) nor the source still holds. A shadow of another live checkpoint
+(``lowmark reset`` ran) or of another definition is moved aside
+(``<checkpoint>.rebuild.dropped-<UTC time>``, its sinks likewise) and the rebuild starts
+over. Local checkpoints only (a move is a rename).
 """
 
 from __future__ import annotations
@@ -462,11 +463,12 @@ def _refuse_unreplayable(pipeline: Pipeline, live: Checkpoint) -> None:
             f"its sink holds what checkpoint {live.adopted_from} wrote before `lowmark reset "
             "--after-sink`, which this checkpoint's history does not reach",
         )
-    if live.offsets.get(0) is None:
+    if not live.offsets.recorded(0, 0):
         raise _refused(
             pipeline,
-            "its offset log no longer holds batch 0 (maintenance keeps the last "
-            "`maintenance.log_batches`), so the earlier batches' boundaries are gone",
+            "neither its offset log nor the log's history holds batch 0 (a lowmark before "
+            "the history dropped the entries maintenance retired), so the earlier batches' "
+            "boundaries are gone",
         )
 
 
@@ -489,8 +491,7 @@ def _history_start(live: Checkpoint) -> Offsets:
     """Where the live's batch 0 started."""
     if live.start_offsets is not None:
         return live.start_offsets
-    first = live.offsets.get(0)
-    assert first is not None  # ``_refuse_unreplayable``
+    [first] = live.offsets.recorded(0, 0)  # ``_refuse_unreplayable``
     return first.start_offsets
 
 
@@ -676,13 +677,14 @@ def _catch_up(
         if target > live_last and not replay:
             return ran
         if not replay:
-            source.ranges = live.offsets.get_range(target, live_last)
+            ahead = min(live_last, target + pipeline.read_ahead_batches)
+            source.ranges = live.offsets.recorded(target, ahead)
             if not source.ranges or source.ranges[0].batch_id != target:
                 raise RebuildRefused(
-                    f"{pipeline.name}: the live offset log no longer holds batch {target}, "
-                    "which the shadow recomputes next (maintenance keeps the last "
-                    "`maintenance.log_batches`): its boundaries are gone; run `lowmark "
-                    "rebuild` again (it starts over), with fewer live batches meanwhile"
+                    f"{pipeline.name}: neither the live offset log nor its history holds "
+                    f"batch {target}, which the shadow recomputes next: its boundaries are "
+                    "gone; restore the checkpoint's offsets_history table, or start over with "
+                    f"`lowmark reset {pipeline.name} --truncate-sink`"
                 )
             _extend_manifest(pipeline, live, shadow, source.ranges[-1])
             faults.reached("rebuild_after_manifest", target)

@@ -253,15 +253,15 @@ def history_start(ckpt: Checkpoint, partition: str) -> Offsets:
     backfill refused when neither is there."""
     if ckpt.start_offsets is not None:
         return ckpt.start_offsets
-    first = ckpt.offsets.get(0)
-    if first is None:
+    first = ckpt.offsets.recorded(0, 0)
+    if not first:
         raise BackfillHistoryLost(
             f"{partition} not backfilled, the sink is unchanged: checkpoint {ckpt.location} "
-            "does not record where batch 0 started (it predates that record) and its offset "
-            "log no longer holds batch 0, so the history its windows were computed from is "
-            "unknown: the windows the stream wrote stay as they are"
+            "does not record where batch 0 started (it predates that record) and neither its "
+            "offset log nor the log's history holds batch 0, so the history its windows were "
+            "computed from is unknown: the windows the stream wrote stay as they are"
         )
-    return first.start_offsets
+    return first[0].start_offsets
 
 
 def _ms(moment: datetime) -> int:

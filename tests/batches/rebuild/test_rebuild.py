@@ -28,6 +28,7 @@ from lowmark.batches.admin.reset import reset
 from lowmark.batches.errors import RebuildRefused, SinkHeldElsewhere
 from lowmark.batches.evolution import DefinitionChanged
 from lowmark.batches.loop.faults import REBUILD_STEPS, InjectedCrash, KillPoint, crash_at
+from lowmark.batches.loop.maintenance import maintain_checkpoint
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource, Pipeline, PostgresSink
 from lowmark.batches.windows import Tumbling
@@ -198,6 +199,24 @@ def test_a_rebuild_killed_at_each_step_and_run_again_writes_what_an_unbroken_one
     # The checkpoint swapped in can be rebuilt in turn (here: back to the old windows).
     with crash_at(KillPoint("rebuild_after_manifest", 0)), pytest.raises(InjectedCrash):
         rebuild(spark, history.old, live)
+
+
+def test_a_rebuild_after_maintenance_trimmed_the_offset_log_reads_the_boundaries_it_retired(
+    spark: SparkSession, live: Path, history: History
+) -> None:
+    trimmed = history.old.model_copy(
+        update={"maintenance": history.old.maintenance.model_copy(update={"log_batches": 1})}
+    )
+    offsets = Checkpoint(history.old.checkpoint_location(live), "w").offsets
+    offsets.retire(2)  # a maintenance cut short after its retirement: batches 0-1 twice
+    maintained = maintain_checkpoint(spark, trimmed, live)
+
+    assert maintained is not None and maintained.first_kept == history.live_last
+    assert [e.batch_id for e in offsets.get_range()] == [history.live_last]
+    assert [e.batch_id for e in offsets.recorded(0, history.live_last)] == [0, 1, 2, 3]
+    done = rebuild(spark, history.new, live)
+    assert done.nothing is None and done.last_batch == history.live_last
+    assertDataFrameEqual(delta_frame(spark, live / "out"), history.fresh)
 
 
 def test_a_reset_while_a_rebuild_is_under_way_drops_its_shadow_at_the_next_rebuild(
