@@ -82,12 +82,19 @@ class DagsterDev:
 
 
 def start_ui(
-    home: Path, data_root: Path, log: Path, env: dict[str, str], args: tuple[str, ...] = ()
+    home: Path,
+    data_root: Path,
+    log: Path,
+    env: dict[str, str],
+    args: tuple[str, ...] = (),
+    cwd: Path = REPO,
 ) -> DagsterDev:
     """``lowmark ui ARGS`` over ``tests.orchestration.pipelines`` with its instance in
     ``home``, sensors running every 5 s and following for 10 minutes, its output appended to
     ``log``; returns once it printed its address. ``env`` adds to this process's
-    environment."""
+    environment. It runs in ``cwd``: a folder with a ``lowmark.toml`` makes it a project's
+    (its ``[spark]`` table read), though these pipelines and instance, flags and ``env``
+    win over its other settings."""
     port = free_port()
     env = {
         **os.environ,
@@ -101,10 +108,12 @@ def start_ui(
         "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         **env,
     }
-    command = ["--pipelines", "tests.orchestration.pipelines", "ui", "--port", str(port), *args]
+    command = ["--pipelines", "tests.orchestration.pipelines", "ui", "--port", str(port)]
+    # Served in a project too, where the default would be the project's workspace.
+    command += ["--workspace", str(REPO / "workspace.yaml"), *args]
     with log.open("a") as out:
         ui = subprocess.Popen(
-            [str(LOWMARK), *command], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+            [str(LOWMARK), *command], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT
         )
     dev = DagsterDev(ui, f"http://127.0.0.1:{port}", home, data_root, log)
     try:

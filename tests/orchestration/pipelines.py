@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -14,11 +15,17 @@ from lowmark.batches.windows import Aggregate, EventTime, Tumbling, WindowedAggr
 SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
 HOLD = "HOLD"
 """While ``<data root>/HOLD`` exists, ``slow``'s transform blocks (and says its pid)."""
+SESSION = "slow/session.json"
+"""Under the data root: the Spark confs the session of ``slow``'s latest batch has."""
 
 
 def hold_while_flagged(df: DataFrame) -> DataFrame:
-    """Block mid-batch (after the offset log, before any sink) while the HOLD file exists."""
+    """Write the batch's session's Spark confs to ``SESSION``; block mid-batch (after the
+    offset log, before any sink) while the HOLD file exists."""
     root = Path(os.environ["LOWMARK_DATA_ROOT"])
+    # What the batch's own session has, not what was asked for: the proof that the confs
+    # given `lowmark ui` and the project reach the runs it starts.
+    (root / SESSION).write_text(json.dumps(df.sparkSession.conf.getAll, sort_keys=True))
     if (root / HOLD).exists():
         (root / "HELD.pid").write_text(str(os.getpid()))
         deadline = time.monotonic() + 300
@@ -43,7 +50,8 @@ ticks = Pipeline(
 
 slow = Pipeline(
     name="slow",
-    description="Copies ids; its transform can be held mid-batch to kill the run.",
+    description="Copies ids; its transform says its session's Spark confs and can be held "
+    "mid-batch to kill the run.",
     source=FileSource(path="slow/in", format="json", schema_ddl="id LONG"),
     transform=hold_while_flagged,
     sink=DeltaSink(path="slow/out"),

@@ -4,7 +4,8 @@ server) on a free loopback port — and Debian's Chromium driven by Playwright:
 - sensor ticks start no Spark; the run a tick launches commits the new file, then follows
   the source, so a file that lands later is committed by the same run; the runs use the
   Spark ``lowmark ui`` shares (a Spark Connect server) and start no JVM of their own;
-- a SIGKILLed run's batch is replayed by the next run;
+- a SIGKILLed run's batch is replayed by the next run, on a session with the conf given
+  ``lowmark ui --conf``;
 - the UI: the asset page shows the watermark as a time and the sensor as the asset's
   automation, the input folder's page the sensor's observation of what waits there,
   Materialize launches a micro-batch run, and a backfill of two partitions launched from
@@ -17,6 +18,7 @@ The tests share one server and run in file order; the last one stops it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -39,7 +41,7 @@ from tests.orchestration.dagster_dev import (
     start_ui,
     wait_for,
 )
-from tests.orchestration.pipelines import HOLD
+from tests.orchestration.pipelines import HOLD, SESSION
 from tests.orchestration.workspace import partition_range
 
 CHROMIUM = shutil.which("chromium")
@@ -48,6 +50,7 @@ SLOW = dg.AssetKey(["lowmark", "slow"])
 STARTED = dg.DagsterRunStatus.STARTED
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+SHUFFLE = "spark.sql.shuffle.partitions"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,8 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
     base = tmp_path_factory.mktemp("dagster_dev")
     (base / "data").mkdir()
     # A process per run on a shared Spark Connect server (the warm runner: test_runner.py).
-    dev = start_ui(base / "home", base / "data", base / "lowmark-ui.log", {}, ("--no-runner",))
+    args = ("--no-runner", "--conf", f"{SHUFFLE}=7")
+    dev = start_ui(base / "home", base / "data", base / "lowmark-ui.log", {}, args)
     try:
         yield dev
     finally:
@@ -129,6 +133,8 @@ def test_a_run_killed_mid_batch_is_replayed_by_the_next_sensor_run(
     assert [r.batch_id for r in offsets] == [0]
     sink = delta_frame(spark, str(dev.data_root / "slow/out")).collect()
     assert sorted(r.id for r in sink) == [1, 2]
+    # The replay's session (a client of the shared Spark) has the UI's --conf, not lowmark's 4.
+    assert json.loads((dev.data_root / SESSION).read_text())[SHUFFLE] == "7"
 
 
 def test_the_ui_shows_readable_assets_and_launches_batches_and_backfills(

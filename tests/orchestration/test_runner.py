@@ -5,16 +5,20 @@ beside it):
 
 - the runs the sensors of two pipelines launch execute in the runner's process, not in
   one of their own, and their sinks hold the files' rows;
+- a batch in the runner runs on a session with the Spark confs ``lowmark ui --conf`` and
+  the project's ``lowmark.toml`` (``[spark]``) gave, ``--conf`` winning;
 - a run whose Spark settings the warm Spark cannot change gets a process of its own;
 - a run terminated from the UI ends canceled after its batch, and the runner serves on;
 - the runner killed mid-batch: ``lowmark ui`` starts another, which fails the run the dead
   one left; the sensor replays its batch and the sink holds each row once.
 
-The tests share one server and run in file order; the kill comes last.
+The tests share one server, started in a project with Spark confs given both ways, and
+run in file order; the kill comes last.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -24,17 +28,24 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 from pyspark.sql import SparkSession
 
+from lowmark.batches.cli.logs import log_file
 from lowmark.orchestration.errors import SparkSettingsFixed
 from lowmark.orchestration.launcher import RUN_PID_TAG, RunnerFiles, alive
 from lowmark.orchestration.resources import SparkResource, fixed_settings, lent_session
 from tests.helpers import delta_frame, tick, write_json_lines
 from tests.orchestration.dagster_dev import DagsterDev, command_line, start_ui, wait_for
-from tests.orchestration.pipelines import HOLD
+from tests.orchestration.pipelines import HOLD, SESSION
 
 TICKS = dg.AssetKey(["lowmark", "ticks"])
 SLOW = dg.AssetKey(["lowmark", "slow"])
 RUN_PROCESS = "execute_run"
 """In the command line of a process Dagster starts for one run."""
+SHUFFLE = "spark.sql.shuffle.partitions"
+DISCOVERY = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+PROJECT_SPARK = {SHUFFLE: "5", DISCOVERY: "2"}
+"""The project's ``[spark]`` table: lowmark's defaults are 4 and 4; ``--conf`` gives 7."""
+GIVEN = f"{SHUFFLE}=7"
+"""``lowmark ui --conf``."""
 
 
 def test_a_static_conf_needs_a_spark_of_its_own_and_a_runtime_one_does_not(
@@ -66,7 +77,12 @@ def test_a_lent_session_takes_a_runs_runtime_confs_and_refuses_its_static_ones_i
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
     base = tmp_path_factory.mktemp("runner")
     (base / "data").mkdir()
-    dev = start_ui(base / "home", base / "data", base / "lowmark-ui.log", {})
+    table = "".join(f'"{key}" = "{value}"\n' for key, value in PROJECT_SPARK.items())
+    (base / "lowmark.toml").write_text(
+        f'pipelines = "tests.orchestration.pipelines"\n[spark]\n{table}'
+    )
+    args = ("--conf", GIVEN)
+    dev = start_ui(base / "home", base / "data", base / "lowmark-ui.log", {}, args, cwd=base)
     try:
         yield dev
     finally:
@@ -110,6 +126,24 @@ def test_the_sensor_runs_of_two_pipelines_execute_in_the_one_runner_process(
     assert ticked.asset_materialization.metadata["rows_in"].value == 2  # type: ignore[union-attr]
     slow = delta_frame(spark, str(dev.data_root / "slow/out")).collect()
     assert sorted(r.id for r in slow) == [1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_batch_in_the_runner_has_the_confs_given_to_lowmark_ui_and_in_the_project(
+    dev: DagsterDev,
+) -> None:
+    pid = runner_pid(dev)
+    wait_for("batch 0 of slow (the test above)", lambda: dev.materializations(SLOW), dev)
+    [ran] = dev.runs(tags={"lowmark/pipeline": "slow"})
+    assert ran.tags[RUN_PID_TAG] == str(pid)
+
+    session = json.loads((dev.data_root / SESSION).read_text())  # what its transform saw
+    assert session[SHUFFLE] == "7"  # --conf, over the project's 5 and lowmark's 4
+    assert session[DISCOVERY] == "2"  # the project's, over lowmark's 4
+    # The runner's log names each with its layer, as every command's does.
+    logged = log_file(dev.data_root).read_text()
+    assert f"{SHUFFLE}=7 (--conf)" in logged and f"{DISCOVERY}=2 (lowmark.toml)" in logged
 
 
 @pytest.mark.slow

@@ -39,6 +39,12 @@ COUNT = (
     "print(SparkSession.builder.remote(sys.argv[1]).getOrCreate().range(3).count())"
 )
 """A client's first query: prints 3 when the server serves it."""
+CONF = (
+    "import sys; from pyspark.sql import SparkSession; "
+    "print(SparkSession.builder.remote(sys.argv[1]).getOrCreate().conf.get(sys.argv[2]))"
+)
+"""A client that prints its session's value of a conf."""
+MEMORY = "spark.driver.memory"
 REFUSED = "UNAUTHENTICATED"
 """The gRPC status the server answers a client without the right token with."""
 
@@ -75,11 +81,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     started.stop()
 
 
-def _client(url: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    """A pyspark client of ``url`` with ``env`` only (no token this process may hold)."""
+def _client(url: str, env: dict[str, str], conf: str | None = None) -> subprocess.Popen[str]:
+    """A pyspark client of ``url`` with ``env`` only (no token this process may hold): it
+    prints its count, or, given the key ``conf``, its session's value of that conf."""
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env}
+    args = [CONF, url, conf] if conf is not None else [COUNT, url]
     return subprocess.Popen(
-        [sys.executable, "-c", COUNT, url],
+        [sys.executable, "-c", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -116,6 +124,18 @@ def test_neither_the_address_nor_a_command_line_of_the_server_holds_its_token(
     assert server.token not in server.url
     for pid in [server.command.pid, *descendants(server.command.pid)]:
         assert server.token not in command_line(pid)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_conf_given_to_spark_connect_is_its_sessions_and_sizes_its_jvm(
+    server: RunningServer,
+) -> None:
+    # start_server gives `--conf spark.driver.memory=1g`; lowmark's default is 4g.
+    client = _client(server.url, server.client_env(), MEMORY)
+    assert _outcome(client)[0] == "1g"
+    (jvm,) = (p for p in descendants(server.command.pid) if SERVER_CLASS in command_line(p))
+    assert "-Xmx1g" in command_line(jvm).split()
 
 
 @pytest.fixture
@@ -167,7 +187,7 @@ def _interpreter_for(account: str) -> tuple[str, list[str]]:
 
 
 @pytest.mark.integration
-def test_a_server_given_a_cluster_s_master_runs_its_queries_on_that_cluster(
+def test_a_server_given_a_cluster_s_master_runs_its_queries_there_with_its_confs(
     tmp_path: Path,
 ) -> None:
     cluster = SparkCluster.start(tmp_path / "cluster")
@@ -182,3 +202,5 @@ def test_a_server_given_a_cluster_s_master_runs_its_queries_on_that_cluster(
     finally:
         cluster.stop()
     assert [app["name"] for app in apps] == ["lowmark-spark-connect"]
+    # Its executors are as its --conf spark.executor.memory asked, not Spark's 1 GB.
+    assert apps[0]["memoryperexecutor"] == 512
