@@ -13,7 +13,8 @@ Nothing here names a case. Three registrations and one list of kill points gener
 - ``ACTIONS``: what an operator does after a kill at one of its ``steps`` of batch
   ``KILL_BATCH`` (nothing, `lowmark skip-batch`, `lowmark reset --after-sink`, `lowmark
   reset --truncate-sink`, a backfill of a settled event-time partition, `lowmark compact`
-  an hour later), which input its fault-free reference reads, which tables its end state
+  an hour later, `lowmark rebuild` under a later watermark), which input and definition its
+  fault-free reference reads and runs, which tables its end state
   is compared on, and when it is refused by design (a stated reason: the case then asserts
   that the refusal is one line, and that the pipeline then runs on to the reference of no
   action at all).
@@ -47,6 +48,7 @@ from psycopg.rows import dict_row
 from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
+from lowmark.batches.admin.rebuild import rebuild
 from lowmark.batches.admin.reset import reset
 from lowmark.batches.admin.skip_batch import set_aside
 from lowmark.batches.errors import PartitionNotClosed
@@ -426,8 +428,31 @@ def _compact(run: Run) -> None:
     maintain_checkpoint(run.spark, run.pipeline, run.root)
 
 
+def _later_watermark(pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` with a change only a rebuild applies: its watermark five seconds later (every
+    feature's windows, horizons, timers or held rows follow it)."""
+    event_time = pipeline.event_time
+    assert event_time is not None, f"{pipeline.name} has no watermark to change"
+    later = event_time.max_out_of_orderness + 5000
+    return pipeline.model_copy(
+        update={"event_time": event_time.model_copy(update={"max_out_of_orderness": later})}
+    )
+
+
+def _rebuild(run: Run) -> None:
+    """`lowmark rebuild` under a later watermark before the killed batch's replay: the
+    pipeline runs on under it, from the checkpoint the rebuild swapped in."""
+    changed = _later_watermark(run.pipeline)
+    rebuild(run.spark, changed, run.root)
+    run.pipeline = changed
+
+
 def _same(tables: Snapshot) -> Snapshot:
     return tables
+
+
+def _unchanged(pipeline: Pipeline) -> Pipeline:
+    return pipeline
 
 
 def _same_input(batches: tuple[Batch, ...]) -> tuple[Batch, ...]:
@@ -466,6 +491,14 @@ def _reset_after_refused(feature: Feature, sink: SinkKind, step: str) -> str | N
     return _needs_delta_sink("reset --after-sink")(feature, sink, step)
 
 
+def _rebuild_refused(feature: Feature, sink: SinkKind, step: str) -> str | None:
+    if feature.pipeline.joins or feature.pipeline.stream_join is not None:
+        return "a rebuild cannot replay the table versions or held rows each batch joined"
+    if sink.name in ("postgres", "kafka", "fan_out"):
+        return "a rebuild swaps a Delta sink's content in one commit: another sink is refused"
+    return None
+
+
 def _backfill_refused(feature: Feature, sink: SinkKind, step: str) -> str | None:
     pipeline = feature.pipeline
     if not feature.windowed:
@@ -492,6 +525,9 @@ class Action:
     """What the fault-free run does after its end (a backfill backfills it too)."""
     refused: Refusal = _never
     """Why it is refused by design for a feature, sink and kill point (None: it is not)."""
+    changed: Callable[[Pipeline], Pipeline] = _unchanged
+    """The definition the pipeline runs under once it acted, which its fault-free run runs
+    under throughout."""
 
 
 ACTIONS = (
@@ -537,6 +573,16 @@ ACTIONS = (
     ),
     # Maintenance keeps every version a pending replay needs.
     Action(name="compact", steps=("after_state",), before_replay=_compact),
+    # A rebuild recomputes the committed batches under the new definition and swaps them in;
+    # the killed batch then runs under it, and every table ends as a fault-free run's of the
+    # new definition (the live's half-written batch leaves nothing behind).
+    Action(
+        name="rebuild",
+        steps=("after_state", "after_sink"),
+        before_replay=_rebuild,
+        changed=_later_watermark,
+        refused=_rebuild_refused,
+    ),
 )
 
 
@@ -565,8 +611,12 @@ class Case:
         """The fault-free run it is compared with (cases sharing one share a test worker)."""
         ref_input = self.action.reference_input if self.refused is None else _same_input
         after = self.action.reference_after if self.refused is None else _nothing
+        changed = self.action.changed if self.refused is None else _unchanged
         key = f"{self.feature.name}+{self.sink.name}+{ref_input.__name__.strip('_')}"
-        return key if after is _nothing else f"{key}+{after.__name__.strip('_')}"
+        for extra in (after, changed):
+            if extra not in (_nothing, _unchanged):
+                key += f"+{extra.__name__.strip('_')}"
+        return key
 
 
 def _invalid(feature: Feature, sink: SinkKind) -> str | None:
@@ -633,6 +683,8 @@ class References:
         if key not in self.made:
             ref_input = case.action.reference_input if case.refused is None else _same_input
             run = _run(self.spark, case, self.folder / key, monkeypatch)
+            if case.refused is None:
+                run.pipeline = case.action.changed(run.pipeline)
             case.feature.lay_out(run.folder, ref_input(case.feature.batches))
             run.to_end()
             if case.refused is None:
