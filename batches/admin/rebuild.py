@@ -600,6 +600,9 @@ class RecordedRanges(Source):
             return None
         return Skipped(entry.start_offsets, entry.input_skipped, "as the live batch passed it over")
 
+    def reader(self) -> Source:
+        return self.source.reader()
+
     def read(
         self,
         start: Offsets,

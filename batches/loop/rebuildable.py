@@ -17,9 +17,10 @@ def refusal(pipeline: Pipeline, changes: Iterable[Change] = ()) -> str | None:
     A rebuild replays each batch's recorded input range under the new definition into a
     shadow sink, then swaps each sink's content in one Delta commit: a sink lowmark cannot
     swap so (Postgres, Kafka, your own) would leave its readers a mix; a table join reads
-    the versions each batch was planned with and a stream-stream join the rows each batch
-    found held, which a replay of ranges does not give; another source, or a refused
-    change, leaves the recorded offsets or state unreadable.
+    the versions each batch was planned with, which a replay of ranges does not give (a
+    stream-stream join's held rows are the shadow's own, built from batch 0 as a fresh
+    run builds them); another source, or a refused change, leaves the recorded offsets or
+    state unreadable.
     """
     for name, sink in pipeline.sinks().items():
         if not isinstance(sink, DeltaSink):
@@ -29,8 +30,6 @@ def refusal(pipeline: Pipeline, changes: Iterable[Change] = ()) -> str | None:
             )
     if pipeline.joins:
         return "it joins tables at the versions each batch was planned with"
-    if pipeline.stream_join is not None:
-        return "it joins two streams by the rows each batch found held"
     stops = [
         c for c in changes if c.kind is SOURCE_CHANGED or c.change_class is ChangeClass.REFUSED
     ]

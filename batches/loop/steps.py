@@ -194,10 +194,11 @@ class StreamJoin(StepKind["IntervalJoin"]):
 
         if pipeline.stream_join is None or pipeline.event_time is None:
             return None
-        if not isinstance(source, UnionStreamSource):
+        union = source.reader()
+        if not isinstance(union, UnionStreamSource):
             raise PipelineConfigInvalid(
                 f"pipeline {pipeline.name} joins two sources of a union, but runs with a "
-                f"{type(source).__name__}: give it the union's sources"
+                f"{type(union).__name__}: give it the union's sources"
             )
         [spec] = self.tables
         slot_ms = pipeline.event_time.max_out_of_orderness
@@ -205,7 +206,7 @@ class StreamJoin(StepKind["IntervalJoin"]):
         state = JoinState(checkpoint.table(spec.folder), app_id, slot_ms=slot_ms)
         state.create()
         lags = IngestionLags.of_pipeline(pipeline).by_prefix
-        return IntervalJoin(pipeline.stream_join, pipeline.event_time, source, state, lags)
+        return IntervalJoin(pipeline.stream_join, pipeline.event_time, union, state, lags)
 
     def contracts(self, step: IntervalJoin) -> tuple[StateTable, ...]:
         return (step.state.contract,)

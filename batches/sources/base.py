@@ -298,10 +298,17 @@ class Source(ABC):
       stops when it changes: a source deleted and created again under the
       same name is another source. Optional; none by default (a folder of
       files has no id).
+    - ``reader()`` is the source whose reads give the records: itself, or the one a
+      wrapper reads through (``lowmark rebuild``'s recorded ranges); a step that needs
+      what a kind of source knows of its reads (a stream-stream join: the union's sides)
+      asks it.
     """
 
     @abstractmethod
     def initial_offsets(self) -> Offsets: ...
+
+    def reader(self) -> Source:
+        return self
 
     def start_moves(self) -> bool:
         """True when ``initial_offsets()`` depends on when it is asked ("latest", a time

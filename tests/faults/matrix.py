@@ -492,8 +492,8 @@ def _reset_after_refused(feature: Feature, sink: SinkKind, step: str) -> str | N
 
 
 def _rebuild_refused(feature: Feature, sink: SinkKind, step: str) -> str | None:
-    if feature.pipeline.joins or feature.pipeline.stream_join is not None:
-        return "a rebuild cannot replay the table versions or held rows each batch joined"
+    if feature.pipeline.joins:
+        return "a rebuild cannot replay the table versions each batch joined"
     if sink.name in ("postgres", "kafka", "fan_out"):
         return "a rebuild swaps a Delta sink's content in one commit: another sink is refused"
     return None
