@@ -92,6 +92,12 @@ class JobCounter:
         tracker = self.spark.sparkContext.statusTracker()
         return len(tracker.getJobIdsForGroup(self.group))
 
+    def stages(self) -> int:
+        """The stages of the jobs counted (a shuffle is one stage more)."""
+        tracker = self.spark.sparkContext.statusTracker()
+        infos = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(self.group)]
+        return sum(len(info.stageIds) for info in infos if info is not None)
+
     @contextmanager
     def counting(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         """Count the jobs of the block; ``faults.reached`` marks where each step ends."""

@@ -6,7 +6,9 @@ A pipeline's ``dedup`` (``lowmark.batches.dedup``) in a batch's Spark work
 
 1. Each record's id is its id columns as a JSON object (nulls compare equal,
    as in ``dropDuplicates``); the records are shuffled by id, so every
-   record of one id meets in one task.
+   record of one id meets in one task. A batch whose input fits one shuffle
+   partition (``PARTITION_BYTES``) is not shuffled: its records meet in one task
+   as they are read, a stage fewer.
 2. In each task (``_judge``, on the executors) the records of one id are
    judged one after another, in the order they were ingested (with an
    ingestion-time watermark: their own ingestion time; ties, and records
@@ -55,6 +57,7 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import ByteType, StringType, StructField, StructType
 
+from lowmark.batches.collect import PARTITION_BYTES
 from lowmark.batches.dedup import Dedup
 from lowmark.batches.errors import BackfillHistoryLost, PipelineConfigInvalid
 from lowmark.batches.event_time.stage import UNTIMED as NO_EVENT_TIME
@@ -149,11 +152,17 @@ class DedupStep:
         return DedupStep(self.dedup, self.column, self.seen_ids, self.lags, writes=False)
 
     def judged(
-        self, records: DataFrame, watermark_ms: int | None, version: int | None, batch_id: int
+        self,
+        records: DataFrame,
+        watermark_ms: int | None,
+        version: int | None,
+        batch_id: int,
+        input_bytes: int | None = None,
     ) -> Judged:
         """``records`` of batch ``batch_id`` without duplicates and late ones, judged against
         the ids held as of ``version``, under ``watermark_ms``; lazy, observed as the first
-        job reads it."""
+        job reads it. ``input_bytes``: the size of the batch's input, if the source knows
+        it."""
         missing = {*self.dedup.columns, self.column} - set(records.columns)
         if missing:
             raise PipelineConfigInvalid(
@@ -192,7 +201,9 @@ class DedupStep:
             batch_id,
             self.writes,
         )
-        verdicts = keyed.repartition(KEY).mapInArrow(judge, schema)
+        one_task = input_bytes is not None and input_bytes <= PARTITION_BYTES
+        by_id = keyed.coalesce(1) if one_task else keyed.repartition(KEY)
+        verdicts = by_id.mapInArrow(judge, schema)
         verdict = F.col(VERDICT)
         seen = Observation()
         observed = verdicts.observe(

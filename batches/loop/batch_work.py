@@ -189,7 +189,7 @@ class BatchWork:
             out = checked.where(~self.checks.dropped()) if self.checks.drops else checked
         judged = None
         if self.dedup is not None:
-            judged = self.dedup.judged(out, watermark_ms, seen_ids, batch.batch_id)
+            judged = self.dedup.judged(out, watermark_ms, seen_ids, batch.batch_id, read.size_bytes)
             out = judged.kept
         watched = None
         if one_job:
