@@ -115,10 +115,11 @@ class FileRows:
         column: str,
         wanted: Callable[[pa.ChunkedArray], pa.ChunkedArray],
     ) -> pa.Table:
-        """The rows (in ``table``'s schema) of ``table`` as of ``version``, of the files whose
-        value of the partition column ``column`` is ``wanted`` (a mask over those values)."""
-        schema = table.schema
-        assert schema is not None, f"{table.path}: only a table of fixed columns is read by file"
+        """The rows of ``table`` as of ``version`` in the files whose value of the partition
+        column ``column`` is ``wanted`` (a mask over those values): ``table``'s columns but
+        ``column``."""
+        assert table.schema is not None, f"{table.path}: only a table of fixed columns is read"
+        schema = table.schema.remove(table.schema.get_field_index(column))
         delta = table.open(version)
         features = delta.protocol().reader_features
         if features:  # deletion vectors, column mapping: a file alone no longer says its rows
@@ -131,11 +132,7 @@ class FileRows:
         files = files.filter(wanted(files.column(f"partition.{column}")))
         filesystem, root = storage.filesystem(table.path)
         parts = []
-        for path, value in zip(
-            files.column("path").to_pylist(),
-            files.column(f"partition.{column}").to_pylist(),
-            strict=True,
-        ):
+        for path in files.column("path").to_pylist():
             location = f"{root}/{unquote(path)}"
             with self._lock:
                 kept = self._kept.get(location)
@@ -144,14 +141,14 @@ class FileRows:
             if kept is None:
                 try:
                     with filesystem.open_input_file(location) as source:
-                        read = pq.ParquetFile(source).read()
+                        read = pq.ParquetFile(source).read(use_threads=False)
                 except OSError as exc:
                     raise CheckpointCorrupt(
                         f"{table.what} {table.path} cannot be read as of version {version} "
                         f"({first_line(exc)}): restore it from backup, or start over with "
                         "`lowmark reset`"
                     ) from exc
-                kept = _conformed(read, schema, column, value)
+                kept = _conformed(read, schema)
                 self._keep(location, kept)
             parts.append(kept)
         return pa.concat_tables(parts) if parts else schema.empty_table()
@@ -171,15 +168,14 @@ FILE_ROWS = FileRows()
 """This process's (``FileRows``): batches and tasks read the keyed tables through it."""
 
 
-def _conformed(rows: pa.Table, schema: pa.Schema, column: str, value: object) -> pa.Table:
-    """A data file's ``rows`` in ``schema``: the partition ``column`` (not in the file) as
-    ``value``, a column the file predates as nulls."""
+def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A data file's ``rows`` in ``schema`` (a column the file predates as nulls)."""
+    if [(f.name, f.type) for f in rows.schema] == [(f.name, f.type) for f in schema]:
+        return rows.cast(schema)
     return pa.table(
         {
             f.name: (
-                pa.repeat(pa.scalar(value, f.type), rows.num_rows)
-                if f.name == column
-                else rows.column(f.name).cast(f.type)
+                rows.column(f.name).cast(f.type)
                 if f.name in rows.column_names
                 else pa.nulls(rows.num_rows, f.type)
             )
@@ -245,10 +241,11 @@ class Pinned:
     """False: the tasks write no files of their changes (``lowmark preview``)."""
 
     def states(self, buckets: Iterable[int], keys: Iterable[str]) -> pa.Table:
-        """The newest row of each (key, state) of ``keys`` (in ``buckets``)."""
+        """The newest row of each (key, state) of ``keys`` (in ``buckets``): ``STATE``'s
+        columns but the bucket."""
         wanted = pa.array(sorted(set(keys)), pa.string())
         if self.state_version is None or not len(wanted):
-            return STATE.empty_table()
+            return STATE.empty_table().drop_columns([BUCKET])
         # The buckets' rows, then the keys' in Arrow: an SQL `key IN (...)` of thousands of
         # keys costs more than reading the buckets, and opens every file anew.
         table = DriverTable(self.state_path, STATE, "keyed state table")
@@ -260,9 +257,10 @@ class Pinned:
         return latest(rows, ("key", "state"))
 
     def due(self, buckets: Iterable[int], now_ms: int) -> pa.Table:
-        """The keys (``key``, ``timer_ms``) with a pending timer at or below ``now_ms``."""
+        """The keys (``key``, ``timer_ms``, ``_lowmark_bucket``) with a pending timer at or below
+        ``now_ms``: ``TIMER_INDEX``'s columns but the slot."""
         if self.timers_version is None:
-            return TIMER_INDEX.empty_table()
+            return TIMER_CHANGE.empty_table()
         table = DriverTable(self.timers_path, TIMER_INDEX, "keyed timer table")
         last = now_ms // self.slot_ms
         rows = FILE_ROWS.rows(table, self.timers_version, SLOT, lambda s: pc.less_equal(s, last))
