@@ -142,7 +142,7 @@ class FileRows:
                 try:
                     with filesystem.open_input_file(location) as source:
                         read = pq.ParquetFile(source).read(use_threads=False)
-                except OSError as exc:
+                except (OSError, pa.ArrowException) as exc:  # gone, or not Parquet
                     raise CheckpointCorrupt(
                         f"{table.what} {table.path} cannot be read as of version {version} "
                         f"({first_line(exc)}): restore it from backup, or start over with "

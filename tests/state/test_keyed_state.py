@@ -237,9 +237,12 @@ def test_a_later_batch_reads_only_the_state_and_timer_files_committed_since_the_
     assert {r["key"]: r["value"] for r in first.states([1], ["[1]"]).to_pylist()} == {"[1]": "v0-1"}
 
 
-def test_a_file_whose_rows_no_longer_fit_the_kept_bytes_is_read_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["deleted", "overwritten"])
+def test_a_file_whose_rows_no_longer_fit_the_kept_bytes_is_read_again(
+    tmp_path: Path, damage: str
+) -> None:
     """With room for no file's rows, every read opens the files: once they are gone from the
-    disk, the read fails, naming the table and the way out."""
+    disk, or are no longer Parquet, the read fails, naming the table and the way out."""
     tables = KeyedTables(str(tmp_path / "state"), str(tmp_path / "timers"), "app", 60_000)
     tables.create()
     _batch(tables, 0, {k: f"v0-{k}" for k in range(8)}, {})
@@ -251,6 +254,9 @@ def test_a_file_whose_rows_no_longer_fit_the_kept_bytes_is_read_again(tmp_path: 
 
     assert rows.rows(tables.state, version, BUCKET, wanted).num_rows == 8
     for f in _data_files(tmp_path / "state"):
-        f.unlink()
+        if damage == "deleted":
+            f.unlink()
+        else:
+            f.write_bytes(b"not parquet")
     with pytest.raises(CheckpointCorrupt, match=r"keyed state table .* cannot be read as of"):
         rows.rows(tables.state, version, BUCKET, wanted)
