@@ -31,13 +31,19 @@ timers due: reads filter by bucket and key, or by slot.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import write_deltalake
 
+from lowmark.state import storage
+from lowmark.state.errors import CheckpointCorrupt, first_line
 from lowmark.state.state_table import StateTable
 from lowmark.state.table import HOOKS, DriverTable
 from lowmark.state.task_appends import WrittenFile, write_files
@@ -80,6 +86,103 @@ TIMER_INDEX = pa.schema(
 )
 TIMER_CHANGE = TIMER_INDEX.remove(TIMER_INDEX.get_field_index(SLOT))
 """A timer's row as a batch's task gives it (``Pinned.written`` adds the slot)."""
+FILE_ROWS_BYTES = 64 * 2**20
+"""The rows of the tables' data files a process keeps between batches (``FileRows``)."""
+
+
+class FileRows:
+    """The rows of the keyed tables' data files, each file read once per process while the
+    rows kept fit in ``limit`` bytes (the least recently read go first).
+
+    A data file is never changed once written: each writer (a task's ``write_files``,
+    delta-rs's compaction and deletes) names every new file after a random uuid, and a
+    table changes by adding and removing files. So a file's rows stay its rows for every
+    version that lists it, and a batch reads only the files committed since the last read
+    of its table in the same process (the driver's, for a batch that only fires timers; a
+    Python worker's, for a task), not every file of the table again. Which files a version
+    holds is always read from its Delta log."""
+
+    def __init__(self, limit: int = FILE_ROWS_BYTES) -> None:
+        self.limit = limit
+        self._kept: OrderedDict[str, pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # the driver may run several pipelines' batches
+
+    def rows(
+        self,
+        table: DriverTable,
+        version: int,
+        column: str,
+        wanted: Callable[[pa.ChunkedArray], pa.ChunkedArray],
+    ) -> pa.Table:
+        """The rows of ``table`` as of ``version`` in the files whose value of the partition
+        column ``column`` is ``wanted`` (a mask over those values): ``table``'s columns but
+        ``column``."""
+        assert table.schema is not None, f"{table.path}: only a table of fixed columns is read"
+        schema = table.schema.remove(table.schema.get_field_index(column))
+        delta = table.open(version)
+        features = delta.protocol().reader_features
+        if features:  # deletion vectors, column mapping: a file alone no longer says its rows
+            raise CheckpointCorrupt(
+                f"{table.what} {table.path} uses Delta reader features {sorted(features)}, "
+                "which lowmark never writes to it: restore it from backup, or start over with "
+                "`lowmark reset`"
+            )
+        files = pa.table(delta.get_add_actions(flatten=True))
+        files = files.filter(wanted(files.column(f"partition.{column}")))
+        filesystem, root = storage.filesystem(table.path)
+        parts = []
+        for path in files.column("path").to_pylist():
+            location = f"{root}/{unquote(path)}"
+            with self._lock:
+                kept = self._kept.get(location)
+                if kept is not None:
+                    self._kept.move_to_end(location)
+            if kept is None:
+                try:
+                    with filesystem.open_input_file(location) as source:
+                        read = pq.ParquetFile(source).read(use_threads=False)
+                except (OSError, pa.ArrowException) as exc:  # gone, or not Parquet
+                    raise CheckpointCorrupt(
+                        f"{table.what} {table.path} cannot be read as of version {version} "
+                        f"({first_line(exc)}): restore it from backup, or start over with "
+                        "`lowmark reset`"
+                    ) from exc
+                kept = _conformed(read, schema)
+                self._keep(location, kept)
+            parts.append(kept)
+        return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def _keep(self, location: str, rows: pa.Table) -> None:
+        with self._lock:
+            if location in self._kept or rows.nbytes > self.limit:
+                return
+            self._kept[location] = rows
+            self._bytes += rows.nbytes
+            while self._bytes > self.limit:
+                _, gone = self._kept.popitem(last=False)
+                self._bytes -= gone.nbytes
+
+
+FILE_ROWS = FileRows()
+"""This process's (``FileRows``): batches and tasks read the keyed tables through it."""
+
+
+def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A data file's ``rows`` in ``schema`` (a column the file predates as nulls)."""
+    if [(f.name, f.type) for f in rows.schema] == [(f.name, f.type) for f in schema]:
+        return rows.cast(schema)
+    return pa.table(
+        {
+            f.name: (
+                rows.column(f.name).cast(f.type)
+                if f.name in rows.column_names
+                else pa.nulls(rows.num_rows, f.type)
+            )
+            for f in schema
+        },
+        schema=schema,
+    )
 
 
 @dataclass(frozen=True)
@@ -138,28 +241,35 @@ class Pinned:
     """False: the tasks write no files of their changes (``lowmark preview``)."""
 
     def states(self, buckets: Iterable[int], keys: Iterable[str]) -> pa.Table:
-        """The newest row of each (key, state) of ``keys`` (in ``buckets``)."""
+        """The newest row of each (key, state) of ``keys`` (in ``buckets``): ``STATE``'s
+        columns but the bucket."""
         wanted = pa.array(sorted(set(keys)), pa.string())
         if self.state_version is None or not len(wanted):
-            return STATE.empty_table()
+            return STATE.empty_table().drop_columns([BUCKET])
         # The buckets' rows, then the keys' in Arrow: an SQL `key IN (...)` of thousands of
-        # keys costs more than reading the buckets.
-        rows = DriverTable(self.state_path, STATE, "keyed state table").read(
-            f'"{BUCKET}" IN ({_ints(buckets)})', self.state_version
+        # keys costs more than reading the buckets, and opens every file anew.
+        table = DriverTable(self.state_path, STATE, "keyed state table")
+        held = pa.array(sorted(set(buckets)), pa.int32())
+        rows = FILE_ROWS.rows(
+            table, self.state_version, BUCKET, lambda b: pc.is_in(b, value_set=held)
         )
         rows = rows.filter(pc.is_in(rows.column("key"), value_set=wanted))
         return latest(rows, ("key", "state"))
 
     def due(self, buckets: Iterable[int], now_ms: int) -> pa.Table:
-        """The keys (``key``, ``timer_ms``) with a pending timer at or below ``now_ms``."""
+        """The keys (``key``, ``timer_ms``, ``_lowmark_bucket``) with a pending timer at or below
+        ``now_ms``: ``TIMER_INDEX``'s columns but the slot."""
         if self.timers_version is None:
-            return TIMER_INDEX.empty_table()
-        where = (
-            f'"{SLOT}" <= {now_ms // self.slot_ms} AND "timer_ms" <= {now_ms} '
-            f'AND "{BUCKET}" IN ({_ints(buckets)})'
-        )
-        rows = DriverTable(self.timers_path, TIMER_INDEX, "keyed timer table").read(
-            where, self.timers_version
+            return TIMER_CHANGE.empty_table()
+        table = DriverTable(self.timers_path, TIMER_INDEX, "keyed timer table")
+        last = now_ms // self.slot_ms
+        rows = FILE_ROWS.rows(table, self.timers_version, SLOT, lambda s: pc.less_equal(s, last))
+        held = pa.array(sorted(set(buckets)), pa.int32())
+        rows = rows.filter(
+            pc.and_(
+                pc.less_equal(rows.column("timer_ms"), now_ms),
+                pc.is_in(rows.column(BUCKET), value_set=held),
+            )
         )
         rows = latest(rows, ("key", "timer_ms"))
         return rows.filter(rows.column("pending"))
@@ -377,7 +487,3 @@ def compact_latest(state: DriverTable, expiry: Expiry | None = None) -> None:
 def key_json(values: Iterable[object]) -> str:
     """A key's values as the ``key`` column holds them."""
     return json.dumps(list(values), default=str, separators=(",", ":"))
-
-
-def _ints(values: Iterable[int]) -> str:
-    return ", ".join(str(int(v)) for v in sorted(set(values))) or "NULL"

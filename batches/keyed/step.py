@@ -44,7 +44,14 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from lowmark.batches.collect import to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
@@ -220,10 +227,8 @@ class KeyedStep:
         timer changes are the files ``Processed`` would have observed, its output rows the
         ones it would have given."""
         payload = self._payload(records)
-        rows, output, process = self._bucketed(
-            spark, records, payload, watermark_ms, processing_ms, pinned, batch_id
-        )
-        given = to_arrow_schema(rows.schema, timezone="UTC")
+        output, process = self._task(payload, watermark_ms, processing_ms, pinned, batch_id)
+        given = to_arrow_schema(_given(records, payload), timezone="UTC")
         markers = pa.table(
             {
                 f.name: (
@@ -269,9 +274,8 @@ class KeyedStep:
         DataFrame, StructType, Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
     ]:
         """Step 1's rows (the ``timely`` records with their buckets, and the markers), the
-        schema step 2's tasks yield, and a task (``_process`` for this batch)."""
-        keyed = self.keyed
-        keys = [F.col(c) for c in keyed.keys]
+        schema step 2's tasks yield, and a task (``_task``)."""
+        keys = [F.col(c) for c in self.keyed.keys]
         records = (
             timely.select(*payload)
             .withColumn(EVENT_MS, F.unix_millis(F.col(self.column)))
@@ -285,9 +289,20 @@ class KeyedStep:
             F.col("id").cast("int").alias(BUCKET), F.lit(True).alias(MARKER)
         )
         rows = records.unionByName(markers, allowMissingColumns=True)
-        declared = StructType.fromDDL(keyed.output_schema)  # needs a running Spark
-        assert isinstance(declared, StructType)
-        output = StructType([*declared.fields, StructField(CHANGE, StringType())])
+        output, process = self._task(payload, watermark_ms, processing_ms, pinned, batch_id)
+        return rows, output, process
+
+    def _task(
+        self,
+        payload: list[str],
+        watermark_ms: int | None,
+        processing_ms: int,
+        pinned: Pinned,
+        batch_id: int,
+    ) -> tuple[StructType, Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]]:
+        """The schema step 2's tasks yield, and a task (``_process`` for this batch)."""
+        keyed = self.keyed
+        output = StructType([*self._declared.fields, StructField(CHANGE, StringType())])
         process = functools.partial(
             _process,
             pinned,
@@ -300,7 +315,30 @@ class KeyedStep:
             batch_id,
             to_arrow_schema(output, timezone="UTC"),
         )
-        return rows, output, process
+        return output, process
+
+    @functools.cached_property
+    def _declared(self) -> StructType:
+        """The processor's output rows' schema (``Keyed.output_schema``)."""
+        declared = StructType.fromDDL(self.keyed.output_schema)  # needs a running Spark
+        assert isinstance(declared, StructType)
+        return declared
+
+
+def _given(records: DataFrame, payload: list[str]) -> StructType:
+    """The columns a task of step 2 is given (``_bucketed``'s rows): the ``payload`` of
+    ``records``, each record's event time in ms, its order among the same event time, its
+    bucket, and whether the row is a bucket's marker."""
+    fields = {f.name: f for f in records.schema.fields}
+    return StructType(
+        [
+            *(fields[c] for c in payload),
+            StructField(EVENT_MS, LongType()),
+            StructField(ORDER, LongType()),
+            StructField(BUCKET, IntegerType()),
+            StructField(MARKER, BooleanType()),
+        ]
+    )
 
 
 def _late_record(column: str, payload: list[str]) -> Column:

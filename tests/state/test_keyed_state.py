@@ -7,12 +7,16 @@ import random
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
 
+from lowmark.state.errors import CheckpointCorrupt
 from lowmark.state.keyed_state import (
     BUCKET,
     STATE,
     TIMER_CHANGE,
     Expiry,
+    FileRows,
     KeyedTables,
     compact_latest,
     held,
@@ -177,3 +181,82 @@ def test_the_next_pending_timer_is_the_earliest_set_and_not_deleted_since(tmp_pa
         assert tables.next_pending(after) == min(
             (t for _, t in pending if t > after), default=None
         ), batch
+
+
+def _batch(tables: KeyedTables, batch: int, values: dict[int, str], timers: dict[int, int]) -> None:
+    """Batch ``batch``'s changes, committed as a batch's tasks and driver commit them: key
+    ``[k]`` (bucket k % 4) gets state ``a`` = ``values[k]`` and a pending timer ``timers[k]``."""
+    states = [
+        {"key": f"[{k}]", "state": "a", "value": v, "expires_ms": None, "batch_id": batch,
+         BUCKET: k % 4}
+        for k, v in values.items()
+    ]  # fmt: skip
+    timer_rows = [
+        {"key": f"[{k}]", "timer_ms": t, BUCKET: k % 4, "pending": True, "batch_id": batch}
+        for k, t in timers.items()
+    ]
+    pinned = tables.pinned({}, replay=False, batch_id=batch)
+    files = pinned.written(
+        pa.Table.from_pylist(states, schema=STATE),
+        pa.Table.from_pylist(timer_rows, schema=TIMER_CHANGE),
+        batch,
+    )
+    tables.write(files, batch, now_ms=None)
+
+
+def _data_files(folder: Path) -> list[Path]:
+    return [f for f in folder.rglob("*.parquet") if "_delta_log" not in f.parts]
+
+
+def test_a_later_batch_reads_only_the_state_and_timer_files_committed_since_the_last_read(
+    tmp_path: Path,
+) -> None:
+    """Batch 0's files are read once; then they are gone from the disk (not from the log),
+    and a read as of batch 1's version still finds their keys' states and timers beside
+    batch 1's newer ones: nothing but batch 1's files was opened again."""
+    tables = KeyedTables(str(tmp_path / "state"), str(tmp_path / "timers"), "app", 60_000)
+    tables.create()
+    _batch(tables, 0, {k: f"v0-{k}" for k in range(8)}, {k: 1_000 + k for k in range(8)})
+    first = tables.pinned({}, replay=False, batch_id=1)
+    keys = [f"[{k}]" for k in range(8)]
+    assert first.states(range(4), keys).num_rows == 8
+    assert first.due(range(4), 5_000).num_rows == 8
+    for f in _data_files(tmp_path):
+        f.unlink()
+    _batch(tables, 1, {1: "v1-1", 6: "v1-6"}, {1: 2_000})
+    second = tables.pinned({}, replay=False, batch_id=2)
+    held = second.states(range(4), keys).to_pylist()
+    assert {r["key"]: r["value"] for r in held} == {
+        f"[{k}]": "v1-1" if k == 1 else "v1-6" if k == 6 else f"v0-{k}" for k in range(8)
+    }
+    due = second.due([1, 2], 1_500).to_pylist()  # the buckets of keys 1, 2, 5, 6
+    assert sorted((r["key"], r["timer_ms"]) for r in due) == [
+        ("[1]", 1_001), ("[2]", 1_002), ("[5]", 1_005), ("[6]", 1_006)
+    ]  # fmt: skip
+    # The version batch 1 read is read as it was: its own files, not batch 1's.
+    assert {r["key"]: r["value"] for r in first.states([1], ["[1]"]).to_pylist()} == {"[1]": "v0-1"}
+
+
+@pytest.mark.parametrize("damage", ["deleted", "overwritten"])
+def test_a_file_whose_rows_no_longer_fit_the_kept_bytes_is_read_again(
+    tmp_path: Path, damage: str
+) -> None:
+    """With room for no file's rows, every read opens the files: once they are gone from the
+    disk, or are no longer Parquet, the read fails, naming the table and the way out."""
+    tables = KeyedTables(str(tmp_path / "state"), str(tmp_path / "timers"), "app", 60_000)
+    tables.create()
+    _batch(tables, 0, {k: f"v0-{k}" for k in range(8)}, {})
+    version = tables.state.version()
+    rows = FileRows(limit=0)
+
+    def wanted(buckets: pa.ChunkedArray) -> pa.ChunkedArray:
+        return pc.is_valid(buckets)
+
+    assert rows.rows(tables.state, version, BUCKET, wanted).num_rows == 8
+    for f in _data_files(tmp_path / "state"):
+        if damage == "deleted":
+            f.unlink()
+        else:
+            f.write_bytes(b"not parquet")
+    with pytest.raises(CheckpointCorrupt, match=r"keyed state table .* cannot be read as of"):
+        rows.rows(tables.state, version, BUCKET, wanted)

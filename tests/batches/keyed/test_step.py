@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from examples.keyed import ALERTS, SILENCE_MS, SilenceAlert
 from lowmark.batches.collect import observed
 from lowmark.batches.keyed.definition import Keyed
-from lowmark.batches.keyed.step import CHANGES, KeyedStep
+from lowmark.batches.keyed.step import CHANGES, KeyedStep, _given
 from lowmark.state.keyed_state import BUCKETS, TIMERS, KeyedTables, key_json
 
 USERS = 300
@@ -60,3 +60,22 @@ def test_a_keyed_batchs_changes_reach_the_driver_as_a_few_file_descriptors_whate
 
 def _pairs(rows: pa.Table, first: str, second: str) -> list[tuple[object, object]]:
     return sorted((r[first], r[second]) for r in rows.to_pylist())
+
+
+def test_a_timer_only_batchs_driver_task_is_given_the_columns_spark_gives_the_tasks(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The driver builds the marker rows of a batch without records from ``_given``, with no
+    Spark plan: the same columns, of the same types, as step 1's rows in a Spark job."""
+    tables = KeyedTables(str(tmp_path / "keyed_state"), str(tmp_path / "keyed_timers"), "p", 0)
+    tables.create()
+    step = KeyedStep(
+        Keyed(processor=SilenceAlert, keys=("user",), output_schema=ALERTS), "ts", tables
+    )
+    records = spark.createDataFrame([], "user string, ts timestamp, amount long")
+    payload = step._payload(records)
+    rows, _, _ = step._bucketed(spark, records, payload, None, 0, tables.pinned({}, False, 0), 0)
+    given = _given(records, payload)
+    assert [(f.name, f.dataType) for f in given.fields] == [
+        (f.name, f.dataType) for f in rows.schema.fields
+    ]
