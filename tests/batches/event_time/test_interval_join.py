@@ -44,6 +44,7 @@ from pyspark.sql.types import (
 )
 from pyspark.testing import assertDataFrameEqual
 
+from lowmark.batches.collect import session_confs
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.interval_join import IntervalJoin
 from lowmark.batches.json_rows import JSON_OPTIONS
@@ -397,6 +398,9 @@ def every_type_rows(n: int) -> list[tuple[Any, ...]]:
 
     first = datetime(1, 1, 1)
     last = datetime(9999, 12, 31, 23, 59, 59, 999999)
+    # The last instant every time zone writes in year 9999 (a later one is year 10000 east
+    # of UTC, which Arrow does not read: the Spark job parses it).
+    latest = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
     extremes = [
         (1, T0, "naïve \"quoted\" \\ tab\t new\nline \u2028 😀 漢字", True, -128, -32768,
          -(2**31), 1.1, 0.1, Decimal("-9999999999"), Decimal("0.00001"),
@@ -408,13 +412,13 @@ def every_type_rows(n: int) -> list[tuple[Any, ...]]:
         (3, datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "x" * (3 << 19), None,
          0, 0, 0, 3.4028235e38, 1.7976931348623157e308, Decimal("1"), Decimal("0.12345"),
          Decimal("1E-18"), date(1582, 10, 4), datetime(1900, 1, 1, 0, 0, 0, 1)),
-        (4, last.replace(tzinfo=UTC), None, None, None, None, None, None, None, None, None,
+        (4, latest, None, None, None, None, None, None, None, None, None,
          None, None, None),
     ]  # fmt: skip
     return extremes + [
         (
             i,
-            first.replace(tzinfo=UTC) + micros(first, last),
+            first.replace(tzinfo=UTC) + micros(first, latest.replace(tzinfo=None)),
             "".join(
                 chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0x2FFF)]))
                 for _ in range(rng.randrange(12))
@@ -462,26 +466,33 @@ def pairs_of(lefts: Sequence[str | None], rights: Sequence[str | None]) -> pa.Ta
     return pa.table({"left_row": lefts, "right_row": rights}, schema=PAIRS)
 
 
-@pytest.mark.parametrize("how", ["inner", "left", "right"])
+# Under a session time zone other than UTC, Spark writes each timestamp with its offset
+# (`+05:30`, or `-04:56` for New York before 1883).
+@pytest.mark.parametrize(
+    ("how", "zone"), [("inner", "UTC"), ("left", "America/New_York"), ("right", "Asia/Kolkata")]
+)
 def test_the_joined_rows_parsed_on_the_driver_are_the_spark_jobs_for_every_column_type(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, zone: str
 ) -> None:
-    orders = as_json(spark, every_type_rows(400), EVERY_TYPE)
-    paid = [
-        (i, T0 + timedelta(microseconds=i), Decimal(i).scaleb(-2), "pé" * i) for i in range(300)
-    ]
-    payments = as_json(spark, paid, PAID)
-    # Matched pairs, then outer rows of either side (a side missing: null).
-    pairs = pairs_of(
-        [*orders[:300], *orders[300:], *[None] * 20],
-        [*payments, *[None] * 100, *payments[:20]],
-    )
-    join = join_of(tmp_path, how, EVERY_TYPE, PAID)
+    with session_confs(spark, {"spark.sql.session.timeZone": zone}):
+        orders = as_json(spark, every_type_rows(400), EVERY_TYPE)
+        paid = [
+            (i, T0 + timedelta(microseconds=i), Decimal(i).scaleb(-2), "pé" * i) for i in range(300)
+        ]
+        payments = as_json(spark, paid, PAID)
+        # Matched pairs, then outer rows of either side (a side missing: null).
+        pairs = pairs_of(
+            [*orders[:300], *orders[300:], *[None] * 20],
+            [*payments, *[None] * 100, *payments[:20]],
+        )
+        join = join_of(tmp_path, how, EVERY_TYPE, PAID)
 
-    counter = JobCounter(spark)
-    with counter.counting(monkeypatch):
-        got = join.output(spark, pairs)
-    by_spark = join.output_by_spark(spark, pairs)
+        counter = JobCounter(spark)
+        with counter.counting(monkeypatch):
+            got = join.output(spark, pairs)
+        by_spark = join.output_by_spark(spark, pairs)
+        none = pairs_of([], [])
+        empty, empty_by_spark = join.output(spark, none), join.output_by_spark(spark, none)
 
     assert counter.jobs() == 0  # parsed on the driver
     assert got.schema == by_spark.schema
@@ -490,9 +501,7 @@ def test_the_joined_rows_parsed_on_the_driver_are_the_spark_jobs_for_every_colum
     assert got.column_names == [
         "order_id", *EVERY_TYPE.fieldNames()[1:], *PAID.fieldNames()[1:]
     ]  # fmt: skip
-    # An empty batch's output has the same columns.
-    none = pairs_of([], [])
-    assert join.output(spark, none).equals(join.output_by_spark(spark, none))
+    assert empty.equals(empty_by_spark)  # a batch that joins nothing: the same columns
 
 
 def test_joined_rows_arrow_cannot_read_or_of_a_type_it_does_not_take_are_parsed_by_spark(
