@@ -14,8 +14,8 @@ It does so only where that is sure:
   arrays, maps, binary, intervals, variants, char/varchar, ...) is not taken.
 - ``parsed`` gives None when Arrow's reader refuses a text: a float or double
   that is NaN or infinite (Spark writes those as the strings ``"NaN"``,
-  ``"Infinity"``), a date or timestamp beyond year 9999, a row written under
-  another type. The caller then parses with Spark, which reads those too.
+  ``"Infinity"``), a date or timestamp beyond year 9999, any text that does
+  not fit the schema. The caller then parses with Spark, which reads those.
 """
 
 from __future__ import annotations
@@ -73,11 +73,12 @@ def parsed(rows: pa.ChunkedArray | pa.Array, arrow: pa.Schema) -> pa.Table | Non
     """``rows`` (JSON objects, one a row; null for a row of nulls) as a table of ``arrow``
     (``collect.arrow_schema`` of a schema ``parsed_on_driver`` takes), one row per row; or
     None when Arrow's reader refuses a text (the module's docstring)."""
-    if not len(rows):
-        return arrow.empty_table()
-    # Arrow reads a date only as a timestamp: dates are read as text and cast (the same ISO
-    # form, strictly).
-    read = pa.schema([pa.field(f.name, pa.string()) if f.type == pa.date32() else f for f in arrow])
+    if not len(rows):  # nullable, as every column of Spark's parse of a row
+        return pa.schema([f.with_nullable(True) for f in arrow]).empty_table()
+    # Every column nullable (a side's NOT NULL column is null in an outer row's missing
+    # side). Arrow reads a date only as a timestamp: dates are read as text and cast (the
+    # same ISO form, strictly).
+    read = pa.schema([(f.name, pa.string() if f.type == pa.date32() else f.type) for f in arrow])
     text = pc.fill_null(rows, "{}").cast(pa.large_string())
     if isinstance(text, pa.ChunkedArray):
         text = text.combine_chunks()
@@ -96,5 +97,4 @@ def parsed(rows: pa.ChunkedArray | pa.Array, arrow: pa.Schema) -> pa.Table | Non
         columns = [table.column(f.name).cast(f.type) for f in arrow]
     except pa.ArrowInvalid:
         return None
-    # Nullable, as Spark's parse of a row gives every column.
-    return pa.table(columns, names=arrow.names)
+    return pa.table(columns, names=arrow.names)  # nullable, as above

@@ -358,7 +358,7 @@ def test_sides_with_another_column_of_the_same_name_are_refused_in_one_line(
 # and 9999, local times, unicode and escaped text, a row longer than Arrow's JSON block.
 EVERY_TYPE = StructType(
     [
-        StructField("order_id", LongType()),
+        StructField("order_id", LongType(), nullable=False),  # nullable in the joined rows
         StructField("order_time", TimestampType()),
         StructField("note", StringType()),
         StructField("flag", BooleanType()),
@@ -376,7 +376,7 @@ EVERY_TYPE = StructType(
 )
 PAID = StructType(
     [
-        StructField("order_id", LongType()),
+        StructField("order_id", LongType(), nullable=False),
         StructField("paid_at", TimestampType()),
         StructField("paid", DecimalType(12, 2)),
         StructField("by", StringType()),
