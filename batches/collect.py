@@ -58,8 +58,14 @@ def collect(parts: dict[str, DataFrame]) -> dict[str, pa.Table]:
 
 def empty_of(df: DataFrame) -> pa.Table:
     """The Arrow table ``collect`` would give for ``df`` over no input, without a job."""
-    large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes") == "true"
-    return to_arrow_schema(df.schema, timezone="UTC", prefers_large_types=large).empty_table()
+    return arrow_schema(df.sparkSession, df.schema).empty_table()
+
+
+def arrow_schema(spark: SparkSession, schema: StructType) -> pa.Schema:
+    """The Arrow schema ``collect`` gives a frame of ``schema``: timestamps in UTC, strings
+    large when the session asks Arrow for large variable-width types."""
+    large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes") == "true"
+    return to_arrow_schema(schema, timezone="UTC", prefers_large_types=large)
 
 
 def observed(

@@ -27,9 +27,13 @@ watermark W (``lowmark.batches.stream_join`` for the declaration):
    ``matched``: the batch's state rows, appended in one idempotent commit.
 
 The output (matched pairs, then the outer rows) is the two sides' columns,
-parsed back from the JSON by one Spark job over local data and brought to the
-driver as Arrow; the sink writes it from there (append), as a windowed
-pipeline's windows.
+parsed back from the JSON on the driver, in Arrow (``lowmark.batches.json_rows``),
+when every column of both sides is of a type ``json_rows.parsed_on_driver``
+takes (strings, booleans, numbers, decimals, dates, timestamps) and Arrow's
+reader takes every row (not a NaN or infinite float: Spark writes those as
+strings); otherwise by one Spark job over local data (``output_by_spark``),
+collected as Arrow. The two give the same table. The sink writes it from the
+driver (append), as a windowed pipeline's windows.
 A replay reads the same input and the same held rows, so it computes the same
 output, state rows and late rows, and each write lands once.
 """
@@ -45,7 +49,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from lowmark.batches.collect import collect, to_frame
+from lowmark.batches.collect import arrow_schema, collect, to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.stage import (
     FUTURE,
@@ -54,6 +58,7 @@ from lowmark.batches.event_time.stage import (
     UNTIMED,
     late_table,
 )
+from lowmark.batches.json_rows import JSON_OPTIONS, parsed, parsed_on_driver
 from lowmark.batches.records import (
     INGESTED_COLUMN,
     INTERNAL_COLUMNS,
@@ -70,11 +75,6 @@ BEHIND_WHEN_INGESTED = (
     "event time below the clock when it was ingested: ingestion time - max_event_time_lag"
 )
 LEFT, RIGHT = "left", "right"
-JSON_OPTIONS = {
-    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
-    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
-}
-"""Rows are held as JSON: timestamps to the microsecond, so they read back exactly."""
 _NEW = pa.schema(
     [
         ("side", pa.string()),
@@ -299,7 +299,7 @@ class IntervalJoin:
             [pairs.select(["left_row", "right_row"]).cast(lone.schema), lone.cast(lone.schema)]
         )
         return Joined(
-            collect({"output": self._output(spark, out)})["output"],
+            self.output(spark, out),
             out.num_rows,
             kept.num_rows,
             late_table(late, batch_id, watermark_ms) if late is not None else None,
@@ -382,24 +382,44 @@ class IntervalJoin:
         )
         return pairs.filter(within).select(["left_id", "left_row", "right_id", "right_row"])
 
-    def _output(self, spark: SparkSession, pairs: pa.Table) -> DataFrame:
-        """``pairs`` (JSON rows, null for an outer row's missing side) as the joined rows:
-        the keys (of the preserved side), the left's other columns, the right's."""
+    def output(self, spark: SparkSession, pairs: pa.Table) -> pa.Table:
+        """``pairs`` (``left_row`` and ``right_row`` as JSON, null for an outer row's missing
+        side) as the joined rows (``_columns``), parsed on the driver (``json_rows``) when
+        both sides' columns are ``parsed_on_driver`` and Arrow's reader takes every row; else
+        by one Spark job (``output_by_spark``)."""
+        left, right = self.sides()
+        if parsed_on_driver(left) and parsed_on_driver(right):
+            lhs = parsed(pairs.column("left_row"), arrow_schema(spark, left))
+            rhs = parsed(pairs.column("right_row"), arrow_schema(spark, right))
+            if lhs is not None and rhs is not None:
+                sides, columns = {"l": lhs, "r": rhs}, self._columns(left, right)
+                return pa.table(
+                    [sides[s].column(c) for s, c in columns], names=[c for _, c in columns]
+                )
+        return self.output_by_spark(spark, pairs)
+
+    def output_by_spark(self, spark: SparkSession, pairs: pa.Table) -> pa.Table:
+        """``output`` by one Spark job over ``pairs`` as local data: any column type, any row."""
         left, right = self.sides()
         # One chunk: a local frame of a table of several chunks was seen to hold only the
         # first one's rows (the pairs', not the outer rows' after them).
         frame = to_frame(spark, pairs.combine_chunks(), _PAIRS)
-        parsed = frame.select(
+        rows = frame.select(
             F.from_json("left_row", left, JSON_OPTIONS).alias("l"),
             F.from_json("right_row", right, JSON_OPTIONS).alias("r"),
-        )
-        keyed_by = "r" if self.config.how == "right" else "l"
+        ).select(*[F.col(f"{s}.`{c}`").alias(c) for s, c in self._columns(left, right)])
+        return collect({"output": rows})["output"]
+
+    def _columns(self, left: StructType, right: StructType) -> list[tuple[str, str]]:
+        """The joined rows' columns, each as (side: ``l`` or ``r``, name): the keys (of the
+        preserved side), the left's other columns, the right's."""
         on = self.config.keys
-        return parsed.select(
-            *[F.col(f"{keyed_by}.`{k}`").alias(k) for k in on],
-            *[F.col(f"l.`{c}`").alias(c) for c in left.fieldNames() if c not in on],
-            *[F.col(f"r.`{c}`").alias(c) for c in right.fieldNames() if c not in on],
-        )
+        keyed_by = "r" if self.config.how == "right" else "l"
+        return [
+            *[(keyed_by, k) for k in on],
+            *[("l", c) for c in left.fieldNames() if c not in on],
+            *[("r", c) for c in right.fieldNames() if c not in on],
+        ]
 
 
 def _versions(rows: pa.Table, batch_id: int, **flags: bool) -> pa.Table:

@@ -6,12 +6,16 @@ and lets rows go ends like a run never crashed; held rows go once the watermark 
 
 from __future__ import annotations
 
+import math
+import random
 import re
 import shutil
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +25,29 @@ from deltalake import DeltaTable, write_deltalake
 from pydantic import ValidationError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    ByteType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 from pyspark.testing import assertDataFrameEqual
 
+from lowmark.batches.collect import session_confs
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.event_time.interval_join import IntervalJoin
+from lowmark.batches.json_rows import JSON_OPTIONS
 from lowmark.batches.loop.faults import STEPS, KillPoint
 from lowmark.batches.loop.maintenance import maintain_checkpoint
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
@@ -43,7 +65,7 @@ from tests.faults.harness import (
     run_with_crashes,
     snapshot,
 )
-from tests.helpers import delta_frame
+from tests.helpers import JobCounter, counted_batch, delta_frame
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 T0_MS = int(T0.timestamp() * 1000)
@@ -327,3 +349,197 @@ def test_sides_with_another_column_of_the_same_name_are_refused_in_one_line(
     source.schemas = {"orders": side("order_time"), "payments": side("paid_at")}
     with pytest.raises(PipelineConfigInvalid, match=r"both sides of the join have \['amount'\]"):
         join.sides()
+
+
+# Every column type the joined rows are parsed on the driver from (``json_rows``), with the
+# values whose JSON text is the hardest to read back: extremes of each integer, floats and
+# doubles of random bits (every decimal text Java writes for them), decimals of several
+# scales (Java writes some as `0E-18`), timestamps to the microsecond before 1970, in year 1
+# and 9999, local times, unicode and escaped text, a row longer than Arrow's JSON block.
+EVERY_TYPE = StructType(
+    [
+        StructField("order_id", LongType(), nullable=False),  # nullable in the joined rows
+        StructField("order_time", TimestampType()),
+        StructField("note", StringType()),
+        StructField("flag", BooleanType()),
+        StructField("tiny", ByteType()),
+        StructField("small", ShortType()),
+        StructField("int", IntegerType()),
+        StructField("ratio", FloatType()),
+        StructField("share", DoubleType()),
+        StructField("whole", DecimalType(10, 0)),
+        StructField("cents", DecimalType(7, 5)),
+        StructField("wide", DecimalType(38, 18)),
+        StructField("day", DateType()),
+        StructField("local", TimestampNTZType()),
+    ]
+)
+PAID = StructType(
+    [
+        StructField("order_id", LongType(), nullable=False),
+        StructField("paid_at", TimestampType()),
+        StructField("paid", DecimalType(12, 2)),
+        StructField("by", StringType()),
+    ]
+)
+
+
+def every_type_rows(n: int) -> list[tuple[Any, ...]]:
+    rng = random.Random(7)
+
+    def finite(bits: int, fmt: str) -> float:
+        while True:
+            value: float = struct.unpack(fmt, rng.getrandbits(bits).to_bytes(bits // 8))[0]
+            if math.isfinite(value):
+                return value
+
+    def micros(low: datetime, high: datetime) -> timedelta:
+        return timedelta(microseconds=rng.randrange(int((high - low).total_seconds() * 1e6)))
+
+    first = datetime(1, 1, 1)
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999)
+    # The last instant every time zone writes in year 9999 (a later one is year 10000 east
+    # of UTC, which Arrow does not read: the Spark job parses it).
+    latest = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
+    extremes = [
+        (1, T0, "naïve \"quoted\" \\ tab\t new\nline \u2028 😀 漢字", True, -128, -32768,
+         -(2**31), 1.1, 0.1, Decimal("-9999999999"), Decimal("0.00001"),
+         Decimal("-12345678901234567890.123456789012345678"), date(1, 1, 1),
+         first),
+        (2, first.replace(tzinfo=UTC), "", False, 127, 32767, 2**31 - 1, -0.0,
+         5e-324, Decimal("0"), Decimal("-0.00000"), Decimal("0E-18"), date(9999, 12, 31),
+         last),
+        (3, datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "x" * (3 << 19), None,
+         0, 0, 0, 3.4028235e38, 1.7976931348623157e308, Decimal("1"), Decimal("0.12345"),
+         Decimal("1E-18"), date(1582, 10, 4), datetime(1900, 1, 1, 0, 0, 0, 1)),
+        (4, latest, None, None, None, None, None, None, None, None, None,
+         None, None, None),
+    ]  # fmt: skip
+    return extremes + [
+        (
+            i,
+            first.replace(tzinfo=UTC) + micros(first, latest.replace(tzinfo=None)),
+            "".join(
+                chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0x2FFF)]))
+                for _ in range(rng.randrange(12))
+            ),
+            rng.random() < 0.5,
+            rng.randrange(-128, 128),
+            rng.randrange(-(2**15), 2**15),
+            rng.randrange(-(2**31), 2**31),
+            finite(32, ">f"),
+            finite(64, ">d"),
+            Decimal(rng.randrange(-(10**10) + 1, 10**10)),
+            Decimal(rng.randrange(-(10**7) + 1, 10**7)).scaleb(-5),
+            Decimal(rng.randrange(-(10**38) + 1, 10**38)).scaleb(-18),
+            date(1, 1, 1) + timedelta(days=rng.randrange(3_652_059)),
+            first + micros(first, last),
+        )
+        for i in range(5, n + 1)
+    ]
+
+
+def as_json(spark: SparkSession, rows: list[tuple[Any, ...]], schema: StructType) -> list[str]:
+    """``rows`` of ``schema`` as the join holds them: Spark's JSON of each."""
+    frame = spark.createDataFrame(rows, schema)
+    text = F.to_json(F.struct(*[F.col(c) for c in schema.fieldNames()]), JSON_OPTIONS)
+    return [r[0] for r in frame.select(text).collect()]
+
+
+def join_of(tmp_path: Path, how: str, left: StructType, right: StructType) -> IntervalJoin:
+    source = UnionStreamSource({}, {})
+    join = IntervalJoin(
+        joined(tmp_path, how).stream_join,  # type: ignore[arg-type]
+        EventTime(column="order_time"),
+        source,
+        JoinState(str(tmp_path / "state"), "app:join_state", 60_000),
+        {},
+    )
+    source.schemas = {"orders": left, "payments": right}
+    return join
+
+
+PAIRS = pa.schema([("left_row", pa.string()), ("right_row", pa.string())])
+
+
+def pairs_of(lefts: Sequence[str | None], rights: Sequence[str | None]) -> pa.Table:
+    return pa.table({"left_row": lefts, "right_row": rights}, schema=PAIRS)
+
+
+# Under a session time zone other than UTC, Spark writes each timestamp with its offset
+# (`+05:30`, or `-04:56` for New York before 1883).
+@pytest.mark.parametrize(
+    ("how", "zone"), [("inner", "UTC"), ("left", "America/New_York"), ("right", "Asia/Kolkata")]
+)
+def test_the_joined_rows_parsed_on_the_driver_are_the_spark_jobs_for_every_column_type(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, zone: str
+) -> None:
+    with session_confs(spark, {"spark.sql.session.timeZone": zone}):
+        orders = as_json(spark, every_type_rows(400), EVERY_TYPE)
+        paid = [
+            (i, T0 + timedelta(microseconds=i), Decimal(i).scaleb(-2), "pé" * i) for i in range(300)
+        ]
+        payments = as_json(spark, paid, PAID)
+        # Matched pairs, then outer rows of either side (a side missing: null).
+        pairs = pairs_of(
+            [*orders[:300], *orders[300:], *[None] * 20],
+            [*payments, *[None] * 100, *payments[:20]],
+        )
+        join = join_of(tmp_path, how, EVERY_TYPE, PAID)
+
+        counter = JobCounter(spark)
+        with counter.counting(monkeypatch):
+            got = join.output(spark, pairs)
+        by_spark = join.output_by_spark(spark, pairs)
+        none = pairs_of([], [])
+        empty, empty_by_spark = join.output(spark, none), join.output_by_spark(spark, none)
+
+    assert counter.jobs() == 0  # parsed on the driver
+    assert got.schema == by_spark.schema
+    assert got.equals(by_spark)
+    assert got.num_rows == 420
+    assert got.column_names == [
+        "order_id", *EVERY_TYPE.fieldNames()[1:], *PAID.fieldNames()[1:]
+    ]  # fmt: skip
+    assert empty.equals(empty_by_spark)  # a batch that joins nothing: the same columns
+
+
+def test_joined_rows_arrow_cannot_read_or_of_a_type_it_does_not_take_are_parsed_by_spark(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A NaN or an infinity Spark writes as a string; arrays and structs are not taken.
+    nan = [(1, T0, None, None, None, None, None, None, math.nan, *[None] * 5),
+           (2, T0, None, None, None, None, None, float("-inf"), math.inf, *[None] * 5)]  # fmt: skip
+    nested = StructType(
+        [
+            *PAID.fields,
+            StructField("tags", ArrayType(StringType())),
+            StructField("card", StructType([StructField("last4", StringType())])),
+        ]
+    )
+    paid = [(1, T0, Decimal("1.50"), "a", ["x", None], ("4242",)), (2, T0, None, None, [], None)]
+    pairs = pairs_of(as_json(spark, nan, EVERY_TYPE), as_json(spark, paid, nested))
+    for right in (PAID, nested):
+        counter = JobCounter(spark)
+        with counter.counting(monkeypatch):
+            got = join_of(tmp_path, "inner", EVERY_TYPE, right).output(spark, pairs)
+        assert counter.jobs() == 1
+        share = got.column("share").to_pylist()
+        assert got.column("ratio").to_pylist() == [None, -math.inf]
+        assert math.isnan(share[0]) and share[1] == math.inf
+        assert got.column("paid").to_pylist() == [Decimal("1.50"), None]
+    got = join_of(tmp_path, "inner", EVERY_TYPE, nested).output(spark, pairs)
+    assert got.column("tags").to_pylist() == [["x", None], []]
+    assert got.column("card").to_pylist() == [{"last4": "4242"}, None]
+
+
+def test_a_small_join_batch_runs_its_look_and_no_spark_job_to_parse_its_joined_rows(
+    spark: SparkSession, input_root: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = MicroBatchRunner(spark, joined(input_root, "left"), data_root)
+    runner.run_batch()  # the first batch creates the sink and the join state
+    result, counter = counted_batch(spark, runner, monkeypatch)
+    assert result.rows_out > 0  # order 2's payment joins in batch 1
+    # The look over the batch's input (counts, max event times, the join's records), and
+    # nothing else: the join, its state, its sink and the commit are on the driver.
+    assert counter.jobs() == 1, counter.per_step
