@@ -6,9 +6,9 @@ A pipeline's ``dedup`` (``lowmark.batches.dedup``) in a batch's Spark work
 
 1. Each record's id is its id columns as a JSON object (nulls compare equal,
    as in ``dropDuplicates``); the records are shuffled by id, so every
-   record of one id meets in one task. A batch whose input fits one shuffle
-   partition (``PARTITION_BYTES``) is not shuffled: its records meet in one task
-   as they are read, a stage fewer.
+   record of one id meets in one task. A batch of at most ``ONE_TASK_BYTES`` of
+   input is not shuffled: its records meet in one task as they are read, a stage
+   fewer (more input keeps its scan's parallelism).
 2. In each task (``_judge``, on the executors) the records of one id are
    judged one after another, in the order they were ingested (with an
    ingestion-time watermark: their own ingestion time; ties, and records
@@ -57,7 +57,6 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import ByteType, StringType, StructField, StructType
 
-from lowmark.batches.collect import PARTITION_BYTES
 from lowmark.batches.dedup import Dedup
 from lowmark.batches.errors import BackfillHistoryLost, PipelineConfigInvalid
 from lowmark.batches.event_time.stage import UNTIMED as NO_EVENT_TIME
@@ -82,6 +81,10 @@ VERDICT = "_lowmark_verdict"
 WRITTEN = "_lowmark_written_ids"
 """On a task's first record let through: the descriptors of the files its new ids went to
 (JSON); null on every other record."""
+ONE_TASK_BYTES = 4 * 1024 * 1024
+"""Input Spark reads in one task anyway (``spark.sql.files.openCostInBytes``: files up to it
+share a split): a batch this small is judged where it is read, without a shuffle; a larger
+one would lose its scan's parallelism in one task."""
 NEW, DUPLICATE, UNTIMED, OLD, OLD_WHEN_INGESTED = 0, 1, 2, 3, 4
 """Verdicts: let through; a duplicate; late: no event time; late: older than the horizon;
 late: older than its own horizon (so in every batch that may take it)."""
@@ -201,7 +204,7 @@ class DedupStep:
             batch_id,
             self.writes,
         )
-        one_task = input_bytes is not None and input_bytes <= PARTITION_BYTES
+        one_task = input_bytes is not None and input_bytes <= ONE_TASK_BYTES
         by_id = keyed.coalesce(1) if one_task else keyed.repartition(KEY)
         verdicts = by_id.mapInArrow(judge, schema)
         verdict = F.col(VERDICT)
