@@ -175,14 +175,18 @@ class MetadataLog(Generic[E]):
         latest = self.latest_batch_id()
         return None if latest is None else self.get(latest)
 
-    def get_range(self, start: int | None = None, end: int | None = None) -> list[E]:
-        """Entries with ``start <= batch_id <= end`` (either bound open), in batch order."""
+    def get_range(
+        self, start: int | None = None, end: int | None = None, table: DriverTable | None = None
+    ) -> list[E]:
+        """Entries with ``start <= batch_id <= end`` (either bound open) in ``table`` (None:
+        the log's), in batch order."""
         bounds = []
         if start is not None:
             bounds.append(f'"batch_id" >= {int(start)}')
         if end is not None:
             bounds.append(f'"batch_id" <= {int(end)}')
-        return sorted(self._read(" AND ".join(bounds) or None), key=lambda e: e.batch_id)
+        found = self._read(" AND ".join(bounds) or None, table)
+        return sorted(found, key=lambda e: e.batch_id)
 
     def _read(self, where: str | None, table: DriverTable | None = None) -> list[E]:
         """The entries of the rows matching ``where`` in ``table`` (None: the log's)."""

@@ -139,9 +139,8 @@ class OffsetLog(MetadataLog[OffsetEntry]):
     def recorded(self, start: int, end: int) -> list[OffsetEntry]:
         """Entries with ``start <= batch_id <= end``, from the log and, for the batches
         maintenance retired from it, from the history (each once), in batch order."""
-        bounds = f'"batch_id" >= {int(start)} AND "batch_id" <= {int(end)}'
         found = {e.batch_id: e for e in self.get_range(start, end)}
         if (not found or min(found) > start) and self.history.exists():
-            retired = self._read(bounds, self.history)
+            retired = self.get_range(start, end, self.history)
             found = {e.batch_id: e for e in retired} | found
         return [found[batch_id] for batch_id in sorted(found)]
