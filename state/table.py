@@ -163,6 +163,16 @@ class DriverTable:
                 "from backup, or start over with `lowmark reset`"
             ) from exc
 
+    def _current(self) -> DeltaTable | None:
+        """The table at its newest version, or None if it does not exist (a held handle is
+        brought up to date without asking first whether the table is there)."""
+        if self._handle is not None:
+            try:
+                return self.open()
+            except (CheckpointMissing, CheckpointCorrupt):
+                pass  # gone or replaced since: asked below
+        return self.open() if self.exists() else None
+
     def missing(self) -> CheckpointMissing:
         return CheckpointMissing(
             f"{self.what} {self.path} is missing: restore it from backup, or start over with "
@@ -198,9 +208,37 @@ class DriverTable:
         return self.exists() and _landed(self.open(), app_id, version)
 
     def append_once(self, rows: pa.Table, app_id: str, version: int) -> bool:
-        """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote."""
+        """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote.
+
+        A checkpoint table's rows go into a Parquet file written here, which one commit
+        adds (``lowmark.state.task_appends``): delta-rs's own append costs more with
+        every data file the table holds, a commit of written files does not. The append
+        that creates the table or adds a column to it, and any append to a user's table
+        (whose constraints delta-rs checks), is delta-rs's.
+        """
         data = rows if self.schema is None else rows.select(self.schema.names).cast(self.schema)
-        return self.write_once(self._writer(data, "append"), app_id, version)
+        writer = self._writer(data, "append")
+        if self.hooks is not HOOKS:  # a user's table: delta-rs checks its constraints
+            return self.write_once(writer, app_id, version)
+
+        def append(table: DeltaTable | None, commit: CommitProperties) -> None:
+            if table is None or not _holds(table, data.schema):
+                writer(table, commit)  # created, or a column added to the table
+                return
+            from lowmark.state.task_appends import write_files
+
+            columns = tuple(table.metadata().partition_columns)
+            files = write_files(self.path, data, columns, version)
+            table.create_write_transaction(
+                [f.action() for f in files],
+                mode="append",
+                schema=table.schema(),
+                partition_by=list(columns),
+                commit_properties=commit,
+                post_commithook_properties=self.hooks,
+            )
+
+        return self.write_once(append, app_id, version)
 
     def commit_files(self, files: Sequence[WrittenFile], app_id: str, version: int) -> bool:
         """Add ``files`` (data files tasks wrote into this table's folder,
@@ -266,8 +304,7 @@ class DriverTable:
     def append(self, rows: pa.Table) -> None:
         """Append ``rows`` with no idempotency key (records of events, where a repeat is
         harmless); creates the table if needed."""
-        table = self.open() if self.exists() else None
-        self._writer(rows, "append")(table, CommitProperties())
+        self._writer(rows, "append")(self._current(), CommitProperties())
 
     def insert_new_once(
         self, rows_for: Callable[[pa.Table], pa.Table], key: str, app_id: str, version: int
@@ -443,7 +480,7 @@ class DriverTable:
         """``write_once``; with no ``app_id``, ``write`` always runs (retried when lost)."""
         pause = PAUSE_S
         for attempt in range(1, ATTEMPTS + 1):
-            table = self.open() if self.exists() else None
+            table = self._current()
             if table is not None and app_id is not None and _landed(table, app_id, version):
                 return False
             commit = (
@@ -474,6 +511,12 @@ class DriverTable:
                 time.sleep(pause)
                 pause *= 2
         raise AssertionError("unreachable")
+
+
+def _holds(table: DeltaTable, schema: pa.Schema) -> bool:
+    """True if every column of ``schema`` is one of ``table``'s, by name."""
+    names = {f.name for f in table.schema().fields}
+    return all(name in names for name in schema.names)
 
 
 def _landed(table: DeltaTable, app_id: str, version: int) -> bool:
