@@ -210,25 +210,29 @@ class DriverTable:
     def append_once(self, rows: pa.Table, app_id: str, version: int) -> bool:
         """Append ``rows`` unless (``app_id``, ``version``) landed; True if this call wrote.
 
-        A checkpoint table's rows go into a Parquet file written here, which one commit
-        adds (``lowmark.state.task_appends``): delta-rs's own append costs more with
-        every data file the table holds, a commit of written files does not. The append
-        that creates the table or adds a column to it, and any append to a user's table
-        (whose constraints delta-rs checks), is delta-rs's.
+        The rows go into a Parquet file written here, which one commit adds
+        (``lowmark.state.task_appends``): delta-rs's own append costs more with every
+        data file the table holds, a commit of written files does not. delta-rs's
+        writer appends instead when it has more to do than write rows: creating the
+        table, adding a column to it, or checking what a user's table asks of its rows
+        (``_files_schema``).
         """
         data = rows if self.schema is None else rows.select(self.schema.names).cast(self.schema)
         writer = self._writer(data, "append")
-        if self.hooks is not HOOKS:  # a user's table: delta-rs checks its constraints
-            return self.write_once(writer, app_id, version)
 
         def append(table: DeltaTable | None, commit: CommitProperties) -> None:
-            if table is None or not _holds(table, data.schema):
-                writer(table, commit)  # created, or a column added to the table
+            target = None if table is None else self._files_schema(table, data.schema)
+            try:
+                conformed = None if target is None else data.cast(target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                conformed = None  # delta-rs's writer says what does not fit
+            if table is None or conformed is None:
+                writer(table, commit)
                 return
             from lowmark.state.task_appends import write_files
 
             columns = tuple(table.metadata().partition_columns)
-            files = write_files(self.path, data, columns, version)
+            files = write_files(self.path, conformed, columns, version)
             table.create_write_transaction(
                 [f.action() for f in files],
                 mode="append",
@@ -239,6 +243,37 @@ class DriverTable:
             )
 
         return self.write_once(append, app_id, version)
+
+    def _files_schema(self, table: DeltaTable, rows: pa.Schema) -> pa.Schema | None:
+        """The schema ``rows`` are written in as a file of ``table``, or None when
+        delta-rs's writer must append them.
+
+        A checkpoint table: the rows' own, unless they add a column. A user's table
+        (a sink): the table's, when the rows have exactly its columns, each of a
+        type ``_alike`` its column's and none a struct, list or map (whose
+        statistics Delta nests), the table is not partitioned, and nothing is asked
+        of a row: no constraint, invariant, generated or identity column, column
+        mapping, or writer feature but append-only.
+        """
+        if self.hooks is HOOKS:
+            names = {f.name for f in table.schema().fields}
+            return rows if all(name in names for name in rows.names) else None
+        protocol, metadata = table.protocol(), table.metadata()
+        features = set(protocol.writer_features or ())
+        if (
+            not (protocol.min_writer_version <= 2 or features <= {"appendOnly"})
+            or protocol.reader_features
+            or metadata.partition_columns
+            or any(k.startswith("delta.constraints.") for k in metadata.configuration)
+        ):
+            return None
+        asked = ("delta.invariants", "delta.generationExpression", "delta.identity.")
+        if any(k.startswith(asked) for f in table.schema().fields for k in f.metadata):
+            return None
+        target = pa.schema(table.schema().to_arrow())
+        if target.names != rows.names or not all(map(_alike, rows.types, target.types)):
+            return None
+        return target
 
     def commit_files(self, files: Sequence[WrittenFile], app_id: str, version: int) -> bool:
         """Add ``files`` (data files tasks wrote into this table's folder,
@@ -513,10 +548,22 @@ class DriverTable:
         raise AssertionError("unreachable")
 
 
-def _holds(table: DeltaTable, schema: pa.Schema) -> bool:
-    """True if every column of ``schema`` is one of ``table``'s, by name."""
-    names = {f.name for f in table.schema().fields}
-    return all(name in names for name in schema.names)
+def _alike(given: pa.DataType, held: pa.DataType) -> bool:
+    """True if values of type ``given`` go into a column of plain type ``held`` as they are,
+    or widened or narrowed within one kind (integers, floats, decimals, strings, binary,
+    timestamps); a cast across kinds (a number into a string) is delta-rs's writer's to
+    refuse or do."""
+    if pa.types.is_nested(held):
+        return False
+    kinds = (
+        pa.types.is_integer,
+        pa.types.is_floating,
+        pa.types.is_decimal,
+        lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+        lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t),
+        pa.types.is_timestamp,
+    )
+    return given == held or any(kind(given) and kind(held) for kind in kinds)
 
 
 def _landed(table: DeltaTable, app_id: str, version: int) -> bool:

@@ -215,3 +215,26 @@ def test_a_checkpoint_tables_append_with_a_column_the_table_lacks_adds_the_colum
     assert table.append_once(pa.table({"batch_id": [1], "note": ["new"]}), APP, 1)
     rows = sorted(table.read().to_pylist(), key=lambda r: r["batch_id"])
     assert rows == [{"batch_id": 0, "note": None}, {"batch_id": 1, "note": "new"}]
+
+
+def test_a_users_table_gets_lowmarks_file_unless_the_table_asks_something_of_its_rows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    def sink(name: str) -> DriverTable:
+        table = DriverTable(str(tmp_path / name), None, "sink", {})
+        table.append_once(pa.table({"user": ["a"], "n": pa.array([1], pa.int64())}), APP, 0)
+        return table
+
+    plain, checked = sink("plain"), sink("checked")
+    checked.open().alter.add_constraint({"positive": "n > 0"})
+    rows = pa.table({"user": ["b"], "n": pa.array([-2], pa.int32())})  # narrower: widened
+
+    assert plain.append_once(rows, APP, 1)
+    with pytest.raises(Exception, match="validation"):
+        checked.append_once(rows, APP, 1)
+
+    names = pa.table(plain.open().get_add_actions(flatten=True)).column("path").to_pylist()
+    assert any(n.startswith("part-00000001-") for n in names)
+    got = spark.read.format("delta").load(plain.path).orderBy("user").collect()
+    assert [(r.user, r.n) for r in got] == [("a", 1), ("b", -2)]
+    assert checked.read().num_rows == 1
