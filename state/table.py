@@ -232,15 +232,7 @@ class DriverTable:
             from lowmark.state.task_appends import write_files
 
             columns = tuple(table.metadata().partition_columns)
-            files = write_files(self.path, conformed, columns, version)
-            table.create_write_transaction(
-                [f.action() for f in files],
-                mode="append",
-                schema=table.schema(),
-                partition_by=list(columns),
-                commit_properties=commit,
-                post_commithook_properties=self.hooks,
-            )
+            self._add(table, write_files(self.path, conformed, columns, version), commit)
 
         return self.write_once(append, app_id, version)
 
@@ -284,24 +276,30 @@ class DriverTable:
         def add(table: DeltaTable | None, commit: CommitProperties) -> None:
             if table is None:
                 raise self.missing()
-            columns = list(table.metadata().partition_columns)
-            strays = [f.path for f in files if sorted(f.partition_values) != sorted(columns)]
-            if strays:
-                raise CheckpointCorrupt(
-                    f"{self.what} {self.path} is partitioned by {columns}, not as its new "
-                    f"files {strays[:3]}: restore it from backup, or start over with "
-                    "`lowmark reset`"
-                )
-            table.create_write_transaction(
-                [f.action() for f in files],
-                mode="append",
-                schema=table.schema(),
-                partition_by=columns,
-                commit_properties=commit,
-                post_commithook_properties=self.hooks,
-            )
+            self._add(table, files, commit)
 
         return self.write_once(add, app_id, version)
+
+    def _add(
+        self, table: DeltaTable, files: Sequence[WrittenFile], commit: CommitProperties
+    ) -> None:
+        """Commit ``files``, written into ``table``'s folder, to it as ``commit``."""
+        columns = list(table.metadata().partition_columns)
+        strays = [f.path for f in files if sorted(f.partition_values) != sorted(columns)]
+        if strays:
+            raise CheckpointCorrupt(
+                f"{self.what} {self.path} is partitioned by {columns}, not as its new "
+                f"files {strays[:3]}: restore it from backup, or start over with "
+                "`lowmark reset`"
+            )
+        table.create_write_transaction(
+            [f.action() for f in files],
+            mode="append",
+            schema=table.schema(),
+            partition_by=columns,
+            commit_properties=commit,
+            post_commithook_properties=self.hooks,
+        )
 
     def replace_once(self, rows: pa.Table, where: str, app_id: str, version: int) -> bool:
         """Replace the rows matching the SQL predicate ``where`` with ``rows``, atomically and
