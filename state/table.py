@@ -240,16 +240,19 @@ class DriverTable:
         """The schema ``rows`` are written in as a file of ``table``, or None when
         delta-rs's writer must append them.
 
-        A checkpoint table: the rows' own, unless they add a column. A user's table
-        (a sink): the table's, when the rows have exactly its columns, each of a
-        type ``_alike`` its column's and none a struct, list or map (whose
-        statistics Delta nests), the table is not partitioned, and nothing is asked
-        of a row: no constraint, invariant, generated or identity column, column
-        mapping, or writer feature but append-only.
+        A checkpoint table: the rows' own, when each of their columns is one of the
+        table's, of the same type (a column they add, or one whose type changed, is
+        delta-rs's to evolve or refuse). A user's table (a sink): the table's, when
+        the rows have exactly its columns, each of a type ``_alike`` its column's and
+        none a struct, list or map (whose statistics Delta nests), the table is not
+        partitioned, and nothing is asked of a row: no constraint, invariant,
+        generated or identity column, column mapping, or writer feature but
+        append-only.
         """
+        target = pa.schema(table.schema().to_arrow())
         if self.hooks is HOOKS:
-            names = {f.name for f in table.schema().fields}
-            return rows if all(name in names for name in rows.names) else None
+            held = dict(zip(target.names, target.types, strict=True))
+            return rows if all(held.get(f.name) == f.type for f in rows) else None
         protocol, metadata = table.protocol(), table.metadata()
         features = set(protocol.writer_features or ())
         if (
@@ -262,7 +265,6 @@ class DriverTable:
         asked = ("delta.invariants", "delta.generationExpression", "delta.identity.")
         if any(k.startswith(asked) for f in table.schema().fields for k in f.metadata):
             return None
-        target = pa.schema(table.schema().to_arrow())
         if target.names != rows.names or not all(map(_alike, rows.types, target.types)):
             return None
         return target

@@ -238,3 +238,18 @@ def test_a_users_table_gets_lowmarks_file_unless_the_table_asks_something_of_its
     got = spark.read.format("delta").load(plain.path).orderBy("user").collect()
     assert [(r.user, r.n) for r in got] == [("a", 1), ("b", -2)]
     assert checked.read().num_rows == 1
+
+
+def test_a_checkpoint_tables_append_of_a_column_of_another_type_is_written_in_the_tables(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    older = pa.schema([pa.field("batch_id", pa.int64(), nullable=False), pa.field("n", pa.int32())])
+    path = str(tmp_path / "log")
+    DriverTable(path, older).append_once(pa.table({"batch_id": [0], "n": [1]}, older), APP, 0)
+    newer = pa.schema([pa.field("batch_id", pa.int64(), nullable=False), pa.field("n", pa.int64())])
+
+    assert DriverTable(path, newer).append_once(
+        pa.table({"batch_id": [1], "n": [2]}, newer), APP, 1
+    )
+    got = spark.read.format("delta").load(path).orderBy("batch_id").collect()
+    assert [(r.batch_id, r.n) for r in got] == [(0, 1), (1, 2)]
