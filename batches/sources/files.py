@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 
 PARTITION = "0"
 CORRUPT = "_corrupt_record"
+_NAME = "_source_name"
+"""A parsed record's file name (``FileStreamSource._file_keys``)."""
 _DEFAULT_OPTIONS = {"csv": {"header": "true"}}
 
 
@@ -374,16 +376,18 @@ class FileStreamSource(Source):
         counts = Observation()
         file_path = F.col("_metadata.file_path")
         batch_of = ingested_at = None
-        if tags:  # Spark names a record's file by its URI: "a b.json" is "a%20b.json"
-            by_uri = [F.lit(x) for path, b in tags.items() for x in (self.storage.uri(path), b)]
-            batch_of = F.create_map(*by_uri)
+        by_name, key = self._file_keys(files) if tags or self.ingestion_clock else (False, {})
+        if tags:
+            batch_of = F.create_map(*[F.lit(x) for path, b in tags.items() for x in (key[path], b)])
         if self.ingestion_clock and files:
-            times = [(self.storage.uri(f.path), self._own_time(f)) for f in files]
-            by_file = [x for uri, ms in times for x in (F.lit(uri), F.lit(ms).cast("long"))]
+            times = [(key[f.path], self._own_time(f)) for f in files]
+            by_file = [x for k, ms in times for x in (F.lit(k), F.lit(ms).cast("long"))]
             ingested_at = F.create_map(*by_file)
 
-        def carried(frame: DataFrame, file: Column) -> DataFrame:
-            """``frame`` with each record's batch and ingestion time, found by its ``file``."""
+        def carried(frame: DataFrame, path: Column, name: Column) -> DataFrame:
+            """``frame`` with each record's batch and ingestion time, found by its file's
+            ``path`` or ``name`` (``_file_keys``)."""
+            file = name if by_name else path
             if batch_of is not None:
                 frame = frame.withColumn(BATCH_COLUMN, F.element_at(batch_of, file))
             if ingested_at is not None:
@@ -394,7 +398,9 @@ class FileStreamSource(Source):
         size = sum(f.size for f in files)
         if self.config.format == "parquet":
             records = carried(
-                self.spark.read.schema(schema).parquet(*map(literal, paths)), file_path
+                self.spark.read.schema(schema).parquet(*map(literal, paths)),
+                file_path,
+                F.col("_metadata.file_name"),
             )
             records = records.withColumn(PARTITION_COLUMN, self._partition_of(file_path)).observe(
                 counts, *read_counts(tagged, None)
@@ -414,7 +420,10 @@ class FileStreamSource(Source):
         every_column = F.max(
             F.greatest(F.lit(False), *[F.col(f"`{n}`").isNull() for n in schema.fieldNames()])
         )
-        parsed = carried(self._parsed(paths, with_corrupt), F.col("_source_file"))
+        named = by_name and (batch_of is not None or ingested_at is not None)
+        parsed = carried(
+            self._parsed(paths, with_corrupt, named), F.col("_source_file"), F.col(_NAME)
+        )
         parsed = parsed.observe(
             counts,
             *read_counts(tagged, F.col(CORRUPT).isNull()),
@@ -433,32 +442,49 @@ class FileStreamSource(Source):
         records = (
             parsed.where(F.col(CORRUPT).isNull())
             .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_source_file")))
-            .drop(CORRUPT, "_source_file")
+            .drop(CORRUPT, "_source_file", *([_NAME] if named else []))
         )
         cached = (parsed,) if cache else ()
         return SourceRead(records, bad, counts, cached, self._unreadable(batch_id), size)
 
-    def _parsed(self, paths: list[str], with_corrupt: StructType) -> DataFrame:
+    def _file_keys(self, files: list[ManifestFile]) -> tuple[bool, dict[str, str]]:
+        """How a record's file is found in a map over ``files`` (its batch, its ingestion
+        time): by the file's name (``_metadata.file_name``) when no two of ``files`` share
+        one, else by its URI (``_metadata.file_path``); whether by name, and each path's key.
+
+        Spark looks a key up in a map by comparing it with the map's keys one by one, for
+        every record: the short names, which the scan need not carry a path for, made a
+        read-ahead's scan of 100 files about a fifth cheaper (docs/benchmarks.md). Spark
+        names a file by its URI ("a b.json" is "a%20b.json"), its name by the URI's last
+        part."""
+        uris = {f.path: self.storage.uri(f.path) for f in files}
+        names = {path: uri.rsplit("/", 1)[-1] for path, uri in uris.items()}
+        unique = len(set(names.values())) == len(names)
+        return unique, names if unique else uris
+
+    def _parsed(self, paths: list[str], with_corrupt: StructType, with_name: bool) -> DataFrame:
         """The records of the JSON or CSV files ``paths`` parsed by ``with_corrupt`` (a line
         that does not parse, or does not match it, whole in ``CORRUPT``), each with the URI
-        of its file in ``_source_file``. With a rescued-data column (JSON lines only), the
-        lines are parsed one by one (``from_json``, the reader's options), and the fields a
-        record has that ``with_corrupt`` does not name are kept in that column as a JSON
-        object, their values as they were (null when there are none, or the line does not
-        parse); blank lines are passed over, as the JSON reader does."""
+        of its file in ``_source_file`` (and, ``with_name``, its name in ``_NAME``). With a
+        rescued-data column (JSON lines only), the lines are parsed one by one (``from_json``,
+        the reader's options), and the fields a record has that ``with_corrupt`` does not
+        name are kept in that column as a JSON object, their values as they were (null when
+        there are none, or the line does not parse); blank lines are passed over, as the
+        JSON reader does."""
         from pyspark.sql import functions as F
 
         reading = {**self.options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
         located = [literal(p) for p in paths]
         rescued = self.config.rescued_data_column
         if rescued is None:
-            return (
+            parsed = (
                 self.spark.read.format(self.config.format)
                 .options(**reading)
                 .schema(with_corrupt)
                 .load(located)
                 .withColumn("_source_file", F.col("_metadata.file_path"))
             )
+            return parsed.withColumn(_NAME, F.col("_metadata.file_name")) if with_name else parsed
         lines = self.spark.read.format("text").load(located).where(F.trim("value") != "")
         named = F.array(*[F.lit(n) for n in with_corrupt.fieldNames()])
         fields = F.from_json("value", "map<string,variant>")
@@ -470,6 +496,7 @@ class FileStreamSource(Source):
                 rescued
             ),
             F.col("_metadata.file_path").alias("_source_file"),
+            *([F.col("_metadata.file_name").alias(_NAME)] if with_name else []),
         )
 
     def inputs(self, start: Offsets, end: Offsets) -> list[str]:

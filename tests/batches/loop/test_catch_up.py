@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from lowmark.batches.loop.catch_up import row_by_row
 from lowmark.batches.loop.microbatch import BatchResult, MicroBatchRunner
-from lowmark.batches.pipeline import Pipeline
+from lowmark.batches.pipeline import FileSource, Pipeline
 from lowmark.batches.sources.base import BATCH_COLUMN, PARTITION_COLUMN
 from lowmark.batches.windows import Sliding, Tumbling
 from tests.helpers import (
@@ -228,6 +228,31 @@ def test_files_whose_names_a_uri_escapes_are_read_ahead_in_one_scan(
         write_json_lines(tmp_path / "in", f"b{i} a%b#ü.json", rows, 1_700_000_000 + i)
     _, jobs, _ = _run(spark, tmp_path, _pipeline(10), monkeypatch)
     assert jobs[:2] == [1, 0], jobs  # batch 1 took what the read-ahead saw
+
+
+def test_files_of_one_name_in_two_folders_are_read_ahead_each_in_its_batch(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A record's batch is found by its file's name when the read-ahead's files have
+    # unique names; here they do not (batch 0 takes q/a.json and p/b.json, batch 1
+    # q/b.json and p/a.json), so by the file's URI: by name, the records of one folder's
+    # file would take the other's batch.
+    roots = {how: tmp_path / how for how in ("ahead", "alone")}
+    for root in roots.values():
+        for i, file in enumerate(["q/a", "p/b", "q/b", "p/a"]):
+            folder, name = file.split("/")
+            write_json_lines(root / "in" / folder, f"{name}.json", BACKLOG[i], 1_700_000_000 + i)
+    by_folder = FileSource(
+        path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1, partition_by_folder=True
+    )
+    ahead_p, alone_p = (_pipeline(n).model_copy(update={"source": by_folder}) for n in (10, 1))
+    ahead, jobs, ahead_runner = _run(spark, roots["ahead"], ahead_p, monkeypatch)
+    alone, _, alone_runner = _run(spark, roots["alone"], alone_p, monkeypatch)
+    assert jobs[:2] == [1, 0], jobs  # batch 1 took what the read-ahead saw
+    assert _summary(ahead) == _summary(alone)
+    assert _tables(spark, ahead_runner, roots["ahead"]) == _tables(
+        spark, alone_runner, roots["alone"]
+    )
 
 
 def _upper(records: DataFrame) -> DataFrame:
