@@ -67,6 +67,16 @@ _NAME = "_source_name"
 _DEFAULT_OPTIONS = {"csv": {"header": "true"}}
 
 
+def _by_file(values: dict[str, int | None]) -> Column:
+    """A map literal of ``values`` (a file's key: a number), for a record to look its file
+    up in. One JSON literal, which Spark's optimizer folds into the map before any record
+    is read (tested): a literal per key and value would cost a round trip to the JVM each,
+    40-100 ms for a read-ahead of 100 files."""
+    from pyspark.sql import functions as F
+
+    return F.from_json(F.lit(json.dumps(values)), "map<string,bigint>")
+
+
 class FileStreamSource(Source):
     """Reads new files of ``folder`` batch by batch; see FileSource for the config."""
 
@@ -378,11 +388,9 @@ class FileStreamSource(Source):
         batch_of = ingested_at = None
         by_name, key = self._file_keys(files) if tags or self.ingestion_clock else (False, {})
         if tags:
-            batch_of = F.create_map(*[F.lit(x) for path, b in tags.items() for x in (key[path], b)])
+            batch_of = _by_file({key[path]: b for path, b in tags.items()})
         if self.ingestion_clock and files:
-            times = [(key[f.path], self._own_time(f)) for f in files]
-            by_file = [x for k, ms in times for x in (F.lit(k), F.lit(ms).cast("long"))]
-            ingested_at = F.create_map(*by_file)
+            ingested_at = _by_file({key[f.path]: self._own_time(f) for f in files})
 
         def carried(frame: DataFrame, path: Column, name: Column) -> DataFrame:
             """``frame`` with each record's batch and ingestion time, found by its file's

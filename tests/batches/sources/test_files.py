@@ -16,7 +16,8 @@ from lowmark.batches.errors import PipelineConfigInvalid, SourceFileChanged, Sou
 from lowmark.batches.loop import faults
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, FileSource
-from lowmark.batches.sources.base import Range
+from lowmark.batches.records import INGESTED_COLUMN
+from lowmark.batches.sources.base import BATCH_COLUMN, Range
 from lowmark.batches.sources.files import FileStreamSource
 from lowmark.state.errors import CheckpointMissing
 from lowmark.state.manifest import FileManifest
@@ -373,3 +374,34 @@ def test_aligned_admission_by_listing_time_stops_a_folder_at_the_next_folders_cl
     assert source(True).plan({}, 3, record=False, clocks=clocks) == {"early": 1, "late": 1}
     # Clocks that are not listing times (event times seen) cap nothing: lowest first.
     assert source(False).plan({}, 3, record=False, clocks=clocks) == {"early": 2}
+
+
+def test_a_read_of_several_batches_finds_each_records_batch_in_a_map_spark_folds(
+    spark: SparkSession, data_root: Path
+) -> None:
+    """Each record of a read-ahead's scan carries its file's batch and ingestion time,
+    looked up in maps that are literals by the time Spark plans the scan: built from one
+    JSON literal, which must not be parsed again for every record."""
+    config = FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1)
+    manifest = FileManifest(str(data_root / "cp" / "files"), ":files")
+    schema = SourceSchema(str(data_root / "cp" / "schema"), ":schema")
+    source = FileStreamSource(
+        spark, config, str(data_root / "in"), manifest, schema, ingestion_clock=True
+    )
+    for i in range(3):  # a name a URI escapes, and a quote JSON and SQL would escape
+        land(data_root / "in", f"it's {i}.json", [{"id": i, "amount": 1}], 100 + i)
+    ranges, start = [], {}
+    for batch_id in range(3):
+        end = source.plan(start, batch_id)
+        ranges.append(Range(batch_id, start, end))
+        start = end
+    read = source.read_batches(ranges)
+    assert read is not None
+    records = read.records.select("id", BATCH_COLUMN, INGESTED_COLUMN)
+    rows = sorted(tuple(r) for r in records.collect())
+    assert [(i, b) for i, b, _ in rows] == [(0, 0), (1, 1), (2, 2)]
+    listed = {f.seq: f.discovered_ms for f in manifest.files()}
+    assert [at for _, _, at in rows] == [listed[i] for i in range(3)]
+    plan = records._jdf.queryExecution().optimizedPlan().toString().lower()
+    assert "map(keys: [" in plan
+    assert "from_json" not in plan and "jsontostructs" not in plan
