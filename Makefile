@@ -111,8 +111,9 @@ soak: test-setup
 # Small-batch time with 10 k vs 1 M open windows, before and after lowmark's maintenance,
 # lowmark vs Structured Streaming (bench/state_scaling.py), then lowmark vs Structured Streaming vs a plain Spark job
 # on the same data (bench/streaming.py, which includes the first one's output as (c)
-# and writes bench/RESULTS.md), a long history (bench/history.py) and the file-to-sink
-# latency through dagster dev (bench/dagster_latency.py), a windowed pipeline over Kafka
+# and writes bench/RESULTS.md), the catch-up read-ahead's job next to one wide Structured
+# Streaming trigger and a plain job in one warm JVM (bench/read_ahead_job.py), a long
+# history (bench/history.py) and the file-to-sink latency through dagster dev (bench/dagster_latency.py), a windowed pipeline over Kafka
 # next to Structured Streaming's Kafka source (bench/kafka.py), deduplication by record id
 # next to Structured Streaming's dropDuplicatesWithinWatermark (bench/dedup.py), and a keyed
 # step with timers next to Structured Streaming's transformWithStateInPandas (bench/keyed_state.py),
@@ -121,7 +122,8 @@ soak: test-setup
 # and rows/s into Postgres next to Structured Streaming's foreachBatch + JDBC (bench/postgres_sink.py,
 # with PostgreSQL's JDBC driver from jvm/bench/pom.xml).
 # BENCH_ARGS=--quick for a smoke run of bench/state_scaling.py, bench/streaming.py (no
-# RESULTS.md), bench/dedup.py, bench/keyed_state.py and bench/stream_join.py.
+# RESULTS.md), bench/read_ahead_job.py, bench/dedup.py, bench/keyed_state.py and
+# bench/stream_join.py.
 # Never part of `make test`.
 BENCH_ARGS ?=
 BENCH_OUT := data/bench
@@ -131,6 +133,7 @@ bench: test-setup
 	bash -o pipefail -c '$(BIN)/python -m bench.state_scaling --spread $(BENCH_ARGS) | tee $(BENCH_OUT)/state_scaling_spread.txt'
 	$(BIN)/python -m bench.streaming $(BENCH_ARGS) --state-scaling-log $(BENCH_OUT)/state_scaling.txt
 	bash -o pipefail -c '$(BIN)/python -m bench.late_catch_up | tee $(BENCH_OUT)/late_catch_up.txt'
+	bash -o pipefail -c '$(BIN)/python -m bench.read_ahead_job $(BENCH_ARGS) | tee $(BENCH_OUT)/read_ahead_job.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.history --batches 600 --every 200 | tee $(BENCH_OUT)/history.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.looks | tee $(BENCH_OUT)/looks.txt'
 	bash -o pipefail -c '$(BIN)/python -m bench.dagster_latency | tee $(BENCH_OUT)/dagster_latency.txt'
