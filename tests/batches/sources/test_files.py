@@ -390,7 +390,8 @@ def test_a_read_of_several_batches_finds_each_records_batch_in_a_map_spark_folds
     )
     for i in range(3):  # a name a URI escapes, and a quote JSON and SQL would escape
         land(data_root / "in", f"it's {i}.json", [{"id": i, "amount": 1}], 100 + i)
-    ranges, start = [], {}
+    ranges: list[Range] = []
+    start: dict[str, int] = {}
     for batch_id in range(3):
         end = source.plan(start, batch_id)
         ranges.append(Range(batch_id, start, end))
