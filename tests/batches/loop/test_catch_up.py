@@ -255,6 +255,24 @@ def test_files_of_one_name_in_two_folders_are_read_ahead_each_in_its_batch(
     )
 
 
+def test_lines_parsed_one_by_one_for_a_rescued_data_column_are_read_ahead_in_one_scan(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a rescued-data column the source parses each line itself (from_json over a text
+    # read): its records must carry their file's name too, for their batch.
+    roots = {how: tmp_path / how for how in ("ahead", "alone")}
+    for root in roots.values():
+        for i, rows in enumerate(BACKLOG[:3]):
+            extra = [{**r, "note": f"n{i}"} for r in rows]
+            write_json_lines(root / "in", f"b{i}.json", extra, 1_700_000_000 + i)
+    rescuing = _pipeline(1).source.model_copy(update={"rescued_data_column": "_rescued"})
+    ahead_p, alone_p = (_pipeline(n).model_copy(update={"source": rescuing}) for n in (10, 1))
+    ahead, jobs, _ = _run(spark, roots["ahead"], ahead_p, monkeypatch)
+    alone, _, _ = _run(spark, roots["alone"], alone_p, monkeypatch)
+    assert jobs[:2] == [1, 0], jobs  # batch 1 took what the read-ahead saw
+    assert _summary(ahead) == _summary(alone)
+
+
 def _upper(records: DataFrame) -> DataFrame:
     return records.withColumn("user", F.upper("user"))
 
