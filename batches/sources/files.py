@@ -386,7 +386,8 @@ class FileStreamSource(Source):
         counts = Observation()
         file_path = F.col("_metadata.file_path")
         batch_of = ingested_at = None
-        by_name, key = self._file_keys(files) if tags or self.ingestion_clock else (False, {})
+        mapped = bool(tags) or (self.ingestion_clock and bool(files))
+        by_name, key = self._file_keys(files) if mapped else (False, {})
         if tags:
             batch_of = _by_file({key[path]: b for path, b in tags.items()})
         if self.ingestion_clock and files:
@@ -428,9 +429,8 @@ class FileStreamSource(Source):
         every_column = F.max(
             F.greatest(F.lit(False), *[F.col(f"`{n}`").isNull() for n in schema.fieldNames()])
         )
-        named = by_name and (batch_of is not None or ingested_at is not None)
         parsed = carried(
-            self._parsed(paths, with_corrupt, named), F.col("_source_file"), F.col(_NAME)
+            self._parsed(paths, with_corrupt, by_name), F.col("_source_file"), F.col(_NAME)
         )
         parsed = parsed.observe(
             counts,
@@ -450,7 +450,7 @@ class FileStreamSource(Source):
         records = (
             parsed.where(F.col(CORRUPT).isNull())
             .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_source_file")))
-            .drop(CORRUPT, "_source_file", *([_NAME] if named else []))
+            .drop(CORRUPT, "_source_file", *([_NAME] if by_name else []))
         )
         cached = (parsed,) if cache else ()
         return SourceRead(records, bad, counts, cached, self._unreadable(batch_id), size)
