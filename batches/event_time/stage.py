@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from lowmark.batches.batch_values import batch_value
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.records import (
     INGESTED_COLUMN,
@@ -326,7 +327,7 @@ def future_of(
     input's, whichever batch takes it), else the batch's processing time ``now_ms``."""
     from pyspark.sql import functions as F
 
-    judged_at = F.lit(now_ms)
+    judged_at = batch_value(F.lit(now_ms))
     if INGESTED_COLUMN in columns:
         judged_at = F.coalesce(F.col(INGESTED_COLUMN), judged_at)
     return F.coalesce(event_ms > judged_at + F.lit(event_time.max_future), F.lit(False))
@@ -479,11 +480,11 @@ class WindowedStage:
 
         def late_rows(late: DataFrame) -> DataFrame:
             return late.select(
-                F.lit(batch_id).cast("long").alias("batch_id"),
+                batch_value(F.lit(batch_id).cast("long")).alias("batch_id"),
                 F.col(column).alias("event_time"),
-                F.lit(watermark_ms if watermark_ms is not None else 0)
-                .cast("long")
-                .alias("watermark_ms"),
+                batch_value(
+                    F.lit(watermark_ms if watermark_ms is not None else 0).cast("long")
+                ).alias("watermark_ms"),
                 reason.alias("reason"),
                 F.to_json(F.struct(*payload)).alias("record"),
             )
@@ -509,7 +510,9 @@ class WindowedStage:
         from pyspark.sql import functions as F
 
         last = self._last_end(F.col(_ET_MS))
-        watermark = watermark_ms if isinstance(watermark_ms, Column) else F.lit(watermark_ms)
+        watermark = (
+            watermark_ms if isinstance(watermark_ms, Column) else batch_value(F.lit(watermark_ms))
+        )
         closed = last + F.lit(self.event_time.allowed_lateness) <= watermark
         return closed | self._closed_by_own_clock()
 
@@ -641,7 +644,7 @@ class WindowedStage:
             merged, replaced = self._sessions.merge(partials, nearby)
         else:
             merged, replaced = self._merge_windows(partials, nearby)
-        upserts = merged.withColumn("updated_batch", F.lit(batch_id).cast("long"))
+        upserts = merged.withColumn("updated_batch", batch_value(F.lit(batch_id).cast("long")))
         if final is None:
             final = merged.limit(0)
         else:
@@ -774,12 +777,9 @@ class WindowedStage:
         return (watermark_ms - self.event_time.allowed_lateness + 1) * 1000
 
     def _final(self, window_end: Column, watermark_ms: int) -> Column:
-        """``window_end + allowed_lateness <= watermark`` (ms), as a bound on the column.
-
-        The column stays bare so Delta can skip files by their window_end
-        statistics; ``< limit + 1 ms`` keeps sub-millisecond ends exact.
-        """
-        return window_end < timestamp_at(self.final_limit_us(watermark_ms))
+        """``window_end + allowed_lateness <= watermark`` (ms), as a bound on the column
+        (``< limit + 1 ms`` keeps sub-millisecond ends exact)."""
+        return window_end < batch_value(timestamp_at(self.final_limit_us(watermark_ms)))
 
     def _finishes(self) -> list[tuple[str, Column]]:
         return [p.finish for p in self.plans]
