@@ -7,10 +7,13 @@ A real single-node broker (``tests.kafka_broker``) holds one topic of
 Delta table — over the same topic, ``--batch-records`` records a batch
 (lowmark: ``max_offsets_per_batch``; Structured Streaming: its Kafka source
 with ``maxOffsetsPerTrigger`` and an available-now trigger), one after the
-other in one Spark session (each engine's first two batches are left out of
-the medians: they warm the JVM). No assertions; prints a table and the ratio.
+other in one Spark session. Both are warmed alike: each first runs over the
+whole topic once, unreported (into tables of its own), and of the measured
+runs each engine's first two batches (which create its tables) are left out
+of the medians. No assertions; prints a table and the ratio, against the
+catch-up issue's target (<= 0.5).
 
-    .venv/bin/python -m bench.kafka                 # about 3 minutes
+    .venv/bin/python -m bench.kafka                 # about 2 minutes
     .venv/bin/python -m bench.kafka --batches 6     # shorter
 """
 
@@ -42,7 +45,9 @@ from tests.kafka_broker import KafkaBroker
 
 TOPIC = "bench_events"
 WARM_BATCHES = 2
-"""Each engine's first batches, left out of the medians."""
+"""Each engine's first batches of its measured run, left out of the medians."""
+TARGET = 0.5
+"""lowmark's median batch over Structured Streaming's (the catch-up issue's target)."""
 
 
 def fill_topic(broker: KafkaBroker, partitions: int, batches: int, per_batch: int) -> int:
@@ -59,7 +64,7 @@ def fill_topic(broker: KafkaBroker, partitions: int, batches: int, per_batch: in
 def lowmark_batches(
     spark: SparkSession, broker: KafkaBroker, root: Path, per_batch: int
 ) -> dict[str, Any]:
-    base = windowed_pipeline("bench_kafka", "unused", 1, read_ahead_batches=1)
+    base = windowed_pipeline(f"bench_kafka_{root.name}", "unused", 1, read_ahead_batches=1)
     source = KafkaSource(
         bootstrap_servers=broker.bootstrap,
         topics=(TOPIC,),
@@ -94,7 +99,7 @@ def sss_batches(
         .select("e.*")
         .withWatermark("ts", OUT_OF_ORDERNESS)
     )
-    progress = run_sss(events, root / "sss_checkpoint", root / "sss_out", "kafka")
+    progress = run_sss(events, root / "sss_checkpoint", root / "sss_out", f"kafka_{root.name}")
     seconds = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
     return {"batch_s": seconds, "rows": sum(int(p["numInputRows"]) for p in progress)}
 
@@ -113,8 +118,10 @@ def main(argv: list[str] | None = None) -> None:
         _say(f"[kafka] {events:,} events in {args.partitions} partitions of {TOPIC}")
         spark = get_spark()
         per_batch = args.batch_records
-        lowmark = lowmark_batches(spark, broker, work / "lowmark", per_batch)
-        sss = sss_batches(spark, broker, work / "sss", per_batch)
+        for run in ("warm_up", "measured"):
+            _say(f"[kafka] {run.replace('_', '-')} run of each engine")
+            lowmark = lowmark_batches(spark, broker, work / "lowmark" / run, per_batch)
+            sss = sss_batches(spark, broker, work / "sss" / run, per_batch)
     finally:
         broker.stop()
     for name, r in (("lowmark", lowmark), ("SSS", sss)):
@@ -131,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"p95 {_p95(low) or 0:.2f} s",
                 f"  Structured Streaming   median {statistics.median(ss):.2f} s, "
                 f"p95 {_p95(ss) or 0:.2f} s",
-                f"  ratio lowmark / SSS (median): {ratio:.2f} (target <= 1.0: "
-                f"{'met' if ratio <= 1.0 else 'NOT met'})",
+                f"  ratio lowmark / SSS (median): {ratio:.2f} (target <= {TARGET}: "
+                f"{'met' if ratio <= TARGET else 'NOT met'})",
             ]
         ),
         flush=True,

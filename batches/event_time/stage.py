@@ -99,12 +99,13 @@ class BatchFrames:
     the batch's own events form. ``late``: rows of the late table. ``seen``
     observes the records as the first job over ``accepted`` reads them:
     ``stats()`` then has their counts, and the late records themselves,
-    without a job of its own. ``partials`` and ``late`` are built on first
-    use (building a frame costs driver time).
+    without a job of its own. ``partials``, ``rejected`` and ``late`` are built
+    on first use (building a frame costs driver time: Spark analyses it).
     """
 
     accepted: DataFrame
-    rejected: DataFrame
+    events: DataFrame
+    """Every record, observed: ``accepted`` and ``rejected`` are its two parts."""
     seen: Observation | None
     """None when the records are not observed (``batch_frames(..., observe=False)``)."""
     partitions: tuple[str, ...]
@@ -122,6 +123,10 @@ class BatchFrames:
     @cached_property
     def partials(self) -> DataFrame:
         return self.stage.partials_of(self.accepted, self.watermark_ms)
+
+    @cached_property
+    def rejected(self) -> DataFrame:
+        return self.events.where(self.rejected_if)
 
     @cached_property
     def late(self) -> DataFrame:
@@ -491,7 +496,7 @@ class WindowedStage:
 
         return BatchFrames(
             events.where(~rejected),
-            events.where(rejected),
+            events,
             seen,
             partitions,
             self,
