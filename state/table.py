@@ -24,6 +24,7 @@ One behaviour for every table:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -116,8 +117,12 @@ class DriverTable:
         self._handle: DeltaTable | None = None
         """The newest version this object read or wrote, brought up to date by ``open``:
         opening a table again reads its log from the last checkpoint (4-12 ms), bringing
-        a handle up to date reads the commits since (under 1 ms), and a delta-rs write or
-        MERGE through a handle moves the handle to the version it committed."""
+        a handle up to date lists the log and reads the commits since (about 1 ms), and a
+        delta-rs write or MERGE through a handle moves the handle to the version it
+        committed (a commit of written files does not)."""
+        self._log = None if "://" in self.path else os.path.join(self.path, "_delta_log")
+        """A local table's log folder (None on object storage): where ``open`` asks
+        whether a commit came after the handle's."""
 
     def exists(self) -> bool:
         return is_table(self.path)
@@ -147,7 +152,7 @@ class DriverTable:
                 return open_table(self.path, version)
             if self._handle is None:
                 self._handle = open_table(self.path)
-            else:
+            elif self._behind(self._handle):
                 self._handle.update_incremental()
             return self._handle
         except Exception as exc:  # delta-rs raises plain exceptions for damaged logs
@@ -162,6 +167,14 @@ class DriverTable:
                 f"{self.what} {self.path} cannot be read{at} ({first_line(exc)}): restore it "
                 "from backup, or start over with `lowmark reset`"
             ) from exc
+
+    def _behind(self, handle: DeltaTable) -> bool:
+        """Whether a commit may have landed after ``handle``'s version: its successor's log
+        entry is there (a look at one file, where delta-rs lists the log), or the table is
+        on object storage (delta-rs asks)."""
+        if self._log is None:
+            return True
+        return os.path.exists(os.path.join(self._log, f"{handle.version() + 1:020d}.json"))
 
     def _current(self) -> DeltaTable | None:
         """The table at its newest version, or None if it does not exist (a held handle is
