@@ -26,13 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from lowmark.batches.batch_values import batch_value
+from lowmark.batches.batch_values import batch_long, batch_timestamp
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.records import (
     INGESTED_COLUMN,
@@ -332,7 +331,7 @@ def future_of(
     input's, whichever batch takes it), else the batch's processing time ``now_ms``."""
     from pyspark.sql import functions as F
 
-    judged_at = batch_value(F.lit(now_ms))
+    judged_at = batch_long(now_ms)
     if INGESTED_COLUMN in columns:
         judged_at = F.coalesce(F.col(INGESTED_COLUMN), judged_at)
     return F.coalesce(event_ms > judged_at + F.lit(event_time.max_future), F.lit(False))
@@ -485,11 +484,9 @@ class WindowedStage:
 
         def late_rows(late: DataFrame) -> DataFrame:
             return late.select(
-                batch_value(F.lit(batch_id).cast("long")).alias("batch_id"),
+                batch_long(batch_id).alias("batch_id"),
                 F.col(column).alias("event_time"),
-                batch_value(
-                    F.lit(watermark_ms if watermark_ms is not None else 0).cast("long")
-                ).alias("watermark_ms"),
+                batch_long(watermark_ms if watermark_ms is not None else 0).alias("watermark_ms"),
                 reason.alias("reason"),
                 F.to_json(F.struct(*payload)).alias("record"),
             )
@@ -515,9 +512,7 @@ class WindowedStage:
         from pyspark.sql import functions as F
 
         last = self._last_end(F.col(_ET_MS))
-        watermark = (
-            watermark_ms if isinstance(watermark_ms, Column) else batch_value(F.lit(watermark_ms))
-        )
+        watermark = watermark_ms if isinstance(watermark_ms, Column) else batch_long(watermark_ms)
         closed = last + F.lit(self.event_time.allowed_lateness) <= watermark
         return closed | self._closed_by_own_clock()
 
@@ -641,7 +636,6 @@ class WindowedStage:
         ``nearby`` holds at least every stored window a partial can merge with;
         ``final`` every stored window the batch watermark makes final.
         """
-        from pyspark.sql import functions as F
 
         from lowmark.batches.event_time.sessions import null_safe_match
 
@@ -649,7 +643,7 @@ class WindowedStage:
             merged, replaced = self._sessions.merge(partials, nearby)
         else:
             merged, replaced = self._merge_windows(partials, nearby)
-        upserts = merged.withColumn("updated_batch", batch_value(F.lit(batch_id).cast("long")))
+        upserts = merged.withColumn("updated_batch", batch_long(batch_id))
         if final is None:
             final = merged.limit(0)
         else:
@@ -784,21 +778,7 @@ class WindowedStage:
     def _final(self, window_end: Column, watermark_ms: int) -> Column:
         """``window_end + allowed_lateness <= watermark`` (ms), as a bound on the column
         (``< limit + 1 ms`` keeps sub-millisecond ends exact)."""
-        return window_end < batch_value(timestamp_at(self.final_limit_us(watermark_ms)))
+        return window_end < batch_timestamp(self.final_limit_us(watermark_ms))
 
     def _finishes(self) -> list[tuple[str, Column]]:
         return [p.finish for p in self.plans]
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def timestamp_at(micros: int) -> Column:
-    """The timestamp ``micros`` after the epoch as a literal.
-
-    Built from a UTC-aware datetime, so neither the session nor the Python
-    time zone (nor a DST fold) can shift it.
-    """
-    from pyspark.sql import functions as F
-
-    return F.lit(_EPOCH + timedelta(microseconds=micros))

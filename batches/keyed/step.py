@@ -53,7 +53,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from lowmark.batches.batch_values import batch_value
+from lowmark.batches.batch_values import batch_long
 from lowmark.batches.collect import to_frame
 from lowmark.batches.errors import PipelineConfigInvalid
 from lowmark.batches.keyed.definition import Keyed
@@ -188,7 +188,7 @@ class KeyedStep:
         event_ms = F.unix_millis(F.col(self.column))
         late = F.col(self.column).isNull()
         if self.keyed.time_mode == "event_time":
-            clocks = [batch_value(F.lit(watermark_ms))] if watermark_ms is not None else []
+            clocks = [batch_long(watermark_ms)] if watermark_ms is not None else []
             own = own_ingestion_clock(self.lags or {})
             if own is not None and INGESTED_COLUMN in records.columns:
                 clocks.append(own)

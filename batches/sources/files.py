@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from lowmark.batches.batch_values import batch_value
+from lowmark.batches.batch_values import batch_long
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.errors import (
     SourceFileChanged,
@@ -441,7 +441,7 @@ class FileStreamSource(Source):
         if cache:
             parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
         bad = parsed.where(F.col(CORRUPT).isNotNull()).select(
-            batch_value(F.lit(batch_id).cast("long")).alias("batch_id"),
+            batch_long(batch_id).alias("batch_id"),
             F.col("_source_file").alias("source_file"),
             F.col(CORRUPT).alias("raw"),
             F.lit(f"malformed {self.config.format} or not matching the source schema").alias(

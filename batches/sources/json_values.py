@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from lowmark.batches.batch_values import batch_value
+from lowmark.batches.batch_values import batch_long
 from lowmark.batches.records import INGESTED_COLUMN
 from lowmark.batches.sources.base import PARTITION_COLUMN, SourceRead, read_counts
 from lowmark.state.errors import LowmarkError
@@ -59,7 +59,7 @@ def parse_json_values(
     if cache:
         parsed = parsed.persist()
     bad = parsed.where(~F.col("_good")).select(
-        batch_value(F.lit(batch_id).cast("long")).alias("batch_id"),
+        batch_long(batch_id).alias("batch_id"),
         F.col("_origin").alias("source_file"),
         F.col("_raw").alias("raw"),
         F.when(F.col("_raw").isNull(), F.lit("a record with no value"))

@@ -21,7 +21,7 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-from lowmark.batches.batch_values import batch_value
+from lowmark.batches.batch_values import batch_long
 from lowmark.batches.clock import Clock, SystemClock
 from lowmark.batches.pipeline import SyntheticSource, start_time_ms
 from lowmark.batches.records import INGESTED_COLUMN
@@ -123,7 +123,7 @@ class SyntheticStreamSource(Source):
         counts = Observation()
         events = events.observe(counts, *read_counts(False, good))
         bad = events.where(~good).select(
-            batch_value(F.lit(batch_id).cast("long")).alias("batch_id"),
+            batch_long(batch_id).alias("batch_id"),
             F.format_string("synthetic:%d@%d", "source_partition", "seq").alias("source_file"),
             F.format_string('{"key": "%s", "event_time": oops', "key").alias("raw"),
             F.lit("malformed synthetic record").alias("reason"),
