@@ -44,30 +44,6 @@ def counting_opens(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         yield opened
 
 
-@pytest.mark.parametrize(
-    "p",
-    [timed(), windowed(Tumbling(size="10 seconds"), max_out_of_orderness="5 seconds")],
-    ids=["stateless", "tumbling"],
-)
-def test_a_batch_after_the_first_opens_no_table_it_opened_before(
-    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch, p: Pipeline
-) -> None:
-    drop_batches(
-        data_root,
-        [
-            [event("a", 10 * i, 1), event("b", 10 * i + 2, 2), event("a", 10 * i + 9, 3)]
-            for i in range(3)
-        ],
-    )
-    runner = MicroBatchRunner(spark, p, data_root, FakeClock())
-    runner.run_batch()
-    runner.run_batch()  # the first batch with window state to merge and windows to emit
-    with counting_opens(monkeypatch) as opened:
-        assert runner.run_batch() is not None
-    print(f"{p.name}: {len(opened)} opens {opened}")
-    assert len(opened) <= OPENS_LIMIT, opened
-
-
 @contextmanager
 def counting_calls(monkeypatch: pytest.MonkeyPatch, method: str) -> Iterator[list[str]]:
     """The table of every call of ``deltalake.DeltaTable.<method>`` inside the block."""
@@ -88,11 +64,13 @@ def counting_calls(monkeypatch: pytest.MonkeyPatch, method: str) -> Iterator[lis
     [timed(), windowed(Tumbling(size="10 seconds"), max_out_of_orderness="5 seconds")],
     ids=["stateless", "tumbling"],
 )
-def test_a_batch_brings_a_held_handle_up_to_date_only_after_a_commit_landed_past_it(
+def test_a_batch_after_the_first_opens_no_table_it_opened_before_and_updates_only_handles_behind(
     spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch, p: Pipeline
 ) -> None:
-    """A commit of files written beside the table leaves the handle at the version before
-    it, and the Spark-written sink moves without it: those are the only handles behind."""
+    """The third batch (the second is the first with window state to merge and windows to
+    emit) opens at most the Spark-written sink. A commit of files written beside a table
+    leaves its handle at the version before, and Spark moves the sink without one: those
+    are the only handles it brings up to date."""
     drop_batches(
         data_root,
         [
@@ -104,10 +82,12 @@ def test_a_batch_brings_a_held_handle_up_to_date_only_after_a_commit_landed_past
     runner.run_batch()
     runner.run_batch()
     with (
+        counting_opens(monkeypatch) as opened,
         counting_calls(monkeypatch, "update_incremental") as updates,
         counting_calls(monkeypatch, "create_write_transaction") as commits,
     ):
         assert runner.run_batch() is not None
-    print(f"{p.name}: {len(updates)} updates {updates}, {len(commits)} commits of files")
+    print(f"{p.name}: {len(opened)} opens {opened}; {len(updates)} updates {updates}")
+    assert len(opened) <= OPENS_LIMIT, opened
     assert len(commits) >= 3  # the offset log, the commit log, the progress row at least
     assert len(updates) <= len(commits) + OPENS_LIMIT, updates
