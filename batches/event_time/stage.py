@@ -636,7 +636,6 @@ class WindowedStage:
         ``nearby`` holds at least every stored window a partial can merge with;
         ``final`` every stored window the batch watermark makes final.
         """
-
         from lowmark.batches.event_time.sessions import null_safe_match
 
         if isinstance(self.window, Session):
