@@ -249,6 +249,14 @@ class DriverTable:
 
         return self.write_once(append, app_id, version)
 
+    def file_schema(self, rows: pa.Schema) -> pa.Schema | None:
+        """The schema rows of schema ``rows`` are written in as a data file of this table (by
+        the tasks that made them: ``lowmark.state.task_appends``, then ``commit_files``), or
+        None when they must go through delta-rs's writer (``append_once``): the table does
+        not exist, or see ``_files_schema``."""
+        table = self._current()
+        return None if table is None else self._files_schema(table, rows)
+
     def _files_schema(self, table: DeltaTable, rows: pa.Schema) -> pa.Schema | None:
         """The schema ``rows`` are written in as a file of ``table``, or None when
         delta-rs's writer must append them.
@@ -256,8 +264,7 @@ class DriverTable:
         A checkpoint table: the rows' own, when each of their columns is one of the
         table's, of the same type (a column they add, or one whose type changed, is
         delta-rs's to evolve or refuse). A user's table (a sink): the table's, when
-        the rows have exactly its columns, each of a type ``_alike`` its column's and
-        none a struct, list or map (whose statistics Delta nests), the table is not
+        the rows have exactly its columns, each of a type ``_alike`` its column's, the table is not
         partitioned, and nothing is asked of a row: no constraint, invariant,
         generated or identity column, column mapping, or writer feature but
         append-only.
@@ -564,10 +571,10 @@ class DriverTable:
 def _alike(given: pa.DataType, held: pa.DataType) -> bool:
     """True if values of type ``given`` go into a column of plain type ``held`` as they are,
     or widened or narrowed within one kind (integers, floats, decimals, strings, binary,
-    timestamps); a cast across kinds (a number into a string) is delta-rs's writer's to
-    refuse or do."""
+    timestamps); a nested type only as it is; a cast across kinds (a number into a string)
+    is delta-rs's writer's to refuse or do."""
     if pa.types.is_nested(held):
-        return False
+        return given == held
     kinds = (
         pa.types.is_integer,
         pa.types.is_floating,

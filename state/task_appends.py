@@ -30,7 +30,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -126,6 +126,29 @@ def write_files(
     return written
 
 
+class FileWriter:
+    """A Spark ``mapInArrow`` function (it runs in the tasks): each task writes its rows into
+    the table at ``table_path`` as one data file in ``schema`` (``write_files``, the table
+    unpartitioned) and gives back the file's descriptor (``WrittenFile.as_dict``, JSON) as
+    its one row, in column ``DESCRIBED``; a task without rows gives back nothing."""
+
+    DESCRIBED = "file"
+
+    def __init__(self, table_path: str, schema: pa.Schema, batch_id: int) -> None:
+        self.table_path = table_path
+        self.schema = schema
+        self.batch_id = batch_id
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        given = [b for b in batches if b.num_rows]
+        if not given:
+            return
+        rows = pa.Table.from_batches(given)
+        written = write_files(self.table_path, rows.cast(self.schema), (), self.batch_id)
+        described = [json.dumps(f.as_dict()) for f in written]
+        yield pa.record_batch({self.DESCRIBED: pa.array(described, pa.string())})
+
+
 def _partition_value(value: Any) -> str | None:
     """A partition column's value as the Delta log writes it."""
     if value is None:
@@ -145,7 +168,8 @@ def stats(data: pa.Table) -> str:
     """Delta's statistics of a data file holding ``data`` (partition columns left out).
 
     Min and max are kept for integer, floating, date, UTC timestamp and string
-    columns (strings of at most ``STATS_STRING_CHARS``); timestamps to the
+    columns (strings of at most ``STATS_STRING_CHARS``), null counts for every column
+    but a struct, list or map; timestamps to the
     millisecond, as Delta keeps them: the min rounded down, the max up, so each
     stays a bound whatever a reader does with the lost microseconds.
     """
@@ -154,8 +178,10 @@ def stats(data: pa.Table) -> str:
     nulls: dict[str, int] = {}
     for field in data.schema:
         values = data.column(field.name)
-        nulls[field.name] = values.null_count
         kind = field.type
+        if pa.types.is_nested(kind):  # Delta nests a struct's counts per field: none kept
+            continue
+        nulls[field.name] = values.null_count
         if values.null_count == len(values):
             continue
         if pa.types.is_timestamp(kind) and kind.tz is not None:

@@ -126,6 +126,8 @@ class Fired:
 
     output: DataFrame
     """The processor's output rows, as a local frame (no job made them)."""
+    table: pa.Table
+    """The same rows, as they are on the driver."""
     rows: int
     """How many."""
     seen: KeyedSeen
@@ -249,7 +251,10 @@ class KeyedStep:
         out = yielded.filter(pc.is_null(change)).drop_columns([CHANGE])
         described = yielded.filter(pc.is_valid(change)).column(CHANGE).to_pylist()
         declared = StructType(output.fields[:-1])
-        return Fired(to_frame(spark, out, declared), out.num_rows, _keyed_seen(0, described, []))
+        made = out.select(declared.fieldNames())
+        return Fired(
+            to_frame(spark, made, declared), made, made.num_rows, _keyed_seen(0, described, [])
+        )
 
     def _payload(self, records: DataFrame) -> list[str]:
         """The columns of ``records`` the processor gets; raises when they lack the keys or the

@@ -6,11 +6,11 @@ verdicts of ``dedup`` and the changes of a ``keyed`` step), then Spark writes
 its sink: two jobs over the same records. When nothing the look can find
 would stop the write, the write's own job observes all of it instead
 (``DataFrame.observe`` on the frames the sink's write reads: delta-spark's
-append runs the observed plan, and Spark hands the observations their
-metrics when it ends), and the look is no job of its own. The batch then
-writes its sink before its other writes (bad records, state, late rows):
-each is idempotent per batch and the commit comes after all of them, so the
-order is free.
+append, or the tasks writing a ``DeltaFilesSink``'s files, run the observed
+plan, and Spark hands the observations their metrics when it ends), and the
+look is no job of its own. The batch then writes its sink before its other
+writes (bad records, state, late rows): each is idempotent per batch and the
+commit comes after all of them, so the order is free.
 
 What can stop the write, and so keeps the two jobs (``in_one_job``):
 
@@ -19,7 +19,8 @@ What can stop the write, and so keeps the two jobs (``in_one_job``):
   and too many bad rows fail the batch: ``quality.max_bad_fraction``);
 - a replay: its write may have landed, and Delta then skips it and observes
   nothing; a replay looks first, whatever wrote what before;
-- a sink other than a Delta table appended to by Spark: a MERGE reads its
+- a sink other than a Delta table appended to (by Spark, or as files by the tasks
+  that made the rows: ``DeltaFilesSink``): a MERGE reads its
   source more than once, and a user's sink may write nothing, or twice.
 
 Rows that do not parse are found only by reading: the written rows carry a
@@ -44,7 +45,7 @@ from pyspark.sql import functions as F
 from lowmark.batches.expectations import Checks
 from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.sinks import Sink, WindowedSink
-from lowmark.batches.sinks.delta import DeltaTableSink
+from lowmark.batches.sinks.delta import DeltaFilesSink, DeltaTableSink
 
 GUARD = "lowmark: a row of this batch does not parse"
 """The error a written row that did not parse raises in the write's job (Spark's
@@ -57,7 +58,7 @@ def in_one_job(
     """Whether ``planned``'s sink write can be its one job (see the module's docstring)."""
     if windowed or planned.replay:
         return False
-    if not isinstance(sink, DeltaTableSink) or sink.config.mode != "append":
+    if not isinstance(sink, DeltaTableSink | DeltaFilesSink) or sink.config.mode != "append":
         return False
     stopping = [e for e in checks.expectations if e.on_violation != "warn"]
     return not stopping and not checks.quality.fail_on

@@ -23,6 +23,7 @@ from lowmark.batches.loop.catch_up import ReadAhead, Seen
 from lowmark.batches.loop.plan import PlannedBatch
 from lowmark.batches.records import INTERNAL_COLUMNS
 from lowmark.batches.sinks import Sink, WindowedSink
+from lowmark.batches.sinks.delta import DeltaFilesSink
 from lowmark.state.commit_log import BatchCounts
 from lowmark.state.quarantine import bad_rows
 from lowmark.state.window_state import ROWS
@@ -135,6 +136,8 @@ class Outcome:
             return self.sink_version
         taken = self.taken
         assert taken is not None  # a stateless batch always reads its input itself
+        if taken.fired is not None and isinstance(sink, DeltaFilesSink):  # made on the driver
+            return sink.write_rows(taken.fired.table, batch_id)
         rows = self.sink_rows()
         return explained(taken.read, lambda: sink.write(rows, batch_id))
 

@@ -25,7 +25,15 @@ from lowmark.batches.sinks.base import Sink, SinkFence, WindowedSink
 if TYPE_CHECKING:
     from lowmark.state.session import SparkLike
 
-__all__ = ["Sink", "SinkFence", "WindowedSink", "build_sink", "fences", "written_on_driver"]
+__all__ = [
+    "Sink",
+    "SinkFence",
+    "WindowedSink",
+    "build_sink",
+    "fences",
+    "written_by_tasks",
+    "written_on_driver",
+]
 
 
 def written_on_driver(pipeline: Pipeline) -> bool:
@@ -34,6 +42,12 @@ def written_on_driver(pipeline: Pipeline) -> bool:
     than records written by Spark (``Sink``)."""
     on_driver = pipeline.aggregation is not None or pipeline.stream_join is not None
     return on_driver and pipeline.event_time is not None
+
+
+def written_by_tasks(pipeline: Pipeline) -> bool:
+    """Whether ``pipeline``'s records pass through Python tasks (``dedup``, a ``keyed``
+    step), which then write a Delta sink appended to as data files (``DeltaFilesSink``)."""
+    return pipeline.dedup is not None or pipeline.keyed is not None
 
 
 def build_sink(
@@ -51,7 +65,9 @@ def build_sink(
 
     One writer engine per Delta sink table: a windowed pipeline's few windows,
     and a stream-stream join's rows, are on the driver and written from there
-    (``WindowedSink``), a stateless pipeline's records by Spark (``Sink``). A
+    (``WindowedSink``), a stateless pipeline's records by Spark (``Sink``), unless
+    they pass through Python tasks (``written_by_tasks``): appended, they are
+    written by those tasks and committed by delta-rs (``DeltaFilesSink``). A
     Postgres sink likewise: driver rows from the driver, records streamed through it. A
     Kafka sink streams records through the driver too (a ``Sink``: windows reach it as
     DataFrames, update-mode ones keyed by their identity). A custom sink is a ``Sink``, a
@@ -121,7 +137,7 @@ def _built(
 ) -> Sink | WindowedSink:
     """The runtime sink of one of ``pipeline``'s sinks, as written (``config``)."""
     from lowmark.batches.sinks.custom import WindowsAsFrames, from_factory
-    from lowmark.batches.sinks.delta import DeltaTableSink, DeltaWindowSink
+    from lowmark.batches.sinks.delta import DeltaFilesSink, DeltaTableSink, DeltaWindowSink
     from lowmark.batches.sinks.foreach_batch import ForeachBatch
     from lowmark.batches.sinks.kafka import KafkaFrameSink
     from lowmark.batches.sinks.postgres import PostgresFrameSink, PostgresWindowSink
@@ -130,6 +146,8 @@ def _built(
         path = resolve(config.path, data_root)
         if windowed:
             return DeltaWindowSink(config, path, txn_app_id)
+        if config.mode == "append" and written_by_tasks(pipeline):
+            return DeltaFilesSink(config, path, txn_app_id)
         return DeltaTableSink(spark, config, path, txn_app_id)
     if isinstance(config, PostgresSink):
         if windowed:

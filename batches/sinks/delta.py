@@ -6,6 +6,9 @@ sink table has one writer engine, fixed by the pipeline's kind:
 
 - ``DeltaTableSink``: a stateless pipeline's records, any number of them,
   written by Spark's executors;
+- ``DeltaFilesSink``: the records of a pipeline that deduplicates or has a keyed
+  step, appended: written as data files by the Python tasks that made them, added
+  to the table by delta-rs from the driver;
 - ``DeltaWindowSink``: a windowed pipeline's emitted windows, a few per batch,
   already on the driver, written there with delta-rs (no Spark job). Its
   backfills write with delta-rs too. A stream-stream join's rows, made on the
@@ -19,9 +22,12 @@ maintenance never touches it.
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from lowmark.batches.errors import SinkWriteFailed
 from lowmark.batches.pipeline import DeltaSink, Pipeline
@@ -31,6 +37,7 @@ from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.delta import append_once, duplicate_key, latest_version, upsert_once
 from lowmark.state.session import SparkLike, own_session, provider
 from lowmark.state.table import DriverTable
+from lowmark.state.task_appends import FileWriter, WrittenFile
 
 _MATCHED_TWICE = "DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE"
 """Delta's error for two source rows of one MERGE matching one row of the table: it may come
@@ -134,6 +141,59 @@ class DeltaTableSink(DeltaFence, Sink):
         return held < {name.lower() for name in df.columns}
 
 
+class DeltaFilesSink(DeltaFence, Sink):
+    """The Delta append sink of a pipeline whose records pass through Python tasks anyway
+    (``dedup``, a ``keyed`` step): written by delta-rs, never by Spark's Delta writer.
+
+    The batch's job ends in the tasks that made its rows: each writes them as a
+    data file into the table's folder (``task_appends.FileWriter``), and the
+    driver adds the files in one commit carrying the batch's transaction
+    (``DriverTable.commit_files``), as it commits keyed state and seen ids. No
+    row passes through the driver. (Spark's Delta writer checks the transaction
+    against a state it builds in a job of its own for every version, and commits
+    from the JVM: 0.3-0.5 s of a small batch.)
+
+    Rows that cannot go into a file as they are (the table would gain a column, or
+    asks something of its rows: constraints, generated columns, partitions,
+    reader features; see ``DriverTable.file_schema``) are brought to the driver and
+    appended by delta-rs's writer (``DriverTable.append_once``), which evolves the
+    schema or checks the rows. So are a batch's rows made on the driver already
+    (``write_rows``: a keyed batch that only fired timers).
+    """
+
+    def __init__(self, config: DeltaSink, path: str, txn_app_id: str) -> None:
+        self.config = config
+        self.table = DriverTable(path, None, "sink", config.properties)
+        self.path = self.table.path
+        self.txn_app_id = txn_app_id
+
+    def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> int:
+        if self.table.landed(self.txn_app_id, batch_id):
+            return self.table.version()
+        given = to_arrow_schema(df.schema, timezone="UTC")
+        if not self.table.exists():  # created empty, so that the tasks' files have a table
+            DriverTable(self.path, given, "sink", self.config.properties).create()
+        schema = self.table.file_schema(given)
+        if schema is None:
+            return self.write_rows(df.toArrow(), batch_id)
+        writer = FileWriter(self.path, schema, batch_id)
+        described = df.mapInArrow(writer, f"{FileWriter.DESCRIBED} string").collect()
+        files = [WrittenFile.of(json.loads(row[0])) for row in described]
+        self.table.commit_files(files, self.txn_app_id, batch_id)
+        return self.table.version()
+
+    def write_rows(self, rows: pa.Table, batch_id: int) -> int:
+        """Append ``rows``, on the driver, as batch ``batch_id`` (once); the table's version."""
+        try:
+            self.table.append_once(rows, self.txn_app_id, batch_id)
+        except Exception as exc:
+            refused = _refused(self.path, batch_id, exc)
+            if refused is None:
+                raise
+            raise refused from exc
+        return self.table.version()
+
+
 class DeltaWindowSink(DeltaFence, WindowedSink):
     """The sink of a windowed pipeline: emitted windows appended, or MERGEd on keys + window
     (contract: ``WindowedSink``)."""
@@ -160,11 +220,28 @@ class DeltaWindowSink(DeltaFence, WindowedSink):
                 deletes = retract if retract is not None else rows.select(self.config.keys)[:0]
                 self.table.merge_once(rows, deletes, self.config.keys, self.txn_app_id, batch_id)
         except Exception as exc:
-            if "Schema" not in type(exc).__name__ and "schema" not in str(exc).lower():
+            refused = _refused(self.path, batch_id, exc)
+            if refused is None:
                 raise
-            first = str(exc).strip().splitlines()[0]
-            raise SinkWriteFailed(
-                f"sink {self.path} refused batch {batch_id}: {first}; point the sink at a new "
-                "table or restore its schema"
-            ) from exc
+            raise refused from exc
         return self.table.version()
+
+
+_UNFIT = {
+    "schema": "point the sink at a new table or restore its schema",
+    "cast error": "point the sink at a new table or restore its schema",
+    "failed validation check": "make the transform's rows meet the table's constraints",
+}
+"""What delta-rs's writer says of rows that do not fit a table (lower case), and the way on."""
+
+
+def _refused(path: str, batch_id: int, exc: Exception) -> SinkWriteFailed | None:
+    """``SinkWriteFailed`` for ``exc``, raised by delta-rs's write of batch ``batch_id`` to the
+    sink at ``path``, when the rows do not fit the table: its schema, or its constraints
+    (None: another error)."""
+    said = f"{type(exc).__name__} {exc}".lower()
+    way_on = next((way for cause, way in _UNFIT.items() if cause in said), None)
+    if way_on is None:
+        return None
+    first = str(exc).strip().splitlines()[0]
+    return SinkWriteFailed(f"sink {path} refused batch {batch_id}: {first}; {way_on}")

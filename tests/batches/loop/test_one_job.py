@@ -24,7 +24,7 @@ from lowmark.batches.keyed.definition import Keyed
 from lowmark.batches.loop.faults import InjectedCrash, KillPoint, crash_at
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import Pipeline
-from lowmark.batches.sinks.delta import DeltaTableSink
+from lowmark.batches.sinks.delta import DeltaFence
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.commit_log import COUNTS
 from tests.helpers import SCHEMA, FakeClock, delta_frame, drop_batches, event, sink, timed
@@ -59,7 +59,7 @@ def test_a_batch_killed_after_its_one_job_write_replays_to_the_counts_of_a_run_n
     # Killed at the end of step 4: the batch's write landed, nothing else of it did.
     with crash_at(KillPoint("after_read", 1)), pytest.raises(InjectedCrash):
         runner.run(max_batches=None)
-    assert isinstance(runner.sink, DeltaTableSink) and runner.sink.landed(1)
+    assert isinstance(runner.sink, DeltaFence) and runner.sink.landed(1)
     assert runner.checkpoint.commits.latest_batch_id() == 0
 
     replay = MicroBatchRunner(spark, defined, killed, FakeClock()).run(max_batches=None)
@@ -89,7 +89,7 @@ def test_a_batch_with_too_many_bad_rows_writes_nothing_though_its_write_is_its_l
     with pytest.raises(ExpectationsFailed, match="10 of 11 rows bad"):
         runner.run_batch()
 
-    assert isinstance(runner.sink, DeltaTableSink) and not runner.sink.landed(1)
+    assert isinstance(runner.sink, DeltaFence) and not runner.sink.landed(1)
     assert delta_frame(spark, runner.checkpoint.table("bad_records")).count() == 0
     loosened = timed(quality=Quality(max_bad_fraction=1.0))
     results = MicroBatchRunner(spark, loosened, tmp_path, FakeClock()).run(max_batches=None)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -12,7 +15,7 @@ from pyspark.sql import SparkSession
 from lowmark.batches.errors import SinkWriteFailed
 from lowmark.batches.loop.microbatch import MicroBatchRunner
 from lowmark.batches.pipeline import DeltaSink, Maintenance
-from lowmark.batches.sinks.delta import DeltaTableSink
+from lowmark.batches.sinks.delta import DeltaFilesSink, DeltaTableSink
 from lowmark.state.delta import TXN_APP_ID_CONF, idempotent_dml
 from lowmark.state.table import TABLE_CONFIGURATION
 from tests.helpers import counted_per_window, delta_frame, drop_file, pipeline
@@ -123,3 +126,77 @@ def test_a_merge_batch_holding_two_records_of_one_key_is_refused_and_writes_noth
         sink.write(twice, 1)
     rows = sorted((r.id, r.part, r.n) for r in delta_frame(spark, path).collect())
     assert rows == [(1, "a", 10), (2, "a", 20)]
+
+
+NESTED = "id LONG, at TIMESTAMP, amount DECIMAL(10,2), tags ARRAY<STRING>, who STRUCT<name: STRING>"
+
+
+def _engines(path: str) -> set[str]:
+    """The engines that wrote each commit of the table at ``path`` (delta-rs or Spark)."""
+    infos = DeltaTable(path).history()
+    return {"delta-rs" if "clientVersion" in i else str(i.get("engineInfo")) for i in infos}
+
+
+def test_a_files_sink_appends_each_batch_once_as_the_files_its_tasks_wrote(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Three partitions of rows: three data files, committed by delta-rs (no Spark commit),
+    every value as Spark wrote it; a replay of the batch writes nothing."""
+    path = str(tmp_path / "t")
+    sink = DeltaFilesSink(DeltaSink(path="x"), path, "pid:sink")
+    at = datetime(2026, 1, 2, 3, 4, 5, 678_901)
+    rows = [(i, at, Decimal(f"{i}.25"), ["a", str(i)], (f"n{i}",)) for i in range(6)]
+    df = spark.createDataFrame(rows, NESTED).repartition(3)
+    version = sink.write(df, 0)
+    assert sink.write(df, 0) == version
+    assert len(DeltaTable(path).file_uris()) == 3
+    assert _engines(path) == {"delta-rs"}
+    back = delta_frame(spark, path)
+    assert sorted(tuple(r) for r in back.collect()) == sorted(
+        tuple(r) for r in spark.createDataFrame(rows, NESTED).collect()
+    )
+    assert DeltaTable(path).transaction_version("pid:sink") == 0
+
+
+def test_a_files_sink_records_an_empty_batch_and_takes_rows_made_on_the_driver(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = str(tmp_path / "t")
+    sink = DeltaFilesSink(DeltaSink(path="x"), path, "pid:sink")
+    sink.write(spark.createDataFrame([], "id LONG, v STRING"), 0)
+    assert sink.landed(0) and delta_frame(spark, path).count() == 0
+    sink.write_rows(pa.table({"id": [1], "v": ["a"]}), 1)
+    sink.write_rows(pa.table({"id": [1], "v": ["a"]}), 1)
+    assert [tuple(r) for r in delta_frame(spark, path).collect()] == [(1, "a")]
+    assert _engines(path) == {"delta-rs"}
+
+
+def test_a_files_sink_gains_a_new_column_and_refuses_rows_that_do_not_fit(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A batch with one more column (a definition changed) widens the table, nulls before;
+    one whose column changed its kind is refused, and nothing of it lands."""
+    path = str(tmp_path / "t")
+    sink = DeltaFilesSink(DeltaSink(path="x"), path, "pid:sink")
+    sink.write(spark.createDataFrame([(1,)], "id LONG"), 0)
+    sink.write(spark.createDataFrame([(2, "b")], "id LONG, v STRING"), 1)
+    assert sorted(tuple(r) for r in delta_frame(spark, path).collect()) == [(1, None), (2, "b")]
+    with pytest.raises(SinkWriteFailed, match="refused batch 2"):
+        sink.write(spark.createDataFrame([("x", "c")], "id STRING, v STRING"), 2)
+    assert not sink.landed(2) and delta_frame(spark, path).count() == 2
+
+
+def test_a_files_sink_checks_the_constraints_of_a_table_its_user_made(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A user's table with a CHECK constraint: its rows go through delta-rs's writer, which
+    refuses a batch with a row against the constraint and lands a batch without one."""
+    path = str(tmp_path / "t")
+    spark.createDataFrame([(1,)], "n LONG").write.format("delta").save(path)
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT positive CHECK (n > 0)")
+    sink = DeltaFilesSink(DeltaSink(path="x"), path, "pid:sink")
+    with pytest.raises(SinkWriteFailed, match=r"refused batch 0: .* failed validation check"):
+        sink.write(spark.createDataFrame([(5,), (-1,)], "n LONG"), 0)
+    assert not sink.landed(0)
+    sink.write(spark.createDataFrame([(5,)], "n LONG"), 0)
+    assert sorted(r.n for r in delta_frame(spark, path).collect()) == [1, 5]
