@@ -1,4 +1,5 @@
-"""Spark's idempotent writes, for the one table Spark writes: a stateless pipeline's sink.
+"""Spark's idempotent writes, for the one table Spark writes: a stateless pipeline's sink
+(appended to without ``dedup`` or a keyed step, or merged into).
 
 Its rows are the batch's records (any size), so Spark's executors write them.
 Every write carries ``txnAppId = "<pipeline_id>:sink"`` and ``txnVersion =

@@ -2,8 +2,9 @@
 
 Bookkeeping never costs a Spark job: every table of a checkpoint (the logs,
 the file manifest, the source schema, watermarks, window state, the bad and
-late records) and the sink of a windowed pipeline (its rows are the few
-windows a batch emits) are read and written here, on the driver, with the
+late records), the sink of a windowed pipeline (its rows are the few
+windows a batch emits) and the appended sink of a deduplicating or keyed
+pipeline (the files its tasks wrote) are read and written here, on the driver, with the
 ``deltalake`` package. They stay plain Delta tables that Spark SQL queries and
 time-travels. Each table has exactly one writer engine, delta-rs: Spark never
 writes them (mixed writers break Spark's checksum path, and delta-spark's

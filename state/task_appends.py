@@ -130,7 +130,9 @@ class FileWriter:
     """A Spark ``mapInArrow`` function (it runs in the tasks): each task writes its rows into
     the table at ``table_path`` as one data file in ``schema`` (``write_files``, the table
     unpartitioned) and gives back the file's descriptor (``WrittenFile.as_dict``, JSON) as
-    its one row, in column ``DESCRIBED``; a task without rows gives back nothing."""
+    its one row, in column ``DESCRIBED``; a task without rows gives back nothing. A task
+    holds its rows as Arrow while it writes them, as the Python tasks before it (a
+    deduplication's verdicts, a keyed step's processor) hold theirs."""
 
     DESCRIBED = "file"
 

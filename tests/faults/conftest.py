@@ -44,6 +44,7 @@ from tests.faults.scenarios import (
     RESENT_INPUT,
     VIEWS,
     clock_of,
+    dedup_append,
     dedup_tumbling,
     delta_update,
     ingestion_tumbling,
@@ -75,6 +76,7 @@ MATRIX = (
     session_update,
     plain_append,
     dedup_tumbling,
+    dedup_append,
     keyed_alerts,
     kafka_update,
     synthetic_append,
@@ -180,7 +182,7 @@ def with_input(pipeline: Pipeline, folder: Path, request: pytest.FixtureRequest)
         request.getfixturevalue("postgres")  # the server, its libpq variables set
     if pipeline is kafka_append:
         request.getfixturevalue("kafka")  # the broker, its address in KAFKA_ENV
-    if pipeline is dedup_tumbling:
+    if pipeline in (dedup_tumbling, dedup_append):
         write_input(folder / "input", RESENT_INPUT, pipeline)
         return pipeline
     if pipeline is joined_tumbling:
@@ -251,9 +253,10 @@ class References(Mapping[str, Reference]):
             copy_run(root, folder / "template", pipeline)
             rest = runner.run(max_batches=None)
         # What the kill matrix relies on: the killed batch has output, bad rows and
-        # (windowed, keyed or joined) late records, with windows, timers or join rows held,
-        # and batches come after it.
-        held = (pipeline.aggregation, pipeline.keyed, pipeline.stream_join) != (None,) * 3
+        # (windowed, deduplicated, keyed or joined) late records, with windows, ids, timers
+        # or join rows held, and batches come after it.
+        steps = (pipeline.aggregation, pipeline.dedup, pipeline.keyed, pipeline.stream_join)
+        held = steps != (None,) * 4
         killed = rest[0]
         assert (
             killed.batch_id,

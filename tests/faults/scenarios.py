@@ -137,6 +137,16 @@ keyed_alerts = Pipeline(
 """A keyed step with event-time timers (``examples.keyed.SilenceAlert``): users silent for
 10 seconds of event time raise an alert, as the watermark passes their timers."""
 
+dedup_append = Pipeline(
+    name="dedup_append",
+    source=_source(),
+    sink=DeltaSink(path=SINK),
+    event_time=EventTime(column="ts", max_out_of_orderness="5 seconds"),
+    dedup=Dedup(columns=("user", "ts"), within="20 seconds"),
+)
+"""Deduplication by (user, event time) in front of a Delta sink, over ``RESENT_INPUT``: the
+records let through are written by the verdicts' tasks as files, committed by delta-rs."""
+
 KAFKA_ENV = "LOWMARK_TEST_KAFKA"
 """The test broker's address (``tests.conftest``'s ``kafka`` fixture sets it for subprocesses)."""
 KAFKA_TOPIC = "kill_matrix"
@@ -422,6 +432,7 @@ PIPELINES = {
         postgres_update,
         kafka_append,
         dedup_tumbling,
+        dedup_append,
         keyed_alerts,
         kafka_update,
         synthetic_append,

@@ -106,7 +106,7 @@ one job's write, not around a look job and a write."""
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["plain_append", "keyed_alerts"])
+@pytest.mark.parametrize("name", ["plain_append", "dedup_append", "keyed_alerts"])
 @pytest.mark.parametrize("step", STEPS)
 def test_a_one_job_batch_killed_at_any_step_then_restarted_ends_like_a_run_never_killed(
     spark: SparkSession, references: References, name: str, step: str
