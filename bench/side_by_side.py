@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +44,9 @@ class Run:
 
     batch_s: list[float]
     seconds: float
+    idle_s: list[float] = field(default_factory=list)
+    """Seconds of each batch that read no input (a keyed step's timers only), where the
+    engine reports them apart."""
 
 
 D = TypeVar("D")
@@ -202,12 +205,17 @@ def iso_ms(ms: int) -> str:
     )
 
 
+SMALL_TARGET = "<= 0.7"
+"""A stateful small batch (deduplication, keyed state, a stream-stream join) against its
+Structured Streaming peer's: the catch-up issue's target."""
+
+
 def small_and_catchup(
     small: dict[str, Run], catchup: dict[str, Run], catchup_events: int, catchup_target: str
 ) -> tuple[list[Measure], list[Ratio]]:
     """(a)'s small-batch median and p95 and (b)'s catch-up events/s and wall seconds of each
-    engine, and the ratios lowmark / SSS: (a)'s median against ``<= 1.0``, (b)'s events/s
-    against ``catchup_target``."""
+    engine, and the ratios lowmark / SSS: (a)'s median against ``SMALL_TARGET``, (b)'s
+    events/s against ``catchup_target``."""
 
     def rate(engine: str) -> float:
         return catchup_events / catchup[engine].seconds
@@ -221,7 +229,7 @@ def small_and_catchup(
     ]
     m = {x.key: x for x in measures}
     ratios = [
-        lowmark_over_sss("a", "(a) small batch median", m["a_median"], "<= 1.0"),
+        lowmark_over_sss("a", "(a) small batch median", m["a_median"], SMALL_TARGET),
         lowmark_over_sss("b", "(b) catch-up events/s", m["b_rate"], catchup_target),
     ]
     return measures, ratios

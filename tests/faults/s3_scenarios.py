@@ -1,4 +1,5 @@
-"""A crash scenario's pipeline (``session_update``) with their checkpoint and sink on an S3 bucket.
+"""Crash scenarios' pipelines (``session_update``, ``dedup_append``, ``keyed_alerts``) with their
+checkpoint and sink on an S3 bucket.
 
 A `lowmark run` subprocess loads this module as its ``--pipelines``; the prefix
 (``s3a://bucket/folder``) comes from ``PREFIX_ENV``, set per test. The input stays a local
@@ -30,3 +31,5 @@ def on_bucket(pipeline: Pipeline, prefix: str) -> Pipeline:
 # namespace is one it defines.
 if (_prefix := os.environ.get(PREFIX_ENV)) is not None:
     session_update = on_bucket(scenarios.session_update, _prefix)
+    dedup_append = on_bucket(scenarios.dedup_append, _prefix)
+    keyed_alerts = on_bucket(scenarios.keyed_alerts, _prefix)

@@ -1,6 +1,7 @@
 """Checkpoints and sinks on an S3-compatible store (``lowmark.state.storage``), against a
 real server on loopback (``tests.s3_server``): the store refuses a second create of a
-commit, a windowed pipeline's tables on a bucket equal a local run's, two runners at once
+commit, a windowed pipeline's tables on a bucket equal a local run's, and so do a
+deduplicating and a keyed pipeline's (whose tasks write their sink's files), two runners at once
 end as one, a SIGKILL is replayed, and maintenance works on the bucket.
 
 Each `lowmark run` is a subprocess with a JVM of its own, started with S3A's jars and
@@ -44,7 +45,15 @@ from tests.faults.harness import (
     two_runs_at_once,
 )
 from tests.faults.s3_scenarios import PREFIX_ENV, on_bucket
-from tests.faults.scenarios import FIXED_INPUT, session_update, write_input
+from tests.faults.scenarios import (
+    FIXED_INPUT,
+    RESENT_INPUT,
+    File,
+    dedup_append,
+    keyed_alerts,
+    session_update,
+    write_input,
+)
 from tests.s3_server import S3Server
 
 pytestmark = [pytest.mark.integration]
@@ -106,18 +115,20 @@ def _on_new_bucket(s3: S3Server, reference: tuple[Path, Snapshot], name: str) ->
     return Case(prefix, on_bucket(session_update, prefix), folder / name, _tables(local))
 
 
-def _run_args(root: Path) -> list[str]:
+def _run_args(root: Path, name: str = "session_update") -> list[str]:
     args = ["--pipelines", "tests.faults.s3_scenarios", "--data-root", str(root)]
-    return [*ENGINE_CLI, *args, "run", "session_update", "--until-caught-up"]
+    return [*ENGINE_CLI, *args, "run", name, "--until-caught-up"]
 
 
 def _env(s3: S3Server, prefix: str, **extra: str) -> dict[str, str]:
     return lowmark_env(None, **s3.env, **{PREFIX_ENV: prefix}, **extra)
 
 
-def _run(s3: S3Server, prefix: str, root: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    s3: S3Server, prefix: str, root: Path, name: str = "session_update", **extra: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        _run_args(root),
+        _run_args(root, name),
         env=_env(s3, prefix, **extra),
         cwd=REPO,
         capture_output=True,
@@ -203,6 +214,28 @@ def test_a_windowed_pipeline_on_a_bucket_writes_what_a_local_run_writes(
     assert "batch 5 committed" in done.stdout
     assert differences(case.expected, _tables(snapshot(case.pipeline, case.root))) == []
     assert any(k.startswith("out/_delta_log/") for k in s3.keys("windowed", "out/"))
+
+
+@pytest.mark.parametrize(
+    ("defined", "given"),
+    [(dedup_append, RESENT_INPUT), (keyed_alerts, FIXED_INPUT)],
+    ids=["dedup", "keyed"],
+)
+def test_a_sink_its_pipelines_tasks_write_on_a_bucket_holds_what_a_local_run_writes(
+    s3: S3Server, spark: SparkSession, tmp_path: Path, defined: Pipeline, given: list[File]
+) -> None:
+    """Deduplication's and a keyed step's tasks write their sink's files, the seen ids' and
+    the keyed state's on the bucket (``DeltaFilesSink``, ``lowmark.state.task_appends``)."""
+    write_input(tmp_path / "input", given, defined)
+    run_to_completion(spark, defined, tmp_path / "reference")
+    expected = _tables(snapshot(defined, tmp_path / "reference"))
+    prefix = s3.create_bucket(defined.name.replace("_", "-"))
+    done = _run(s3, prefix, tmp_path / "bucket", defined.name)
+    assert done.returncode == 0, done.stderr[-3000:]
+    on_it = on_bucket(defined, prefix)
+    assert differences(expected, _tables(snapshot(on_it, tmp_path / "bucket"))) == []
+    bucket = prefix.removeprefix("s3a://")
+    assert any(k.endswith(".parquet") for k in s3.keys(bucket, "out/"))
 
 
 def test_of_two_runs_at_once_on_a_bucket_one_finishes_and_the_other_stops(
