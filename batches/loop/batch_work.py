@@ -112,6 +112,29 @@ class BatchWork:
         self.join = steps.of(STREAM_JOIN)
         self.dimensions = dimensions
         self.checks = Checks(pipeline.name, pipeline.expectations, pipeline.quality)
+        self._no_partials: pa.Table | None = None
+        """Windowed: the window partials of a batch without records (no rows, their
+        columns), once a batch of this runner had partials (``emits_only``)."""
+
+    def emits_only(self, planned: PlannedBatch) -> Seen | None:
+        """What a windowed batch with no records sees, known without building its read:
+        nothing, so it only emits what its watermark closes. None when it must be looked
+        at (``look``): it has records, a keyed step runs before its windows, or no batch
+        of this runner had partials yet, whose columns the empty ones take, or its windows
+        merge in Spark (over the frames of its read: ``WindowedStage.merges_on_driver``)."""
+        stage = self.stage
+        if stage is None or not stage.merges_on_driver or self.keyed is not None:
+            return None
+        if self._no_partials is None:
+            return None
+        if planned.start != planned.end:
+            return None
+        return Seen(0, None, None, {}, 0, self._no_partials, self.checks.violations({}))
+
+    def saw(self, seen: Seen) -> None:
+        """Note what a batch's look saw (``emits_only`` takes its partials' columns)."""
+        if self._no_partials is None and seen.partials is not None:
+            self._no_partials = seen.partials.schema.empty_table()
 
     def in_one_job(self, planned: PlannedBatch) -> bool:
         """Whether ``planned`` runs one Spark job: its sink's write, which looks at the batch

@@ -156,8 +156,9 @@ def look_at(
     work: BatchWork, read_ahead: ReadAhead | None, planned: PlannedBatch, writing: bool = True
 ) -> Outcome:
     """Steps 3 and 4 of ``planned``: what the catch-up read-ahead saw of exactly its range,
-    or its own read and one job over its records (then its input is confirmed unchanged by
-    the read). A stateless batch that nothing it finds can stop has its sink written by
+    nothing for a windowed batch without records (``BatchWork.emits_only``: no read is
+    built), or its own read and one job over its records (then its input is confirmed
+    unchanged by the read). A stateless batch that nothing it finds can stop has its sink written by
     that job (``lowmark.batches.loop.one_job``) unless not ``writing`` (``lowmark preview``);
     otherwise nothing is written yet."""
     batch = planned.range
@@ -166,7 +167,11 @@ def look_at(
             batch, planned.watermark_ms, planned.planned_at_ms, planned.replay, planned.clocks
         )
         if seen is not None:
+            work.saw(seen)
             return Outcome(seen=seen, taken=None)
+    quiet = work.emits_only(planned)
+    if quiet is not None:
+        return Outcome(seen=quiet, taken=None)
     one_job = writing and work.in_one_job(planned)
     taken = work.take(planned, one_job)
     written = None
@@ -187,6 +192,7 @@ def look_at(
             taken = work.take(planned)
         outcome = Outcome(seen=work.look(taken, planned), taken=taken)
     work.source.confirm(batch)
+    work.saw(outcome.seen)
     return outcome
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -277,3 +278,25 @@ def test_a_keyed_batch_that_only_fires_timers_runs_no_spark_job(
         ("a", timedelta(0)),
         ("b", timedelta(seconds=5)),
     ]
+
+
+def test_a_windowed_batch_without_records_builds_no_read_and_runs_no_spark_job(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b's event at 30 s moves the watermark past a's window [0 s, 10 s): the batch after
+    the last file has no records and emits that window, with no read built for it."""
+    drop_batches(data_root, [[event("a", 1, 1), event("a", 2, 2)], [event("b", 30, 3)]])
+    runner = MicroBatchRunner(spark, windowed(Tumbling(size="10 seconds")), data_root)
+    assert len(runner.run(max_batches=2)) == 2
+    source, reads = runner.parts.source, []
+    read = source.read
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(args)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(source, "read", counted)
+    result, counter = counted_batch(spark, runner, monkeypatch)
+    assert (result.rows_in, result.rows_out, reads, counter.jobs()) == (0, 1, [], 0)
+    [window] = delta_frame(spark, data_root / "out").collect()
+    assert (window.user, window["count"]) == ("a", 2)
