@@ -158,9 +158,9 @@ def look_at(
     """Steps 3 and 4 of ``planned``: what the catch-up read-ahead saw of exactly its range,
     nothing for a windowed batch without records (``BatchWork.emits_only``: no read is
     built), or its own read and one job over its records (then its input is confirmed
-    unchanged by the read). A stateless batch that nothing it finds can stop has its sink written by
-    that job (``lowmark.batches.loop.one_job``) unless not ``writing`` (``lowmark preview``);
-    otherwise nothing is written yet."""
+    unchanged by the read). A stateless batch that nothing it finds can stop has its sink
+    written by that job (``lowmark.batches.loop.one_job``) unless not ``writing``
+    (``lowmark preview``); otherwise nothing is written yet."""
     batch = planned.range
     if read_ahead is not None:
         seen = read_ahead.seen(

@@ -35,6 +35,7 @@ from lowmark.batches.sinks.base import Sink, SinkFence, WindowedSink
 from lowmark.batches.sinks.owner import check_sink_is_ours
 from lowmark.state.checkpoint import Checkpoint
 from lowmark.state.delta import append_once, duplicate_key, latest_version, upsert_once
+from lowmark.state.errors import first_line
 from lowmark.state.session import SparkLike, own_session, provider
 from lowmark.state.table import DriverTable
 from lowmark.state.task_appends import FileWriter, WrittenFile
@@ -170,7 +171,20 @@ class DeltaFilesSink(DeltaFence, Sink):
     def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> int:
         if self.table.landed(self.txn_app_id, batch_id):
             return self.table.version()
-        given = to_arrow_schema(df.schema, timezone="UTC")
+        try:
+            given = to_arrow_schema(df.schema, timezone="UTC")
+        except TypeError as exc:  # PySpark's: a type Arrow cannot hold (its message names it)
+            raise SinkWriteFailed(
+                f"sink {self.path} refused batch {batch_id}: {first_line(exc)}; cast the "
+                "column in the transform"
+            ) from exc
+        variants = [f.name for f in given if _holds_variant(f)]
+        if variants:  # Arrow carries a VARIANT as a struct of two binaries: not a variant
+            raise SinkWriteFailed(
+                f"sink {self.path} refused batch {batch_id}: column {variants[0]} holds a "
+                "VARIANT, which the sink of a deduplicating or keyed pipeline cannot write; "
+                "make it a string in the transform (to_json)"
+            )
         if not self.table.exists():  # created empty, so that the tasks' files have a table
             DriverTable(self.path, given, "sink", self.config.properties).create()
         schema = self.table.file_schema(given)
@@ -225,6 +239,20 @@ class DeltaWindowSink(DeltaFence, WindowedSink):
                 raise
             raise refused from exc
         return self.table.version()
+
+
+def _holds_variant(field: pa.Field) -> bool:
+    """Whether ``field`` is, or holds, a Spark VARIANT (as PySpark gives it to Arrow)."""
+    if field.metadata and field.metadata.get(b"variant") == b"true":
+        return True
+    kind = field.type
+    if pa.types.is_struct(kind):
+        return any(_holds_variant(kind.field(i)) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _holds_variant(kind.value_field)
+    if pa.types.is_map(kind):
+        return _holds_variant(kind.key_field) or _holds_variant(kind.item_field)
+    return False
 
 
 _UNFIT = {

@@ -200,3 +200,35 @@ def test_a_files_sink_checks_the_constraints_of_a_table_its_user_made(
     assert not sink.landed(0)
     sink.write(spark.createDataFrame([(5,)], "n LONG"), 0)
     assert sorted(r.n for r in delta_frame(spark, path).collect()) == [1, 5]
+
+
+@pytest.mark.parametrize(
+    ("column", "named"),
+    [("INTERVAL '1' YEAR", "YearMonthIntervalType"), ("parse_json('[1]')", "VARIANT")],
+    ids=["interval", "variant"],
+)
+def test_a_files_sink_refuses_a_column_it_cannot_write_as_it_is_and_writes_nothing(
+    spark: SparkSession, tmp_path: Path, column: str, named: str
+) -> None:
+    path = str(tmp_path / "t")
+    sink = DeltaFilesSink(DeltaSink(path="x"), path, "pid:sink")
+    rows = spark.sql(f"SELECT 1 AS id, {column} AS v")
+    with pytest.raises(SinkWriteFailed, match=f"refused batch 0: .*{named}"):
+        sink.write(rows, 0)
+    assert not sink.landed(0)
+
+
+def test_a_files_sink_goes_on_with_a_table_spark_appended_to_and_knows_what_landed(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A deduplicating or keyed pipeline's sink that an older lowmark wrote with Spark: the
+    batch Spark wrote is not written again, the next one is appended by delta-rs."""
+    path = str(tmp_path / "t")
+    first = spark.createDataFrame([(1, "a")], "id LONG, v STRING")
+    DeltaTableSink(spark, DeltaSink(path="x"), path, "pid:sink").write(first, 0)
+    sink = DeltaFilesSink(DeltaSink(path="x"), path, "pid:sink")
+    assert sink.landed(0) and sink.last_landed() == 0
+    sink.write(first, 0)
+    sink.write(spark.createDataFrame([(2, "b")], "id LONG, v STRING"), 1)
+    assert sorted(tuple(r) for r in delta_frame(spark, path).collect()) == [(1, "a"), (2, "b")]
+    assert len(_engines(path)) == 2 and sink.last_landed() == 1
