@@ -23,6 +23,7 @@ maintenance never touches it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException
@@ -142,7 +143,30 @@ class DeltaTableSink(DeltaFence, Sink):
         return held < {name.lower() for name in df.columns}
 
 
-class DeltaFilesSink(DeltaFence, Sink):
+class _DriverWritten(DeltaFence):
+    """A Delta sink whose commits delta-rs makes from the driver (``DriverTable``): the
+    user's table, created with the sink's properties."""
+
+    def __init__(self, config: DeltaSink, path: str, txn_app_id: str) -> None:
+        self.config = config
+        self.table = DriverTable(path, None, "sink", config.properties)
+        self.path = self.table.path
+        self.txn_app_id = txn_app_id
+
+    def _landed_by(self, write: Callable[[], object], batch_id: int) -> int:
+        """Run ``write``, delta-rs's of batch ``batch_id``; the table's version after it.
+        Rows that do not fit the table raise ``SinkWriteFailed`` (``_refused``)."""
+        try:
+            write()
+        except Exception as exc:
+            refused = _refused(self.path, batch_id, exc)
+            if refused is None:
+                raise
+            raise refused from exc
+        return self.table.version()
+
+
+class DeltaFilesSink(_DriverWritten, Sink):
     """The Delta append sink of a pipeline whose records pass through Python tasks anyway
     (``dedup``, a ``keyed`` step): written by delta-rs, never by Spark's Delta writer.
 
@@ -161,12 +185,6 @@ class DeltaFilesSink(DeltaFence, Sink):
     schema or checks the rows. So are a batch's rows made on the driver already
     (``write_rows``: a keyed batch that only fired timers).
     """
-
-    def __init__(self, config: DeltaSink, path: str, txn_app_id: str) -> None:
-        self.config = config
-        self.table = DriverTable(path, None, "sink", config.properties)
-        self.path = self.table.path
-        self.txn_app_id = txn_app_id
 
     def write(self, df: DataFrame, batch_id: int, retract: DataFrame | None = None) -> int:
         if self.table.landed(self.txn_app_id, batch_id):
@@ -198,25 +216,14 @@ class DeltaFilesSink(DeltaFence, Sink):
 
     def write_rows(self, rows: pa.Table, batch_id: int) -> int:
         """Append ``rows``, on the driver, as batch ``batch_id`` (once); the table's version."""
-        try:
-            self.table.append_once(rows, self.txn_app_id, batch_id)
-        except Exception as exc:
-            refused = _refused(self.path, batch_id, exc)
-            if refused is None:
-                raise
-            raise refused from exc
-        return self.table.version()
+        return self._landed_by(
+            lambda: self.table.append_once(rows, self.txn_app_id, batch_id), batch_id
+        )
 
 
-class DeltaWindowSink(DeltaFence, WindowedSink):
+class DeltaWindowSink(_DriverWritten, WindowedSink):
     """The sink of a windowed pipeline: emitted windows appended, or MERGEd on keys + window
     (contract: ``WindowedSink``)."""
-
-    def __init__(self, config: DeltaSink, path: str, txn_app_id: str) -> None:
-        self.config = config
-        self.table = DriverTable(path, None, "sink", config.properties)
-        self.path = self.table.path
-        self.txn_app_id = txn_app_id
 
     def write(self, rows: pa.Table, batch_id: int, retract: pa.Table | None = None) -> int | None:
         """Write batch ``batch_id``'s windows once; the sink's version after it.
@@ -227,18 +234,15 @@ class DeltaWindowSink(DeltaFence, WindowedSink):
         changed = rows.num_rows or (retract is not None and retract.num_rows)
         if not changed and self.table.exists():
             return self.table.version()
-        try:
+
+        def write() -> None:
             if self.config.mode == "append" or not self.table.exists():
                 self.table.append_once(rows, self.txn_app_id, batch_id)
             else:
                 deletes = retract if retract is not None else rows.select(self.config.keys)[:0]
                 self.table.merge_once(rows, deletes, self.config.keys, self.txn_app_id, batch_id)
-        except Exception as exc:
-            refused = _refused(self.path, batch_id, exc)
-            if refused is None:
-                raise
-            raise refused from exc
-        return self.table.version()
+
+        return self._landed_by(write, batch_id)
 
 
 def _holds_variant(field: pa.Field) -> bool:
