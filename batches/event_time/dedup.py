@@ -6,9 +6,9 @@ A pipeline's ``dedup`` (``lowmark.batches.dedup``) in a batch's Spark work
 
 1. Each record's id is its id columns as a JSON object (nulls compare equal,
    as in ``dropDuplicates``); the records are shuffled by id, so every
-   record of one id meets in one task. A batch of at most ``ONE_TASK_BYTES`` of
-   input is not shuffled: its records meet in one task as they are read, a stage
-   fewer (more input keeps its scan's parallelism).
+   record of one id meets in one task. A small batch is not shuffled: its
+   records meet in the one task that reads them (``SourceRead.in_one_task``),
+   a stage fewer (more input keeps its scan's parallelism).
 2. In each task (``_judge``, on the executors) the records of one id are
    judged one after another, in the order they were ingested (with an
    ingestion-time watermark: their own ingestion time; ties, and records
@@ -81,10 +81,6 @@ VERDICT = "_lowmark_verdict"
 WRITTEN = "_lowmark_written_ids"
 """On a task's first record let through: the descriptors of the files its new ids went to
 (JSON); null on every other record."""
-ONE_TASK_BYTES = 4 * 1024 * 1024
-"""Input Spark reads in one task anyway (``spark.sql.files.openCostInBytes``: files up to it
-share a split): a batch this small is judged where it is read, without a shuffle; a larger
-one would lose its scan's parallelism in one task."""
 NEW, DUPLICATE, UNTIMED, OLD, OLD_WHEN_INGESTED = 0, 1, 2, 3, 4
 """Verdicts: let through; a duplicate; late: no event time; late: older than the horizon;
 late: older than its own horizon (so in every batch that may take it)."""
@@ -160,12 +156,12 @@ class DedupStep:
         watermark_ms: int | None,
         version: int | None,
         batch_id: int,
-        input_bytes: int | None = None,
+        one_task: bool = False,
     ) -> Judged:
         """``records`` of batch ``batch_id`` without duplicates and late ones, judged against
         the ids held as of ``version``, under ``watermark_ms``; lazy, observed as the first
-        job reads it. ``input_bytes``: the size of the batch's input, if the source knows
-        it."""
+        job reads it. ``one_task``: the batch is small (``SourceRead.small``): its records
+        are judged in one task, as they are read, instead of shuffled by id."""
         missing = {*self.dedup.columns, self.column} - set(records.columns)
         if missing:
             raise PipelineConfigInvalid(
@@ -204,7 +200,6 @@ class DedupStep:
             batch_id,
             self.writes,
         )
-        one_task = input_bytes is not None and input_bytes <= ONE_TASK_BYTES
         by_id = keyed.coalesce(1) if one_task else keyed.repartition(KEY)
         verdicts = by_id.mapInArrow(judge, schema)
         verdict = F.col(VERDICT)

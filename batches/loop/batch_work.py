@@ -201,6 +201,7 @@ class BatchWork:
         to no source partition: the keyed step's records are observed for the watermark
         instead (``Taken.watched``)."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
+        read = read.in_one_task()
         checked = self._transformed(read, batch)
         if self.dimensions is not None:
             checked = self.dimensions.joined(self._spark(), checked, dimension_versions)
@@ -212,7 +213,7 @@ class BatchWork:
             out = checked.where(~self.checks.dropped()) if self.checks.drops else checked
         judged = None
         if self.dedup is not None:
-            judged = self.dedup.judged(out, watermark_ms, seen_ids, batch.batch_id, read.size_bytes)
+            judged = self.dedup.judged(out, watermark_ms, seen_ids, batch.batch_id, read.small)
             out = judged.kept
         watched = None
         if one_job:
@@ -235,7 +236,7 @@ class BatchWork:
                 )
                 return Taken(read, fired.output, None, checked, expected, timed=timed, fired=fired)
             processed = self.keyed.processed(
-                self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id
+                self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id, read.small
             )
             out = processed.output
             if one_job:

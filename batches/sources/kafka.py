@@ -39,6 +39,7 @@ and the committed frontier use a small client on the driver
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -85,6 +86,11 @@ from lowmark.state.offset_log import Identity, Offsets
 from lowmark.state.session import SparkLike, provider
 
 log = logging.getLogger(__name__)
+
+RECORD_BYTES = 1024
+"""A record's size as a batch's input is estimated (``SourceRead.size_bytes``): an offset
+range tells records, not bytes. Events are mostly smaller, so the estimate errs toward
+reading a batch in several tasks."""
 
 TIMEOUT_S = 30.0
 """Longest wait for the brokers on any one request."""
@@ -351,6 +357,7 @@ class KafkaStreamSource(Source):
         raw = self._read_raw(moved) if moved else self._spark().createDataFrame([], RAW_SCHEMA)
         part = F.concat_ws(":", F.col("topic"), F.col("partition").cast("string"))
         explain = self._explain(moved, batch_id)
+        size_bytes = RECORD_BYTES * sum(e - s for s, e in moved.values())
         if self.ingestion_clock:
             raw = raw.withColumn(INGESTED_COLUMN, self._ingested(moved))
         internal = [c for c in (INGESTED_COLUMN,) if c in raw.columns]
@@ -361,13 +368,15 @@ class KafkaStreamSource(Source):
             )
             if cache:
                 records = records.persist()
-            return SourceRead(records, None, counts, (records,) if cache else (), explain)
+            cached = (records,) if cache else ()
+            return SourceRead(records, None, counts, cached, explain, size_bytes)
         assert self.config.schema_ddl is not None
         values = raw.select("value", part.alias(PARTITION_COLUMN), "offset", *internal)
         origin = F.concat(F.col(PARTITION_COLUMN), F.lit("@"), F.col("offset").cast("string"))
-        return parse_json_values(
+        read = parse_json_values(
             values, self.config.schema_ddl, batch_id, origin, cache=cache, explain=explain
         )
+        return dataclasses.replace(read, size_bytes=size_bytes)
 
     def _ingested(self, moved: dict[str, tuple[int, int]]) -> Column:
         """A record's own ingestion time (``INGESTED_COLUMN``): in a ``LogAppendTime`` topic

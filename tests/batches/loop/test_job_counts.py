@@ -84,9 +84,9 @@ def test_a_stateless_batch_is_its_sink_write_in_one_spark_job(
     runner.run_batch()  # the first batch creates the sink
     _, counter = counted_batch(spark, runner, monkeypatch)
     assert counter.jobs() <= ONE_JOB_LIMIT, counter.per_step
-    # Deduplication shuffles no small input (``ONE_TASK_BYTES``): its records meet in the
-    # task that reads them (the keyed step groups its keys: a shuffle).
-    assert counter.stages() == (2 if kind == "keyed" else 1)
+    # A small input is read in one task (``ONE_TASK_BYTES``), so nothing is shuffled: a
+    # duplicate meets its first copy, and a key its records, in the task that reads them.
+    assert counter.stages() == 1
     # Planning, the logs and the commit run on the driver: no job at all.
     assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
     commit = runner.checkpoint.commits.get(1)
@@ -161,6 +161,24 @@ def test_a_windowed_batch_with_state_late_rows_and_output_runs_at_most_eight_spa
     assert (result.rows_late, result.rows_out > 0) == (1, True)
     assert counter.jobs() <= WINDOWED_LIMIT, counter.per_step
     assert counter.per_step["after_plan"] == counter.per_step["after_commit"] == 0
+
+
+def test_a_small_windowed_batch_aggregates_in_the_one_task_that_reads_it(
+    spark: SparkSession, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Input up to ``ONE_TASK_BYTES`` is read in one task, whose records the aggregation
+    takes as they are: one job of one stage, no shuffle (two files: Spark would read them
+    in two tasks and shuffle their partials)."""
+    drop_batches(data_root, [[event("a", 1, 1)], [event("b", 16, 1)]])
+    tumbling = windowed(Tumbling(size="10 seconds"), max_out_of_orderness="5 seconds")
+    two_files = tumbling.source.model_copy(update={"max_files_per_batch": 2})
+    runner = MicroBatchRunner(spark, tumbling.model_copy(update={"source": two_files}), data_root)
+    runner.run_batch()
+    for i, row in enumerate((event("a", 30, 2), event("b", 31, 2)), start=2):
+        write_json_lines(data_root / "in", f"b{i:03d}.json", [row], 1_700_000_000 + i)
+    result, counter = counted_batch(spark, runner, monkeypatch)
+    assert (result.rows_in, result.rows_out) == (2, 1)  # a's window [0 s, 10 s) closed at 11 s
+    assert (counter.jobs(), counter.stages()) == (1, 1), counter.per_step
 
 
 def test_a_windowed_batch_judging_records_by_their_own_ingestion_time_gains_no_spark_job(
