@@ -25,6 +25,8 @@ from typing import Any
 
 from lowmark.state.connect_server import SPARK_HOME, free_port
 
+REPO = Path(__file__).resolve().parents[1]
+
 WORKERS = 2
 
 
@@ -78,6 +80,9 @@ class SparkCluster:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_DAEMON_MEMORY": "256m",
             "SPARK_LOG_DIR": str(self.folder),
+            # The executors' Python tasks import the pipelines' code (a keyed step's
+            # processor in ``examples``) from this checkout, as a deployment ships its code.
+            "PYTHONPATH": str(REPO),
         }
         log = (self.folder / f"{name}.log").open("wb")
         self.daemons.append(

@@ -6,9 +6,9 @@ A pipeline's ``dedup`` (``lowmark.batches.dedup``) in a batch's Spark work
 
 1. Each record's id is its id columns as a JSON object (nulls compare equal,
    as in ``dropDuplicates``); the records are shuffled by id, so every
-   record of one id meets in one task. A small batch is not shuffled: its
-   records meet in the one task that reads them (``SourceRead.in_one_task``),
-   a stage fewer (more input keeps its scan's parallelism).
+   record of one id meets in one task. A small batch (``SourceRead.small``) is
+   not shuffled: its records meet in one task, a stage fewer (more input
+   keeps its scan's parallelism).
 2. In each task (``_judge``, on the executors) the records of one id are
    judged one after another, in the order they were ingested (with an
    ingestion-time watermark: their own ingestion time; ties, and records

@@ -7,8 +7,7 @@ Per batch (``KeyedStep.processed``):
    their key's bucket (a hash of the key columns modulo the state table's
    buckets) and one marker row per bucket joins them, so that every bucket
    is in exactly one task even when no record of it came.
-2. The records are shuffled by bucket (a small batch's are not: its one task
-   takes every bucket). Each task (``_process``, on the
+2. The records are shuffled by bucket. Each task (``_process``, on the
    executors) reads, with delta-rs as of the versions the driver pinned
    (``lowmark.state.keyed_state.Pinned``), the timers of its buckets that are
    due and the states of the keys its records or due timers name, runs the
@@ -185,11 +184,8 @@ class KeyedStep:
         processing_ms: int,
         pinned: Pinned,
         batch_id: int,
-        one_task: bool = False,
     ) -> Processed:
-        """Steps 1-3 of the module's docstring over ``records``, lazily. ``one_task``: the
-        batch is small (``SourceRead.small``): one task takes every bucket, as the records
-        are read, instead of a shuffle by bucket."""
+        """Steps 1-3 of the module's docstring over ``records``, lazily."""
         payload = self._payload(records)
         event_ms = F.unix_millis(F.col(self.column))
         late = F.col(self.column).isNull()
@@ -211,9 +207,10 @@ class KeyedStep:
             spark, observed.where(~late), payload, watermark_ms, processing_ms, pinned, batch_id
         )
         changes = Observation()
-        by_bucket = rows.coalesce(1) if one_task else rows.repartition(BUCKET)
-        processed = by_bucket.mapInArrow(process, output).observe(
-            changes, F.collect_list(F.col(CHANGE)).alias(CHANGES)
+        processed = (
+            rows.repartition(BUCKET)
+            .mapInArrow(process, output)
+            .observe(changes, F.collect_list(F.col(CHANGE)).alias(CHANGES))
         )
         output_rows = processed.where(F.col(CHANGE).isNull()).drop(CHANGE)
         return Processed(output_rows, seen, changes, batch_id)

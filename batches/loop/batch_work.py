@@ -201,7 +201,8 @@ class BatchWork:
         to no source partition: the keyed step's records are observed for the watermark
         instead (``Taken.watched``)."""
         read = self.source.read(batch.start, batch.end, batch.batch_id, cache, strict)
-        read = read.in_one_task()
+        if not cache:
+            read = read.in_one_task()
         checked = self._transformed(read, batch)
         if self.dimensions is not None:
             checked = self.dimensions.joined(self._spark(), checked, dimension_versions)
@@ -236,7 +237,7 @@ class BatchWork:
                 )
                 return Taken(read, fired.output, None, checked, expected, timed=timed, fired=fired)
             processed = self.keyed.processed(
-                self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id, read.small
+                self._spark(), out, watermark_ms, now_ms, keyed, batch.batch_id
             )
             out = processed.output
             if one_job:

@@ -248,10 +248,14 @@ class SourceRead:
         return self.size_bytes is not None and self.size_bytes <= ONE_TASK_BYTES
 
     def in_one_task(self) -> SourceRead:
-        """This read with its records in one partition when it is ``small``: a small batch
-        then runs its job in one stage of one task (an aggregation, a deduplication or a
-        keyed step over one partition needs no shuffle), where each stage and task is a
-        fixed cost larger than its share of the work. Any other read as it is."""
+        """This read with its records in one partition when it is ``small``: a small windowed
+        batch then runs its job in one stage of one task (an aggregation over one partition
+        needs no shuffle), where each stage and task is a fixed cost larger than its share
+        of the work. Any other read as it is.
+
+        Not for a read whose parse is cached (``read(..., cache=True)``) and read again in
+        the same job: two tasks of one stage may then both compute the same cached
+        partition on two executors, and its observation would count it twice."""
         return replace(self, records=self.records.coalesce(1)) if self.small else self
 
     def unpersist(self) -> None:

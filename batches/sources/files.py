@@ -433,23 +433,31 @@ class FileStreamSource(Source):
         parsed = carried(
             self._parsed(paths, with_corrupt, by_name), F.col("_source_file"), F.col(_NAME)
         )
-        parsed = parsed.observe(
+        if cache:
+            parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        observed = parsed.observe(
             counts,
             *read_counts(tagged, F.col(CORRUPT).isNull()),
             every_column.alias("_every_column"),
         )
-        if cache:
-            parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-        bad = parsed.where(F.col(CORRUPT).isNotNull()).select(
-            batch_long(batch_id).alias("batch_id"),
-            F.col("_source_file").alias("source_file"),
-            F.col(CORRUPT).alias("raw"),
-            F.lit(f"malformed {self.config.format} or not matching the source schema").alias(
-                "reason"
-            ),
+        # Cached, the bad rows come from the parse as cached, unobserved: a job that reads
+        # them beside the records (a stateless batch's one job) may compute the cached parse
+        # twice, in two tasks on two executors, and must count it once. Not cached, from the
+        # observed parse, which references every column.
+        bad = (
+            (parsed if cache else observed)
+            .where(F.col(CORRUPT).isNotNull())
+            .select(
+                batch_long(batch_id).alias("batch_id"),
+                F.col("_source_file").alias("source_file"),
+                F.col(CORRUPT).alias("raw"),
+                F.lit(f"malformed {self.config.format} or not matching the source schema").alias(
+                    "reason"
+                ),
+            )
         )
         records = (
-            parsed.where(F.col(CORRUPT).isNull())
+            observed.where(F.col(CORRUPT).isNull())
             .withColumn(PARTITION_COLUMN, self._partition_of(F.col("_source_file")))
             .drop(CORRUPT, "_source_file", *([_NAME] if by_name else []))
         )

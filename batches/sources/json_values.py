@@ -55,9 +55,13 @@ def parse_json_values(
     )
     good = F.col("_raw").isNotNull() & F.col(f"r.{CORRUPT}").isNull()
     counts = Observation()
-    parsed = parsed.withColumn("_good", good).observe(counts, *read_counts(False, good))
+    parsed = parsed.withColumn("_good", good)
     if cache:
         parsed = parsed.persist()
+    observed = parsed.observe(counts, *read_counts(False, good))
+    # The bad rows come from the parse unobserved: a job that reads them beside the records
+    # (a stateless batch's one job) may compute a cached parse twice, in two tasks on two
+    # executors, and must count it once.
     bad = parsed.where(~F.col("_good")).select(
         batch_long(batch_id).alias("batch_id"),
         F.col("_origin").alias("source_file"),
@@ -66,7 +70,7 @@ def parse_json_values(
         .otherwise(F.lit("malformed JSON or not matching the source schema"))
         .alias("reason"),
     )
-    records = parsed.where(F.col("_good")).select(
+    records = observed.where(F.col("_good")).select(
         *[F.col(f"r.`{n}`").alias(n) for n in schema.fieldNames()], *carried
     )
     return SourceRead(records, bad, counts, (parsed,) if cache else (), explain)

@@ -55,7 +55,7 @@ def _run_on(
     )
 
 
-@pytest.mark.parametrize("name", ["tumbling_two_partitions", "keyed_alerts"])
+@pytest.mark.parametrize("name", ["tumbling_two_partitions", "keyed_alerts", "dedup_append"])
 def test_a_pipeline_on_a_standalone_cluster_killed_and_run_again_ends_like_a_local_run(
     references: References, cluster: SparkCluster, name: str
 ) -> None:
