@@ -5,11 +5,15 @@ Every message is one line that names the thing at fault and the way out.
 
 from __future__ import annotations
 
+import re
+
 
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message (its type when it has none); for a JVM error,
     of its root cause's (the error a task hit, not the call that surfaced it); for a
-    Python error on an executor, the traceback's last line (the error raised)."""
+    Python error on an executor, the traceback's last line (the error raised); for a
+    Spark Connect call the server refused, its details and status (the error's first line
+    only announces them)."""
     java = getattr(exc, "java_exception", None)
     if java is not None:
         while java.getCause() is not None and not java.getCause().equals(java):
@@ -18,6 +22,9 @@ def first_line(exc: BaseException) -> str:
     else:
         text = str(exc).strip()
     lines = text.splitlines()
+    refused = _RPC_REFUSED.search(text) if lines and lines[0].startswith("<_") else None
+    if refused is not None:
+        return f"{refused['details']} ({refused['status']})"
     traceback = next((i for i, line in enumerate(lines[:2]) if _TRACEBACK in line), None)
     if traceback is not None:
         # Python code on an executor raised: its error is the traceback's last line (a
@@ -30,6 +37,8 @@ def first_line(exc: BaseException) -> str:
 
 
 _TRACEBACK = "Traceback (most recent call last):"
+_RPC_REFUSED = re.compile(r'status = StatusCode\.(?P<status>\w+)\s+details = "(?P<details>[^"]*)"')
+"""A gRPC error's text (``<_InactiveRpcError of RPC that terminated with:`` and its fields)."""
 
 
 def jvm_causes(exc: BaseException) -> list[str]:

@@ -209,7 +209,7 @@ def test_reset_with_truncate_sink_through_spark_connect_then_a_run_ends_like_one
     ref = references["plain_append"]
     root = ref.folder / "reset_through_connect"
     copy_run(ref.folder / "template", root, ref.pipeline)
-    client_env = lowmark_env(None, LOWMARK_SPARK_MASTER=server.url)
+    client_env = lowmark_env(None, **server.client_env())
     args = [*ENGINE_CLI, "--pipelines", "tests.faults.scenarios", "--data-root", str(root)]
     done = subprocess.run(
         [*args, "reset", "plain_append", "--truncate-sink"],
