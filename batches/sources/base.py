@@ -253,9 +253,10 @@ class SourceRead:
         needs no shuffle), where each stage and task is a fixed cost larger than its share
         of the work. Any other read as it is.
 
-        Not for a read whose parse is cached (``read(..., cache=True)``) and read again in
-        the same job: two tasks of one stage may then both compute the same cached
-        partition on two executors, and its observation would count it twice."""
+        Used for reads that are not cached (windowed batches), the case measured
+        (``ONE_TASK_BYTES``). A stateless batch's one job reads its cached parse twice (its
+        records, and beside them the rows that did not parse), a deduplication already
+        judges a small batch in one task, and a keyed step shuffles by bucket anyway."""
         return replace(self, records=self.records.coalesce(1)) if self.small else self
 
     def unpersist(self) -> None:
