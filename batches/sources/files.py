@@ -427,9 +427,8 @@ class FileStreamSource(Source):
         # row good in one job and bad in another (and a query of the corrupt-record column
         # alone would be refused). A null test per column is the cheapest reference
         # (a whole-row hash cost 15 % of a catch-up job).
-        every_column = F.max(
-            F.greatest(F.lit(False), *[F.col(f"`{n}`").isNull() for n in schema.fieldNames()])
-        )
+        nulls = [F.col(f"`{n}`").isNull() for n in schema.fieldNames()]
+        every_column = F.max(F.greatest(F.lit(False), *nulls))
         parsed = carried(
             self._parsed(paths, with_corrupt, by_name), F.col("_source_file"), F.col(_NAME)
         )
@@ -440,21 +439,17 @@ class FileStreamSource(Source):
             *read_counts(tagged, F.col(CORRUPT).isNull()),
             every_column.alias("_every_column"),
         )
-        # Cached, the bad rows come from the parse as cached, unobserved: a job that reads
-        # them beside the records (a stateless batch's one job) may compute the cached parse
-        # twice, in two tasks on two executors, and must count it once. Not cached, from the
-        # observed parse, which references every column.
-        bad = (
-            (parsed if cache else observed)
-            .where(F.col(CORRUPT).isNotNull())
-            .select(
-                batch_long(batch_id).alias("batch_id"),
-                F.col("_source_file").alias("source_file"),
-                F.col(CORRUPT).alias("raw"),
-                F.lit(f"malformed {self.config.format} or not matching the source schema").alias(
-                    "reason"
-                ),
-            )
+        # The bad rows come from the parse unobserved: a job that reads them beside the
+        # records (a stateless batch's one job) may compute the cached parse twice, in two
+        # tasks on two executors, and must count it once. Their filter references every
+        # column (always true), as the observation does, for the parse without the cache.
+        bad = parsed.where(F.col(CORRUPT).isNotNull() & F.greatest(F.lit(True), *nulls)).select(
+            batch_long(batch_id).alias("batch_id"),
+            F.col("_source_file").alias("source_file"),
+            F.col(CORRUPT).alias("raw"),
+            F.lit(f"malformed {self.config.format} or not matching the source schema").alias(
+                "reason"
+            ),
         )
         records = (
             observed.where(F.col(CORRUPT).isNull())

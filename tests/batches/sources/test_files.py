@@ -406,3 +406,24 @@ def test_a_read_of_several_batches_finds_each_records_batch_in_a_map_spark_folds
     plan = records._jdf.queryExecution().optimizedPlan().toString().lower()
     assert "map(keys: [" in plan
     assert "from_json" not in plan and "jsontostructs" not in plan
+
+
+def test_the_rows_that_did_not_parse_are_found_once_their_cached_parse_is_gone(
+    spark: SparkSession, data_root: Path
+) -> None:
+    """A read cached for a stateless batch takes its rows that did not parse from the parse
+    unobserved; once the cache is dropped (unpersisted, or evicted when another batch drops
+    an equal plan), their query goes to the files again and must still parse every column:
+    Spark refuses a query of the corrupt-record column alone."""
+    config = FileSource(path="in", format="json", schema_ddl=SCHEMA, max_files_per_batch=1)
+    manifest = FileManifest(str(data_root / "cp" / "files"), ":files")
+    schema = SourceSchema(str(data_root / "cp" / "schema"), ":schema")
+    source = FileStreamSource(spark, config, str(data_root / "in"), manifest, schema)
+    (data_root / "in").mkdir()
+    (data_root / "in" / "a.json").write_text('{"id": 1, "amount": 5}\n{"id": 2, oops\n')
+    end = source.plan({}, 0)
+    read = source.read({}, end, 0, cache=True)
+    read.unpersist()
+    assert read.bad is not None
+    assert [r.raw for r in read.bad.collect()] == ['{"id": 2, oops']
+    assert [r.id for r in read.records.collect()] == [1]
