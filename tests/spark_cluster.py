@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lowmark.state.connect_server import SPARK_HOME, free_port
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 WORKERS = 2
 
